@@ -1,0 +1,107 @@
+"""The vocabulary every layer shares: tool schemas, tool calls, tool results and tool errors.
+
+These live in their own pure module (msgspec only) because three parties must agree on them without
+importing each other: the sandbox layer (`runtime.scripts`, `runtime.tools`) produces them, the pure
+kernel (`runtime.kernel`) folds them, and the wire schema (`runtime.events`) embeds them in events.
+The kernel must never import the sandbox, so the shared types cannot live beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+import msgspec
+
+ErrorKind = Literal[
+    "parse",  # the .pym does not parse
+    "check",  # the static check at load found a problem (bad declaration, unsupported construct)
+    "input",  # arguments missing, extra or of the wrong type
+    "external",  # a host external raised, or externals were missing/extra
+    "execution",  # the script raised at run time
+    "limit",  # a Limits bound was hit; `detail` says which
+    "output",  # the result failed the tool's output model, or could not be converted
+    "crashed",  # the sandbox worker died or a job exhausted its deliveries
+    "policy",  # a ToolPolicy denied the call
+    "timeout",  # the call's deadline passed before a result arrived
+]
+ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
+
+LimitKind = Literal["memory", "duration", "recursion", "suspensions", "output"]
+
+
+class ToolError(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A tool failure as a value: the model reads `message`, the event stream keeps the structure."""
+
+    kind: ErrorKind
+    message: str
+    line: int | None = None
+    detail: str | None = None
+
+    def for_model(self) -> str:
+        """The text a model reads when its call failed: kind, where, what, and how to fix it."""
+        where = f" (line {self.line})" if self.line is not None else ""
+        return f"Error [{self.kind}{'/' + self.detail if self.detail else ''}]{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "line": self.line, "detail": self.detail}
+
+
+class ToolSchema(msgspec.Struct, frozen=True):
+    """What a model is told about a tool: a name, a one-paragraph description and JSON Schema parameters."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI `tools=[...]` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    @property
+    def digest(self) -> str:
+        """A stable content hash, used to cache compiled grammars per tool set."""
+        return digest_of(self.to_openai())
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One call the model asked for. `id` is deterministic: `<run>/<turn>.<index>` (see kernel)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The outcome of one tool execution: an output (plain JSON-able data) or a `ToolError`, never both."""
+
+    output: Any = None
+    error: ToolError | None = None
+    duration_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def failure(cls, kind: ErrorKind, message: str, *, line: int | None = None,
+                detail: str | None = None, duration_ms: float = 0.0) -> ToolResult:
+        return cls(error=ToolError(kind, message, line, detail), duration_ms=duration_ms)
+
+    def for_model(self) -> str:
+        """The tool message content the model reads next turn."""
+        if self.error is not None:
+            return self.error.for_model()
+        if isinstance(self.output, str):
+            return self.output
+        return json.dumps(self.output, ensure_ascii=False, default=str)
+
+
+def digest_of(value: Any) -> str:
+    """sha256 (hex, first 16 chars) of a canonical JSON rendering: stable across processes and runs."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
