@@ -105,3 +105,27 @@ def digest_of(value: Any) -> str:
     """sha256 (hex, first 16 chars) of a canonical JSON rendering: stable across processes and runs."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One conversation message in a model-family-neutral form.
+
+    The kernel keeps history as these; a `ModelAdapter` renders them into what its model family expects
+    (text-embedded `<tool_call>` blocks for hermes/qwen3, native `tool_calls` for openai, ...).
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()  # role == "assistant": the calls it made
+    tool_call_id: str | None = None  # role == "tool": which call this answers
+    name: str | None = None  # role == "tool": the tool's name
+
+
+class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Token counts reported by the model server."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
