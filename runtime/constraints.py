@@ -1,0 +1,309 @@
+"""Decoding constraints: force the model to write valid tool calls, in its own native syntax.
+
+    constraint = DecodingConstraint(strategy="ebnf", allow_parallel_calls=False)
+    built = build_constraint(get_adapter("qwen3"), tools, constraint)
+    built.extras   # -> {"extra_body": {"structured_outputs": {"grammar": "..."}}}
+    compile_constraint(built)   # xgrammar compiles it once; a bad constraint fails here, at startup
+
+Three strategies, named by what the model may write:
+
+- `ebnf`: nothing but tool calls (one, or one or more with `allow_parallel_calls`). Sent as
+  `{"grammar": <xgrammar EBNF>}`. The model must call a tool, so agents end through a terminal
+  tool such as `submit_result`.
+- `structural_tag`: free prose, and whenever the model starts a call (the family's trigger, e.g.
+  `<tool_call>`), that call must be complete and valid. Sent as `{"structural_tag": "<json text>"}`.
+  A reply with no call is a final answer.
+- `json_schema`: one JSON document `{"name": ..., "arguments": {...}}` (an array of them with
+  `allow_parallel_calls`). Sent as `{"json": <schema>}`. Every adapter parses this form.
+
+In every strategy the arguments are typed by the tool's JSON schema inside the constraint (xgrammar
+derives those sub-grammars), and an argument the schema does not declare is rejected.
+
+The payload goes in vLLM's current field, `extra_body={"structured_outputs": {...}}`. The old
+`guided_*` fields were removed in vLLM 0.12 and are silently ignored there, which means unconstrained
+output with HTTP 200: this module never emits them.
+
+With `send_tools_to_api` (and always for the `openai` adapter) the request also carries `tools=`.
+For text families that is `tool_choice="auto"` plus our grammar, so vLLM's tool parser turns the
+native calls into `tool_calls`. For `openai`, `tool_choice="required"` makes vLLM build the constraint
+itself (it would overwrite ours), so no `structured_outputs` is sent; `payload` then holds the
+equivalent schema so the bundle can still be compile-checked.
+
+xgrammar (which imports torch, about 2.5 s) is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from runtime.models.base import ModelAdapter, closed_schema
+from runtime.types import ToolSchema, digest_of
+
+if TYPE_CHECKING:
+    import xgrammar
+
+Strategy = Literal["ebnf", "structural_tag", "json_schema"]
+STRATEGIES: tuple[str, ...] = Strategy.__args__  # type: ignore[attr-defined]
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be built or does not compile: a bundle error, reported at startup."""
+
+
+class DecodingConstraint(msgspec.Struct, frozen=True):
+    """How the model's output is constrained (see the module docstring for what each strategy allows)."""
+
+    strategy: Strategy = "ebnf"
+    allow_parallel_calls: bool = False
+    send_tools_to_api: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConstraintError(f"unknown strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
+
+
+class BuiltConstraint(msgspec.Struct, frozen=True):
+    """A constraint made concrete for one adapter and tool set.
+
+    `payload` is the `structured_outputs` object; `extras` are the exact keyword arguments for
+    `ModelClient.complete` (what goes on the wire); `digest` keys the compile cache and is recorded in
+    `model.requested` events.
+    """
+
+    adapter: str
+    constraint: DecodingConstraint
+    tool_names: tuple[str, ...]
+    payload: dict[str, Any]
+    extras: dict[str, Any]
+    digest: str
+
+    @property
+    def kind(self) -> str:
+        """Which `structured_outputs` key the payload uses: grammar, json or structural_tag."""
+        return next(iter(self.payload))
+
+
+_built: dict[str, BuiltConstraint] = {}
+_built_lock = threading.Lock()
+
+
+def build_constraint(
+    adapter: ModelAdapter, tools: Sequence[ToolSchema], constraint: DecodingConstraint
+) -> BuiltConstraint:
+    """The request payload for these tools; cached by digest (adapter, constraint, tools)."""
+    tools = list(tools)
+    digest = digest_of(
+        {
+            "adapter": adapter.name,
+            "constraint": msgspec.to_builtins(constraint),
+            "tools": [t.to_openai() for t in tools],
+        }
+    )
+    with _built_lock:
+        cached = _built.get(digest)
+    if cached is not None:
+        return cached
+    built = _build(adapter, tools, constraint, digest)
+    with _built_lock:
+        _built[digest] = built
+    return built
+
+
+def _build(
+    adapter: ModelAdapter, tools: list[ToolSchema], constraint: DecodingConstraint, digest: str
+) -> BuiltConstraint:
+    where = f"{adapter.name}/{constraint.strategy}"
+    if not tools:
+        raise ConstraintError(f"{where}: no tools to constrain calls to")
+    _check_names(adapter, tools, where)
+    parallel = constraint.allow_parallel_calls
+    extras: dict[str, Any] = {}
+    if adapter.native_tool_calls:
+        if constraint.strategy != "json_schema":
+            raise ConstraintError(
+                f"{where}: the openai adapter only supports strategy json_schema (the server builds "
+                "the constraint from `tools`); use a text family (qwen3, hermes, function_gemma) for "
+                "ebnf or structural_tag"
+            )
+        payload = {"json": _api_calls_schema(tools, parallel)}
+        extras = {
+            "tools": [t.to_openai() for t in tools],
+            "tool_choice": "required",
+            "parallel_tool_calls": parallel,
+        }
+        return BuiltConstraint(
+            adapter.name, constraint, tuple(t.name for t in tools), payload, extras, digest
+        )
+
+    if constraint.strategy == "json_schema":
+        if constraint.send_tools_to_api:
+            raise ConstraintError(
+                f"{where}: send_tools_to_api needs the model's native call syntax (ebnf or structural_tag); "
+                "with json_schema the server's tool parser would find no calls"
+            )
+        payload = {"json": _json_calls_schema(tools, parallel)}
+    else:
+        tags = adapter.call_tags(tools)
+        if constraint.strategy == "structural_tag":
+            fmt = {
+                "type": "triggered_tags",
+                "triggers": [adapter.call_trigger],
+                "tags": tags,
+                "at_least_one": False,
+                "stop_after_first": not parallel,
+            }
+            payload = {
+                "structural_tag": json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
+            }
+        else:
+            fmt = {
+                "type": "tags_with_separator",
+                "tags": tags,
+                "separator": adapter.call_separator,
+                "at_least_one": True,
+                "stop_after_first": not parallel,
+            }
+            payload = {"grammar": _ebnf_from_tag(fmt, where)}
+    extras["extra_body"] = {"structured_outputs": payload}
+    if constraint.send_tools_to_api:
+        extras["tools"] = [t.to_openai() for t in tools]
+        extras["tool_choice"] = "auto"
+    return BuiltConstraint(adapter.name, constraint, tuple(t.name for t in tools), payload, extras, digest)
+
+
+def _check_names(adapter: ModelAdapter, tools: list[ToolSchema], where: str) -> None:
+    seen: set[str] = set()
+    for tool in tools:
+        if not _NAME.match(tool.name):
+            raise ConstraintError(f"{where}: tool name {tool.name!r} must match {_NAME.pattern}")
+        if tool.name in seen:
+            raise ConstraintError(f"{where}: tool {tool.name!r} is declared twice")
+        seen.add(tool.name)
+        if not isinstance(tool.parameters, dict):
+            raise ConstraintError(f"{where}: tool {tool.name!r} parameters must be a JSON schema object")
+        if adapter.name in ("qwen3", "function_gemma"):
+            for param in tool.parameters.get("properties") or {}:
+                if not _PARAM.match(param):
+                    raise ConstraintError(
+                        f"{where}: tool {tool.name!r} parameter {param!r} cannot be written in "
+                        f"{adapter.name}'s call syntax (must match {_PARAM.pattern})"
+                    )
+
+
+def _json_calls_schema(tools: list[ToolSchema], parallel: bool) -> dict[str, Any]:
+    """`{"name": <const>, "arguments": <tool schema>}` for any tool; an array of them when parallel."""
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": closed_schema(t.parameters)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    one = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    if not parallel:
+        return one
+    return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+
+
+def _api_calls_schema(tools: list[ToolSchema], parallel: bool) -> dict[str, Any]:
+    """The schema vLLM derives for `tool_choice="required"`: an array of `{name, parameters}`."""
+    variants = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t.name]},
+                "parameters": closed_schema(t.parameters),
+            },
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": variants}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _ebnf_from_tag(fmt: dict[str, Any], where: str) -> str:
+    """EBNF text for a calls-only structural format, written by xgrammar (typed argument rules)."""
+    import xgrammar as xgr
+
+    try:
+        grammar = xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses with the reason
+        raise ConstraintError(f"{where}: xgrammar could not build the grammar: {exc}") from exc
+    return str(grammar)
+
+
+# ---- compiling --------------------------------------------------------------------------------
+
+_compiled: dict[tuple[str, int], Any] = {}
+_compilers: dict[int, tuple[Any, Any]] = {}  # id(tokenizer_info) -> (tokenizer_info, compiler)
+_compile_lock = threading.Lock()
+_empty_tokenizer: Any = None
+
+
+def _compiler(tokenizer_info: Any) -> tuple[int, Any]:
+    import xgrammar as xgr
+
+    global _empty_tokenizer
+    if tokenizer_info is None:
+        if _empty_tokenizer is None:
+            _empty_tokenizer = xgr.TokenizerInfo([])
+        tokenizer_info = _empty_tokenizer
+    key = id(tokenizer_info)
+    entry = _compilers.get(key)
+    if entry is None:
+        # keep a reference to the tokenizer so its id cannot be reused while cached
+        entry = (tokenizer_info, xgr.GrammarCompiler(tokenizer_info, max_threads=2, cache_enabled=False))
+        _compilers[key] = entry
+    return key, entry[1]
+
+
+def compile_constraint(built: BuiltConstraint, tokenizer_info: xgrammar.TokenizerInfo | None = None) -> Any:
+    """Compile the payload with xgrammar, once per (digest, tokenizer); raise ConstraintError if it fails.
+
+    Without a tokenizer an empty vocabulary is used: enough to prove the constraint compiles and to
+    match strings (`accepts`); pass the model's `TokenizerInfo` to get token masks.
+    """
+    with _compile_lock:
+        key, compiler = _compiler(tokenizer_info)
+        cached = _compiled.get((built.digest, key))
+        if cached is not None:
+            return cached
+        where = f"{built.adapter}/{built.constraint.strategy}"
+        try:
+            if built.kind == "grammar":
+                compiled = compiler.compile_grammar(built.payload["grammar"])
+            elif built.kind == "json":
+                compiled = compiler.compile_json_schema(
+                    json.dumps(built.payload["json"]), any_whitespace=True
+                )
+            elif built.kind == "structural_tag":
+                compiled = compiler.compile_structural_tag(built.payload["structural_tag"])
+            else:  # pragma: no cover - build_constraint only makes the three kinds above
+                raise ConstraintError(f"{where}: unknown payload kind {built.kind!r}")
+        except ConstraintError:
+            raise
+        except Exception as exc:
+            raise ConstraintError(f"{where}: xgrammar failed to compile the constraint: {exc}") from exc
+        _compiled[(built.digest, key)] = compiled
+        return compiled
+
+
+def accepts(compiled: Any, text: str) -> bool:
+    """Whether `text` is a complete output the compiled constraint allows (string level; for tests/CLI)."""
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return bool(matcher.accept_string(text)) and matcher.is_terminated()

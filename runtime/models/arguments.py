@@ -1,0 +1,125 @@
+"""Coercing tool-call argument values by the tool's JSON schema.
+
+Why this exists: model families disagree on how values travel. Qwen3-Coder's XML carries every
+parameter as text (`<parameter=days>3</parameter>`), FunctionGemma writes bare words, and even
+JSON-speaking models sometimes quote a number. The tool's JSON schema is the one authority on what a
+value should be, so every adapter funnels its raw values through here. Coercion is best effort and
+never raises: a value that cannot be coerced is passed on unchanged, and the tool's own input check
+reports it as a `ToolError(kind="input")` the model can read and fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_INT = re.compile(r"^[+-]?\d+$")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def schema_types(schema: Any) -> list[str]:
+    """The JSON types a schema admits, in preference order (string last: text fits it trivially)."""
+    if not isinstance(schema, dict):
+        return []
+    found: list[str] = []
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        found.append(declared)
+    elif isinstance(declared, list):
+        found.extend(t for t in declared if isinstance(t, str))
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            found.extend(schema_types(sub))
+    if not found:
+        for value in [schema.get("const"), *(schema.get("enum") or [])]:
+            if value is not None:
+                found.append(_json_type(value))
+    unique = list(dict.fromkeys(found))
+    if "string" in unique:
+        unique.remove("string")
+        unique.append("string")
+    return unique
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def _sub_schema(schema: dict[str, Any], type_name: str) -> dict[str, Any]:
+    """The branch of an anyOf/oneOf that declares `type_name` (so nested properties are found)."""
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            if type_name in schema_types(sub):
+                return sub
+    return schema
+
+
+def value_from_text(text: str, schema: Any) -> Any:
+    """Turn a parameter that arrived as text into the type its schema asks for."""
+    types = schema_types(schema)
+    stripped = text.strip()
+    for type_name in types:
+        if type_name == "string":
+            return text
+        if type_name == "integer" and _INT.match(stripped):
+            return int(stripped)
+        if type_name == "number" and _NUMBER.match(stripped):
+            number = float(stripped)
+            return int(number) if _INT.match(stripped) else number
+        if type_name == "boolean" and stripped.lower() in ("true", "false"):
+            return stripped.lower() == "true"
+        if type_name == "null" and stripped.lower() in ("null", "none", ""):
+            return None
+        if type_name in ("object", "array"):
+            try:
+                decoded = json.loads(stripped)
+            except ValueError:
+                continue
+            if _json_type(decoded) == type_name:
+                return coerce_value(decoded, _sub_schema(schema, type_name))
+    if types:
+        return text  # nothing fits: keep it and let the tool's input check explain
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return text
+
+
+def coerce_value(value: Any, schema: Any) -> Any:
+    """Bring an already-decoded value closer to its schema (quoted numbers, nested text values)."""
+    if not isinstance(schema, dict):
+        return value
+    types = schema_types(schema)
+    if not types:
+        return value
+    if isinstance(value, str) and "string" not in types:
+        return value_from_text(value, schema)
+    if isinstance(value, float) and "integer" in types and "number" not in types and value.is_integer():
+        return int(value)
+    if isinstance(value, dict) and "object" in types:
+        return coerce_arguments(value, _sub_schema(schema, "object"))
+    if isinstance(value, list) and "array" in types:
+        items = _sub_schema(schema, "array").get("items")
+        return [coerce_value(item, items) for item in value]
+    return value
+
+
+def coerce_arguments(arguments: dict[str, Any], schema: Any) -> dict[str, Any]:
+    """Coerce each argument by its property schema; unknown properties pass through unchanged."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return dict(arguments)
+    return {key: coerce_value(value, properties.get(key)) for key, value in arguments.items()}
