@@ -1,0 +1,50 @@
+"""Which part of a long conversation goes into the next model request.
+
+A pure function of the conversation and one number, so the kernel can record the choice as a single
+integer (`context_start` in `model.requested`) and a replay can rebuild the exact prompt without
+storing it (DESIGN rule 5).
+
+The sliding window keeps, always:
+* the pinned head — the system prompt and the first user message (the task): without them the model
+  forgets what it is doing;
+* whole exchanges — an assistant message that made tool calls is never separated from the tool messages
+  answering it. OpenAI-style servers reject a `tool` message whose call is missing, and a model that sees
+  a result without its call misreads it.
+
+So the window is a soft bound: when the cut would land inside an exchange, it moves back to the
+assistant message that opened it, keeping the newest results complete rather than the count exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.types import Message
+
+
+def pinned_count(messages: Sequence[Message]) -> int:
+    """How many leading messages are always sent: everything up to and including the first user message."""
+    for i, message in enumerate(messages):
+        if message.role == "user":
+            return i + 1
+    return len(messages)
+
+
+def window_start(messages: Sequence[Message], max_messages: int | None) -> int:
+    """The index of the first non-pinned message to send; the prompt is `head + messages[start:]`.
+
+    `max_messages` counts non-pinned messages; None (or a conversation that fits) sends everything.
+    """
+    head = pinned_count(messages)
+    if max_messages is None or len(messages) - head <= max_messages:
+        return head
+    start = max(head, len(messages) - max(max_messages, 0))
+    while start > head and messages[start].role == "tool":
+        start -= 1  # inside an exchange: back up to the assistant message that made the calls
+    return start
+
+
+def select(messages: Sequence[Message], max_messages: int | None) -> tuple[tuple[Message, ...], int]:
+    """The messages to send and the `context_start` that explains the choice."""
+    start = window_start(messages, max_messages)
+    return tuple(messages[: pinned_count(messages)]) + tuple(messages[start:]), start

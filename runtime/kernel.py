@@ -1,0 +1,567 @@
+"""The agent kernel: a pure state machine in the Decider shape (DESIGN rules 1–3).
+
+    state   = initial(config)                   # before any event
+    state   = evolve(state, event)              # fold one event; pure, never mutates its inputs
+    effects = decide(state)                     # what must happen next; pure
+
+The kernel does no I/O, reads no clock, draws no random number and calls no model. Ids are built from
+the run id and counters, deadlines compare against the `ts` the effect runner stamped on events. That is
+what lets a crashed host rebuild a run from its events alone, and `sa replay --verify` prove a log.
+
+How a run flows (each arrow is an effect the runner performs, appending the events named):
+
+    run.started ─▶ CallModel ─▶ model.requested, then model.responded | model.failed
+                 ─▶ per call: DenyCall ─▶ tool.failed            (unknown tool, policy, approval denied)
+                               RequestApproval ─▶ approval.requested   (then a human: granted | denied)
+                               CallTools ─▶ tool.called, script.*, tool.completed | tool.failed
+                 ─▶ EndTurn ─▶ turn.completed   (the tool results join the conversation, in call order)
+                 ─▶ Complete ─▶ run.completed | Fail ─▶ run.failed | next CallModel
+
+A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
+model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
+latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
+(a failed model call, an unparseable reply, or a turn whose calls all failed), or `run.cancelled`.
+
+Recovery contract (what a runner may rely on):
+
+1. `decide` returns only PENDING effects: effects whose outcome event is not in the log yet. It is a
+   function of the state, so after a crash a runner folds the run's events, calls `decide`, and performs
+   what it returns. The list is empty exactly when the run is over or waits for an approver.
+2. An effect's intent event does not make it done. After `model.requested` without a reply, `decide`
+   returns the same `CallModel` (same id; `new_messages` is then empty, because those messages are
+   already recorded). After `tool.called` without a result, the call is in the next `CallTools` again.
+   A call with a result, or a model request with a reply, is never returned again: a recovered run
+   re-issues only unanswered work and never duplicates an answered model call or a completed tool.
+3. Effect ids are deterministic: `<run>/<turn>` for a model call (`<run>/<turn>#<n>` for the n-th retry
+   after `model.failed`), `<run>/<turn>.<i>` for the i-th tool call of a turn. Runners use them as the
+   Nats-Msg-Id, so a re-issued effect is deduplicated by JetStream. `Complete` and `Fail` share the id
+   `<run>/end`: a run ends once, whichever ending a racing writer tries second is dropped.
+4. Folding is idempotent where delivery is not: an event whose `seq` is below the next expected one is
+   a duplicate and changes nothing; a second result for the same call, a reply to a stale request or
+   a second approval decision changes nothing. A gap in `seq` is an `EvolveError`.
+5. Runners that perform several effects of one `decide` may do so concurrently; they must append the
+   events one at a time, each with the next `seq`.
+
+Tool policies (runtime.policies) are checked by `decide` just before a call would be dispatched. With
+`max_concurrent_tools == 1` the calls of a turn run one after another and call i is checked against the
+results of calls 0..i-1, as if executed sequentially. With more concurrency, every call of a turn is
+checked against the policy state at the moment the model replied, so the verdict never depends on
+which concurrent call happened to finish first (and a recovered run reaches the same verdicts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeAlias
+
+from runtime import history
+from runtime.events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    ModelFailed,
+    ModelRequested,
+    ModelResponded,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ToolCalled,
+    ToolCompleted,
+    ToolFailed,
+    TurnCompleted,
+)
+from runtime.policies import ToolPolicy, check_all, initial_all, update_all
+from runtime.types import Message, ToolCall, ToolError, ToolResult, ToolSchema, Usage
+
+
+class EvolveError(ValueError):
+    """An event that cannot belong to this run's log (a gap in `seq`, another run, nothing started)."""
+
+
+# ── configuration ─────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Everything that shapes a run besides its events: comes from the bundle, fixed for the run."""
+
+    system_prompt: str = ""
+    tools: tuple[ToolSchema, ...] = ()
+    terminal_tool: str | None = None
+    max_turns: int = 20
+    max_consecutive_errors: int = 3
+    max_concurrent_tools: int = 4
+    history_window: int | None = None  # non-pinned messages per request; None sends the whole history
+    policies: tuple[ToolPolicy, ...] = ()
+    requires_approval: frozenset[str] = frozenset()
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # temperature, max_tokens, ... (sent as is)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "policies", tuple(self.policies))
+        object.__setattr__(self, "requires_approval", frozenset(self.requires_approval))
+        for name in ("max_turns", "max_consecutive_errors", "max_concurrent_tools"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"KernelConfig.{name} must be at least 1, got {getattr(self, name)}")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"KernelConfig.tools has duplicate names: {sorted(names)}")
+        if self.terminal_tool is not None and self.terminal_tool not in names:
+            raise ValueError(f"terminal_tool {self.terminal_tool!r} is not among the tools {names}")
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools)
+
+
+# ── effects ───────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class CallModel:
+    """Ask the model. `messages` is the prompt to send (pinned head + window); `new_messages` is what the
+    runner records in `model.requested` (only the messages added since the previous request)."""
+
+    id: str
+    turn: int
+    attempt: int
+    messages: tuple[Message, ...]
+    new_messages: tuple[Message, ...]
+    context_start: int
+    tools: tuple[ToolSchema, ...]
+    sampling: Mapping[str, Any]
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class CallTools:
+    """Execute these calls, at most `max_concurrent` at a time; each call's id is its dedup id."""
+
+    id: str
+    calls: tuple[ToolCall, ...]
+    max_concurrent: int
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class DenyCall:
+    """Do not execute this call: record `tool.failed` with `error` so the model reads why."""
+
+    id: str
+    call: ToolCall
+    error: ToolError
+
+
+@dataclass(frozen=True)
+class RequestApproval:
+    """Record `approval.requested`; the call waits until `approval.granted` or `approval.denied`."""
+
+    id: str
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    """Every call of the turn is resolved: record `turn.completed`."""
+
+    id: str
+    turn: int
+    calls_ok: int
+    calls_failed: int
+
+
+@dataclass(frozen=True)
+class Complete:
+    id: str
+    output: Any
+
+
+@dataclass(frozen=True)
+class Fail:
+    """End the run as failed. `reason` is a short code (`deadline`, `max_turns`, `consecutive_errors`)."""
+
+    id: str
+    reason: str
+    detail: str = ""
+
+
+Effect: TypeAlias = CallModel | CallTools | DenyCall | RequestApproval | EndTurn | Complete | Fail
+
+
+def model_request_id(run_id: str, turn: int, attempt: int = 0) -> str:
+    return f"{run_id}/{turn}" if attempt == 0 else f"{run_id}/{turn}#{attempt}"
+
+
+def tool_call_id(run_id: str, turn: int, index: int) -> str:
+    return f"{run_id}/{turn}.{index}"
+
+
+def tool_calls(run_id: str, turn: int, parsed: Iterable[tuple[str, dict[str, Any]]]) -> tuple[ToolCall, ...]:
+    """The model's parsed calls with their deterministic ids: what a runner puts in `model.responded`."""
+    return tuple(
+        ToolCall(tool_call_id(run_id, turn, i), name, dict(args)) for i, (name, args) in enumerate(parsed)
+    )
+
+
+# ── state ─────────────────────────────────────────────────────────────────────────────────────────────
+
+Status = Literal["new", "running", "completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model reply and the calls it made, from the first request until `turn.completed`."""
+
+    number: int
+    attempt: int = 0  # failed model attempts so far
+    requested: bool = False  # `model.requested` recorded for the current attempt
+    responded: bool = False
+    content: str = ""
+    calls: tuple[ToolCall, ...] = ()
+    parse_error: str | None = None
+    called: frozenset[str] = frozenset()
+    results: Mapping[str, ToolResult] = field(default_factory=dict)  # call id -> result (copy on write)
+    approvals_requested: frozenset[str] = frozenset()
+    approvals: Mapping[str, str | None] = field(default_factory=dict)  # call id -> None granted | reason
+    policy_snapshot: tuple[Any, ...] = ()  # policy states when the model replied
+
+    def call(self, call_id: str) -> ToolCall | None:
+        return next((c for c in self.calls if c.id == call_id), None)
+
+    @property
+    def resolved(self) -> bool:
+        return self.responded and all(c.id in self.results for c in self.calls)
+
+
+@dataclass(frozen=True)
+class State:
+    """A run as folded from its events. Never mutated: `evolve` returns a new one."""
+
+    config: KernelConfig
+    status: Status = "new"
+    run_id: str = ""
+    agent: str = ""
+    seq: int = 0  # the seq the next event must carry
+    ts: float = 0.0  # the latest event's timestamp
+    deadline: float | None = None
+    messages: tuple[Message, ...] = ()  # the whole conversation
+    recorded: int = 0  # how many of `messages` are already in some `model.requested`
+    turns: int = 0  # turns completed
+    turn: Turn | None = None  # the open turn
+    last: Turn | None = None  # the latest completed turn
+    consecutive_errors: int = 0
+    policy_states: tuple[Any, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    output: Any = None
+    reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+def initial(config: KernelConfig) -> State:
+    """The state before any event. The task enters through `run.started`, so that folding a run's log
+    needs nothing but the bundle's config and the events."""
+    return State(config=config, policy_states=initial_all(config.policies))
+
+
+def fold(config: KernelConfig, events: Iterable[Event]) -> State:
+    state = initial(config)
+    for ev in events:
+        state = evolve(state, ev)
+    return state
+
+
+# ── evolve ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def evolve(state: State, ev: Event) -> State:
+    """The state after one event. Pure; see the module docstring for what is ignored and what raises."""
+    if ev.seq < state.seq:
+        return state  # redelivered duplicate
+    if ev.seq > state.seq:
+        raise EvolveError(f"event {ev.seq} arrived but the run expects seq {state.seq}: the log has a gap")
+    if state.status == "new" and not isinstance(ev, RunStarted):
+        raise EvolveError(f"{type(ev).__name__} before run.started")
+    if state.status != "new" and ev.run_id != state.run_id:
+        raise EvolveError(f"event of run {ev.run_id!r} folded into run {state.run_id!r}")
+    state = replace(state, seq=ev.seq + 1, ts=ev.ts)
+    if state.done:
+        return state  # late events after the end explain, they do not change the outcome
+    return _apply(state, ev)
+
+
+def _apply(state: State, ev: Event) -> State:
+    match ev:
+        case RunStarted():
+            if state.status != "new":
+                return state
+            cfg = state.config
+            head = (Message("system", cfg.system_prompt),) if cfg.system_prompt else ()
+            deadline = ev.ts + ev.timeout_s if ev.timeout_s is not None else None
+            return replace(
+                state,
+                status="running",
+                run_id=ev.run_id,
+                agent=ev.agent,
+                deadline=deadline,
+                messages=(*head, Message("user", ev.input)),
+            )
+        case ModelRequested():
+            turn = _turn_for_model(state, ev.request_id)
+            if turn is None:
+                return state
+            return replace(state, turn=replace(turn, requested=True), recorded=len(state.messages))
+        case ModelFailed():
+            turn = _turn_for_model(state, ev.request_id)
+            if turn is None:
+                return state
+            return replace(
+                state,
+                turn=replace(turn, attempt=turn.attempt + 1, requested=False),
+                consecutive_errors=state.consecutive_errors + 1,
+            )
+        case ModelResponded():
+            return _responded(state, ev)
+        case ToolCalled():
+            turn = state.turn
+            if turn is None or turn.call(ev.call.id) is None:
+                return state
+            return replace(state, turn=replace(turn, called=turn.called | {ev.call.id}))
+        case ToolCompleted() | ToolFailed():
+            return _result(state, ev.call_id, ev.result)
+        case ApprovalRequested():
+            turn = state.turn
+            if turn is None or turn.call(ev.call.id) is None:
+                return state
+            return replace(
+                state, turn=replace(turn, approvals_requested=turn.approvals_requested | {ev.call.id})
+            )
+        case ApprovalGranted() | ApprovalDenied():
+            turn = state.turn
+            if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.approvals:
+                return state
+            verdict = None if isinstance(ev, ApprovalGranted) else (ev.reason or "no reason given")
+            return replace(state, turn=replace(turn, approvals={**turn.approvals, ev.call_id: verdict}))
+        case TurnCompleted():
+            return _turn_completed(state, ev)
+        case RunCompleted():
+            return replace(state, status="completed", output=ev.output)
+        case RunFailed():
+            return replace(
+                state, status="failed", reason=f"{ev.reason}: {ev.detail}" if ev.detail else ev.reason
+            )
+        case RunCancelled():
+            return replace(state, status="cancelled", reason=ev.reason or "cancelled")
+        case _:
+            return state  # script.* explain a call; the call's outcome arrives as tool.completed/failed
+
+
+def _turn_for_model(state: State, request_id: str) -> Turn | None:
+    """The open turn if `request_id` is its current model request and it has no reply yet."""
+    turn = state.turn or Turn(number=state.turns + 1)
+    if turn.responded or request_id != model_request_id(state.run_id, turn.number, turn.attempt):
+        return None
+    return turn
+
+
+def _responded(state: State, ev: ModelResponded) -> State:
+    turn = _turn_for_model(state, ev.request_id)
+    if turn is None:
+        return state
+    if ev.parse_error is not None:
+        said = Message("assistant", ev.text)
+        told = Message(
+            "user",
+            f"Error [parse]: your reply could not be read as tool calls: {ev.parse_error}. "
+            "Reply again with valid tool calls.",
+        )
+        turn = replace(turn, responded=True, content=ev.text, parse_error=ev.parse_error)
+        messages = (*state.messages, said, told)
+    else:
+        turn = replace(
+            turn, responded=True, content=ev.content, calls=ev.calls, policy_snapshot=state.policy_states
+        )
+        messages = (*state.messages, Message("assistant", ev.content, tool_calls=ev.calls))
+    usage = Usage(
+        state.usage.prompt_tokens + ev.usage.prompt_tokens,
+        state.usage.completion_tokens + ev.usage.completion_tokens,
+    )
+    return replace(state, turn=turn, messages=messages, usage=usage)
+
+
+def _result(state: State, call_id: str, result: ToolResult) -> State:
+    turn = state.turn
+    call = turn.call(call_id) if turn is not None else None
+    if turn is None or call is None or call_id in turn.results:
+        return state  # unknown, stale or second result: changes nothing
+    policies = update_all(state.config.policies, state.policy_states, call, result)
+    return replace(
+        state, turn=replace(turn, results={**turn.results, call_id: result}), policy_states=policies
+    )
+
+
+def _turn_completed(state: State, ev: TurnCompleted) -> State:
+    turn = state.turn
+    if turn is None or turn.number != ev.turn or not turn.resolved:
+        return state
+    replies = tuple(
+        Message("tool", turn.results[c.id].for_model(), tool_call_id=c.id, name=c.name) for c in turn.calls
+    )
+    errors = state.consecutive_errors
+    if turn.parse_error is not None or (turn.calls and not any(turn.results[c.id].ok for c in turn.calls)):
+        errors += 1
+    elif turn.calls:
+        errors = 0
+    return replace(
+        state,
+        messages=state.messages + replies,
+        turns=state.turns + 1,
+        turn=None,
+        last=turn,
+        consecutive_errors=errors,
+    )
+
+
+# ── decide ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def decide(state: State) -> list[Effect]:
+    """The pending effects of this state (see the recovery contract in the module docstring)."""
+    if state.status != "running":
+        return []
+    cfg, run = state.config, state.run_id
+    turn = state.turn
+    if turn is None and state.last is not None:
+        finished = _finished(cfg, state.last)
+        if finished is not None:
+            return [Complete(id=f"{run}/end", output=finished[0])]
+    if state.deadline is not None and state.ts >= state.deadline:
+        return [
+            Fail(
+                id=f"{run}/end",
+                reason="deadline",
+                detail=f"the task's deadline passed at {state.deadline:.3f}",
+            )
+        ]
+    if turn is None or not turn.responded:
+        if state.consecutive_errors >= cfg.max_consecutive_errors:
+            return [
+                Fail(
+                    id=f"{run}/end",
+                    reason="consecutive_errors",
+                    detail=f"{state.consecutive_errors} errors in a row (limit {cfg.max_consecutive_errors})",
+                )
+            ]
+        if state.turns >= cfg.max_turns:
+            return [Fail(id=f"{run}/end", reason="max_turns", detail=f"no result after {state.turns} turns")]
+        return [_call_model(state, turn or Turn(number=state.turns + 1))]
+    return _decide_calls(state, turn)
+
+
+def _finished(cfg: KernelConfig, last: Turn) -> tuple[Any] | None:
+    """(output,) when the completed turn ends the run: a successful terminal call or a plain answer."""
+    if last.parse_error is not None:
+        return None
+    if not last.calls:
+        return (last.content,)
+    for call in last.calls:
+        if call.name == cfg.terminal_tool and last.results[call.id].ok:
+            return (last.results[call.id].output,)
+    return None
+
+
+def _call_model(state: State, turn: Turn) -> CallModel:
+    cfg = state.config
+    prompt, start = history.select(state.messages, cfg.history_window)
+    return CallModel(
+        id=model_request_id(state.run_id, turn.number, turn.attempt),
+        turn=turn.number,
+        attempt=turn.attempt,
+        messages=prompt,
+        new_messages=state.messages[state.recorded :],
+        context_start=start,
+        tools=cfg.tools,
+        sampling=dict(cfg.sampling),
+        deadline=state.deadline,
+    )
+
+
+def _decide_calls(state: State, turn: Turn) -> list[Effect]:
+    cfg = state.config
+    sequential = cfg.max_concurrent_tools == 1
+    pending = [c for c in turn.calls if c.id not in turn.results]
+    if not pending:
+        ok = sum(1 for c in turn.calls if turn.results[c.id].ok)
+        return [
+            EndTurn(
+                id=f"{state.run_id}/{turn.number}/end",
+                turn=turn.number,
+                calls_ok=ok,
+                calls_failed=len(turn.calls) - ok,
+            )
+        ]
+    if sequential:
+        pending = pending[:1]  # call i is decided only once calls 0..i-1 have their results
+    policy_states = state.policy_states if sequential else turn.policy_snapshot
+    effects: list[Effect] = []
+    dispatch: list[ToolCall] = []
+    for call in pending:
+        denial = _denial(cfg, turn, policy_states, call)
+        if denial is not None:
+            effects.append(DenyCall(id=call.id, call=call, error=denial))
+        elif call.name in cfg.requires_approval and call.id not in turn.approvals:
+            if call.id not in turn.approvals_requested:
+                effects.append(RequestApproval(id=call.id, call=call))
+        else:
+            dispatch.append(call)
+    if dispatch:
+        effects.append(
+            CallTools(
+                id=f"{state.run_id}/{turn.number}/tools",
+                calls=tuple(dispatch),
+                max_concurrent=cfg.max_concurrent_tools,
+                deadline=state.deadline,
+            )
+        )
+    return effects
+
+
+def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: ToolCall) -> ToolError | None:
+    verdict = turn.approvals.get(call.id)
+    if verdict is not None:
+        return ToolError("policy", f"approval for {call.name} was denied: {verdict}", detail="approval")
+    if call.name not in cfg.tool_names:
+        known = ", ".join(sorted(cfg.tool_names)) or "none"
+        return ToolError("input", f"unknown tool {call.name!r}; available tools: {known}")
+    reason = check_all(cfg.policies, tuple(policy_states), call)
+    if reason is not None:
+        return ToolError("policy", reason)
+    return None
+
+
+__all__ = [
+    "CallModel",
+    "CallTools",
+    "Complete",
+    "DenyCall",
+    "Effect",
+    "EndTurn",
+    "EvolveError",
+    "Fail",
+    "KernelConfig",
+    "RequestApproval",
+    "State",
+    "Turn",
+    "decide",
+    "evolve",
+    "fold",
+    "initial",
+    "model_request_id",
+    "tool_call_id",
+    "tool_calls",
+]
