@@ -47,7 +47,9 @@ DLQ        ``dlq.<original subject>``            Limits     dead letters (malfor
 
 Buckets: KV ``runs`` (run index: key = run id, value = `RunIndex` msgpack; update with the revision for
 compare-and-set), KV ``ws_<workspace>`` per workspace (tool data: key = the file's path relative to
-``/data/``, see `runtime.workspace`), object store ``payloads`` (payloads too big for an event).
+``/data/``, see `runtime.data`), KV ``applied`` (one key per tool job whose workspace writes were applied,
+holding the recorded result, TTL 1 day: a redelivered job replays it instead of writing twice), object
+store ``payloads`` (payloads too big for an event).
 
 Partitions. ``<p>`` is ``fnv32a(agent) % N``, exactly NATS's ``partition(N,1)``; `partition_of()`
 computes the same number client-side (verified against the server in tests), e.g. for the ``runs``
@@ -121,6 +123,8 @@ TOOLS = "TOOLS"
 RESULTS = "RESULTS"
 DLQ = "DLQ"
 RUNS_BUCKET = "runs"
+APPLIED_BUCKET = "applied"
+APPLIED_TTL_S = 86_400.0  # far beyond MaxDeliver x AckWait: every redelivery of a job finds its marker
 PAYLOADS_BUCKET = "payloads"
 WORKERS_CONSUMER = "workers"
 
@@ -553,6 +557,7 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int = 1, partitions
         ack_wait=tool_ack_wait, max_deliver=tool_max_deliver, max_ack_pending=tool_max_ack_pending,
         replicas=replicas))
     await runs_kv(js, replicas=replicas)
+    await applied_kv(js, replicas=replicas)
     await payloads_store(js, replicas=replicas)
     return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
 
@@ -597,6 +602,12 @@ async def runs_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
     """The run index bucket (created on first use)."""
     return await _kv(js, KeyValueConfig(bucket=RUNS_BUCKET, history=1, replicas=replicas,
                                         storage=StorageType.FILE, direct=True))
+
+
+async def applied_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    """Markers of tool jobs whose workspace writes were applied (see `runtime.data`)."""
+    return await _kv(js, KeyValueConfig(bucket=APPLIED_BUCKET, history=1, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True, ttl=APPLIED_TTL_S))
 
 
 async def workspace_kv(js: JetStreamContext, workspace: str, *, replicas: int = 1) -> KeyValue:

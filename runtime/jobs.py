@@ -1,0 +1,161 @@
+"""The two wire messages between an agent host and the tool workers: `ToolJob` and `ToolOutcome`.
+
+The host publishes a `ToolJob` to `tools.<tool>` (stream TOOLS) with `Nats-Msg-Id = job.msg_id`, so a
+re-published job (host crash and recovery) is stored once. A worker runs it and publishes a
+`ToolOutcome` to `results.<partition>.<agent>.<run>` (stream RESULTS) with the same Msg-Id, so a job run
+twice (worker crash after publishing, before acking) yields one outcome. The host turns an outcome into
+events with `ToolOutcome.events()`: the worker never appends to EVENTS, so the host stays the single
+writer of each run and a run's sequence stays contiguous (DESIGN rule 4).
+
+Both are msgspec Structs in msgpack, versioned like the events: new fields get defaults.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import msgspec
+
+from runtime import events as ev
+from runtime.bus import job_msg_id, result_subject, tool_subject
+from runtime.types import ToolError, ToolResult
+
+JOB_VERSION = 1
+
+
+class JobDecodeError(ValueError):
+    """Bytes on TOOLS or RESULTS that are not a job/outcome of this schema (the message says why)."""
+
+
+class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One tool call to execute. Everything a worker needs travels with it: no lookup in the run's log.
+
+    `limits` is the resolved per-tool `Limits.to_dict()` (bundle global merged with the tool's own), so a
+    worker applies exactly what the host decided even if its local bundle copy differs. `deadline` is
+    unix time: a job picked up after it is answered with a `timeout` failure without running.
+    `partition` routes the outcome back to the host that owns the run.
+    """
+
+    run_id: str
+    agent: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = {}
+    partition: int = 0
+    limits: dict[str, Any] = {}
+    workspace: str | None = None
+    deadline: float | None = None
+    tool_digest: str = ""  # the host's view of the tool (content hash); a mismatch is logged
+    v: int = JOB_VERSION
+
+    @property
+    def msg_id(self) -> str:
+        return job_msg_id(self.run_id, self.call_id)
+
+    @property
+    def subject(self) -> str:
+        return tool_subject(self.tool)
+
+    def headers(self) -> dict[str, str]:
+        return {"Nats-Msg-Id": self.msg_id}
+
+    def encode(self) -> bytes:
+        return _enc.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ToolJob:
+        try:
+            return _job_dec.decode(data)
+        except msgspec.DecodeError as e:
+            raise JobDecodeError(f"not a tool job: {e}") from None
+
+
+NoteKind = Literal["started", "printed", "completed", "failed"]
+
+
+class ScriptNote(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One thing that happened inside the sandbox, in order; becomes a `script.<kind>` event."""
+
+    kind: NoteKind
+    ts: float
+    text: str = ""
+    duration_ms: float = 0.0
+    error: ToolError | None = None
+
+
+class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What became of one `ToolJob`: the final result plus the script notes that explain it."""
+
+    run_id: str
+    agent: str
+    call_id: str
+    tool: str
+    partition: int = 0
+    result: ToolResult
+    notes: tuple[ScriptNote, ...] = ()
+    worker: str = ""
+    attempt: int = 1  # the delivery that produced it (> 1: a redelivery after a crash or timeout)
+    writes: int = 0  # workspace writes the ResultHandler applied for it
+    finished: float = 0.0  # unix time the worker finished
+    v: int = JOB_VERSION
+
+    @property
+    def msg_id(self) -> str:
+        return job_msg_id(self.run_id, self.call_id)
+
+    @property
+    def subject(self) -> str:
+        return result_subject(self.partition, self.agent, self.run_id)
+
+    def headers(self) -> dict[str, str]:
+        return {"Nats-Msg-Id": self.msg_id}
+
+    def encode(self) -> bytes:
+        return _enc.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ToolOutcome:
+        try:
+            return _outcome_dec.decode(data)
+        except msgspec.DecodeError as e:
+            raise JobDecodeError(f"not a tool outcome: {e}") from None
+
+    @classmethod
+    def for_job(cls, job: ToolJob, result: ToolResult, **fields: Any) -> ToolOutcome:
+        fields.setdefault("finished", time.time())
+        return cls(run_id=job.run_id, agent=job.agent, call_id=job.call_id, tool=job.tool,
+                   partition=job.partition, result=result, **fields)
+
+    def events(self, first_seq: int) -> list[ev.Event]:
+        """The events the host appends for this outcome: `script.*` in order, then `tool.completed` or
+        `tool.failed`, numbered from `first_seq`. Timestamps are the worker's (when it happened)."""
+        common = {"run_id": self.run_id, "agent": self.agent}
+        out: list[ev.Event] = []
+        seq = first_seq
+        for note in self.notes:
+            base = {**common, "seq": seq, "ts": note.ts, "call_id": self.call_id, "tool": self.tool}
+            if note.kind == "started":
+                out.append(ev.ScriptStarted(**base, worker=self.worker))
+            elif note.kind == "printed":
+                out.append(ev.ScriptPrinted(**base, text=note.text))
+            elif note.kind == "completed":
+                out.append(ev.ScriptCompleted(**base, duration_ms=note.duration_ms))
+            else:
+                error = note.error or ToolError("execution", note.text or "script failed")
+                out.append(ev.ScriptFailed(**base, error=error, duration_ms=note.duration_ms))
+            seq += 1
+        base = {**common, "seq": seq, "ts": self.finished or time.time(), "call_id": self.call_id,
+                "tool": self.tool, "duration_ms": self.result.duration_ms}
+        if self.result.error is None:
+            out.append(ev.ToolCompleted(**base, output=self.result.output))
+        else:
+            out.append(ev.ToolFailed(**base, error=self.result.error))
+        return out
+
+
+_enc = msgspec.msgpack.Encoder()
+_job_dec = msgspec.msgpack.Decoder(ToolJob)
+_outcome_dec = msgspec.msgpack.Decoder(ToolOutcome)
+
+__all__ = ["JobDecodeError", "ScriptNote", "ToolJob", "ToolOutcome"]
