@@ -1,0 +1,264 @@
+"""The model client: one chat completion against any OpenAI-compatible server (vLLM in production).
+
+    client = ModelClient(base_url="http://gpu:8000/v1", model="Qwen/Qwen3-Coder-30B-A3B-Instruct")
+    completion = await client.complete(messages, **adapter.request_extras(tools, constraint))
+
+Why a wrapper over `openai.AsyncOpenAI` rather than the bare client: the runtime needs one result
+type (`Completion`, the same for streaming and not), one failure type (`ModelError`, which the loop
+records as a `model.failed` event instead of crashing), retries it controls (backoff on 429, 5xx and
+connection errors, honouring `Retry-After`; never on 4xx request errors, which would fail the same
+way again), and a guard against vLLM's removed `guided_*` fields, which vLLM ignores silently.
+
+Configuration comes from arguments or the environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY` (vLLM
+needs none; a placeholder is sent), `OPENAI_MODEL`. Without a model name the first model the server
+lists at `/v1/models` is used (a vLLM server serves exactly one).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+import openai
+
+from runtime.types import Usage
+
+_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """One model reply: raw text, native tool calls (if the server returned any), usage and timing.
+
+    `latency_ms` is the wall time of the whole `complete` call, retries and backoff included;
+    `attempts` says how many requests it took.
+    """
+
+    text: str
+    tool_calls: list[dict[str, Any]] | None
+    usage: Usage
+    finish_reason: str
+    latency_ms: float
+    model: str = ""
+    attempts: int = 1
+
+
+class ModelError(Exception):
+    """The model could not be reached or refused the request, after any retries."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, attempts: int = 0, retryable: bool = False
+    ):
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+        self.retryable = retryable
+
+
+TextCallback = Callable[[str], Awaitable[None] | None]
+
+
+class ModelClient:
+    """Chat completions with timeouts, retries with backoff, and usage capture."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 4,
+        backoff_base: float = 0.5,
+        backoff_max: float = 20.0,
+    ) -> None:
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1"
+        self.model = model or os.environ.get("OPENAI_MODEL") or None
+        self.max_retries = max(0, max_retries)
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        # retries are ours (we count and log them); the openai client must not retry underneath
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            timeout=timeout,
+            max_retries=0,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> ModelClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def resolve_model(self) -> str:
+        """The configured model, or the first one the server lists."""
+        if self.model:
+            return self.model
+        try:
+            page = await self._client.models.list()
+        except openai.OpenAIError as exc:
+            raise ModelError(
+                f"no model configured and listing models at {self.base_url} failed: {exc}"
+            ) from exc
+        if not page.data:
+            raise ModelError(f"no model configured and {self.base_url}/models lists none")
+        self.model = page.data[0].id
+        return self.model
+
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        model: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stop: list[str] | str | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+        on_text: TextCallback | None = None,
+        **extras: Any,
+    ) -> Completion:
+        """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
+
+        With `stream=True` the reply arrives as SSE and `on_text` (sync or async) sees each content
+        fragment as it comes; the returned `Completion` is the same as without streaming. If a
+        streamed attempt fails and is retried, `on_text` sees the new attempt's fragments from the start.
+        """
+        _refuse_guided(extras)
+        started = time.monotonic()
+        name = model or await self.resolve_model()
+        params: dict[str, Any] = {"model": name, "messages": messages, **extras}
+        for key, value in (
+            ("temperature", temperature),
+            ("max_tokens", max_tokens),
+            ("stop", stop),
+            ("seed", seed),
+        ):
+            if value is not None:
+                params[key] = value
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if stream:
+                    text, calls, usage, finish, served = await self._stream(params, on_text)
+                else:
+                    text, calls, usage, finish, served = await self._once(params)
+            except (openai.APIStatusError, openai.APIConnectionError) as exc:
+                status = getattr(exc, "status_code", None)
+                retryable = status is None or status in _RETRY_STATUS
+                if not retryable or attempt > self.max_retries:
+                    raise ModelError(
+                        _describe(exc, self.base_url, attempt),
+                        status=status,
+                        attempts=attempt,
+                        retryable=retryable,
+                    ) from exc
+                await anyio.sleep(self._backoff(attempt, exc))
+                continue
+            except openai.OpenAIError as exc:
+                raise ModelError(_describe(exc, self.base_url, attempt), attempts=attempt) from exc
+            return Completion(
+                text=text,
+                tool_calls=calls,
+                usage=usage,
+                finish_reason=finish,
+                latency_ms=(time.monotonic() - started) * 1000.0,
+                model=served or name,
+                attempts=attempt,
+            )
+
+    def _backoff(self, attempt: int, exc: Exception) -> float:
+        """Exponential backoff with jitter; a server's Retry-After wins when it asks for longer."""
+        delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        response = getattr(exc, "response", None)
+        header = response.headers.get("retry-after") if response is not None else None
+        if header:
+            try:
+                delay = max(delay, min(float(header), self.backoff_max))
+            except ValueError:
+                pass
+        return delay
+
+    async def _once(self, params: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+        response = await self._client.chat.completions.create(**params)
+        if not response.choices:
+            raise ModelError("the server returned no choices", attempts=1)
+        choice = response.choices[0]
+        message = choice.message
+        calls = [c.model_dump(exclude_none=True) for c in message.tool_calls] if message.tool_calls else None
+        usage = _usage(response.usage)
+        return message.content or "", calls, usage, choice.finish_reason or "stop", response.model or ""
+
+    async def _stream(
+        self, params: dict[str, Any], on_text: TextCallback | None
+    ) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+        stream = await self._client.chat.completions.create(
+            **params, stream=True, stream_options={"include_usage": True}
+        )
+        parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        usage, finish, served = Usage(), "stop", ""
+        async with stream:
+            async for chunk in stream:
+                served = chunk.model or served
+                if chunk.usage is not None:
+                    usage = _usage(chunk.usage)
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    if delta.content:
+                        parts.append(delta.content)
+                        if on_text is not None:
+                            result = on_text(delta.content)
+                            if result is not None:
+                                await result
+                    for tc in delta.tool_calls or []:
+                        slot = calls.setdefault(
+                            tc.index,
+                            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                        )
+                        if tc.id:
+                            slot["id"] = tc.id
+                        if tc.function is not None:
+                            slot["function"]["name"] += tc.function.name or ""
+                            slot["function"]["arguments"] += tc.function.arguments or ""
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+        ordered = [calls[i] for i in sorted(calls)] or None
+        return "".join(parts), ordered, usage, finish, served
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    return Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0)
+
+
+def _refuse_guided(extras: dict[str, Any]) -> None:
+    """vLLM >= 0.12 ignores `guided_*` fields and decodes unconstrained with HTTP 200: refuse them here."""
+    body = extras.get("extra_body") or {}
+    stale = sorted(k for k in [*extras, *body] if k.startswith("guided_"))
+    if stale:
+        raise ValueError(
+            f"removed vLLM fields {stale}: vLLM ignores them and decodes unconstrained; "
+            'use extra_body={"structured_outputs": {...}} (see runtime.constraints)'
+        )
+
+
+def _describe(exc: Exception, base_url: str, attempts: int) -> str:
+    tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
+    if isinstance(exc, openai.APITimeoutError):
+        return f"model request to {base_url} timed out{tries}"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"cannot reach the model server at {base_url}{tries}: {exc.__cause__ or exc}"
+    if isinstance(exc, openai.APIStatusError):
+        return f"model server answered HTTP {exc.status_code}{tries}: {exc.message}"
+    return f"model request failed{tries}: {exc}"
