@@ -1,0 +1,182 @@
+"""Support for the kernel tests (no tests here): a synchronous effect runner with scripted outcomes.
+
+It plays the role the NATS host and `runtime.loop` play for real (append the intent event, perform,
+append the outcome), with a fake clock, a scripted model and scripted tools, and it records every
+`decide` so tests can check that replaying the log reproduces the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import events as ev
+from runtime import kernel as k
+from runtime.types import ToolCall, ToolResult, ToolSchema, Usage
+
+
+def schema(name: str, **props: str) -> ToolSchema:
+    return ToolSchema(
+        name,
+        f"the {name} tool",
+        {"type": "object", "properties": {p: {"type": t} for p, t in props.items()}},
+    )
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the scripted model does for one request: fail, garble, or answer with content and calls."""
+
+    content: str = ""
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    fail: str | None = None
+    garbled: str | None = None
+
+
+ModelFn = Callable[[k.CallModel], Reply]
+ToolFn = Callable[[ToolCall], ToolResult]
+ApproverFn = Callable[[ToolCall], str | None]  # None grants, a string denies with that reason
+
+
+def echo_tool(call: ToolCall) -> ToolResult:
+    return ToolResult(output={"tool": call.name, **call.arguments})
+
+
+@dataclass
+class Sim:
+    config: k.KernelConfig
+    run_id: str = "run1"
+    agent: str = "tester"
+    clock: float = 1000.0
+    tick: float = 1.0
+    events: list[ev.Event] = field(default_factory=list)
+    decisions: list[tuple[int, list[k.Effect]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = k.initial(self.config)
+
+    def emit(self, cls: type, **fields: Any) -> ev.Event:
+        self.clock += self.tick
+        event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock, agent=self.agent, **fields)
+        self.state = k.evolve(self.state, event)
+        self.events.append(event)
+        return event
+
+    def start(self, text: str = "do the task", timeout_s: float | None = None) -> Sim:
+        self.emit(ev.RunStarted, input=text, task_id="t1", timeout_s=timeout_s)
+        return self
+
+    def step(self, model: ModelFn, tool: ToolFn = echo_tool, approver: ApproverFn | None = None) -> bool:
+        """One decide + perform round; False when decide returned nothing."""
+        effects = k.decide(self.state)
+        self.decisions.append((len(self.events), effects))
+        for effect in effects:
+            self.perform(effect, model, tool, approver)
+        return bool(effects)
+
+    def run(
+        self,
+        model: ModelFn,
+        tool: ToolFn = echo_tool,
+        approver: ApproverFn | None = None,
+        max_steps: int = 500,
+    ) -> Sim:
+        for _ in range(max_steps):
+            if not self.step(model, tool, approver):
+                return self
+        raise AssertionError("the run did not settle")
+
+    def perform(self, effect: k.Effect, model: ModelFn, tool: ToolFn, approver: ApproverFn | None) -> None:
+        match effect:
+            case k.CallModel():
+                self.emit(
+                    ev.ModelRequested,
+                    request_id=effect.id,
+                    turn=effect.turn,
+                    attempt=effect.attempt,
+                    messages=effect.new_messages,
+                    context_start=effect.context_start,
+                    sampling=dict(effect.sampling),
+                )
+                reply = model(effect)
+                if reply.fail is not None:
+                    self.emit(ev.ModelFailed, request_id=effect.id, turn=effect.turn, error=reply.fail)
+                elif reply.garbled is not None:
+                    self.emit(
+                        ev.ModelResponded,
+                        request_id=effect.id,
+                        turn=effect.turn,
+                        text=reply.garbled,
+                        parse_error="no closing tag",
+                    )
+                else:
+                    calls = k.tool_calls(self.run_id, effect.turn, reply.calls)
+                    self.emit(
+                        ev.ModelResponded,
+                        request_id=effect.id,
+                        turn=effect.turn,
+                        text=reply.content,
+                        content=reply.content,
+                        calls=calls,
+                        usage=Usage(10, 5),
+                        finish_reason="stop",
+                    )
+            case k.CallTools():
+                for call in effect.calls:
+                    self.emit(ev.ToolCalled, call=call)
+                for call in effect.calls:
+                    self.record_result(call, tool(call))
+            case k.DenyCall():
+                self.emit(ev.ToolFailed, call_id=effect.call.id, tool=effect.call.name, error=effect.error)
+            case k.RequestApproval():
+                self.emit(ev.ApprovalRequested, call=effect.call)
+                if approver is not None:
+                    verdict = approver(effect.call)
+                    if verdict is None:
+                        self.emit(ev.ApprovalGranted, call_id=effect.call.id, by="tester")
+                    else:
+                        self.emit(ev.ApprovalDenied, call_id=effect.call.id, reason=verdict, by="tester")
+            case k.EndTurn():
+                self.emit(
+                    ev.TurnCompleted,
+                    turn=effect.turn,
+                    calls_ok=effect.calls_ok,
+                    calls_failed=effect.calls_failed,
+                )
+            case k.Complete():
+                self.emit(ev.RunCompleted, output=effect.output)
+            case k.Fail():
+                self.emit(ev.RunFailed, reason=effect.reason, detail=effect.detail)
+
+    def record_result(self, call: ToolCall, result: ToolResult) -> None:
+        if result.ok:
+            self.emit(
+                ev.ToolCompleted,
+                call_id=call.id,
+                tool=call.name,
+                output=result.output,
+                duration_ms=result.duration_ms,
+            )
+        else:
+            assert result.error is not None
+            self.emit(
+                ev.ToolFailed,
+                call_id=call.id,
+                tool=call.name,
+                error=result.error,
+                duration_ms=result.duration_ms,
+            )
+
+    def kinds(self) -> list[str]:
+        return [ev.kind_of(e) for e in self.events]
+
+
+def script(*replies: Reply) -> ModelFn:
+    """A model that answers requests with `replies` in order (the last one repeats)."""
+    queue = list(replies)
+
+    def model(_: k.CallModel) -> Reply:
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    return model
