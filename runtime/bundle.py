@@ -1,0 +1,574 @@
+"""bundle.yaml: one agent's whole configuration, validated up front with errors that name the YAML path.
+
+A bundle is what `sa up`/`sa host` load to make an agent reachable at `agents.<name>.tasks`, and what a
+worker loads to know the agent's tools. Seed 000 §6.2, extended (issue 5 §4)::
+
+    name: workspace_agent                     # the agent id: one subject token
+    system_prompt: "You are ..."              # or system_prompt_file: prompt.md (relative to the bundle)
+    model:
+      adapter: hermes                         # a runtime.models adapter
+      base_url: local                         # `local`: the embedded model server; else a URL
+      name: smollm2-135m
+      sampling: {temperature: 0.2, max_tokens: 512}
+    constraint: {strategy: ebnf, parallel_calls: false}
+    limits: default                           # preset name or inline {max_memory: 16mb, ...}
+    tools:
+      - "tools/*.pym"                         # a glob relative to the bundle file
+      - path: tools/add_entry.pym             # an explicit entry
+        limits: {max_duration: 5s}            # merged over the global limits (Limits.merge)
+        output_model: AddEntryResult          # a name from output_models, `module:Class`, or a JSON Schema
+        requires_approval: false
+    output_models:
+      AddEntryResult: {type: object, properties: {message: {type: string}}, required: [message]}
+    data_provider: workspace                  # none | static | workspace, or {type: static, folder: data/}
+    workspace: notes                          # the KV workspace tool jobs read and write
+    termination: {terminal_tool: submit_result, max_turns: 20, deadline: 10m, max_consecutive_errors: 3}
+    policies:
+      - sequential_dependency: {deploy: [build, test]}
+      - read_before_write: {read_tools: [read_file], write_tools: [write_file]}
+    max_concurrent_tools: 4
+    history_window: 40
+
+Every mapping rejects unknown keys (with a "did you mean" hint). `load_bundle` collects every problem it
+can find, then raises one `BundleError` listing them as `<file>: <yaml path>: <what is wrong; what is
+allowed>`, so a user fixes a bundle in one pass. Tool load failures (a .pym that does not parse) are
+bundle errors too: an agent must never start with a tool that cannot run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from runtime.scripts.limits import Limits, LimitsError, parse_duration
+
+_STRATEGIES = ("ebnf", "structural_tag", "json_schema")
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty")
+_PROVIDERS = ("none", "static", "workspace")
+_POLICIES = ("sequential_dependency", "read_before_write")
+
+
+class BundleError(ValueError):
+    """An invalid bundle: every problem found, each as (yaml path, message)."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {path}: {msg}" if path else f"{source}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the YAML schema (pydantic models; unions are avoided so error paths stay the YAML's own)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    adapter: str = "hermes"
+    base_url: str = "local"
+    name: str = "smollm2-135m"
+    api_key_env: str | None = None
+    timeout: float | str = 60.0
+    sampling: dict[str, Any] = {}
+
+
+class ConstraintSpec(_Strict):
+    strategy: Literal["ebnf", "structural_tag", "json_schema"] = "ebnf"
+    parallel_calls: bool = False
+    send_tools_to_api: bool = False
+
+
+class ToolEntry(_Strict):
+    path: str
+    limits: Any = None
+    output_model: Any = None
+    requires_approval: bool = False
+
+
+class TerminationSpec(_Strict):
+    terminal_tool: str | None = None
+    max_turns: int = 20
+    max_consecutive_errors: int = 3
+    deadline: float | str | None = None
+
+
+class BundleSpec(_Strict):
+    name: str
+    description: str = ""
+    system_prompt: str | None = None
+    system_prompt_file: str | None = None
+    model: ModelSpec = ModelSpec()
+    constraint: ConstraintSpec = ConstraintSpec()
+    limits: Any = None
+    tools: list[Any] = []
+    output_models: dict[str, Any] = {}
+    data_provider: Any = "none"
+    workspace: str | None = None
+    termination: TerminationSpec = TerminationSpec()
+    policies: list[Any] = []
+    max_concurrent_tools: int = 4
+    history_window: int | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the resolved bundle
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolvedTool:
+    """One tool of the bundle with everything the host and the workers need to run it."""
+
+    name: str
+    tool: Any  # a runtime.tools.Tool
+    limits: Limits  # global merged with the tool's own: what the job carries
+    output_model: Any = None  # a pydantic model class, a JSON Schema dict, or None
+    requires_approval: bool = False
+    source: str = ""  # the file it came from
+
+
+@dataclass(frozen=True)
+class DataProviderSpec:
+    kind: Literal["none", "static", "workspace"] = "none"
+    folder: Path | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    workspace: str | None = None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A validated bundle. `digest` is a content hash of the bundle file and every tool source, recorded
+    in `run.started` so a replay can tell which bundle version produced a run."""
+
+    name: str
+    path: Path
+    spec: BundleSpec
+    system_prompt: str
+    limits: Limits
+    tools: dict[str, ResolvedTool]
+    data_provider: DataProviderSpec
+    deadline_s: float | None
+    policies: tuple[Any, ...]
+    digest: str
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    @property
+    def workspace(self) -> str | None:
+        return self.data_provider.workspace or self.spec.workspace
+
+    def limits_for(self, tool: str) -> Limits:
+        return self.tools[tool].limits if tool in self.tools else self.limits
+
+    def output_model_for(self, tool: str) -> Any:
+        return self.tools[tool].output_model if tool in self.tools else None
+
+    def tool_schemas(self) -> tuple[Any, ...]:
+        return tuple(t.tool.schema for t in self.tools.values())
+
+    def kernel_config(self) -> Any:
+        """The kernel's `KernelConfig` for this bundle (tool schemas, termination, policies, sampling)."""
+        from runtime.kernel import KernelConfig
+
+        term = self.spec.termination
+        return KernelConfig(
+            system_prompt=self.system_prompt, tools=self.tool_schemas(), terminal_tool=term.terminal_tool,
+            max_turns=term.max_turns, max_consecutive_errors=term.max_consecutive_errors,
+            max_concurrent_tools=self.spec.max_concurrent_tools, history_window=self.spec.history_window,
+            policies=self.policies,
+            requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
+            sampling=dict(self.spec.model.sampling))
+
+    def decoding_constraint(self) -> Any:
+        from runtime.constraints import DecodingConstraint
+
+        c = self.spec.constraint
+        return DecodingConstraint(strategy=c.strategy, allow_parallel_calls=c.parallel_calls,
+                                  send_tools_to_api=c.send_tools_to_api)
+
+    @property
+    def uses_local_model(self) -> bool:
+        return self.spec.model.base_url == "local"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _path_str(loc: tuple[Any, ...], base: str = "") -> str:
+    out = base
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at `loc` (the parent of an unknown key), walking nested models."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        info = getattr(current, "model_fields", {}).get(part)
+        ann = getattr(info, "annotation", None)
+        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return list(getattr(current, "model_fields", {})) if current is not None else []
+
+
+def _pydantic_problems(err: ValidationError, model: type[BaseModel], base: str) -> list[tuple[str, str]]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = _path_str(loc, base)
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_fields(model, loc[:-1])
+            key = str(loc[-1])
+            close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((path, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"))
+        elif e["type"] == "missing":
+            problems.append((path, "required key is missing"))
+        else:
+            got = e.get("input")
+            problems.append((path, f"{e['msg']} (got {got!r:.60})"))
+    return problems
+
+
+def _validate(model: type[BaseModel], data: Any, base: str, problems: list[tuple[str, str]]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        problems.extend(_pydantic_problems(e, model, base))
+        return None
+
+
+def _limits(spec: Any, path: str, problems: list[tuple[str, str]]) -> Limits | None:
+    if isinstance(spec, dict):
+        allowed = list(Limits.model_fields)
+        bad = [k for k in spec if k not in allowed]
+        for k in bad:
+            close = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((f"{path}.{k}", f"unknown limits key{hint}; allowed keys: {', '.join(allowed)}"))
+        if bad:
+            return None
+        for k, v in spec.items():
+            try:
+                Limits.resolve({k: v})
+            except LimitsError as e:
+                problems.append((f"{path}.{k}", str(e)))
+                return None
+    try:
+        return Limits.resolve(spec)
+    except LimitsError as e:
+        problems.append((path, str(e)))
+        return None
+
+
+@contextmanager
+def _importable(root: Path) -> Iterator[None]:
+    """Let `module:Class` refer to modules beside the bundle file."""
+    added = str(root) not in sys.path
+    if added:
+        sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(str(root))
+
+
+def _output_model(ref: Any, named: dict[str, Any], root: Path, path: str,
+                  problems: list[tuple[str, str]]) -> Any:
+    if ref is None:
+        return None
+    if isinstance(ref, str) and ref in named:
+        return named[ref]
+    if isinstance(ref, dict):
+        from runtime.scripts.validate import unsupported_keywords
+
+        bad = unsupported_keywords(ref)
+        if bad:
+            problems.append((path, f"JSON Schema keywords not supported: {', '.join(bad)}"))
+            return None
+        return ref
+    if isinstance(ref, str) and ":" in ref:
+        module_name, _, attr = ref.partition(":")
+        try:
+            with _importable(root):
+                obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            problems.append((path, f"cannot import {ref!r}: {e}"))
+            return None
+        if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+            problems.append((path, f"{ref!r} is not a pydantic BaseModel class"))
+            return None
+        return obj
+    names = ", ".join(named) or "none defined"
+    problems.append((path, f"{ref!r} is not an output model: use a name from output_models ({names}), "
+                           "'module:Class', or an inline JSON Schema object"))
+    return None
+
+
+def _policy(item: Any, path: str, problems: list[tuple[str, str]]) -> Any:
+    from runtime.policies import ReadBeforeWritePolicy, SequentialDependencyPolicy
+
+    if not (isinstance(item, dict) and len(item) == 1):
+        problems.append((path, f"a policy is a one-key mapping, one of: {', '.join(_POLICIES)}"))
+        return None
+    (kind, args), = item.items()
+    try:
+        if kind == "sequential_dependency":
+            if not isinstance(args, dict) or not all(isinstance(v, list) for v in args.values()):
+                raise ValueError("expects {tool: [prerequisite tools]}")
+            return SequentialDependencyPolicy(args)
+        if kind == "read_before_write":
+            args = args or {}
+            if not isinstance(args, dict):
+                raise ValueError("expects {read_tools: [...], write_tools: [...], path_argument: name}")
+            allowed = ("read_tools", "write_tools", "path_argument")
+            extra = [k for k in args if k not in allowed]
+            if extra:
+                raise ValueError(f"unknown key(s) {extra}; allowed keys: {', '.join(allowed)}")
+            return ReadBeforeWritePolicy(**args)
+    except (TypeError, ValueError) as e:
+        problems.append((f"{path}.{kind}", str(e)))
+        return None
+    close = difflib.get_close_matches(str(kind), _POLICIES, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    problems.append((f"{path}.{kind}", f"unknown policy{hint}; known: {', '.join(_POLICIES)}"))
+    return None
+
+
+def _data_provider(spec: Any, default_ws: str | None, root: Path, problems: list[tuple[str, str]]
+                   ) -> DataProviderSpec:
+    path = "data_provider"
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict) or "type" not in spec:
+        problems.append((path, f"use one of {', '.join(_PROVIDERS)}, or a mapping with 'type'"))
+        return DataProviderSpec()
+    kind = spec["type"]
+    allowed = {"none": {"type"}, "static": {"type", "folder", "files"}, "workspace": {"type", "workspace"}}
+    if kind not in allowed:
+        problems.append((f"{path}.type", f"unknown data provider {kind!r}; "
+                                         f"use one of {', '.join(_PROVIDERS)}"))
+        return DataProviderSpec()
+    for k in spec:
+        if k not in allowed[kind]:
+            problems.append((f"{path}.{k}", f"not a key of the {kind} provider; allowed: "
+                                            f"{', '.join(sorted(allowed[kind]))}"))
+    folder = None
+    if kind == "static" and spec.get("folder") is not None:
+        folder = (root / str(spec["folder"])).resolve()
+        if not folder.is_dir():
+            problems.append((f"{path}.folder", f"{folder} is not a directory"))
+    files = spec.get("files") or {}
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        problems.append((f"{path}.files", "must map virtual paths to text"))
+        files = {}
+    workspace = spec.get("workspace") or default_ws
+    if kind == "workspace" and not workspace:
+        problems.append((path, "the workspace provider needs a workspace: set `workspace:` in the bundle"))
+    return DataProviderSpec(kind=kind, folder=folder, files=dict(files), workspace=workspace)
+
+
+def _discover(paths: list[Path]) -> list[Any]:
+    from runtime.tools import discover_tools
+
+    return list(discover_tools(paths))
+
+
+def load_bundle(path: str | Path, *, discover: Callable[[list[Path]], list[Any]] | None = None) -> Bundle:
+    """Read, validate and resolve a bundle file (or a folder holding `bundle.yaml`); raise BundleError."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "bundle.yaml"
+    source = str(p)
+    try:
+        raw_text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise BundleError(source, [("", f"cannot read the bundle: {e.strerror or e}")]) from None
+    try:
+        raw = yaml.safe_load(raw_text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise BundleError(source, [(where, f"not valid YAML: {getattr(e, 'problem', e)}")]) from None
+    if not isinstance(raw, dict):
+        raise BundleError(source, [("", "a bundle is a YAML mapping with at least `name:`")])
+
+    problems: list[tuple[str, str]] = []
+    try:
+        spec = BundleSpec.model_validate(raw)
+    except ValidationError as e:
+        # report these, then go on without the offending top-level keys to find every other problem
+        problems.extend(_pydantic_problems(e, BundleSpec, ""))
+        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+        rest = {k: v for k, v in raw.items() if k not in bad}
+        rest.setdefault("name", "_")
+        rest["name"] = rest["name"] if isinstance(rest["name"], str) else "_"
+        spec = BundleSpec.model_validate(rest)
+    root = p.parent.resolve()
+
+    from runtime.bus import check_token
+
+    try:
+        check_token(spec.name, "name")
+    except ValueError as e:
+        problems.append(("name", str(e)))
+
+    # model
+    from runtime.models import ADAPTERS
+
+    if spec.model.adapter not in ADAPTERS:
+        problems.append(("model.adapter", f"unknown adapter {spec.model.adapter!r}; known: "
+                                          f"{', '.join(sorted(ADAPTERS))}"))
+    for k in spec.model.sampling:
+        if k not in _SAMPLING_KEYS:
+            close = difflib.get_close_matches(k, _SAMPLING_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((f"model.sampling.{k}", f"unknown sampling key{hint}; allowed: "
+                                                    f"{', '.join(_SAMPLING_KEYS)}"))
+    try:
+        parse_duration(spec.model.timeout, field="timeout")
+    except LimitsError as e:
+        problems.append(("model.timeout", str(e)))
+
+    # system prompt
+    system_prompt = spec.system_prompt or ""
+    if spec.system_prompt_file:
+        if spec.system_prompt is not None:
+            problems.append(("system_prompt_file", "set system_prompt or system_prompt_file, not both"))
+        try:
+            system_prompt = (root / spec.system_prompt_file).read_text(encoding="utf-8")
+        except OSError as e:
+            problems.append(("system_prompt_file", f"cannot read: {e.strerror or e}"))
+
+    # limits and output models
+    global_limits = _limits(spec.limits, "limits", problems) or Limits.default()
+    named: dict[str, Any] = {}
+    for name, ref in spec.output_models.items():
+        if isinstance(ref, str) and ref in spec.output_models:
+            problems.append((f"output_models.{name}", "must be 'module:Class' or a JSON Schema object"))
+            continue
+        model = _output_model(ref, {}, root, f"output_models.{name}", problems)
+        if model is not None:
+            named[name] = model
+
+    # tools: expand globs and entries to files, then load them all at once
+    files: list[tuple[Path, str, ToolEntry | None]] = []  # (file, yaml path, entry)
+    for i, item in enumerate(spec.tools):
+        where = f"tools[{i}]"
+        if isinstance(item, str):
+            matches = sorted(root.glob(item)) if not Path(item).is_absolute() else sorted(
+                Path(item).parent.glob(Path(item).name))
+            matches = [m for m in matches if m.is_file()]
+            if not matches:
+                problems.append((where, f"the glob {item!r} matches no file under {root}"))
+            files.extend((m.resolve(), where, None) for m in matches)
+        elif isinstance(item, dict):
+            entry = _validate(ToolEntry, item, where, problems)
+            if entry is None:
+                continue
+            f = (root / entry.path).resolve()
+            if not f.is_file():
+                problems.append((f"{where}.path", f"{f} does not exist"))
+                continue
+            files = [x for x in files if x[0] != f]  # an explicit entry refines a glob match
+            files.append((f, where, entry))
+        else:
+            problems.append((where, "a tool is a glob string or a mapping with `path:`"))
+
+    tools: dict[str, ResolvedTool] = {}
+    if files:
+        try:
+            loaded = (discover or _discover)([f for f, _, _ in files])
+        except Exception as e:  # a tool that cannot be loaded is a bundle error, never a runtime surprise
+            problems.append(("tools", f"cannot load tools: {e}"))
+            loaded = []
+        by_source = {str(Path(getattr(t, "source", "") or getattr(t, "path", "") or "")): t for t in loaded}
+        for i, (f, where, entry) in enumerate(files):
+            tool = by_source.get(str(f)) or (loaded[i] if i < len(loaded) else None)
+            if tool is None:
+                problems.append((where, f"{f.name}: not loaded as a tool"))
+                continue
+            diagnostics = getattr(tool, "diagnostics", None) or []
+            if diagnostics:
+                problems.append((where, f"{f.name}: " + "; ".join(str(d) for d in diagnostics)))
+                continue
+            name = tool.name
+            if name in tools:
+                problems.append((where, f"two tools are named {name!r} ({tools[name].source} and {f})"))
+                continue
+            limits = global_limits
+            output_model = None
+            approval = False
+            if entry is not None:
+                own = _limits(entry.limits, f"{where}.limits", problems) if entry.limits is not None else None
+                limits = global_limits.merge(own)
+                output_model = _output_model(entry.output_model, named, root, f"{where}.output_model",
+                                             problems)
+                approval = entry.requires_approval
+            tools[name] = ResolvedTool(name=name, tool=tool, limits=limits, output_model=output_model,
+                                       requires_approval=approval, source=str(f))
+
+    # termination, policies, data
+    term = spec.termination
+    if term.terminal_tool is not None and tools and term.terminal_tool not in tools:
+        problems.append(("termination.terminal_tool", f"{term.terminal_tool!r} is not a tool of this bundle; "
+                                                      f"tools: {', '.join(sorted(tools))}"))
+    if term.max_turns < 1:
+        problems.append(("termination.max_turns", "must be at least 1"))
+    deadline_s = None
+    if term.deadline is not None:
+        try:
+            deadline_s = parse_duration(term.deadline, field="deadline")
+        except LimitsError as e:
+            problems.append(("termination.deadline", str(e)))
+    if spec.max_concurrent_tools < 1:
+        problems.append(("max_concurrent_tools", "must be at least 1"))
+    policies = tuple(x for i, item in enumerate(spec.policies)
+                     if (x := _policy(item, f"policies[{i}]", problems)) is not None)
+    data = _data_provider(spec.data_provider, spec.workspace, root, problems)
+    if spec.workspace is not None:
+        from runtime.bus import workspace_bucket
+
+        try:
+            workspace_bucket(spec.workspace)
+        except ValueError as e:
+            problems.append(("workspace", str(e)))
+
+    if problems:
+        raise BundleError(source, problems)
+
+    h = hashlib.sha256(raw_text.encode())
+    for name in sorted(tools):
+        h.update(name.encode())
+        h.update(Path(tools[name].source).read_bytes())
+    return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
+                  limits=global_limits, tools=tools, data_provider=data, deadline_s=deadline_s,
+                  policies=policies, digest=h.hexdigest()[:16])
+
+
+__all__ = ["Bundle", "BundleError", "BundleSpec", "DataProviderSpec", "ResolvedTool", "load_bundle"]
