@@ -33,12 +33,13 @@ def pinned_count(messages: Sequence[Message]) -> int:
 def window_start(messages: Sequence[Message], max_messages: int | None) -> int:
     """The index of the first non-pinned message to send; the prompt is `head + messages[start:]`.
 
-    `max_messages` counts non-pinned messages; None (or a conversation that fits) sends everything.
+    `max_messages` counts non-pinned messages (at least 1: the newest message is always sent); None (or
+    a conversation that fits) sends everything.
     """
     head = pinned_count(messages)
     if max_messages is None or len(messages) - head <= max_messages:
         return head
-    start = max(head, len(messages) - max(max_messages, 0))
+    start = max(head, len(messages) - max(max_messages, 1))
     while start > head and messages[start].role == "tool":
         start -= 1  # inside an exchange: back up to the assistant message that made the calls
     return start

@@ -106,6 +106,10 @@ class KernelConfig:
         for name in ("max_turns", "max_consecutive_errors", "max_concurrent_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KernelConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.history_window is not None and self.history_window < 1:
+            raise ValueError(
+                f"KernelConfig.history_window must be None or at least 1, got {self.history_window}"
+            )
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"KernelConfig.tools has duplicate names: {sorted(names)}")
