@@ -165,8 +165,8 @@ class GrammarCache:
         comp = self._compiler
         if c.kind == "json":
             return comp.compile_json_schema(c.text, any_whitespace=c.any_whitespace)
-        if c.kind == "json_object":
-            return comp.compile_builtin_json_grammar()
+        if c.kind == "json_object":  # as vLLM: any JSON *object*, not any JSON value
+            return comp.compile_json_schema('{"type": "object"}', any_whitespace=c.any_whitespace)
         if c.kind == "regex":
             return comp.compile_regex(c.text)
         if c.kind == "grammar":

@@ -75,14 +75,19 @@ class GenerationWorker:
             if job.cancelled.is_set():
                 job._send(None)
                 continue
+            deltas = None
             try:
-                for delta in job.run(job.cancelled):
+                deltas = job.run(job.cancelled)
+                for delta in deltas:
                     if job.cancelled.is_set():
                         break
                     job._send(delta)
             except BaseException as e:  # surfaced to the request; the worker keeps serving
                 log.exception("generation failed")
                 job._send(e)
+            finally:
+                if deltas is not None and hasattr(deltas, "close"):
+                    deltas.close()  # release the KV cache now, not whenever the generator is collected
             job._send(None)
 
     def start(self, run: Callable[[threading.Event], Iterator[Delta]]) -> Job:
