@@ -268,7 +268,9 @@ class ScriptedModelServer:
         server = _Server(self._address, _Handler)
         server.owner = self
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="scripted-model", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="scripted-model", daemon=True
+        )
         self._thread.start()
         return self
 

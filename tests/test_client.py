@@ -1,0 +1,173 @@
+"""ModelClient against the scripted OpenAI-compatible server, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.client import Completion, ModelClient, ModelError
+from runtime.constraints import DecodingConstraint
+from runtime.models import get_adapter
+from runtime.testing import Reply, ScriptedModelServer
+from runtime.types import Message, ToolSchema, Usage
+
+pytestmark = pytest.mark.anyio
+
+TOOL = ToolSchema(
+    "get_weather",
+    "Weather.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+USER = [{"role": "user", "content": "weather in Oslo?"}]
+
+
+def client_for(server: ScriptedModelServer, **options) -> ModelClient:
+    return ModelClient(base_url=server.base_url, model="m", backoff_base=0.001, backoff_max=0.01, **options)
+
+
+async def test_request_carries_structured_outputs_and_no_guided_keys() -> None:
+    adapter = get_adapter("qwen3")
+    messages = adapter.render([Message("user", "weather in Oslo?")], [TOOL])
+    extras = adapter.request_extras([TOOL], DecodingConstraint("ebnf"))
+    reply = adapter.format_call("get_weather", {"city": "Oslo"})
+    with ScriptedModelServer([reply]) as server:
+        async with client_for(server) as client:
+            completion = await client.complete(messages, temperature=0.0, max_tokens=64, seed=7, **extras)
+        (body,) = server.requests
+    # extra_body is merged into the top level of the JSON body, as vLLM expects
+    assert set(body["structured_outputs"]) == {"grammar"} and "::=" in body["structured_outputs"]["grammar"]
+    assert not [key for key in body if key.startswith("guided_")]
+    assert "extra_body" not in body and "tools" not in body
+    assert (
+        body["model"] == "m" and body["temperature"] == 0.0 and body["max_tokens"] == 64 and body["seed"] == 7
+    )
+    assert body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
+    parsed = adapter.parse(completion.text, completion.tool_calls, [TOOL])
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", {"city": "Oslo"})]
+
+
+async def test_guided_keys_are_refused_before_any_request() -> None:
+    with ScriptedModelServer(["unused"]) as server:
+        async with client_for(server) as client:
+            with pytest.raises(ValueError, match="structured_outputs"):
+                await client.complete(USER, extra_body={"guided_grammar": "root ::= x"})
+        assert server.served == 0
+
+
+async def test_retries_429_and_500_then_succeeds_and_captures_usage() -> None:
+    script = [
+        Reply.error(429, "slow down", retry_after=0),
+        Reply.error(500),
+        Reply.drop(),
+        Reply(text="sunny", prompt_tokens=11, completion_tokens=2),
+    ]
+    with ScriptedModelServer(script) as server:
+        async with client_for(server) as client:
+            completion = await client.complete(USER)
+        assert server.served == 4
+    assert completion.text == "sunny" and completion.attempts == 4
+    assert completion.usage == Usage(prompt_tokens=11, completion_tokens=2)
+    assert completion.finish_reason == "stop" and completion.tool_calls is None and completion.latency_ms > 0
+
+
+async def test_gives_up_after_max_retries_with_a_clear_model_error() -> None:
+    with ScriptedModelServer([Reply.error(503, "overloaded")] * 3) as server:
+        async with client_for(server, max_retries=2) as client:
+            with pytest.raises(ModelError) as err:
+                await client.complete(USER)
+    assert err.value.status == 503 and err.value.attempts == 3 and err.value.retryable
+    assert "HTTP 503 after 3 attempts" in str(err.value) and "overloaded" in str(err.value)
+
+
+async def test_client_errors_are_not_retried() -> None:
+    with ScriptedModelServer([Reply.error(400, "bad grammar"), "never"]) as server:
+        async with client_for(server) as client:
+            with pytest.raises(ModelError, match=r"HTTP 400 after 1 attempt: .*bad grammar") as err:
+                await client.complete(USER)
+        assert server.served == 1 and err.value.retryable is False
+
+
+async def test_unreachable_server_is_a_model_error() -> None:
+    with ScriptedModelServer() as server:
+        url = server.base_url
+    async with ModelClient(base_url=url, model="m", max_retries=1, backoff_base=0.001) as client:
+        with pytest.raises(ModelError, match="cannot reach the model server"):
+            await client.complete(USER)
+
+
+async def test_timeout_is_retried_then_reported() -> None:
+    with ScriptedModelServer([Reply(text="late", delay=1.0), Reply(text="late", delay=1.0)]) as server:
+        async with client_for(server, timeout=0.2, max_retries=1) as client:
+            with pytest.raises(ModelError, match="timed out after 2 attempts"):
+                await client.complete(USER)
+
+
+async def test_native_tool_calls_come_back_as_dicts() -> None:
+    script = [
+        Reply.tool_calls_of([("get_weather", {"city": "A"}), ("get_weather", {"city": "B"})], text="two")
+    ]
+    with ScriptedModelServer(script) as server:
+        async with client_for(server) as client:
+            extras = get_adapter("openai").request_extras([TOOL], DecodingConstraint("json_schema", True))
+            completion = await client.complete(USER, **extras)
+        (body,) = server.requests
+    assert body["tool_choice"] == "required" and body["tools"][0]["function"]["name"] == "get_weather"
+    assert "structured_outputs" not in body
+    assert completion.finish_reason == "tool_calls" and completion.text == "two"
+    assert [json.loads(c["function"]["arguments"]) for c in completion.tool_calls] == [
+        {"city": "A"},
+        {"city": "B"},
+    ]
+
+
+async def test_streaming_reassembles_text_tool_calls_and_usage() -> None:
+    long_text = "It is sunny in Oslo today, with a light breeze from the west."
+    script = [
+        Reply(text=long_text, completion_tokens=13),
+        Reply.tool_calls_of([("get_weather", {"city": "Oslo, Norway"}), ("get_weather", {"city": "Bergen"})]),
+    ]
+    seen: list[str] = []
+
+    async def on_text(fragment: str) -> None:
+        seen.append(fragment)
+
+    with ScriptedModelServer(script, chunk_size=5) as server:
+        async with client_for(server) as client:
+            text = await client.complete(USER, stream=True, on_text=on_text)
+            calls = await client.complete(USER, stream=True)
+        bodies = server.requests
+    assert text.text == long_text and "".join(seen) == long_text and len(seen) == len(long_text) // 5 + 1
+    assert text.usage.completion_tokens == 13 and text.finish_reason == "stop"
+    assert calls.finish_reason == "tool_calls"
+    assert [c["function"]["name"] for c in calls.tool_calls] == ["get_weather", "get_weather"]
+    assert [json.loads(c["function"]["arguments"])["city"] for c in calls.tool_calls] == [
+        "Oslo, Norway",
+        "Bergen",
+    ]
+    assert all(c["id"] for c in calls.tool_calls)
+    assert all(b["stream"] is True and b["stream_options"] == {"include_usage": True} for b in bodies)
+
+
+async def test_streaming_failure_is_retried_like_any_other() -> None:
+    with ScriptedModelServer([Reply.error(502), Reply(text="ok")]) as server:
+        async with client_for(server) as client:
+            completion = await client.complete(USER, stream=True)
+    assert isinstance(completion, Completion) and completion.text == "ok" and completion.attempts == 2
+
+
+async def test_model_name_comes_from_the_server_when_not_configured(monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_MODEL", raising=False)
+    with ScriptedModelServer(["hi"], model="served-model") as server:
+        async with ModelClient(base_url=server.base_url) as client:
+            completion = await client.complete(USER)
+        assert server.requests[0]["model"] == "served-model" and completion.model == "served-model"
+
+
+async def test_environment_configures_the_client(monkeypatch) -> None:
+    with ScriptedModelServer(["hi"]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_MODEL", "env-model")
+        async with ModelClient() as client:
+            await client.complete(USER)
+        assert server.requests[0]["model"] == "env-model"
