@@ -14,10 +14,14 @@ from runtime.cli.app import app
 
 def _load_tools(paths: list[Path]) -> list[Any]:
     """Tool schemas from .json files (OpenAI `tools` entries or {name, description, parameters})
-    and from .pym files or folders (through `runtime.tools.discover_tools`)."""
+    and from .pym files or folders (through `runtime.tools.discover_tools`).
+
+    A script that fails to load is an error, not a skip: a constraint printed for a partial tool set
+    would mislead exactly when someone is debugging a misbehaving model."""
     from runtime.types import ToolSchema
 
     tools: list[ToolSchema] = []
+    scripts = [p for p in paths if p.suffix != ".json"]
     for path in paths:
         if path.suffix == ".json":
             data = json.loads(path.read_text())
@@ -26,16 +30,14 @@ def _load_tools(paths: list[Path]) -> list[Any]:
                 tools.append(
                     ToolSchema(spec["name"], spec.get("description", ""), spec.get("parameters") or {})
                 )
-            continue
-        try:
-            from runtime.tools import discover_tools  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise typer.BadParameter(
-                f"{path}: .pym discovery is unavailable ({exc}); pass a .json file of tool schemas"
-            ) from exc
-        for tool in discover_tools(path):
-            schema = getattr(tool, "schema", tool)
-            tools.append(schema if isinstance(schema, ToolSchema) else ToolSchema(**schema))
+    if scripts:
+        from runtime.tools import discover_tools
+
+        found, failures = discover_tools(scripts)
+        if failures:
+            lines = "; ".join(f"{f.path}: {f.error.message}" for f in failures)
+            raise typer.BadParameter(f"{len(failures)} script(s) failed to load: {lines}")
+        tools.extend(tool.schema for tool in found)
     return tools
 
 
