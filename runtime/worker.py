@@ -1,0 +1,410 @@
+"""Tool workers: run the sandboxed tool jobs of every agent, on any machine that reaches NATS.
+
+    worker = Worker(js, registry, concurrency=8)
+    await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
+
+All workers bind the one durable pull consumer `workers` on the TOOLS stream (runtime.bus), so jobs
+spread over processes and machines, and a job a dead worker held is redelivered to another after
+AckWait. Per job, in this order (each step's failure mode in brackets):
+
+1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
+2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
+   (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
+3. look up the tool [unknown: a tool failure outcome, acked: never a crash loop]; check the deadline
+   [passed: a `timeout` failure without running];
+4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
+   validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
+   data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
+5. publish the `ToolOutcome` to RESULTS with Msg-Id `<run>/<call>` and wait for the ack;
+6. ack the job.
+
+A crash anywhere repeats from step 1 on redelivery; every step is idempotent, so the repetition costs
+time, never a duplicate write or a second outcome. While a job runs, `in_progress()` is sent every
+AckWait/3 so a long job is not redelivered to a second worker. NATS trouble after the run (publish or
+KV errors) naks the job with a delay instead of acking a job whose outcome nobody will see.
+
+Concurrency: at most `concurrency` jobs in flight per process; the worker fetches only as many jobs
+as it has free slots (so a busy worker leaves jobs to idle ones), and the Monty pool bounds CPU.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from runtime import bus
+from runtime.data import (
+    DataProvider,
+    JobContext,
+    NullDataProvider,
+    NullResultHandler,
+    ResultHandler,
+    StaticDataProvider,
+    WorkspaceConflict,
+    WorkspaceDataProvider,
+    WorkspaceResultHandler,
+    WriteError,
+)
+from runtime.jobs import JobDecodeError, ScriptNote, ToolJob, ToolOutcome
+from runtime.scripts.limits import Limits, LimitsError
+from runtime.types import ToolResult
+
+log = logging.getLogger("runtime.worker")
+
+CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress is guaranteed
+RunFn = Callable[..., Awaitable[ToolResult]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the tools a worker can run
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerTool:
+    """A runnable tool as the worker sees it: `run(arguments, files=, limits=, output_model=, on_event=)`."""
+
+    name: str
+    run: RunFn
+    limits: Limits = field(default_factory=Limits.default)
+    output_model: Any = None
+    digest: str = ""
+    source: str = ""
+
+
+def _runner(tool: Any) -> tuple[RunFn, str]:
+    """How to run a loaded tool object (a Script, or a runtime.tools Tool wrapping one), and its digest."""
+    from runtime.scripts import Script
+
+    script = tool if isinstance(tool, Script) else getattr(tool, "script", None)
+    if isinstance(script, Script):
+        return script.run, script.content_hash
+    run = getattr(tool, "run", None)
+    if run is None:
+        raise TypeError(f"{tool!r} is not a runnable tool")
+    return run, str(getattr(tool, "digest", "") or "")
+
+
+class ToolRegistry:
+    """Tools by name, from bundles and .pym globs. A file is loaded once per content hash, so two
+    bundles sharing a script (or a reload of an unchanged one) reuse the compiled script."""
+
+    def __init__(self) -> None:
+        self.tools: dict[str, WorkerTool] = {}
+        self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
+        self._by_hash: dict[str, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tools
+
+    def get(self, name: str) -> WorkerTool | None:
+        return self.tools.get(name)
+
+    def add(self, tool: WorkerTool) -> None:
+        old = self.tools.get(tool.name)
+        if old is not None and old.digest != tool.digest:
+            log.warning("tool %s from %s replaces the one from %s", tool.name, tool.source, old.source)
+        self.tools[tool.name] = tool
+
+    def add_globs(self, patterns: Iterable[str]) -> list[str]:
+        """Load every `.pym` matching the globs (default limits); return the tool names added."""
+        from runtime.scripts import loads
+
+        added = []
+        for pattern in patterns:
+            paths = sorted(globlib.glob(pattern, recursive=True))
+            if not paths:
+                raise FileNotFoundError(f"--tools {pattern!r} matches no file")
+            for p in paths:
+                source = Path(p).read_text(encoding="utf-8")
+                key = _hash(Path(p).stem, source)
+                script = self._by_hash.get(key)
+                if script is None:
+                    script = loads(source, name=Path(p).stem, path=p)
+                    self._by_hash[key] = script
+                if not script.ok:
+                    raise ValueError(f"{p}: " + "; ".join(str(d) for d in script.diagnostics))
+                run, digest = _runner(script)
+                self.add(WorkerTool(script.name, run, digest=digest, source=p))
+                added.append(script.name)
+        return added
+
+    def add_bundle(self, path: str | Path) -> list[str]:
+        """Every tool of a bundle with its resolved limits and output model; its static data, if any."""
+        from runtime.bundle import load_bundle
+
+        bundle = load_bundle(path)
+        for t in bundle.tools.values():
+            run, digest = _runner(t.tool)
+            self.add(WorkerTool(t.name, run, limits=t.limits, output_model=t.output_model, digest=digest,
+                                source=t.source))
+        dp = bundle.data_provider
+        if dp.kind == "static":
+            self.providers[bundle.name] = StaticDataProvider(dp.files, folder=dp.folder)
+        return list(bundle.tools)
+
+
+def _hash(name: str, source: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{name}\0{source}".encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the worker
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerStats:
+    """Counters for tests, benchmarks and `sa status` (per process)."""
+
+    completed: int = 0  # outcomes published (ok or failed)
+    failed: int = 0  # of which the tool failed
+    replayed: int = 0  # redeliveries answered from the recorded output
+    dead_lettered: int = 0
+    nacked: int = 0
+    writes: int = 0
+
+
+class Worker:
+    """One worker process's job loop (see the module docstring for the per-job protocol)."""
+
+    def __init__(self, js: JetStreamContext, registry: ToolRegistry, *, concurrency: int = 8,
+                 name: str | None = None, max_batch: int = 64,
+                 data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None
+                 ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be ≥ 1")
+        self.js = js
+        self.registry = registry
+        self.concurrency = concurrency
+        self.max_batch = max_batch
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.stats = WorkerStats()
+        self._workspace_files = data_provider or WorkspaceDataProvider(js)
+        self._workspace_writes = result_handler or WorkspaceResultHandler(js)
+        self._heartbeat_s = bus.DEFAULT_TOOL_ACK_WAIT_S / 3
+        self._max_deliver = bus.DEFAULT_TOOL_MAX_DELIVER
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    async def run(self, stop: anyio.Event | None = None) -> None:
+        """Serve jobs until `stop` is set; in-flight jobs finish (and are acked) before returning."""
+        stop = stop or anyio.Event()
+        topo = await bus.read_topology(self.js)
+        self._heartbeat_s = max(0.05, topo.tool_ack_wait / 3)
+        self._max_deliver = topo.tool_max_deliver
+        psub = await self.js.pull_subscribe_bind(durable=bus.WORKERS_CONSUMER, stream=bus.TOOLS)
+        slots = anyio.Semaphore(self.concurrency)
+        try:
+            async with anyio.create_task_group() as tg:
+                while not stop.is_set():
+                    await slots.acquire()
+                    taken = 1
+                    while taken < self.max_batch and slots.value > 0:
+                        slots.acquire_nowait()
+                        taken += 1
+                    msgs = [] if stop.is_set() else await bus.fetch_batch(psub, taken, timeout=0.5)
+                    for _ in range(taken - len(msgs)):
+                        slots.release()
+                    for m in msgs:
+                        tg.start_soon(self._serve, m, slots)
+        finally:
+            await psub.unsubscribe()
+
+    async def _serve(self, msg: Msg, slots: anyio.Semaphore) -> None:
+        try:
+            await self.handle(msg)
+        except Exception:  # a bug here must not kill the loop; the job is redelivered after AckWait
+            log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
+        finally:
+            slots.release()
+
+    # -- one job ---------------------------------------------------------------------------------------
+
+    async def handle(self, msg: Msg) -> None:
+        """Process one delivered job message end to end (public for tests and custom loops)."""
+        try:
+            job = ToolJob.decode(msg.data)
+        except JobDecodeError as e:
+            await self._dead_letter(msg, str(e))
+            return
+        attempt = msg.metadata.num_delivered if msg.reply else 1
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._heartbeat, msg)
+            try:
+                outcome = await self._execute(job, attempt)
+            finally:
+                tg.cancel_scope.cancel()
+        if outcome is None:  # infrastructure trouble: retry later
+            self.stats.nacked += 1
+            await msg.nak(delay=1.0)
+            return
+        try:
+            await self.js.publish(outcome.subject, outcome.encode(), headers=outcome.headers())
+        except Exception as e:
+            log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
+                        self.name, job.msg_id, e)
+            self.stats.nacked += 1
+            await msg.nak(delay=1.0)
+            return
+        self.stats.completed += 1
+        self.stats.failed += outcome.result.error is not None
+        await msg.ack()
+
+    async def _heartbeat(self, msg: Msg) -> None:
+        while True:
+            await anyio.sleep(self._heartbeat_s)
+            try:
+                await msg.in_progress()
+            except Exception as e:  # the connection is reconnecting: the next beat may get through
+                log.debug("in_progress failed: %s", e)
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, bus.DLQ)
+        md = msg.metadata
+        headers = {"Sa-Reason": reason[:500], "Sa-Stream-Seq": str(md.sequence.stream),
+                   "Sa-Deliveries": str(md.num_delivered),
+                   bus.HDR_MSG_ID: f"dlq:{bus.TOOLS}:{md.sequence.stream}"}
+        try:
+            await self.js.publish(bus.dlq_subject(msg.subject), msg.data, headers=headers)
+        except Exception as e:
+            log.warning("cannot dead-letter %s: %s", msg.subject, e)
+            await msg.nak(delay=1.0)
+            return
+        self.stats.dead_lettered += 1
+        await msg.term()
+
+    def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
+        if job.workspace:
+            return self._workspace_files, self._workspace_writes
+        return self.registry.providers.get(job.agent, NullDataProvider()), NullResultHandler()
+
+    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | None:
+        """The job's outcome, or None when NATS trouble means it should be retried later."""
+        provider, handler = self._io(job)
+        ctx = JobContext(job)
+        fields: dict[str, Any] = {"worker": self.name, "attempt": attempt}
+        try:
+            if attempt > 1 and (prior := await handler.recorded(ctx)) is not None:
+                self.stats.replayed += 1
+                return ToolOutcome.for_job(job, ToolResult(output=prior.output), writes=prior.writes,
+                                           **fields)
+        except Exception as e:
+            log.warning("worker %s: cannot read the applied marker of %s: %s", self.name, job.msg_id, e)
+            return None
+
+        tool = self.registry.get(job.tool)
+        if tool is None:
+            known = ", ".join(sorted(self.registry.tools)) or "none"
+            return ToolOutcome.for_job(job, ToolResult.failure(
+                "execution", f"no tool named {job.tool!r} is loaded on worker {self.name} (it has: {known})",
+                detail="unknown_tool"), **fields)
+        if tool.digest and job.tool_digest and tool.digest != job.tool_digest:
+            log.warning("tool %s: the host expects version %s, this worker has %s",
+                        tool.name, job.tool_digest, tool.digest)
+        try:
+            limits = Limits.resolve(job.limits) if job.limits else tool.limits
+        except LimitsError as e:
+            return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
+                                       **fields)
+        last_conflict = ""
+        for _ in range(CONFLICT_RETRIES):
+            if job.deadline is not None:
+                left = job.deadline - time.time()
+                if left <= 0:
+                    return ToolOutcome.for_job(job, ToolResult.failure(
+                        "timeout", "the call's deadline passed before a worker could run it"), **fields)
+                if limits.effective().max_duration and left < limits.effective().max_duration:
+                    limits = limits.merge(Limits(max_duration=left))
+            ctx = JobContext(job)
+            try:
+                files = await provider.load_files(job.tool, job.arguments, ctx)
+            except Exception as e:
+                log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
+                return None
+            notes: list[ScriptNote] = []
+            result = await tool.run(job.arguments, files=files, limits=limits, output_model=tool.output_model,
+                                    on_event=_collector(notes))
+            if result.error is not None:
+                return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)
+            try:
+                await handler.handle(job.tool, result.output, ctx)
+            except WriteError as e:
+                failed = ToolResult.failure("output", str(e), duration_ms=result.duration_ms)
+                return ToolOutcome.for_job(job, failed, notes=tuple(notes), **fields)
+            except WorkspaceConflict as e:
+                log.info("worker %s: %s; re-running on fresh data", self.name, e)
+                last_conflict = str(e)
+                await anyio.sleep(random.uniform(0.0, 0.02))  # de-synchronise writers racing in lock-step
+                continue
+            except Exception as e:
+                log.warning("worker %s: cannot persist writes of %s: %s", self.name, job.msg_id, e)
+                return None
+            self.stats.writes += ctx.writes_applied
+            return ToolOutcome.for_job(job, result, notes=tuple(notes), writes=ctx.writes_applied, **fields)
+        return ToolOutcome.for_job(job, ToolResult.failure(
+            "external", f"{last_conflict} (gave up after {CONFLICT_RETRIES} attempts)", detail="conflict"),
+            **fields)
+
+
+def _collector(notes: list[ScriptNote]) -> Callable[[Any], None]:
+    """Turn the sandbox's ScriptEvents into the outcome's notes (`start/print/complete/error`)."""
+    kinds = {"start": "started", "print": "printed", "complete": "completed", "error": "failed"}
+
+    def on_event(event: Any) -> None:
+        kind = kinds.get(getattr(event, "kind", ""))
+        if kind is None:
+            return
+        notes.append(ScriptNote(kind=kind, ts=getattr(event, "at", 0.0) or time.time(),  # type: ignore[arg-type]
+                                text=getattr(event, "text", None) or "",
+                                duration_ms=getattr(event, "duration_ms", 0.0) or 0.0,
+                                error=getattr(event, "error", None)))
+
+    return on_event
+
+
+def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:
+    """The registry `sa worker` serves: every bundle's tools, then every glob's scripts."""
+    reg = ToolRegistry()
+    for b in bundles:
+        reg.add_bundle(b)
+    reg.add_globs(tool_globs)
+    return reg
+
+
+async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, concurrency: int = 8,
+                stop: anyio.Event | None = None, ensure: bool = True,
+                on_ready: Callable[[Worker], Any] | None = None) -> WorkerStats:
+    """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
+    nc = await bus.connect(servers, name="sa-worker")
+    try:
+        js = nc.jetstream()
+        if ensure:
+            try:
+                await bus.read_topology(js)
+            except Exception:
+                await bus.ensure_topology(js)
+        worker = Worker(js, registry, concurrency=concurrency)
+        if on_ready is not None:
+            on_ready(worker)
+        await worker.run(stop)
+        return worker.stats
+    finally:
+        await bus.close(nc)
+
+
+__all__ = ["ToolRegistry", "Worker", "WorkerStats", "WorkerTool", "build_registry", "serve"]

@@ -1,0 +1,220 @@
+"""Tool workers against a real nats-server and real Monty: outcomes, failures as values, dead letters,
+workspace writes exactly once, two worker processes sharing the consumer, and `kill -9` mid-job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runtime import bus, events
+from runtime.jobs import ToolJob, ToolOutcome
+from runtime.worker import Worker, build_registry
+
+pytestmark = pytest.mark.anyio
+
+ECHO = '''\
+"""Echo the text back, loudly."""
+from grail import Input
+
+text: str = Input("text")
+
+print("echoing", text)
+{"echo": text.upper()}
+'''
+
+BUSY = '''\
+"""Spin n times, then write the total to /data/<name>.txt."""
+from grail import Input
+
+n: int = Input("n")
+name: str = Input("name", default="out")
+
+total = 0
+for i in range(n):
+    total += i
+{"writes": [{"path": "/data/" + name + ".txt", "content": str(total)}], "total": total}
+'''
+
+ADD = '''\
+"""Append a line to /data/log.txt."""
+from grail import Input
+
+line: str = Input("line")
+
+old = ""
+try:
+    old = open("/data/log.txt").read()
+except FileNotFoundError:
+    old = ""
+new = old + line + "\\n"
+{"writes": [{"path": "/data/log.txt", "content": new}], "lines": len(new.splitlines())}
+'''
+
+
+@pytest.fixture
+def tools_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "tools"
+    d.mkdir()
+    for name, src in {"echo.pym": ECHO, "busy.pym": BUSY, "add_line.pym": ADD}.items():
+        (d / name).write_text(src)
+    return d
+
+
+def job(call: str, tool: str, args: dict, **kw) -> ToolJob:
+    run = kw.pop("run", "r1")
+    return ToolJob(run_id=run, agent="a", call_id=f"{run}/{call}", tool=tool, arguments=args, **kw)
+
+
+async def collect_outcomes(js, n: int, partition: int = 0, timeout: float = 30.0) -> list[ToolOutcome]:
+    """Read `n` outcomes from RESULTS (through the partition's consumer, as the host will)."""
+    _, rcons = await bus.ensure_partition_consumers(js, partition)
+    psub = await js.pull_subscribe_bind(durable=rcons, stream=bus.RESULTS)
+    out: list[ToolOutcome] = []
+    with anyio.fail_after(timeout):
+        while len(out) < n:
+            for m in await bus.fetch_batch(psub, n - len(out), 0.5):
+                out.append(ToolOutcome.decode(m.data))
+                await m.ack()
+    await psub.unsubscribe()
+    return out
+
+
+async def run_worker_until(js, registry, n: int, **kw) -> tuple[Worker, list[ToolOutcome]]:
+    worker = Worker(js, registry, **kw)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.run, stop)
+        outcomes = await collect_outcomes(js, n)
+        stop.set()
+    return worker, outcomes
+
+
+async def test_outcomes_carry_results_and_script_notes(js, tools_dir: Path) -> None:
+    await bus.ensure_topology(js, partitions=4)
+    reg = build_registry(tool_globs=[str(tools_dir / "*.pym")])
+    assert {"echo", "busy", "add_line"} <= set(reg.tools)
+    for i in range(5):
+        j = job(f"1.{i}", "echo", {"text": f"hi{i}"})
+        await js.publish(j.subject, j.encode(), headers=j.headers())
+    worker, outcomes = await run_worker_until(js, reg, 5, concurrency=3)
+    by_call = {o.call_id: o for o in outcomes}
+    assert sorted(by_call) == [f"r1/1.{i}" for i in range(5)]
+    o = by_call["r1/1.3"]
+    assert o.result.output == {"echo": "HI3"} and o.worker == worker.name and o.attempt == 1
+    evs = o.events(first_seq=7)
+    assert [events.kind_of(e) for e in evs] == ["script.started", "script.printed", "script.completed",
+                                                "tool.completed"]
+    assert [e.seq for e in evs] == [7, 8, 9, 10]
+    assert evs[1].text.strip() == "echoing hi3" and evs[-1].output == {"echo": "HI3"}
+    assert worker.stats.completed == 5 and worker.stats.failed == 0
+    assert (await js.stream_info(bus.TOOLS)).state.messages == 0  # all acked
+
+
+async def test_failures_are_values_and_the_worker_keeps_serving(js, tools_dir: Path) -> None:
+    await bus.ensure_topology(js)
+    reg = build_registry(tool_globs=[str(tools_dir / "*.pym")])
+    jobs = [
+        job("1.0", "nope", {}),  # unknown tool
+        job("1.1", "echo", {"txt": "x"}),  # bad arguments
+        job("1.2", "busy", {"n": 10**9}, limits={"max_duration": 0.2}),  # the job's limits apply
+        job("1.3", "echo", {"text": "late"}, deadline=time.time() - 1),  # deadline passed
+        job("1.4", "echo", {"text": "fine"}),
+    ]
+    for j in jobs:
+        await js.publish(j.subject, j.encode(), headers=j.headers())
+    await js.publish(bus.tool_subject("echo"), b"\x00not msgpack")  # malformed: dead-lettered
+    worker, outcomes = await run_worker_until(js, reg, 5)
+    err = {o.call_id: o.result.error for o in outcomes}
+    assert err["r1/1.0"].detail == "unknown_tool" and "echo" in err["r1/1.0"].message
+    assert err["r1/1.1"].kind == "input"
+    assert (err["r1/1.2"].kind, err["r1/1.2"].detail) == ("limit", "duration")
+    assert err["r1/1.3"].kind == "timeout"
+    assert err["r1/1.4"] is None
+    failed = next(o for o in outcomes if o.call_id == "r1/1.2").events(0)
+    assert events.kind_of(failed[-1]) == "tool.failed" and failed[-1].error.detail == "duration"
+    assert worker.stats.dead_lettered == 1
+    dlq = await js.get_last_msg(bus.DLQ, bus.dlq_subject(bus.tool_subject("echo")))
+    assert dlq.data == b"\x00not msgpack" and "not a tool job" in dlq.headers["Sa-Reason"]
+    assert (await js.stream_info(bus.TOOLS)).state.messages == 0
+
+
+async def test_workspace_writes_are_applied_in_order(js, tools_dir: Path) -> None:
+    await bus.ensure_topology(js)
+    reg = build_registry(tool_globs=[str(tools_dir / "add_line.pym")])
+    for i in range(4):
+        j = job(f"{i}.0", "add_line", {"line": f"l{i}"}, workspace="w1")
+        await js.publish(j.subject, j.encode(), headers=j.headers())
+    _, outcomes = await run_worker_until(js, reg, 4, concurrency=4)  # concurrent: conflicts re-run
+    assert all(o.result.error is None and o.writes == 1 for o in outcomes), [o.result for o in outcomes]
+    kv = await bus.workspace_kv(js, "w1")
+    lines = (await kv.get("log.txt")).value.decode().splitlines()
+    assert sorted(lines) == ["l0", "l1", "l2", "l3"]  # no lost update despite 4 concurrent writers
+    assert sorted(o.result.output["lines"] for o in outcomes) == [1, 2, 3, 4]
+
+
+def start_worker(url: str, tools: str, log: Path, concurrency: int = 4) -> subprocess.Popen:
+    env = {**os.environ, "NATS_URL": url}
+    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker", "--tools", tools,
+           "--concurrency", str(concurrency)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    deadline = time.monotonic() + 20
+    while b"serving" not in log.read_bytes():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "worker did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(20)
+
+
+async def test_two_worker_processes_share_the_consumer(js, nats_server, tools_dir: Path,
+                                                       tmp_path: Path) -> None:
+    await bus.ensure_topology(js)
+    glob = str(tools_dir / "*.pym")
+    procs = [start_worker(nats_server.url, glob, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        for i in range(60):
+            j = job(f"{i}.0", "busy", {"n": 20_000, "name": f"f{i}"})
+            await js.publish(j.subject, j.encode(), headers=j.headers())
+        outcomes = await collect_outcomes(js, 60)
+    finally:
+        codes = [stop(p) for p in procs]
+    assert codes == [0, 0]  # SIGTERM: a clean stop
+    assert sorted(o.call_id for o in outcomes) == sorted(f"r1/{i}.0" for i in range(60))
+    workers = {o.worker for o in outcomes}
+    assert len(workers) == 2, workers  # both processes took jobs
+    assert all(o.result.error is None for o in outcomes)
+
+
+async def test_kill_9_mid_job_redelivers_and_writes_once(js, nats_server, tools_dir: Path,
+                                                         tmp_path: Path) -> None:
+    await bus.ensure_topology(js, tool_ack_wait=2.0)
+    first = start_worker(nats_server.url, str(tools_dir / "busy.pym"), tmp_path / "a.log")
+    j = job("1.0", "busy", {"n": 30_000_000, "name": "slow"}, workspace="wk", limits={"max_duration": 30})
+    await js.publish(j.subject, j.encode(), headers=j.headers())
+    with anyio.fail_after(20):  # wait until the first worker holds the job
+        while (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending != 1:
+            await anyio.sleep(0.02)
+    await anyio.sleep(0.3)
+    first.send_signal(signal.SIGKILL)
+    assert first.wait(10) == -signal.SIGKILL
+    second = start_worker(nats_server.url, str(tools_dir / "busy.pym"), tmp_path / "b.log")
+    try:
+        (outcome,) = await collect_outcomes(js, 1, timeout=60)
+    finally:
+        assert stop(second) == 0
+    assert outcome.result.error is None and outcome.attempt == 2 and outcome.writes == 1
+    info = await js.stream_info("KV_ws_wk", subjects_filter=">")
+    assert info.state.subjects == {"$KV.ws_wk.slow.txt": 1}  # the write happened exactly once
+    assert (await js.stream_info(bus.TOOLS)).state.messages == 0
