@@ -41,7 +41,7 @@ import difflib
 import hashlib
 import importlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -393,13 +393,25 @@ def _data_provider(spec: Any, default_ws: str | None, root: Path, problems: list
     return DataProviderSpec(kind=kind, folder=folder, files=dict(files), workspace=workspace)
 
 
-def _discover(paths: list[Path]) -> list[Any]:
+def _load_tool(path: Path) -> tuple[Any, str]:
+    """(tool, "") or (None, why it cannot be a tool): via runtime.tools, so the tool rules are the same."""
     from runtime.tools import discover_tools
 
-    return list(discover_tools(paths))
+    found, failures = discover_tools([path])
+    if failures:
+        return None, "; ".join(str(f) for f in failures)
+    return found[0], ""
 
 
-def load_bundle(path: str | Path, *, discover: Callable[[list[Path]], list[Any]] | None = None) -> Bundle:
+def _with_settings(tool: Any, limits: Limits, output_model: Any) -> Any:
+    from runtime.tools import ScriptTool
+
+    if isinstance(tool, ScriptTool):
+        return ScriptTool(tool.script, limits=limits, output_model=output_model, externals=tool.externals)
+    return tool
+
+
+def load_bundle(path: str | Path) -> Bundle:
     """Read, validate and resolve a bundle file (or a folder holding `bundle.yaml`); raise BundleError."""
     p = Path(path)
     if p.is_dir():
@@ -501,37 +513,24 @@ def load_bundle(path: str | Path, *, discover: Callable[[list[Path]], list[Any]]
             problems.append((where, "a tool is a glob string or a mapping with `path:`"))
 
     tools: dict[str, ResolvedTool] = {}
-    if files:
-        try:
-            loaded = (discover or _discover)([f for f, _, _ in files])
-        except Exception as e:  # a tool that cannot be loaded is a bundle error, never a runtime surprise
-            problems.append(("tools", f"cannot load tools: {e}"))
-            loaded = []
-        by_source = {str(Path(getattr(t, "source", "") or getattr(t, "path", "") or "")): t for t in loaded}
-        for i, (f, where, entry) in enumerate(files):
-            tool = by_source.get(str(f)) or (loaded[i] if i < len(loaded) else None)
-            if tool is None:
-                problems.append((where, f"{f.name}: not loaded as a tool"))
-                continue
-            diagnostics = getattr(tool, "diagnostics", None) or []
-            if diagnostics:
-                problems.append((where, f"{f.name}: " + "; ".join(str(d) for d in diagnostics)))
-                continue
-            name = tool.name
-            if name in tools:
-                problems.append((where, f"two tools are named {name!r} ({tools[name].source} and {f})"))
-                continue
-            limits = global_limits
-            output_model = None
-            approval = False
-            if entry is not None:
-                own = _limits(entry.limits, f"{where}.limits", problems) if entry.limits is not None else None
-                limits = global_limits.merge(own)
-                output_model = _output_model(entry.output_model, named, root, f"{where}.output_model",
-                                             problems)
-                approval = entry.requires_approval
-            tools[name] = ResolvedTool(name=name, tool=tool, limits=limits, output_model=output_model,
-                                       requires_approval=approval, source=str(f))
+    for f, where, entry in files:
+        tool, failure = _load_tool(f)
+        if tool is None:
+            problems.append((where, failure))
+            continue
+        if tool.name in tools:
+            problems.append((where, f"two tools are named {tool.name!r} ({tools[tool.name].source} and {f})"))
+            continue
+        limits, output_model, approval = global_limits, None, False
+        if entry is not None:
+            own = _limits(entry.limits, f"{where}.limits", problems) if entry.limits is not None else None
+            limits = global_limits.merge(own)
+            output_model = _output_model(entry.output_model, named, root, f"{where}.output_model", problems)
+            approval = entry.requires_approval
+        # the tool object carries the bundle's limits and output model, so `tool.execute` alone is right
+        tool = _with_settings(tool, limits, output_model)
+        tools[tool.name] = ResolvedTool(name=tool.name, tool=tool, limits=limits, output_model=output_model,
+                                        requires_approval=approval, source=str(f))
 
     # termination, policies, data
     term = spec.termination

@@ -29,14 +29,13 @@ as it has free slots (so a busy worker leaves jobs to idle ones), and the Monty 
 
 from __future__ import annotations
 
-import glob as globlib
 import logging
 import os
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +58,12 @@ from runtime.data import (
 )
 from runtime.jobs import JobDecodeError, ScriptNote, ToolJob, ToolOutcome
 from runtime.scripts.limits import Limits, LimitsError
+from runtime.tools import ToolContext
 from runtime.types import ToolResult
 
 log = logging.getLogger("runtime.worker")
 
 CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress is guaranteed
-RunFn = Callable[..., Awaitable[ToolResult]]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -74,37 +73,32 @@ RunFn = Callable[..., Awaitable[ToolResult]]
 
 @dataclass(frozen=True)
 class WorkerTool:
-    """A runnable tool as the worker sees it: `run(arguments, files=, limits=, output_model=, on_event=)`."""
+    """A runnable tool as the worker sees it: a `runtime.tools.Tool` (its own limits and output model
+    set by the bundle), the content hash of its script, and where it came from."""
 
     name: str
-    run: RunFn
-    limits: Limits = field(default_factory=Limits.default)
-    output_model: Any = None
+    tool: Any  # runtime.tools.Tool: `await tool.execute(arguments, ToolContext)`
     digest: str = ""
     source: str = ""
 
+    @property
+    def limits(self) -> Limits:
+        return getattr(self.tool, "limits", None) or Limits.default()
 
-def _runner(tool: Any) -> tuple[RunFn, str]:
-    """How to run a loaded tool object (a Script, or a runtime.tools Tool wrapping one), and its digest."""
-    from runtime.scripts import Script
 
-    script = tool if isinstance(tool, Script) else getattr(tool, "script", None)
-    if isinstance(script, Script):
-        return script.run, script.content_hash
-    run = getattr(tool, "run", None)
-    if run is None:
-        raise TypeError(f"{tool!r} is not a runnable tool")
-    return run, str(getattr(tool, "digest", "") or "")
+def _worker_tool(tool: Any, source: str = "") -> WorkerTool:
+    digest = str(getattr(tool, "content_hash", "") or "")
+    return WorkerTool(tool.name, tool, digest=digest, source=source or str(getattr(tool, "path", "") or ""))
 
 
 class ToolRegistry:
-    """Tools by name, from bundles and .pym globs. A file is loaded once per content hash, so two
-    bundles sharing a script (or a reload of an unchanged one) reuse the compiled script."""
+    """Tools by name, from bundles and .pym globs. `by_digest` indexes the same tools by script content
+    hash: a script is loaded (parsed, checked, transformed) once per process, when the worker starts."""
 
     def __init__(self) -> None:
         self.tools: dict[str, WorkerTool] = {}
+        self.by_digest: dict[str, WorkerTool] = {}
         self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
-        self._by_hash: dict[str, Any] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self.tools
@@ -117,29 +111,23 @@ class ToolRegistry:
         if old is not None and old.digest != tool.digest:
             log.warning("tool %s from %s replaces the one from %s", tool.name, tool.source, old.source)
         self.tools[tool.name] = tool
+        if tool.digest:
+            self.by_digest[tool.digest] = tool
 
     def add_globs(self, patterns: Iterable[str]) -> list[str]:
-        """Load every `.pym` matching the globs (default limits); return the tool names added."""
-        from runtime.scripts import loads
+        """Every `.pym` matching the globs (files and folders work too), with default limits; a script
+        that cannot be a tool is an error (a worker must not start half-equipped)."""
+        from runtime.tools import discover_tools
 
-        added = []
-        for pattern in patterns:
-            paths = sorted(globlib.glob(pattern, recursive=True))
-            if not paths:
-                raise FileNotFoundError(f"--tools {pattern!r} matches no file")
-            for p in paths:
-                source = Path(p).read_text(encoding="utf-8")
-                key = _hash(Path(p).stem, source)
-                script = self._by_hash.get(key)
-                if script is None:
-                    script = loads(source, name=Path(p).stem, path=p)
-                    self._by_hash[key] = script
-                if not script.ok:
-                    raise ValueError(f"{p}: " + "; ".join(str(d) for d in script.diagnostics))
-                run, digest = _runner(script)
-                self.add(WorkerTool(script.name, run, digest=digest, source=p))
-                added.append(script.name)
-        return added
+        patterns = list(patterns)
+        if not patterns:
+            return []
+        found, failures = discover_tools(patterns)
+        if failures:
+            raise ValueError("cannot load tools:\n" + "\n".join(str(f) for f in failures))
+        for t in found:
+            self.add(_worker_tool(t))
+        return [t.name for t in found]
 
     def add_bundle(self, path: str | Path) -> list[str]:
         """Every tool of a bundle with its resolved limits and output model; its static data, if any."""
@@ -147,19 +135,11 @@ class ToolRegistry:
 
         bundle = load_bundle(path)
         for t in bundle.tools.values():
-            run, digest = _runner(t.tool)
-            self.add(WorkerTool(t.name, run, limits=t.limits, output_model=t.output_model, digest=digest,
-                                source=t.source))
+            self.add(_worker_tool(t.tool, t.source))
         dp = bundle.data_provider
         if dp.kind == "static":
             self.providers[bundle.name] = StaticDataProvider(dp.files, folder=dp.folder)
         return list(bundle.tools)
-
-
-def _hash(name: str, source: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(f"{name}\0{source}".encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -317,7 +297,7 @@ class Worker:
             log.warning("tool %s: the host expects version %s, this worker has %s",
                         tool.name, job.tool_digest, tool.digest)
         try:
-            limits = Limits.resolve(job.limits) if job.limits else tool.limits
+            limits = Limits.resolve(job.limits) if job.limits else None  # None: the tool's own
         except LimitsError as e:
             return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
                                        **fields)
@@ -328,8 +308,9 @@ class Worker:
                 if left <= 0:
                     return ToolOutcome.for_job(job, ToolResult.failure(
                         "timeout", "the call's deadline passed before a worker could run it"), **fields)
-                if limits.effective().max_duration and left < limits.effective().max_duration:
-                    limits = limits.merge(Limits(max_duration=left))
+                budget = tool.limits.merge(limits).effective().max_duration
+                if budget and left < budget:
+                    limits = (limits or Limits()).merge(Limits(max_duration=left))
             ctx = JobContext(job)
             try:
                 files = await provider.load_files(job.tool, job.arguments, ctx)
@@ -337,8 +318,9 @@ class Worker:
                 log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
                 return None
             notes: list[ScriptNote] = []
-            result = await tool.run(job.arguments, files=files, limits=limits, output_model=tool.output_model,
-                                    on_event=_collector(notes))
+            result = await tool.tool.execute(job.arguments, ToolContext(
+                run_id=job.run_id, agent=job.agent, call_id=job.call_id, files=files, limits=limits,
+                on_event=_collector(notes)))
             if result.error is not None:
                 return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)
             try:

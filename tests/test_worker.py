@@ -218,3 +218,22 @@ async def test_kill_9_mid_job_redelivers_and_writes_once(js, nats_server, tools_
     info = await js.stream_info("KV_ws_wk", subjects_filter=">")
     assert info.state.subjects == {"$KV.ws_wk.slow.txt": 1}  # the write happened exactly once
     assert (await js.stream_info(bus.TOOLS)).state.messages == 0
+
+
+async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: Path, tmp_path: Path) -> None:
+    await bus.ensure_topology(js)
+    (tmp_path / "bundle.yaml").write_text(
+        "name: a\n"
+        "tools:\n"
+        "  - path: tools/busy.pym\n"
+        "    limits: {max_duration: 200ms}\n"
+        "  - path: tools/echo.pym\n"
+        "    output_model: {type: object, properties: {echo: {type: integer}}, required: [echo]}\n")
+    reg = build_registry(bundles=[tmp_path])
+    assert set(reg.tools) == {"busy", "echo"}
+    for j in (job("1.0", "busy", {"n": 10**9}), job("1.1", "echo", {"text": "x"})):
+        await js.publish(j.subject, j.encode(), headers=j.headers())
+    _, outcomes = await run_worker_until(js, reg, 2)
+    err = {o.call_id: o.result.error for o in outcomes}
+    assert (err["r1/1.0"].kind, err["r1/1.0"].detail) == ("limit", "duration")  # the bundle's per-tool limit
+    assert err["r1/1.1"].kind == "output" and "echo" in err["r1/1.1"].message  # the bundle's output model
