@@ -1,0 +1,351 @@
+"""The kernel driven in one process: the library path and the test bed.
+
+    outcome = await run_task(Task(agent="calc", input="2+3?"), config,
+                             client=ModelClient(...), adapter=get_adapter("qwen3"), tools=tools)
+    outcome.output, outcome.status, outcome.events
+
+This module is an effect runner, nothing more: it asks `kernel.decide` what is pending, performs it
+(model calls through an adapter and a client, tool calls through `Tool.execute`), appends the events
+that record what happened and folds them back with `kernel.evolve`. It holds no run state of its own
+beyond the folded `State`, so the events it returns are exactly what the NATS host would have written,
+and `kernel.fold(config, outcome.events)` reproduces the outcome.
+
+Where the impure facts come from: `ts` is the injected `clock` (wall time by default), run ids are
+random unless given, and deadlines are enforced with anyio timeouts so a hung model or tool cannot
+outlive the task; the kernel then sees the timed-out call's event past the deadline and fails the run.
+
+Effects of one `decide` are performed in order, each to completion (the tool calls inside one
+`CallTools` run concurrently, at most `max_concurrent` at a time). An approval is asked of `approver`
+(no approver: denied, since nobody can grant it in-process). If the caller cancels `run_task`, a
+`run.cancelled` event is appended before the cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+
+from runtime import events as ev
+from runtime import kernel
+from runtime.models.base import ModelAdapter
+from runtime.types import ToolCall, ToolResult, Usage
+
+OnEvent = Callable[[ev.Event], Awaitable[None] | None]
+Approver = Callable[[ToolCall], Awaitable[str | None] | str | None]  # None grants; a string denies with it
+
+
+class CompletionLike(Protocol):
+    text: str
+    tool_calls: list[dict[str, Any]] | None
+    usage: Usage
+    finish_reason: str
+    latency_ms: float
+
+
+class ModelClientLike(Protocol):
+    """What the loop needs from `runtime.client.ModelClient` (tests may pass any look-alike)."""
+
+    async def complete(self, messages: list[dict[str, Any]], **extras: Any) -> CompletionLike: ...
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended, and the complete event log that proves it."""
+
+    run_id: str
+    status: str  # completed | failed | cancelled (or running, if it stopped waiting for an approval)
+    output: Any
+    reason: str | None
+    usage: Usage
+    events: list[ev.Event]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class _Runner:
+    """One run's effect runner: appends events one at a time and keeps the folded state."""
+
+    def __init__(
+        self,
+        config: kernel.KernelConfig,
+        run_id: str,
+        agent: str,
+        *,
+        client: ModelClientLike,
+        adapter: ModelAdapter,
+        tools: Sequence[Any],
+        on_event: OnEvent | None,
+        constraint: Any,
+        approver: Approver | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config, self.run_id, self.agent = config, run_id, agent
+        self.client, self.adapter, self.on_event, self.approver, self.clock = (
+            client,
+            adapter,
+            on_event,
+            approver,
+            clock,
+        )
+        self.tools = {t.schema.name: t for t in tools}
+        missing = [
+            s.name for s in config.tools if s.name not in self.tools and s.name != config.terminal_tool
+        ]
+        if missing:
+            raise ValueError(f"the config offers tools with no implementation: {', '.join(missing)}")
+        self.constraint, self.extras, self.constraint_digest = None, {}, ""
+        if constraint is not None:
+            from runtime.constraints import build_constraint  # a bad constraint fails here, before the run
+
+            self.constraint = constraint
+            built = build_constraint(adapter, config.tools, constraint)
+            self.extras, self.constraint_digest = adapter.request_extras(config.tools, built), built.digest
+        elif adapter.native_tool_calls and config.tools:
+            self.extras = {"tools": [t.to_openai() for t in config.tools]}
+        self.state = kernel.initial(config)
+        self.events: list[ev.Event] = []
+        self.lock = anyio.Lock()
+
+    async def emit(self, cls: type, **fields: Any) -> ev.Event:
+        """Append one event: next seq, a timestamp, fold, publish. Serialised, so seq order is log order."""
+        async with self.lock:
+            event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock(), agent=self.agent, **fields)
+            self.state = kernel.evolve(self.state, event)
+            self.events.append(event)
+            if self.on_event is not None:
+                result = self.on_event(event)
+                if inspect.isawaitable(result):
+                    await result
+            return event
+
+    def _timeout(self, deadline: float | None) -> Any:
+        return anyio.fail_after(max(deadline - self.clock(), 0.0)) if deadline is not None else nullcontext()
+
+    async def drive(self) -> None:
+        while effects := kernel.decide(self.state):
+            for effect in effects:
+                await self.perform(effect)
+
+    async def perform(self, effect: kernel.Effect) -> None:
+        match effect:
+            case kernel.CallModel():
+                await self.call_model(effect)
+            case kernel.CallTools():
+                await self.call_tools(effect)
+            case kernel.DenyCall():
+                await self.emit(
+                    ev.ToolFailed, call_id=effect.call.id, tool=effect.call.name, error=effect.error
+                )
+            case kernel.RequestApproval():
+                await self.ask_approval(effect.call)
+            case kernel.EndTurn():
+                await self.emit(
+                    ev.TurnCompleted,
+                    turn=effect.turn,
+                    calls_ok=effect.calls_ok,
+                    calls_failed=effect.calls_failed,
+                )
+            case kernel.Complete():
+                await self.emit(ev.RunCompleted, output=effect.output)
+            case kernel.Fail():
+                await self.emit(ev.RunFailed, reason=effect.reason, detail=effect.detail)
+
+    async def call_model(self, effect: kernel.CallModel) -> None:
+        messages = self.adapter.render(list(effect.messages), list(effect.tools), self.constraint)
+        await self.emit(
+            ev.ModelRequested,
+            request_id=effect.id,
+            turn=effect.turn,
+            attempt=effect.attempt,
+            messages=effect.new_messages,
+            context_start=effect.context_start,
+            constraint_digest=self.constraint_digest,
+            sampling=dict(effect.sampling),
+        )
+        ids = {"request_id": effect.id, "turn": effect.turn}
+        try:
+            with self._timeout(effect.deadline):
+                completion = await self.client.complete(messages, **effect.sampling, **self.extras)
+        except TimeoutError:
+            await self.emit(
+                ev.ModelFailed,
+                **ids,
+                error="the task's deadline passed during the model call",
+                error_kind="timeout",
+            )
+            return
+        except Exception as exc:  # an unreachable model is a value for the kernel to count, not a crash
+            await self.emit(
+                ev.ModelFailed, **ids, error=str(exc) or type(exc).__name__, error_kind=type(exc).__name__
+            )
+            return
+        reply = self.adapter.parse(completion.text, completion.tool_calls, list(effect.tools))
+        calls = kernel.tool_calls(self.run_id, effect.turn, [(c.name, c.arguments) for c in reply.calls])
+        await self.emit(
+            ev.ModelResponded,
+            **ids,
+            text=completion.text or "",
+            content=reply.content,
+            calls=() if reply.errors else calls,
+            usage=completion.usage,
+            finish_reason=completion.finish_reason or "",
+            latency_ms=completion.latency_ms,
+            parse_error="; ".join(reply.errors) if reply.errors else None,
+        )
+
+    async def call_tools(self, effect: kernel.CallTools) -> None:
+        for call in effect.calls:
+            await self.emit(ev.ToolCalled, call=call)
+        limiter = anyio.CapacityLimiter(effect.max_concurrent)
+
+        async def one(call: ToolCall) -> None:
+            async with limiter:
+                result = await self.execute(call, effect.deadline)
+            if result.ok:
+                await self.emit(
+                    ev.ToolCompleted,
+                    call_id=call.id,
+                    tool=call.name,
+                    output=result.output,
+                    duration_ms=result.duration_ms,
+                )
+            else:
+                await self.emit(
+                    ev.ToolFailed,
+                    call_id=call.id,
+                    tool=call.name,
+                    error=result.error,
+                    duration_ms=result.duration_ms,
+                )
+
+        async with anyio.create_task_group() as group:
+            for call in effect.calls:
+                group.start_soon(one, call)
+
+    async def execute(self, call: ToolCall, deadline: float | None) -> ToolResult:
+        """One tool call as a value: a tool that raises or overruns the deadline still yields a result."""
+        tool = self.tools.get(call.name)
+        if tool is None:  # only the terminal tool may lack an implementation: it returns its arguments
+            return ToolResult(output=dict(call.arguments))
+        from runtime.tools import ToolContext  # the sandbox layer loads only when a tool actually runs
+
+        context = ToolContext(
+            run_id=self.run_id, agent=self.agent, call_id=call.id, on_event=self._script_event_sink(call)
+        )
+        started = time.perf_counter()
+        try:
+            with self._timeout(deadline):
+                return await tool.execute(dict(call.arguments), context)
+        except TimeoutError:
+            return ToolResult.failure(
+                "timeout",
+                f"{call.name} did not finish before the task's deadline",
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
+        except Exception as exc:  # Tool.execute must not raise; if it does, the model still gets a value
+            return ToolResult.failure(
+                "crashed",
+                f"{call.name} raised {type(exc).__name__}: {exc}",
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
+
+    def _script_event_sink(self, call: ToolCall) -> Callable[[Any], Awaitable[None]]:
+        """Turns a script's lifecycle events (runtime.scripts.ScriptEvent) into script.* events."""
+
+        async def sink(event: Any) -> None:
+            ids = {"call_id": call.id, "tool": call.name}
+            if event.kind == "start":
+                pid = getattr(event, "worker_pid", None)
+                await self.emit(ev.ScriptStarted, **ids, worker=str(pid) if pid else "")
+            elif event.kind == "print":
+                await self.emit(ev.ScriptPrinted, **ids, text=event.text or "")
+            elif event.kind == "complete":
+                await self.emit(ev.ScriptCompleted, **ids, duration_ms=event.duration_ms)
+            elif event.kind == "error" and event.error is not None:
+                await self.emit(ev.ScriptFailed, **ids, error=event.error, duration_ms=event.duration_ms)
+
+        return sink
+
+    async def ask_approval(self, call: ToolCall) -> None:
+        await self.emit(ev.ApprovalRequested, call=call)
+        if self.approver is None:
+            verdict: str | None = "no approver is configured for this in-process run"
+        else:
+            answer = self.approver(call)
+            verdict = await answer if inspect.isawaitable(answer) else answer
+        if verdict is None:
+            await self.emit(ev.ApprovalGranted, call_id=call.id, by="approver")
+        else:
+            await self.emit(ev.ApprovalDenied, call_id=call.id, reason=verdict, by="approver")
+
+
+async def run_task(
+    task: ev.Task,
+    config: kernel.KernelConfig,
+    *,
+    client: ModelClientLike,
+    adapter: ModelAdapter,
+    tools: Sequence[Any],
+    on_event: OnEvent | None = None,
+    constraint: Any = None,
+    approver: Approver | None = None,
+    run_id: str | None = None,
+    bundle_digest: str = "",
+    clock: Callable[[], float] = time.time,
+) -> RunOutcome:
+    """Run one task to its end in this process and return the outcome with its full event log.
+
+    `tools` are `runtime.tools.Tool`s; every tool in `config.tools` needs one, except the terminal tool,
+    which without an implementation simply returns its arguments as the run's output. `constraint` is a
+    `runtime.constraints.DecodingConstraint` (None: no decoding constraint; the openai family still
+    gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order.
+    """
+    runner = _Runner(
+        config,
+        run_id or uuid.uuid4().hex[:12],
+        task.agent,
+        client=client,
+        adapter=adapter,
+        tools=tools,
+        on_event=on_event,
+        constraint=constraint,
+        approver=approver,
+        clock=clock,
+    )
+    await runner.emit(
+        ev.RunStarted,
+        input=task.input,
+        task_id=task.task_id,
+        instance=task.instance,
+        timeout_s=task.timeout_s,
+        metadata=dict(task.metadata),
+        bundle_digest=bundle_digest,
+    )
+    try:
+        await runner.drive()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            if not runner.state.done:
+                await runner.emit(ev.RunCancelled, reason="the caller cancelled the run", by="loop")
+        raise
+    state = runner.state
+    return RunOutcome(
+        run_id=runner.run_id,
+        status=state.status,
+        output=state.output,
+        reason=state.reason,
+        usage=state.usage,
+        events=list(runner.events),
+    )
+
+
+__all__ = ["Approver", "OnEvent", "RunOutcome", "run_task"]
