@@ -87,15 +87,14 @@ def recorded_runs(draw: st.DrawFn) -> Sim:
     return sim
 
 
-settings.register_profile(
-    "kernel",
-    max_examples=150,
+RUNS = settings(
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
 
-@settings(settings.get_profile("kernel"))
+@RUNS
 @given(recorded_runs())
 def test_every_prefix_folds_and_folding_is_deterministic(sim: Sim):
     state = k.initial(sim.config)
@@ -107,14 +106,14 @@ def test_every_prefix_folds_and_folding_is_deterministic(sim: Sim):
     assert state == sim.state
 
 
-@settings(settings.get_profile("kernel"))
+@RUNS
 @given(recorded_runs())
 def test_replaying_decide_reproduces_the_recorded_effects(sim: Sim):
     for count, effects in sim.decisions:
         assert k.decide(k.fold(sim.config, sim.events[:count])) == effects
 
 
-@settings(settings.get_profile("kernel"))
+@RUNS
 @given(recorded_runs())
 def test_runs_end_and_answered_work_is_never_reissued(sim: Sim):
     final = sim.state
@@ -130,7 +129,7 @@ def test_runs_end_and_answered_work_is_never_reissued(sim: Sim):
         assert ev.decode(ev.encode(e)) == e
 
 
-@settings(settings.get_profile("kernel"))
+@RUNS
 @given(recorded_runs())
 def test_recorded_requests_rebuild_the_exact_prompt(sim: Sim):
     """model.requested holds only new messages, yet conversation + context_start give the whole prompt."""
