@@ -34,6 +34,7 @@ import anyio
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.modelcall import ModelStep
 from runtime.models.base import ModelAdapter
 from runtime.types import ToolCall, ToolResult, Usage
 
@@ -102,15 +103,7 @@ class _Runner:
         ]
         if missing:
             raise ValueError(f"the config offers tools with no implementation: {', '.join(missing)}")
-        self.constraint, self.extras, self.constraint_digest = None, {}, ""
-        if constraint is not None:
-            from runtime.constraints import build_constraint  # a bad constraint fails here, before the run
-
-            self.constraint = constraint
-            built = build_constraint(adapter, config.tools, constraint)
-            self.extras, self.constraint_digest = adapter.request_extras(config.tools, built), built.digest
-        elif adapter.native_tool_calls and config.tools:
-            self.extras = {"tools": [t.to_openai() for t in config.tools]}
+        self.step = ModelStep(adapter, config.tools, constraint)  # a bad constraint fails here
         self.state = kernel.initial(config)
         self.events: list[ev.Event] = []
         self.lock = anyio.Lock()
@@ -160,47 +153,10 @@ class _Runner:
                 await self.emit(ev.RunFailed, reason=effect.reason, detail=effect.detail)
 
     async def call_model(self, effect: kernel.CallModel) -> None:
-        messages = self.adapter.render(list(effect.messages), list(effect.tools), self.constraint)
-        await self.emit(
-            ev.ModelRequested,
-            request_id=effect.id,
-            turn=effect.turn,
-            attempt=effect.attempt,
-            messages=effect.new_messages,
-            context_start=effect.context_start,
-            constraint_digest=self.constraint_digest,
-            sampling=dict(effect.sampling),
-        )
-        ids = {"request_id": effect.id, "turn": effect.turn}
-        try:
-            with self._timeout(effect.deadline):
-                completion = await self.client.complete(messages, **effect.sampling, **self.extras)
-        except TimeoutError:
-            await self.emit(
-                ev.ModelFailed,
-                **ids,
-                error="the task's deadline passed during the model call",
-                error_kind="timeout",
-            )
-            return
-        except Exception as exc:  # an unreachable model is a value for the kernel to count, not a crash
-            await self.emit(
-                ev.ModelFailed, **ids, error=str(exc) or type(exc).__name__, error_kind=type(exc).__name__
-            )
-            return
-        reply = self.adapter.parse(completion.text, completion.tool_calls, list(effect.tools))
-        calls = kernel.tool_calls(self.run_id, effect.turn, [(c.name, c.arguments) for c in reply.calls])
-        await self.emit(
-            ev.ModelResponded,
-            **ids,
-            text=completion.text or "",
-            content=reply.content,
-            calls=() if reply.errors else calls,
-            usage=completion.usage,
-            finish_reason=completion.finish_reason or "",
-            latency_ms=completion.latency_ms,
-            parse_error="; ".join(reply.errors) if reply.errors else None,
-        )
+        await self.emit(ev.ModelRequested, **self.step.requested(effect))
+        left = effect.deadline - self.clock() if effect.deadline is not None else None
+        cls, fields = await self.step.call(self.client, effect, self.run_id, timeout=left)
+        await self.emit(cls, **fields)
 
     async def call_tools(self, effect: kernel.CallTools) -> None:
         for call in effect.calls:

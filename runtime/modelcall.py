@@ -1,0 +1,106 @@
+"""One model effect, performed: render the prompt, call the model, parse the reply into event fields.
+
+Shared by the in-process loop (`runtime.loop`) and the NATS host (`runtime.host`): both turn a
+`kernel.CallModel` into the same `model.requested` / `model.responded | model.failed` events, so the two
+runners can never drift apart in what they record (and a run driven by either replays the same way).
+
+    step = ModelStep(adapter, config.tools, constraint)          # once per agent: builds the constraint
+    await emit(ev.ModelRequested, **step.requested(effect))
+    cls, fields = await step.call(client, effect, run_id, timeout=left)
+    await emit(cls, **fields)
+
+Failures are values: an unreachable model, an HTTP error after the client's retries, or the deadline
+passing during the call all come back as `ModelFailed` fields, never as an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any, Protocol
+
+import anyio
+
+from runtime import events as ev
+from runtime import kernel
+from runtime.models.base import ModelAdapter
+from runtime.types import ToolSchema, Usage
+
+
+class CompletionLike(Protocol):
+    text: str
+    tool_calls: list[dict[str, Any]] | None
+    usage: Usage
+    finish_reason: str
+    latency_ms: float
+
+
+class ModelClientLike(Protocol):
+    """What a runner needs from `runtime.client.ModelClient` (tests may pass any look-alike)."""
+
+    async def complete(self, messages: list[dict[str, Any]], **extras: Any) -> CompletionLike: ...
+
+
+class ModelStep:
+    """The adapter, the decoding constraint and the request extras of one agent's tool set."""
+
+    def __init__(self, adapter: ModelAdapter, tools: Sequence[ToolSchema], constraint: Any = None) -> None:
+        self.adapter = adapter
+        self.constraint: Any = None
+        self.extras: dict[str, Any] = {}
+        self.constraint_digest = ""
+        if constraint is not None:
+            from runtime.constraints import build_constraint  # a bad constraint fails here, before any run
+
+            self.constraint = constraint
+            built = build_constraint(adapter, list(tools), constraint)
+            self.extras, self.constraint_digest = adapter.request_extras(list(tools), built), built.digest
+        elif adapter.native_tool_calls and tools:
+            self.extras = {"tools": [t.to_openai() for t in tools]}
+
+    def requested(self, effect: kernel.CallModel) -> dict[str, Any]:
+        """The fields of the `model.requested` event recording this effect."""
+        return {
+            "request_id": effect.id,
+            "turn": effect.turn,
+            "attempt": effect.attempt,
+            "messages": effect.new_messages,
+            "context_start": effect.context_start,
+            "constraint_digest": self.constraint_digest,
+            "sampling": dict(effect.sampling),
+        }
+
+    async def call(
+        self, client: ModelClientLike, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None
+    ) -> tuple[type[ev.Event], dict[str, Any]]:
+        """Perform the call; return the outcome event's class and fields (`model.responded` or `.failed`).
+
+        `timeout` is the time left before the task's deadline (None: no deadline).
+        """
+        messages = self.adapter.render(list(effect.messages), list(effect.tools), self.constraint)
+        ids = {"request_id": effect.id, "turn": effect.turn}
+        scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
+        try:
+            with scope:
+                completion = await client.complete(messages, **effect.sampling, **self.extras)
+        except TimeoutError:
+            return ev.ModelFailed, {
+                **ids, "error": "the task's deadline passed during the model call", "error_kind": "timeout"}
+        except Exception as exc:  # an unreachable model is a value for the kernel to count, not a crash
+            return ev.ModelFailed, {**ids, "error": str(exc) or type(exc).__name__,
+                                    "error_kind": type(exc).__name__}
+        reply = self.adapter.parse(completion.text, completion.tool_calls, list(effect.tools))
+        calls = kernel.tool_calls(run_id, effect.turn, [(c.name, c.arguments) for c in reply.calls])
+        return ev.ModelResponded, {
+            **ids,
+            "text": completion.text or "",
+            "content": reply.content,
+            "calls": () if reply.errors else calls,
+            "usage": completion.usage,
+            "finish_reason": completion.finish_reason or "",
+            "latency_ms": completion.latency_ms,
+            "parse_error": "; ".join(reply.errors) if reply.errors else None,
+        }
+
+
+__all__ = ["CompletionLike", "ModelClientLike", "ModelStep"]
