@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -177,41 +178,61 @@ class Worker:
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
         self._workspace_writes = result_handler or WorkspaceResultHandler(js)
         self._heartbeat_s = bus.DEFAULT_TOOL_ACK_WAIT_S / 3
+        self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
         self._max_deliver = bus.DEFAULT_TOOL_MAX_DELIVER
 
     # -- the loop --------------------------------------------------------------------------------------
 
     async def run(self, stop: anyio.Event | None = None) -> None:
-        """Serve jobs until `stop` is set; in-flight jobs finish (and are acked) before returning."""
+        """Serve jobs until `stop` is set; jobs already fetched finish (and are acked) before returning.
+
+        `concurrency` runner tasks take jobs from a local buffer that one fetch loop keeps topped up to
+        `concurrency` more jobs: fetching only when a slot frees would mean one fetch round trip per
+        job, which caps a worker near 1/RTT jobs/s whatever the concurrency. Buffered jobs get
+        heartbeats too, so they are never redelivered while they wait.
+        """
         stop = stop or anyio.Event()
         topo = await bus.read_topology(self.js)
         self._heartbeat_s = max(0.05, topo.tool_ack_wait / 3)
         self._max_deliver = topo.tool_max_deliver
         psub = await self.js.pull_subscribe_bind(durable=bus.WORKERS_CONSUMER, stream=bus.TOOLS)
-        slots = anyio.Semaphore(self.concurrency)
+        room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
+        send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
         try:
             async with anyio.create_task_group() as tg:
-                while not stop.is_set():
-                    await slots.acquire()
-                    taken = 1
-                    while taken < self.max_batch and slots.value > 0:
-                        slots.acquire_nowait()
-                        taken += 1
-                    msgs = [] if stop.is_set() else await bus.fetch_batch(psub, taken, timeout=0.5)
-                    for _ in range(taken - len(msgs)):
-                        slots.release()
-                    for m in msgs:
-                        tg.start_soon(self._serve, m, slots)
+                tg.start_soon(self._heartbeats)
+                async with anyio.create_task_group() as runners:
+                    for _ in range(self.concurrency):
+                        runners.start_soon(self._runner, receive.clone(), room)
+                    receive.close()
+                    async with send:
+                        while not stop.is_set():
+                            await room.acquire()
+                            taken = 1
+                            while taken < self.max_batch and room.value > 0:
+                                room.acquire_nowait()
+                                taken += 1
+                            msgs = [] if stop.is_set() else await bus.fetch_batch(psub, taken, timeout=0.5)
+                            for _ in range(taken - len(msgs)):
+                                room.release()
+                            now = time.monotonic()
+                            for m in msgs:
+                                self._running[id(m)] = (m, now)
+                                send.send_nowait(m)
+                tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
         finally:
             await psub.unsubscribe()
 
-    async def _serve(self, msg: Msg, slots: anyio.Semaphore) -> None:
-        try:
-            await self.handle(msg)
-        except Exception:  # a bug here must not kill the loop; the job is redelivered after AckWait
-            log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
-        finally:
-            slots.release()
+    async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
+        async with jobs:
+            async for msg in jobs:
+                try:
+                    await self.handle(msg)
+                except Exception:  # a bug here must not kill the loop; the job is redelivered after AckWait
+                    log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
+                finally:
+                    self._running.pop(id(msg), None)
+                    room.release()
 
     # -- one job ---------------------------------------------------------------------------------------
 
@@ -223,12 +244,7 @@ class Worker:
             await self._dead_letter(msg, str(e))
             return
         attempt = msg.metadata.num_delivered if msg.reply else 1
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._heartbeat, msg)
-            try:
-                outcome = await self._execute(job, attempt)
-            finally:
-                tg.cancel_scope.cancel()
+        outcome = await self._execute(job, attempt)
         if outcome is None:  # infrastructure trouble: retry later
             self.stats.nacked += 1
             await msg.nak(delay=1.0)
@@ -245,13 +261,19 @@ class Worker:
         self.stats.failed += outcome.result.error is not None
         await msg.ack()
 
-    async def _heartbeat(self, msg: Msg) -> None:
+    async def _heartbeats(self) -> None:
+        """One loop for every running job (a task per job costs more than most tool runs): each job
+        older than one interval gets `in_progress()`, which restarts its AckWait on the server."""
         while True:
-            await anyio.sleep(self._heartbeat_s)
-            try:
-                await msg.in_progress()
-            except Exception as e:  # the connection is reconnecting: the next beat may get through
-                log.debug("in_progress failed: %s", e)
+            await anyio.sleep(self._heartbeat_s / 2)
+            due = time.monotonic() - self._heartbeat_s
+            for key, (msg, since) in list(self._running.items()):
+                if since <= due:
+                    self._running[key] = (msg, time.monotonic())
+                    try:
+                        await msg.in_progress()
+                    except Exception as e:  # reconnecting: the next beat may get through
+                        log.debug("in_progress failed: %s", e)
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, bus.DLQ)

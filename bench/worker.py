@@ -1,0 +1,146 @@
+"""Sandboxed tool calls per second end to end through NATS, with 1 and 2 `sa worker` processes, beside
+Monty-alone runs per second measured in the same run (the ratio is what the runtime costs).
+
+    .venv/bin/python bench/worker.py [--jobs 3000] [--concurrency 16]
+
+End to end = publish `ToolJob`s to TOOLS (acked, with Msg-Id) -> worker process(es) fetch, run the .pym in
+Monty, publish `ToolOutcome`s to RESULTS -> this process consumes every outcome. The clock runs from the
+first publish to the last outcome. Numbers only; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime import bus  # noqa: E402
+from runtime.jobs import ToolJob, ToolOutcome  # noqa: E402
+
+TOOL = '''\
+"""Add two numbers and describe the sum."""
+from grail import Input
+
+a: int = Input("a")
+b: int = Input("b")
+
+{"sum": a + b, "text": "the sum is " + str(a + b)}
+'''
+
+
+async def monty_alone(path: Path, n: int, concurrency: int) -> float:
+    """Runs/s of the same tool called directly (no NATS), `concurrency` at a time."""
+    from runtime.tools import ScriptTool, ToolContext
+
+    tool = ScriptTool.from_path(path)
+    sem = asyncio.Semaphore(concurrency)
+    await asyncio.gather(*(tool.execute({"a": 1, "b": i}, ToolContext()) for i in range(200)))  # warm up
+
+    async def one(i: int) -> None:
+        async with sem:
+            r = await tool.execute({"a": i, "b": 1}, ToolContext())
+            assert r.error is None, r.error
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def start_workers(url: str, tools: Path, k: int, concurrency: int, logdir: Path) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(k):
+        log = logdir / f"worker{i}.log"
+        cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker", "--tools", str(tools),
+               "--concurrency", str(concurrency)]
+        procs.append(subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url}, stdout=subprocess.DEVNULL,
+                                      stderr=open(log, "wb")))
+    for i, p in enumerate(procs):
+        log = logdir / f"worker{i}.log"
+        while b"serving" not in log.read_bytes():
+            if p.poll() is not None:
+                raise RuntimeError(log.read_text())
+            time.sleep(0.02)
+    return procs
+
+
+async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
+    """Publish n jobs, wait for n outcomes; returns (calls/s, outcomes per worker)."""
+    _, rcons = await bus.ensure_partition_consumers(js, 0)
+    psub = await js.pull_subscribe_bind(durable=rcons, stream=bus.RESULTS)
+    by_worker: dict[str, int] = {}
+    got = 0
+    t0 = time.perf_counter()
+
+    async def publish() -> None:
+        pending = []
+        for i in range(n):
+            j = ToolJob(run_id=f"{tag}", agent="bench", call_id=f"{tag}/{i}.0", tool="add",
+                        arguments={"a": i, "b": 1})
+            pending.append(await js.publish_async(j.subject, j.encode(), headers=j.headers()))
+            if len(pending) >= 64:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+
+    pub = asyncio.create_task(publish())
+    while got < n:
+        for m in await bus.fetch_batch(psub, 256, 1.0):
+            o = ToolOutcome.decode(m.data)
+            assert o.result.error is None, o.result.error
+            by_worker[o.worker] = by_worker.get(o.worker, 0) + 1
+            got += 1
+            await m.ack()
+    elapsed = time.perf_counter() - t0
+    await pub
+    await psub.unsubscribe()
+    return n / elapsed, by_worker
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(30)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=16, help="jobs in flight per worker process")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp, bus.EmbeddedNats(Path(tmp) / "nats") as server:
+        tools = Path(tmp) / "add.pym"
+        tools.write_text(TOOL)
+        nc = await bus.connect(server.url)
+        js = nc.jetstream()
+        await bus.ensure_topology(js, partitions=1)
+
+        alone = await monty_alone(tools, args.jobs, args.concurrency)
+        print(f"cores: {os.cpu_count()}   jobs per measurement: {args.jobs}   in flight per worker: "
+              f"{args.concurrency}")
+        print(f"{'setup':<34}{'calls/s':>10}{'vs Monty alone':>16}   spread")
+        print(f"{'Monty alone (in-process)':<34}{alone:>10.0f}{1.0:>15.2f}x")
+        for k in (1, 2):
+            procs = start_workers(server.url, tools, k, args.concurrency, Path(tmp))
+            try:
+                await end_to_end(js, f"warm{k}", 200)  # start each worker's sandbox pool
+                rate, spread = await end_to_end(js, f"run{k}", args.jobs)
+            finally:
+                stop(procs)
+            label = f"end to end, {k} worker process{'es' if k > 1 else ''}"
+            print(f"{label:<34}{rate:>10.0f}{rate / alone:>15.2f}x   {sorted(spread.values())}")
+        await bus.close(nc)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
