@@ -23,8 +23,9 @@ time, never a duplicate write or a second outcome. While a job runs, `in_progres
 AckWait/3 so a long job is not redelivered to a second worker. NATS trouble after the run (publish or
 KV errors) naks the job with a delay instead of acking a job whose outcome nobody will see.
 
-Concurrency: at most `concurrency` jobs in flight per process; the worker fetches only as many jobs
-as it has free slots (so a busy worker leaves jobs to idle ones), and the Monty pool bounds CPU.
+Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
+prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
+to idle workers; the Monty pool bounds CPU.
 """
 
 from __future__ import annotations
