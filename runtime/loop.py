@@ -28,32 +28,18 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.modelcall import ModelStep
+from runtime.modelcall import ModelClientLike, ModelStep
 from runtime.models.base import ModelAdapter
 from runtime.types import ToolCall, ToolResult, Usage
 
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
 Approver = Callable[[ToolCall], Awaitable[str | None] | str | None]  # None grants; a string denies with it
-
-
-class CompletionLike(Protocol):
-    text: str
-    tool_calls: list[dict[str, Any]] | None
-    usage: Usage
-    finish_reason: str
-    latency_ms: float
-
-
-class ModelClientLike(Protocol):
-    """What the loop needs from `runtime.client.ModelClient` (tests may pass any look-alike)."""
-
-    async def complete(self, messages: list[dict[str, Any]], **extras: Any) -> CompletionLike: ...
 
 
 @dataclass(frozen=True)
