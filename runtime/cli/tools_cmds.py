@@ -1,3 +1,287 @@
-"""Commands registered on the `sa` app (see runtime/cli/__init__.py)."""
+"""`sa tools`, `sa check`, `sa run`: discover, check and run sandboxed `.pym` scripts.
 
-from runtime.cli.app import app  # noqa: F401
+Exit codes: 0 success; 1 load problems (`tools`, `check`) or a bad command line (`run`: missing script,
+malformed --input/--file/--env/--limits); 2 the script ran and returned a tool error (`run`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from runtime.cli.app import app
+
+_JSON = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"sa: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _dump(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+@app.command("tools")
+def tools_cmd(
+    paths: Annotated[list[str], typer.Argument(help="Scripts, directories (searched recursively) or globs.")],
+    as_json: _JSON = False,
+) -> None:
+    """List the tools found in PATHs: name, inputs, description. Load errors are listed; exit 1 if any."""
+    from runtime.tools import discover_tools
+
+    tools, failures = discover_tools(paths)
+    if as_json:
+        _dump(
+            {
+                "tools": [t.schema.to_openai() for t in tools],
+                "errors": [f.to_dict() for f in failures],
+            }
+        )
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console()
+        if tools:
+            table = Table(show_lines=False)
+            table.add_column("tool", style="bold")
+            table.add_column("inputs")
+            table.add_column("externals")
+            table.add_column("description")
+            for t in tools:
+                inputs = []
+                for spec in t.script.inputs.values():
+                    mark = "" if spec.required else "?"
+                    inputs.append(f"{spec.name}{mark}: {spec.annotation}")
+                table.add_row(
+                    t.name,
+                    "\n".join(inputs) or "-",
+                    "\n".join(t.script.externals) or "-",
+                    t.schema.description,
+                )
+            console.print(table)
+        else:
+            console.print("no tools found")
+        for f in failures:
+            typer.echo(str(f), err=True)
+        if failures:
+            typer.echo(f"{len(failures)} script(s) failed to load", err=True)
+    raise typer.Exit(1 if failures else 0)
+
+
+@app.command("check")
+def check_cmd(
+    paths: Annotated[list[str], typer.Argument(help="Scripts, directories (searched recursively) or globs.")],
+    as_json: _JSON = False,
+    monty: Annotated[bool, typer.Option(help="Also feed each script to Monty's parser (not run).")] = True,
+) -> None:
+    """Check scripts without running them: file:line diagnostics; exit 0 when all are clean, else 1."""
+    import asyncio
+
+    from runtime.scripts import check, load, shutdown
+    from runtime.tools import expand_paths, script_tool_diagnostics
+
+    files, missing = expand_paths(paths)
+
+    async def check_all() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        try:
+            for f in files:
+                try:
+                    script = load(f)
+                except (OSError, UnicodeDecodeError) as e:
+                    found.append(
+                        {
+                            "kind": "check",
+                            "message": f"cannot read the script: {e}",
+                            "line": None,
+                            "file": str(f),
+                            "column": None,
+                        }
+                    )
+                    continue
+                diags = script_tool_diagnostics(script)
+                if monty and script.ok:
+                    diags += await check(script, use_monty=True)
+                found += [d.to_dict() for d in sorted(diags, key=lambda d: (d.line or 0, d.column or 0))]
+        finally:
+            await shutdown()
+        return found
+
+    problems = [
+        {"kind": m.error.kind, "message": m.error.message, "line": None, "file": m.path, "column": None}
+        for m in missing
+    ]
+    problems += asyncio.run(check_all())
+    if as_json:
+        _dump({"checked": [str(f) for f in files], "diagnostics": problems})
+    else:
+        for d in problems:
+            where = (
+                d["file"]
+                + (f":{d['line']}" if d["line"] else "")
+                + (f":{d['column']}" if d["column"] else "")
+            )
+            typer.echo(f"{where}: {d['kind']} error: {d['message']}")
+        bad = len({d["file"] for d in problems})
+        typer.echo(
+            f"{len(files)} script(s) checked, {bad} with problems"
+            if problems
+            else f"{len(files)} script(s) checked, all clean",
+            err=True,
+        )
+    raise typer.Exit(1 if problems else 0)
+
+
+def _pairs(values: list[str], option: str) -> list[tuple[str, str]]:
+    out = []
+    for v in values:
+        key, sep, rest = v.partition("=")
+        if not sep or not key:
+            raise _fail(f"{option} expects NAME=VALUE, got {v!r}")
+        out.append((key, rest))
+    return out
+
+
+def _read_files(pairs: list[tuple[str, str]]) -> dict[str, str | bytes]:
+    files: dict[str, str | bytes] = {}
+
+    def content(p: Path) -> str | bytes:
+        data = p.read_bytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data
+
+    for vpath, hpath in pairs:
+        host = Path(hpath).expanduser()
+        vroot = vpath if vpath.startswith("/") else "/" + vpath
+        if host.is_dir():
+            for f in sorted(host.rglob("*")):
+                if f.is_file():
+                    files[f"{vroot.rstrip('/')}/{f.relative_to(host).as_posix()}"] = content(f)
+        elif host.is_file():
+            files[vroot] = content(host)
+        else:
+            raise _fail(f"--file {vpath}={hpath}: no such file or directory on the host")
+    return files
+
+
+@app.command("run")
+def run_cmd(
+    script_path: Annotated[str, typer.Argument(metavar="SCRIPT", help="The .pym script to run.")],
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            "-i",
+            metavar="NAME=JSON",
+            help="An input; the value is JSON, or plain text for a string.",
+        ),
+    ] = None,
+    files: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--file",
+            "-f",
+            metavar="VPATH=HOSTPATH",
+            help="A host file (or directory) the script sees, read-only, at VPATH.",
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", metavar="K=V", help="An environment variable.")
+    ] = None,
+    externals: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--external", "-x", metavar="NAME=JSON", help="Stub an @external: it returns this JSON value."
+        ),
+    ] = None,
+    limits: Annotated[
+        str, typer.Option(help="strict, default, permissive, or a JSON object of limits.")
+    ] = "default",
+    as_json: _JSON = False,
+) -> None:
+    """Run a script in the sandbox and print its result. A tool error exits 2 (with --json, as
+    {"error": {"kind", "message", "line", "detail"}})."""
+    import asyncio
+
+    from runtime.scripts import Limits, LimitsError, load, shutdown
+
+    try:
+        script = load(script_path)
+    except OSError as e:
+        raise _fail(f"cannot read {script_path}: {e.strerror or e}") from None
+    try:
+        resolved = Limits.resolve(limits)
+    except LimitsError as e:
+        raise _fail(f"--limits: {e}") from None
+
+    values: dict[str, Any] = {}
+    for name, raw in _pairs(inputs or [], "--input"):
+        spec = script.inputs.get(name)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw  # plain text for a string input
+        if (
+            spec is not None
+            and spec.schema.get("type") in ("string", ["string", "null"])
+            and not isinstance(value, str)
+        ):
+            value = raw  # `--input name=123` for a str input means the text "123"
+        values[name] = value
+    stubs: dict[str, Any] = {}
+    for name, raw in _pairs(externals or [], "--external"):
+        try:
+            returned = json.loads(raw)
+        except json.JSONDecodeError:
+            returned = raw
+
+        def stub(*_args: Any, _value: Any = returned, **_kwargs: Any) -> Any:
+            return _value
+
+        stubs[name] = stub
+    environ = dict(_pairs(env or [], "--env"))
+    virtual = _read_files(_pairs(files or [], "--file"))
+
+    def on_event(event: Any) -> None:
+        if event.kind == "print" and event.text:
+            sys.stderr.write(event.text)
+            sys.stderr.flush()
+
+    async def main() -> Any:
+        try:
+            return await script.run(
+                values,
+                externals=stubs or None,
+                files=virtual,
+                environ=environ,
+                limits=resolved,
+                on_event=on_event,
+            )
+        finally:
+            await shutdown()
+
+    result = asyncio.run(main())
+    if result.error is not None:
+        if as_json:
+            _dump({"error": result.error.to_dict()})
+        else:
+            err = result.error
+            kind = err.kind + (f"/{err.detail}" if err.detail else "")
+            where = f"{script.filename}:{err.line}" if err.line else script.filename
+            typer.echo(f"{where}: {kind} error: {err.message}", err=True)
+        raise typer.Exit(2)
+    if as_json:
+        _dump({"output": result.output, "duration_ms": result.duration_ms})
+    elif isinstance(result.output, str):
+        typer.echo(result.output)
+    else:
+        _dump(result.output)

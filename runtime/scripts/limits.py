@@ -1,0 +1,283 @@
+"""`Limits`: the resource bounds of one script run, in grail's vocabulary.
+
+    Limits(max_memory="16mb", max_duration="2s", max_recursion=200)
+    Limits.strict() / Limits.default() / Limits.permissive()
+    base.merge(override)            # override's set fields win; a new object
+    Limits.resolve("strict" | {"max_duration": "5s"} | '{"max_memory": "32mb"}' | None | Limits)
+
+Sizes take bytes or "512kb" / "16mb" / "1.5GB" (binary units: 1 kb = 1024 bytes); durations take seconds
+or "500ms" / "2s" / "1.5m". Every field is optional so a partial `Limits` can override another; a run always
+fills the gaps from `Limits.default()` (so memory and duration are bounded on every checkout: a busy Monty
+worker whose host died keeps running until its feed ends).
+
+On the wire a `Limits` is its `to_dict()` (= `model_dump(exclude_none=True)`, plain numbers), and
+`Limits.resolve(d)` / `Limits.model_validate(d)` reads it back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+__all__ = ["PRESETS", "Limits", "LimitsError", "parse_duration", "parse_size"]
+
+
+class LimitsError(ValueError):
+    """A limits spec that cannot be understood: the message says what is wrong and what is accepted."""
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+}
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0}
+_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any, *, field: str = "size") -> int:
+    """Bytes from an int or a string such as "16mb", "1.5GB", "512kb", "4096"."""
+    if isinstance(value, bool):
+        raise LimitsError(f"{field} must be a byte count or a size like '16mb', not {value!r}")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, float):
+        number, unit = value, ""
+    elif isinstance(value, str) and (m := _QUANTITY.match(value)):
+        number, unit = float(m.group(1)), m.group(2).lower()
+    else:
+        raise LimitsError(f"{field} must be a byte count or a size like '16mb' or '1.5GB', not {value!r}")
+    if unit not in _SIZE_UNITS:
+        raise LimitsError(f"{field}: unknown size unit {unit!r} in {value!r}; use b, kb, mb or gb")
+    size = number * _SIZE_UNITS[unit]
+    if not math.isfinite(size) or size <= 0:
+        raise LimitsError(f"{field} must be positive, not {value!r}")
+    return int(size)
+
+
+def parse_duration(value: Any, *, field: str = "duration") -> float:
+    """Seconds from a number or a string such as "500ms", "2s", "1.5m"."""
+    if isinstance(value, bool):
+        raise LimitsError(f"{field} must be seconds or a duration like '2s', not {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (m := _QUANTITY.match(value)):
+        number, unit = float(m.group(1)), m.group(2).lower()
+    else:
+        raise LimitsError(f"{field} must be seconds or a duration like '500ms' or '2s', not {value!r}")
+    if unit not in _DURATION_UNITS:
+        raise LimitsError(f"{field}: unknown duration unit {unit!r} in {value!r}; use ms, s or m")
+    seconds = number * _DURATION_UNITS[unit]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise LimitsError(f"{field} must be positive, not {value!r}")
+    return seconds
+
+
+def _positive_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise LimitsError(f"{field} must be a positive integer, not {value!r}")
+    try:
+        number = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except ValueError:
+        number = None
+    if number is None or number <= 0:
+        raise LimitsError(f"{field} must be a positive integer, not {value!r}")
+    return number
+
+
+def _human_size(n: int) -> str:
+    for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if n >= factor:
+            return f"{n / factor:g} {unit}"
+    return f"{n} bytes"
+
+
+def _human_duration(s: float) -> str:
+    return f"{s * 1000:g} ms" if s < 1 else f"{s:g} s"
+
+
+class Limits(BaseModel):
+    """Resource bounds for one script run. Frozen; `None` means "not set here" (see `merge`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_memory: int | None = None
+    """Heap bytes the sandbox may use ("16mb", "1.5GB" or bytes)."""
+    max_duration: float | None = None
+    """Seconds of sandbox execution ("2s", "500ms" or seconds); time in host externals is not counted."""
+    max_recursion: int | None = None
+    """Maximum call-stack depth."""
+    max_suspensions: int | None = None
+    """Host round trips: external calls plus file and environment operations (`open().read()` costs 2)."""
+    max_output: int | None = None
+    """Bytes of the JSON-encoded result ("1mb" or bytes)."""
+
+    # ---- validation -------------------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = list(cls.model_fields)
+            for key in data:
+                if key not in allowed:
+                    raise LimitsError(_unknown_key_message(str(key), allowed))
+        return data
+
+    @field_validator("max_memory", "max_output", mode="before")
+    @classmethod
+    def _size(cls, value: Any, info: Any) -> Any:
+        return None if value is None else parse_size(value, field=info.field_name)
+
+    @field_validator("max_duration", mode="before")
+    @classmethod
+    def _duration(cls, value: Any, info: Any) -> Any:
+        return None if value is None else parse_duration(value, field=info.field_name)
+
+    @field_validator("max_recursion", "max_suspensions", mode="before")
+    @classmethod
+    def _count(cls, value: Any, info: Any) -> Any:
+        return None if value is None else _positive_int(value, info.field_name)
+
+    # ---- presets ----------------------------------------------------------------------------------
+
+    @classmethod
+    def strict(cls) -> Limits:
+        """8 MB, 500 ms, recursion 120, 200 host round trips, 256 KB of result."""
+        return PRESETS["strict"]
+
+    @classmethod
+    def default(cls) -> Limits:
+        """16 MB, 2 s, recursion 200, 1000 host round trips, 1 MB of result."""
+        return PRESETS["default"]
+
+    @classmethod
+    def permissive(cls) -> Limits:
+        """64 MB, 10 s, recursion 400, 10000 host round trips, 16 MB of result."""
+        return PRESETS["permissive"]
+
+    # ---- combining and the wire -------------------------------------------------------------------
+
+    def merge(self, other: Limits | None) -> Limits:
+        """A new `Limits`: this one with every field `other` sets (non-None) overriding it."""
+        if other is None:
+            return self
+        return Limits.model_validate({**self.to_dict(), **other.to_dict()})
+
+    def to_dict(self) -> dict[str, int | float]:
+        """The set fields as plain numbers: what goes on the wire. `Limits.resolve(d)` reads it back."""
+        return self.model_dump(exclude_none=True)
+
+    @classmethod
+    def resolve(cls, spec: Limits | str | dict[str, Any] | None) -> Limits:
+        """A `Limits` from None (-> default), a preset name, a dict, a JSON object string or a `Limits`."""
+        if spec is None:
+            return cls.default()
+        if isinstance(spec, Limits):
+            return spec
+        if isinstance(spec, str):
+            text = spec.strip()
+            if text.startswith("{"):
+                try:
+                    data = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise LimitsError(f"limits JSON does not parse: {e}") from None
+                return cls.resolve(data)
+            if text in PRESETS:
+                return PRESETS[text]
+            close = difflib.get_close_matches(text, list(PRESETS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise LimitsError(
+                f"unknown limits preset {text!r}{hint}; use one of {', '.join(map(repr, PRESETS))}, "
+                'or a JSON object such as \'{"max_duration": "5s"}\''
+            )
+        if isinstance(spec, dict):
+            try:
+                return cls.model_validate(spec)
+            except LimitsError:
+                raise
+            except ValueError as e:  # pydantic's ValidationError wraps our LimitsError messages
+                raise LimitsError(_validation_message(e)) from None
+        raise LimitsError(f"limits must be a preset name, a dict or a Limits, not {type(spec).__name__}")
+
+    # ---- for people and for Monty -----------------------------------------------------------------
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_memory is not None:
+            parts.append(f"memory {_human_size(self.max_memory)}")
+        if self.max_duration is not None:
+            parts.append(f"duration {_human_duration(self.max_duration)}")
+        if self.max_recursion is not None:
+            parts.append(f"recursion {self.max_recursion}")
+        if self.max_suspensions is not None:
+            parts.append(f"host calls {self.max_suspensions}")
+        if self.max_output is not None:
+            parts.append(f"output {_human_size(self.max_output)}")
+        return ", ".join(parts) or "no limits set"
+
+    def effective(self) -> Limits:
+        """This over `Limits.default()`: every field set, as every run needs."""
+        return _effective(self)
+
+    def to_monty(self) -> dict[str, Any]:
+        """pydantic-monty's `ResourceLimits` for a checkout (fields filled from the default preset)."""
+        full = self.effective()
+        return {
+            "max_memory": full.max_memory,
+            "max_feed_duration_secs": full.max_duration,
+            # sleeps do not count as execution time; bound them by the same budget
+            "max_total_sleep_secs": full.max_duration,
+            "max_recursion_depth": full.max_recursion,
+            "max_suspensions": full.max_suspensions,
+        }
+
+
+@functools.lru_cache(maxsize=256)
+def _effective(limits: Limits) -> Limits:
+    return PRESETS["default"].merge(limits)
+
+
+def _unknown_key_message(key: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown limits key {key!r}{hint}; allowed keys are {', '.join(allowed)}"
+
+
+def _validation_message(error: ValueError) -> str:
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        parts = []
+        for item in errors():
+            msg = str(item.get("msg", ""))
+            msg = msg.removeprefix("Value error, ")
+            parts.append(msg)
+        return "; ".join(parts)
+    return str(error)
+
+
+PRESETS: dict[str, Limits] = {
+    "strict": Limits(
+        max_memory="8mb", max_duration="500ms", max_recursion=120, max_suspensions=200, max_output="256kb"
+    ),
+    "default": Limits(
+        max_memory="16mb", max_duration="2s", max_recursion=200, max_suspensions=1000, max_output="1mb"
+    ),
+    "permissive": Limits(
+        max_memory="64mb", max_duration="10s", max_recursion=400, max_suspensions=10_000, max_output="16mb"
+    ),
+}

@@ -1,0 +1,313 @@
+"""A small JSON Schema validator for plain Python data (no dependency): tool arguments and output schemas.
+
+It covers the keywords tool schemas use: type (one or a list), enum, const, properties, required,
+additionalProperties, items / prefixItems, minItems / maxItems / uniqueItems, minLength / maxLength,
+pattern, minimum / maximum / exclusiveMinimum / exclusiveMaximum / multipleOf, anyOf / oneOf / allOf /
+not, and local `$ref`s (`#/$defs/...`, `#/definitions/...`). Annotations (title, description, default,
+examples, format, ...) are accepted and ignored. `unsupported_keywords(schema)` names any other keyword,
+so an output schema that asks for something this validator would not check is refused up front rather
+than silently passed.
+
+Errors read like `tags[1]: expected string, got integer 3`, with the path from the root.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+__all__ = ["describe_value", "unsupported_keywords", "validate"]
+
+_CHECKED = {
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "$ref",
+    "$defs",
+    "definitions",
+    "minProperties",
+    "maxProperties",
+}
+_IGNORED = {
+    "title",
+    "description",
+    "default",
+    "examples",
+    "format",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
+}
+_SCHEMA_VALUED = {"additionalProperties", "items", "not"}
+_SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
+_SCHEMA_MAPS = {"properties", "$defs", "definitions"}
+
+
+def unsupported_keywords(schema: Any, path: str = "#") -> list[str]:
+    """Keywords in `schema` (recursively) this validator does not check, as `path: keyword` strings."""
+    found: list[str] = []
+    if not isinstance(schema, dict):
+        if not isinstance(schema, bool):
+            found.append(f"{path}: a schema must be an object or a boolean")
+        return found
+    for key, value in schema.items():
+        if key in _IGNORED:
+            continue
+        if key not in _CHECKED:
+            found.append(f"{path}: {key}")
+        elif key in _SCHEMA_VALUED and isinstance(value, (dict, bool)):
+            found += unsupported_keywords(value, f"{path}/{key}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                found += unsupported_keywords(sub, f"{path}/{key}/{i}")
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                found += unsupported_keywords(sub, f"{path}/{key}/{name}")
+    return found
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def describe_value(value: Any, limit: int = 60) -> str:
+    """`integer 3`, `string "abc"`, `array of 4 items`: how a value is named in error messages."""
+    kind = _json_type(value)
+    if kind in ("array", "object"):
+        n = len(value)
+        return f"{kind} of {n} {'item' if kind == 'array' else 'key'}{'' if n == 1 else 's'}"
+    if kind == "null":
+        return "null"
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{kind} {text}"
+
+
+def _is_type(value: Any, kind: str) -> bool:
+    if kind == "null":
+        return value is None
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "integer":
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "array":
+        return isinstance(value, (list, tuple, set, frozenset))
+    if kind == "object":
+        return isinstance(value, dict)
+    return False
+
+
+_FAST: dict[Any, Any] = {
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) is int or type(v) is float,
+    "string": lambda v: type(v) is str,
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+}
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def validate(value: Any, schema: Any, *, path: str = "", root: Any = None, max_errors: int = 10) -> list[str]:
+    """Every way `value` breaks `schema` (at most `max_errors`), as `path: problem` strings; [] if valid."""
+    errors: list[str] = []
+    _check(value, schema, path, schema if root is None else root, errors, max_errors)
+    return errors[:max_errors]
+
+
+def _resolve_ref(ref: str, root: Any) -> Any:
+    if not ref.startswith("#"):
+        raise ValueError(f"only local $refs are supported, not {ref!r}")
+    node = root
+    for part in ref.lstrip("#").strip("/").split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            raise ValueError(f"$ref {ref!r} does not resolve")
+        node = node[part]
+    return node
+
+
+def _where(path: str) -> str:
+    return f"{path}: " if path else ""
+
+
+def _check(value: Any, schema: Any, path: str, root: Any, errors: list[str], cap: int) -> None:
+    if len(errors) >= cap:
+        return
+    if schema is True or schema == {}:
+        return
+    if schema is False:
+        errors.append(f"{_where(path)}no value is allowed here")
+        return
+    if not isinstance(schema, dict):
+        return
+    if "$ref" in schema:
+        _check(value, _resolve_ref(schema["$ref"], root), path, root, errors, cap)
+    where = _where(path)
+
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = kind if isinstance(kind, list) else [kind]
+        if not any(_is_type(value, k) for k in kinds):
+            wanted = " or ".join(kinds)
+            errors.append(f"{where}expected {wanted}, got {describe_value(value)}")
+            return
+    if "enum" in schema and not any(_equal(value, v) for v in schema["enum"]):
+        options = ", ".join(json.dumps(v) for v in schema["enum"])
+        errors.append(f"{where}must be one of {options}, got {describe_value(value)}")
+        return
+    if "const" in schema and not _equal(value, schema["const"]):
+        errors.append(f"{where}must be {json.dumps(schema['const'])}, got {describe_value(value)}")
+        return
+
+    if isinstance(value, str):
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            errors.append(f"{where}must be at least {schema['minLength']} characters long")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"{where}must be at most {schema['maxLength']} characters long, got {len(value)}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{where}must match the pattern {schema['pattern']!r}, got {describe_value(value)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}must be >= {schema['minimum']}, got {value}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}must be <= {schema['maximum']}, got {value}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            errors.append(f"{where}must be > {schema['exclusiveMinimum']}, got {value}")
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            errors.append(f"{where}must be < {schema['exclusiveMaximum']}, got {value}")
+        if "multipleOf" in schema and math.isfinite(value):
+            q = value / schema["multipleOf"]
+            if abs(q - round(q)) > 1e-9:
+                errors.append(f"{where}must be a multiple of {schema['multipleOf']}, got {value}")
+
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+        if "minItems" in schema and len(items) < schema["minItems"]:
+            errors.append(f"{where}must have at least {schema['minItems']} items, got {len(items)}")
+        if "maxItems" in schema and len(items) > schema["maxItems"]:
+            errors.append(f"{where}must have at most {schema['maxItems']} items, got {len(items)}")
+        if schema.get("uniqueItems"):
+            seen: list[Any] = []
+            for i, item in enumerate(items):
+                if any(_equal(item, s) for s in seen):
+                    errors.append(f"{_where(_join(path, i))}duplicate item {describe_value(item)}")
+                    break
+                seen.append(item)
+        prefix = schema.get("prefixItems", [])
+        for i, sub in enumerate(prefix[: len(items)]):
+            _check(items[i], sub, _join(path, i), root, errors, cap)
+        rest = schema.get("items")
+        fast = _FAST.get(rest.get("type")) if isinstance(rest, dict) and len(rest) == 1 else None
+        if fast is not None:  # a list of plain scalars: check in a tight loop, build paths only for failures
+            for i in range(len(prefix), len(items)):
+                if not fast(items[i]):
+                    _check(items[i], rest, _join(path, i), root, errors, cap)
+                    if len(errors) >= cap:
+                        break
+        elif rest is not None:
+            for i in range(len(prefix), len(items)):
+                if rest is False:
+                    errors.append(f"{where}has {len(items)} items, at most {len(prefix)} are allowed")
+                    break
+                _check(items[i], rest, _join(path, i), root, errors, cap)
+
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                errors.append(f"{_where(_join(path, name))}missing required property")
+        if "minProperties" in schema and len(value) < schema["minProperties"]:
+            errors.append(f"{where}must have at least {schema['minProperties']} properties")
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            errors.append(f"{where}must have at most {schema['maxProperties']} properties")
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            sub_path = _join(path, str(key))
+            if key in props:
+                _check(item, props[key], sub_path, root, errors, cap)
+            elif extra is False:
+                allowed = ", ".join(props) or "none"
+                errors.append(f"{_where(sub_path)}unexpected property (allowed: {allowed})")
+            elif isinstance(extra, dict):
+                _check(item, extra, sub_path, root, errors, cap)
+
+    for sub in schema.get("allOf", []):
+        _check(value, sub, path, root, errors, cap)
+    if "anyOf" in schema or "oneOf" in schema:
+        options = schema.get("anyOf") or schema.get("oneOf") or []
+        results = [validate(value, sub, path=path, root=root, max_errors=3) for sub in options]
+        passing = sum(1 for r in results if not r)
+        if passing == 0:
+            best = min(results, key=len) if results else []
+            detail = f" ({'; '.join(best)})" if best else ""
+            errors.append(f"{where}does not match any allowed form{detail}")
+        elif "oneOf" in schema and passing > 1:
+            errors.append(f"{where}matches {passing} forms where exactly one is required")
+    if "not" in schema and not validate(value, schema["not"], path=path, root=root, max_errors=1):
+        errors.append(f"{where}matches a form that is not allowed")

@@ -1,0 +1,437 @@
+"""Running scripts in real Monty: results, every error kind, every limit, files, environ, events, outputs."""
+
+import asyncio
+import datetime
+import decimal
+import textwrap
+import threading
+
+import pytest
+from pydantic import BaseModel
+
+from runtime.scripts import Limits, ScriptEvent, loads, to_plain
+from runtime.types import ERROR_KINDS
+
+pytestmark = pytest.mark.anyio
+
+
+def script(src: str, name: str = "t"):
+    return loads(textwrap.dedent(src), name=name)
+
+
+async def test_result_is_the_last_expression_with_inputs_and_defaults():
+    s = script("""\
+        from grail import Input
+        a: int = Input("a")
+        b: int = Input("b", default=10)
+        c: list[int] | None = Input("c")
+        {"sum": a + b, "c": c}
+    """)
+    r = await s.run({"a": 1})
+    assert r.ok and r.output == {"sum": 11, "c": None}
+    assert r.duration_ms > 0
+    r = await s.run({"a": 1, "b": 2.0, "c": [1, 2]})  # an integral float for an int input is accepted
+    assert r.output == {"sum": 3, "c": [1, 2]}
+
+
+async def test_outputs_become_plain_json_data():
+    s = script("""\
+        import datetime, decimal
+        from dataclasses import dataclass
+        from pathlib import Path
+
+        @dataclass
+        class P:
+            x: int
+            when: object
+
+        {
+            "t": (1, 2), "s": {3, 1, 2}, "d": decimal.Decimal("1.50"), "dt": datetime.date(2020, 1, 2),
+            "p": P(1, datetime.datetime(2020, 1, 2, 3, 4, 5)), "path": Path("/a/b"),
+            "k": {(1, 2): "t", 3: "i"},
+            "b": b"hi", "raw": b"\\xff\\x00", "big": 2 ** 70,
+        }
+    """)
+    r = await s.run()
+    assert r.ok, r.error
+    assert r.output == {
+        "t": [1, 2],
+        "s": [1, 2, 3],
+        "d": "1.50",
+        "dt": "2020-01-02",
+        "p": {"x": 1, "when": "2020-01-02T03:04:05"},
+        "path": "/a/b",
+        "k": {"[1,2]": "t", "3": "i"},
+        "b": "hi",
+        "raw": "base64:/wA=",
+        "big": str(2**70),
+    }
+
+
+def test_to_plain_handles_host_values():
+    assert to_plain({"x": {1, 2}, "y": decimal.Decimal("2"), "z": datetime.time(1, 2)}) == {
+        "x": [1, 2],
+        "y": "2",
+        "z": "01:02:00",
+    }
+
+
+# ---- every error kind -------------------------------------------------------------------------------
+
+
+async def test_parse_error():
+    r = await script("x = (1 +\n", name="p").run()
+    assert r.error.kind == "parse" and r.error.line == 1
+
+
+async def test_check_error():
+    r = await script("import enum\n").run()
+    assert r.error.kind == "check" and r.error.line == 1 and "enum" in r.error.message
+
+
+@pytest.mark.parametrize(
+    ("inputs", "fragment"),
+    [
+        ({}, "missing required input 'n' (integer)"),
+        ({"n": 1, "m": 2}, "unknown input 'm'"),
+        ({"n": "5"}, 'input n: expected integer, got string "5"'),
+        ({"n": 1, "nn": 2}, "did you mean 'n'"),
+        ({"n": True}, "expected integer, got boolean"),
+    ],
+)
+async def test_input_errors_before_anything_runs(inputs, fragment):
+    events = []
+    s = script('from grail import Input\nn: int = Input("n")\nprint("ran")\nn\n')
+    r = await s.run(inputs, on_event=events.append)
+    assert r.error.kind == "input", r.error
+    assert fragment in r.error.message
+    assert not any(e.kind == "print" for e in events)
+
+
+async def test_external_errors_missing_extra_and_raised():
+    src = """\
+        from grail import external
+        @external
+        async def fetch(url: str) -> str: ...
+        await fetch("u")
+    """
+    s = script(src)
+    r = await s.run()
+    assert r.error.kind == "external" and "'fetch'" in r.error.message and r.error.line == 2
+    r = await s.run(externals={"fetch": lambda u: u, "other": lambda: 1})
+    assert r.error.kind == "external" and "'other'" in r.error.message
+
+    async def boom(url):
+        raise ValueError(f"bad url {url}")
+
+    r = await s.run(externals={"fetch": boom})
+    assert r.error.kind == "external" and r.error.line == 4
+    assert "external function 'fetch' raised ValueError: bad url u" in r.error.message
+
+
+async def test_external_error_caught_by_script_is_fine():
+    s = script("""\
+        from grail import external
+        @external
+        def get(k: str) -> int: ...
+        try:
+            get("x")
+        except KeyError as e:
+            r = "caught " + str(e)
+        r
+    """)
+
+    def get(k):
+        raise KeyError(k)
+
+    r = await s.run(externals={"get": get})
+    assert r.ok and r.output.startswith("caught")
+
+
+async def test_externals_are_wrapped_to_their_declared_form():
+    s = script("""\
+        from grail import external
+        @external
+        async def a(x: int) -> int: ...
+        @external
+        def b(x: int) -> int: ...
+        [await a(1), b(2)]
+    """)
+    loop_thread = threading.get_ident()
+    seen = {}
+
+    def sync_for_async(x):  # sync implementation of an async declaration
+        return x + 10
+
+    async def async_for_sync(x):  # async implementation of a sync declaration: runs on the loop
+        seen["thread"] = threading.get_ident()
+        await asyncio.sleep(0)
+        return x + 20
+
+    r = await s.run(externals={"a": sync_for_async, "b": async_for_sync})
+    assert r.output == [11, 22], r.error
+    assert seen["thread"] == loop_thread
+
+
+async def test_external_returning_a_pydantic_model_is_converted():
+    class Item(BaseModel):
+        name: str
+
+    s = script('from grail import external\n@external\ndef item() -> dict: ...\nitem()["name"]\n')
+    r = await s.run(externals={"item": lambda: Item(name="x")})
+    assert r.output == "x"
+
+
+async def test_execution_error_points_at_the_users_line():
+    s = script('''\
+        """doc"""
+        from grail import Input
+        key: str = Input("key")
+
+        def inner(d):
+            return d[key]
+
+        def outer():
+            return inner({})
+
+        outer()
+    ''')
+    r = await s.run({"key": "missing"})
+    assert r.error.kind == "execution" and r.error.line == 6
+    assert r.error.message.startswith("KeyError: missing")
+    assert "line 11, in <module>: outer()" in r.error.message
+    assert "line 9, in outer" in r.error.message
+
+
+async def test_unsupported_construct_reaching_monty_is_a_check_error():
+    # code built at run time slips past the static check: Monty's parser reports it as it runs
+    r = await script('exec("def g():\\n    yield 1")\n').run()
+    assert r.error.kind == "check" and "yield" in r.error.message
+
+
+async def test_output_errors_pydantic_model_and_json_schema():
+    class Out(BaseModel):
+        writes: list[dict[str, str]]
+        message: str
+
+    s = script('{"writes": 123, "message": "m"}\n')
+    r = await s.run(output_model=Out)
+    assert r.error.kind == "output" and "result.writes" in r.error.message and "Out" in r.error.message
+
+    good = script('{"writes": [{"path": "a", "content": "b"}], "message": "m", "extra": 1}\n')
+    r = await good.run(output_model=Out)
+    assert r.ok and r.output == {"writes": [{"path": "a", "content": "b"}], "message": "m"}
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    assert (await script('{"n": 3}\n').run(output_model=schema)).output == {"n": 3}
+    r = await script('{"n": -1, "x": 1}\n').run(output_model=schema)
+    assert r.error.kind == "output"
+    assert "result.n: must be >= 0" in r.error.message and "result.x: unexpected property" in r.error.message
+    r = await script("1\n").run(output_model={"type": "integer", "if": {}})
+    assert r.error.kind == "output" and "cannot check" in r.error.message
+
+
+async def test_output_model_can_be_any_type():
+    assert (await script("[1, 2]\n").run(output_model=list[int])).output == [1, 2]
+    assert (await script("['a']\n").run(output_model=list[int])).error.kind == "output"
+
+
+async def test_all_script_error_kinds_are_known_kinds():
+    for kind in ("parse", "check", "input", "external", "execution", "limit", "output", "crashed"):
+        assert kind in ERROR_KINDS
+
+
+# ---- limits -----------------------------------------------------------------------------------------
+
+
+async def test_infinite_loop_under_strict_is_limit_duration():
+    r = await script("while True:\n    pass\n").run(limits="strict")
+    assert (r.error.kind, r.error.detail) == ("limit", "duration")
+    assert "500 ms" in r.error.message and "max_duration" in r.error.message
+    assert r.duration_ms < 3000
+
+
+async def test_memory_bomb_is_limit_memory():
+    r = await script("x = [0] * 10_000_000\nlen(x)\n").run(limits=Limits.strict())
+    assert (r.error.kind, r.error.detail, r.error.line) == ("limit", "memory", 1)
+    r = await script('s = "ab"\nwhile True:\n    s = s + s\n').run(limits="strict")
+    assert (r.error.kind, r.error.detail, r.error.line) == ("limit", "memory", 3)
+
+
+async def test_deep_recursion_is_limit_recursion():
+    r = await script("def f(n):\n    return f(n + 1)\nf(0)\n").run(limits="strict")
+    assert (r.error.kind, r.error.detail, r.error.line) == ("limit", "recursion", 2)
+    assert "120" in r.error.message
+
+
+async def test_recursion_within_the_limit_works():
+    r = await script("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\nf(100)\n").run(limits="strict")
+    assert r.output == 100
+
+
+async def test_too_many_host_calls_is_limit_suspensions():
+    s = script(
+        "from grail import external\n@external\ndef g(i: int) -> int: ...\nfor i in range(50):\n    g(i)\n"
+    )
+    r = await s.run(externals={"g": lambda i: i}, limits={"max_suspensions": 10})
+    assert (r.error.kind, r.error.detail, r.error.line) == ("limit", "suspensions", 5)
+    # file operations count too
+    files = {f"/d/{i}.txt": "x" for i in range(20)}
+    r = await script('import os\n[open("/d/" + n).read() for n in os.listdir("/d")]\n').run(
+        files=files, limits={"max_suspensions": 10}
+    )
+    assert (r.error.kind, r.error.detail) == ("limit", "suspensions")
+
+
+async def test_large_result_is_limit_output():
+    r = await script('"x" * 5000\n').run(limits={"max_output": "1kb"})
+    assert (r.error.kind, r.error.detail) == ("limit", "output")
+    assert "1 KB" in r.error.message
+    assert (await script('"x" * 500\n').run(limits={"max_output": "1kb"})).ok
+
+
+async def test_sleeping_counts_against_duration():
+    r = await script("import time\ntime.sleep(2)\n1\n").run(limits="strict")
+    assert (r.error.kind, r.error.detail) == ("limit", "duration")
+
+
+async def test_host_time_in_externals_is_not_sandbox_time():
+    async def slow():
+        await asyncio.sleep(0.6)
+        return 1
+
+    s = script("from grail import external\n@external\nasync def slow() -> int: ...\nawait slow()\n")
+    r = await s.run(externals={"slow": slow}, limits="strict")
+    assert r.output == 1
+
+
+# ---- files and environ ------------------------------------------------------------------------------
+
+
+FILES = {
+    "/workspace/notes.txt": "line1\nline2\n",
+    "/workspace/data/a.json": '{"k": 1}',
+    "/workspace/img.bin": b"\x00\x01",
+}
+
+
+async def test_virtual_files_open_pathlib_listdir():
+    s = script("""\
+        import json, os
+        from pathlib import Path
+        with open("/workspace/notes.txt") as f:
+            lines = [ln.strip() for ln in f]
+        {
+            "open": lines,
+            "pathlib": json.loads(Path("/workspace/data/a.json").read_text()),
+            "bytes": open("/workspace/img.bin", "rb").read(),
+            "listdir": sorted(os.listdir("/workspace")),
+            "exists": [os.path.exists("/workspace/data"), os.path.isdir("/workspace/data"),
+                       os.path.exists("/x")],
+            "glob": [str(p) for p in Path("/workspace").glob("**/*.json")],
+        }
+    """)
+    r = await s.run(files=FILES)
+    assert r.ok, r.error
+    assert r.output == {
+        "open": ["line1", "line2"],
+        "pathlib": {"k": 1},
+        "bytes": "\x00\x01",
+        "listdir": ["data", "img.bin", "notes.txt"],
+        "exists": [True, True, False],
+        "glob": ["/workspace/data/a.json"],
+    }
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        'open("/workspace/notes.txt", "w").write("x")',
+        'open("/workspace/new.txt", "a").write("x")',
+        'Path("/workspace/new.txt").write_text("x")',
+        'os.remove("/workspace/notes.txt")',
+        'os.mkdir("/workspace/d2")',
+        'Path("/workspace/notes.txt").rename("/workspace/n2.txt")',
+    ],
+)
+async def test_filesystem_is_read_only(write):
+    s = script(f"import os\nfrom pathlib import Path\n{write}\n")
+    r = await s.run(files=dict(FILES))
+    assert r.error.kind == "execution" and r.error.line == 3, r.error
+    assert "PermissionError" in r.error.message and "Read-only" in r.error.message
+    assert "return the changes" in r.error.message
+
+
+async def test_missing_file_lists_available_files():
+    r = await script('open("/workspace/nope.txt").read()\n').run(files=FILES)
+    assert r.error.kind == "execution" and "FileNotFoundError" in r.error.message
+    assert "/workspace/notes.txt" in r.error.message
+
+
+async def test_relative_file_paths_live_under_root():
+    r = await script('open("/notes/a.txt").read()\n').run(files={"notes/a.txt": "hi"})
+    assert r.output == "hi"
+
+
+async def test_environ():
+    s = script('import os\n[os.getenv("MODE"), os.getenv("NOPE", "dflt"), dict(os.environ)]\n')
+    r = await s.run(environ={"MODE": "test", "HOME": "/w"})
+    assert r.output == ["test", "dflt", {"MODE": "test", "HOME": "/w"}]
+    r = await s.run()
+    assert r.output == [None, "dflt", {}]
+
+
+# ---- events -----------------------------------------------------------------------------------------
+
+
+async def test_events_start_print_complete_in_order_with_durations():
+    events: list[ScriptEvent] = []
+    s = script('print("hello")\nimport sys\nprint("err", file=sys.stderr)\n42\n', name="ev")
+    r = await s.run(on_event=events.append)
+    assert r.output == 42
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "complete"
+    printed = [(e.stream, e.text) for e in events if e.kind == "print"]
+    assert "".join(t for _, t in printed) == "hello\nerr\n"
+    assert {s for s, _ in printed} == {"stdout", "stderr"}
+    assert all(e.script == "ev" for e in events)
+    assert events[0].worker_pid and events[-1].output_bytes == 2
+    assert events[-1].duration_ms >= events[0].duration_ms
+
+
+async def test_error_event_and_async_callback():
+    seen: list[ScriptEvent] = []
+
+    async def on_event(e: ScriptEvent) -> None:
+        await asyncio.sleep(0)
+        seen.append(e)
+
+    r = await script('print("before")\n1 / 0\n').run(on_event=on_event)
+    assert r.error.kind == "execution"
+    assert [e.kind for e in seen] == ["start", "print", "error"]
+    assert seen[-1].error == r.error and seen[1].text == "before\n"
+
+
+async def test_failing_callback_does_not_break_the_run():
+    def bad(_e):
+        raise RuntimeError("observer bug")
+
+    assert (await script("1 + 1\n").run(on_event=bad)).output == 2
+
+
+async def test_input_error_still_reports_start_and_error_events():
+    events = []
+    s = script('from grail import Input\nn: int = Input("n")\nn\n')
+    await s.run({}, on_event=events.append)
+    assert [e.kind for e in events] == ["start", "error"]
+
+
+async def test_concurrent_runs_are_isolated():
+    s = script('from grail import Input\nn: int = Input("n")\nimport os\n[n * n, os.getenv("N")]\n')
+    results = await asyncio.gather(*(s.run({"n": i}, environ={"N": str(i)}) for i in range(8)))
+    assert [r.output for r in results] == [[i * i, str(i)] for i in range(8)]
