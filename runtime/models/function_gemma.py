@@ -152,15 +152,12 @@ def decode_value(text: str) -> Any:
 
 # ---- the argument grammar --------------------------------------------------------------------
 
-# Text that never contains "<escape>": a small automaton over how much of "<escape>" was just seen.
+# Text that never contains "<escape>". TagDispatch with `excludes` is xgrammar's own construct for this
+# (the qwen_xml style uses it for `</parameter>`); it compiles far faster on a real vocabulary than an
+# equivalent hand-written automaton (bench/constraints.py, SmolLM2 vocabulary, 10 tools: ~1.5 s -> ~60 ms).
 _STRING_RULES = [
-    'fg_string ::= "<escape>" fg_s0 "<escape>"',
-    'fg_s0 ::= "" | [^<] fg_s0 | "<" fg_s1',
-    *(
-        f'fg_s{k} ::= "" | [^<{ESC[k]}] fg_s0 | "<" fg_s1 | "{ESC[k]}" fg_s{k + 1}'
-        for k in range(1, len(ESC) - 1)
-    ),
-    f'fg_s{len(ESC) - 1} ::= "" | [^<>] fg_s0 | "<" fg_s1',
+    'fg_string ::= "<escape>" fg_text "<escape>"',
+    'fg_text ::= TagDispatch(loop_after_dispatch=false, excludes=("<escape>"))',
 ]
 _BASE_RULES = [
     *_STRING_RULES,
