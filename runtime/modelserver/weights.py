@@ -28,6 +28,7 @@ log = logging.getLogger("runtime.modelserver")
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "SA_MODEL_CACHE"
+THREADS_ENV = "SA_MODEL_THREADS"
 _FORMAT_VERSION = "1"  # bump when the layout of a converted folder changes
 
 
@@ -127,15 +128,15 @@ def load_model(path: Path | None = None, *, threads: int | None = None) -> Loade
     """Load the model for decoding on CPU, converting and caching a GGUF on first use.
 
     `path` is a GGUF file or an already converted transformers folder; None means the bundled SmolLM2.
-    `threads` defaults to min(2, cpu_count): this model is too small to gain from more, and oversubscribed
-    threads stall each other badly when another process holds a core.
+    `threads` defaults to `$SA_MODEL_THREADS`, else min(2, cpu_count): this model is too small to gain from
+    more, and oversubscribed threads stall each other badly when another process holds a core.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor progress bars would drown the one timing line we log
-    torch.set_num_threads(threads or min(2, os.cpu_count() or 1))
+    torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV) or min(2, os.cpu_count() or 1)))
     started = time.perf_counter()
     source = Path(path) if path is not None else default_gguf_path()
     converted = False
