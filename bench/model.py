@@ -1,0 +1,181 @@
+"""Speed of the embedded model server's engine: load, decode with and without a grammar, mask cost, compile.
+
+Run: `.venv/bin/python bench/model.py [--tokens 64] [--reps 3] [--cold]`. It drives `Engine` in-process (no
+HTTP) so the numbers are the model's and the grammar's, not the network's. The machine's load average is
+printed first because on a shared 2-core box other processes change these numbers several-fold.
+
+Aims from issue 4: >= 20 tok/s greedy and <= 10 % per-token grammar overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from runtime.modelserver.constraints import Constraint, GrammarCache
+from runtime.modelserver.engine import Engine, SamplingParams
+from runtime.modelserver.weights import CACHE_ENV, load_model
+
+
+def _tool(name: str, props: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": name},
+            "arguments": {
+                "type": "object",
+                "properties": props,
+                "required": list(props),
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+S40 = {"type": "string", "minLength": 1, "maxLength": 40}
+TOOLS_SCHEMA = {
+    "anyOf": [
+        _tool("get_weather", {"city": S40, "unit": {"enum": ["celsius", "fahrenheit"]}}),
+        _tool("search_web", {"query": S40, "max_results": {"type": "integer", "minimum": 1, "maximum": 10}}),
+        _tool("read_file", {"path": S40}),
+    ]
+}
+TEN_TOOLS_SCHEMA = {"anyOf": [_tool(f"tool_{i}", {"a": S40, "b": {"type": "integer"}}) for i in range(10)]}
+EBNF = r"""
+root ::= "<tool_call>" call "</tool_call>"
+call ::= weather | read
+weather ::= "{\"name\": \"get_weather\", \"arguments\": {\"city\": " s "}}"
+read ::= "{\"name\": \"read_file\", \"arguments\": {\"path\": " s "}}"
+s ::= "\"" [a-zA-Z0-9 ,./_-]{1,40} "\""
+"""
+SYSTEM = (
+    "You are a function-calling assistant. Answer with one tool call as JSON. Tools: "
+    "get_weather(city, unit), search_web(query, max_results), read_file(path)."
+)
+FREE_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
+TOOL_PROMPT = "What's the weather in Paris right now?"
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _decode(engine: Engine, prompt: list[int], tokens: int, grammar: Any) -> tuple[float, float, float, int]:
+    """(tok/s, seconds per token, mask seconds per token, tokens) for one greedy generation."""
+    for _ in engine.generate(prompt, SamplingParams(max_tokens=tokens, temperature=0.0), grammar):
+        pass
+    s = engine.stats
+    n = max(s.completion_tokens, 1)
+    per_token = s.decode_seconds / n
+    return n / s.decode_seconds, per_token, s.mask_seconds / n, n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tokens", type=int, default=64, help="max new tokens per decode")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (the median is reported)")
+    p.add_argument("--cold", action="store_true", help="also time a cold GGUF conversion into a temp cache")
+    a = p.parse_args()
+
+    rows: list[tuple[str, str]] = [("load average at start (1/5/15 min)", _loadavg())]
+    if a.cold:
+        with tempfile.TemporaryDirectory() as tmp:
+            old = os.environ.get(CACHE_ENV)
+            os.environ[CACHE_ENV] = tmp
+            try:
+                cold = load_model()
+            finally:
+                if old is None:
+                    os.environ.pop(CACHE_ENV)
+                else:
+                    os.environ[CACHE_ENV] = old
+            rows.append(("load, cold (GGUF -> safetensors conversion)", f"{cold.load_seconds:.2f} s"))
+            del cold
+    first = load_model()
+    label = "load, cold (cache was empty: converted)" if first.converted else "load, cached safetensors"
+    rows.append((label, f"{first.load_seconds:.2f} s"))
+    if first.converted:
+        again = load_model()
+        rows.append(("load, cached safetensors", f"{again.load_seconds:.2f} s"))
+    import torch
+
+    rows.append(("torch threads", str(torch.get_num_threads())))
+    engine = Engine(first)
+
+    # grammar compile on the real 49k vocabulary (fresh cache each, so nothing is reused)
+    for name, c in [
+        ("3-tool JSON schema", Constraint("json", json.dumps(TOOLS_SCHEMA))),
+        ("10-tool JSON schema", Constraint("json", json.dumps(TEN_TOOLS_SCHEMA))),
+        ("EBNF (2 tools, hermes tags)", Constraint("grammar", EBNF)),
+    ]:
+        cache = GrammarCache(engine.tokenizer_info)
+        t = time.perf_counter()
+        cache.compile(c)
+        cold_ms = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
+        cache.compile(c)
+        hit_ms = (time.perf_counter() - t) * 1000
+        rows.append((f"compile {name}", f"{cold_ms:.0f} ms (cached: {hit_ms:.3f} ms)"))
+
+    free = engine.render_prompt([{"role": "user", "content": FREE_PROMPT}])
+    tool = engine.render_prompt(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TOOL_PROMPT}]
+    )
+    grammar = engine.grammars.compile(Constraint("json", json.dumps(TOOLS_SCHEMA)))
+    _decode(engine, free, 8, None)  # warm-up: first forwards allocate and pick kernels
+
+    plain = [_decode(engine, free, a.tokens, None) for _ in range(a.reps)]
+    first_token = []
+    for _ in range(a.reps):
+        _decode(engine, tool, 1, None)
+        first_token.append(engine.stats.first_token_seconds)
+    ttft = statistics.median(first_token)
+    plain_tool = [_decode(engine, tool, a.tokens, None) for _ in range(a.reps)]
+    masked = [_decode(engine, tool, a.tokens, grammar) for _ in range(a.reps)]
+
+    def med(xs: list[tuple[float, float, float, int]], i: int) -> float:
+        return statistics.median(x[i] for x in xs)
+
+    rows.append(
+        (f"greedy decode, no grammar (free text, {med(plain, 3):.0f} tok)", f"{med(plain, 0):.1f} tok/s")
+    )
+    rows.append(
+        (
+            f"greedy decode, no grammar (tool prompt, {med(plain_tool, 3):.0f} tok)",
+            f"{med(plain_tool, 0):.1f} tok/s",
+        )
+    )
+    rows.append(
+        (f"greedy decode, 3-tool JSON schema ({med(masked, 3):.0f} tok)", f"{med(masked, 0):.1f} tok/s")
+    )
+    overhead = (med(masked, 1) / med(plain_tool, 1) - 1) * 100
+    rows.append(("grammar overhead per token (end to end, same prompt)", f"{overhead:+.1f} %"))
+    mask = med(masked, 2)
+    rows.append(
+        (
+            "mask cost per token (fill bitmask + apply + accept)",
+            f"{mask * 1000:.3f} ms = {mask / med(masked, 1):.1%}",
+        )
+    )
+    rows.append((f"time to first token ({len(tool)}-token prompt)", f"{ttft * 1000:.0f} ms"))
+    rows.append(("load average at end", _loadavg()))
+
+    width = max(len(k) for k, _ in rows)
+    print(f"{'measure':<{width}} | value")
+    print(f"{'-' * width}-|------")
+    for k, v in rows:
+        print(f"{k:<{width}} | {v}")
+
+
+if __name__ == "__main__":
+    main()
