@@ -1,0 +1,75 @@
+"""The agent host: actors, the run driver (effect runner), recovery, commands. See `runtime.host.host`.
+
+    agents = load_agents(["bundles/demo"], local_model_url=url)     # bundle name -> AgentRuntime
+    host = Host(nc, agents)
+    await host.run(stop)                                              # `sa host`, `sa up`
+
+Modules, one concept each:
+
+- `host`     — the `Host`: consumers per partition, actors and mailboxes, ack points, recovery, bad input
+- `driver`   — `RunDriver`: one run's kernel loop; appends with OCC; model calls; tool jobs; outcomes
+- `commands` — what may be published to `agents.<agent>.tasks` (task, cancel, approve, deny); run ids
+- `agent`    — `AgentRuntime`: one bundle's kernel config, model step and model client
+- `pull`     — a continuous pull consumer that hands over each message as it arrives
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from runtime import bus
+from runtime.host.agent import AgentRuntime, build_agent
+from runtime.host.commands import BadCommand, actor_key, run_id_for, split_actor
+from runtime.host.driver import RunDriver, Superseded
+from runtime.host.host import Host, HostConfig, HostStats
+
+
+def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = None,
+                client: Any = None) -> dict[str, AgentRuntime]:
+    """Load and validate every bundle (raises `BundleError` listing every problem of the first bad one)."""
+    from runtime.bundle import load_bundle
+
+    agents: dict[str, AgentRuntime] = {}
+    for path in bundles:
+        bundle = load_bundle(path)
+        if bundle.name in agents:
+            raise ValueError(f"two bundles are named {bundle.name!r}: {agents[bundle.name].bundle.path} "
+                             f"and {bundle.path}")
+        agents[bundle.name] = build_agent(bundle, local_model_url=local_model_url, client=client)
+    return agents
+
+
+async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime], *,
+                stop: anyio.Event | None = None, config: HostConfig | None = None,
+                on_ready: Callable[[Host], Any] | None = None, partitions: int = bus.DEFAULT_PARTITIONS,
+                **topology: Any) -> HostStats:
+    """Connect, make sure the topology exists, run a host until `stop`; return its counters."""
+    nc = await bus.connect(servers, name="sa-host")
+    try:
+        js = nc.jetstream()
+        try:
+            await bus.read_topology(js)
+        except Exception:
+            await bus.ensure_topology(js, partitions=partitions, **topology)
+        host = Host(nc, agents, config=config)
+        stop = stop or anyio.Event()
+        async with anyio.create_task_group() as tg:
+            async def announce() -> None:
+                await host.ready.wait()
+                if on_ready is not None:
+                    on_ready(host)
+
+            tg.start_soon(announce)
+            await host.run(stop)
+            tg.cancel_scope.cancel()
+        return host.stats
+    finally:
+        await bus.close(nc)
+
+
+__all__ = ["AgentRuntime", "BadCommand", "Host", "HostConfig", "HostStats", "RunDriver", "Superseded",
+           "actor_key", "build_agent", "load_agents", "run_id_for", "serve", "split_actor"]

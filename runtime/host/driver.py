@@ -1,0 +1,301 @@
+"""One run, driven: the host's effect runner for the kernel (the distributed twin of `runtime.loop`).
+
+    state = fold(events)          # a new run: just `run.started`; a recovered run: its whole log
+    loop:  apply what arrived     # tool outcomes, cancel / approve / deny commands
+           effects = decide(state)
+           perform them           # model calls here; tool calls as jobs on TOOLS; endings
+           nothing to perform? -> wait for the inbox (or the deadline)
+
+Every event goes through `append`: the next `seq`, `Nats-Msg-Id = <run>/<seq>`, and the expected last
+stream sequence of the run's subjects (`bus.occ_headers`). So the driver is the single writer of its run
+(DESIGN rule 4): if another host appended in between, the append fails with 10071 and this driver stops
+(`Superseded`) instead of writing a second branch. A retried append whose first attempt did land is
+recognised (its Msg-Id is already the run's last) and not written twice.
+
+What is never done twice (the recovery contract of `runtime.kernel`):
+* a model call whose reply is in the log (`decide` does not return it); a `model.requested` already
+  recorded for the current attempt is not recorded again, the call is simply made;
+* a tool job: re-published with the same Msg-Id `<run>/<call>` (deduplicated by TOOLS within its window;
+  beyond it the workers' `applied` markers keep writes exactly-once), and `tool.called` is recorded once;
+* an outcome: a second outcome for a call that already has a result is acked and dropped without an
+  event (the kernel would ignore it anyway; the log stays clean).
+
+A RESULTS message is acked only after its events are appended: a host killed in between gets it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import BadRequestError, NotFoundError
+
+from runtime import bus, kernel
+from runtime import events as ev
+from runtime.host.agent import AgentRuntime
+from runtime.jobs import ToolJob, ToolOutcome
+from runtime.types import ToolError
+
+log = logging.getLogger("runtime.host")
+
+APPEND_RETRY_S = 0.25
+
+
+class Superseded(RuntimeError):
+    """Another writer appended to this run (rule 4): this driver must stop."""
+
+
+@dataclass
+class Inbound:
+    """Something for a run from outside: a tool outcome or a command, with the message to ack after."""
+
+    item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny
+    msg: Msg | None = None
+
+
+class RunDriver:
+    """Drives one run to its end (see the module docstring). Created by an actor; fed by the host."""
+
+    def __init__(self, js: JetStreamContext, agent: AgentRuntime, actor: str, run_id: str, partition: int,
+                 *, state: kernel.State, last_seq: int, on_event: Callable[[ev.Event], Any] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.js, self.agent, self.actor, self.run_id, self.partition = js, agent, actor, run_id, partition
+        self.state, self.last_seq = state, last_seq
+        self.task_id: str | None = None  # for the runs index
+        self.on_event, self.clock = on_event, clock
+        self.inbox: deque[Inbound] = deque()
+        self._wake = anyio.Event()
+        self.in_flight: set[str] = set()  # call ids whose job this driver published and that have no result
+        self._model_scope: anyio.CancelScope | None = None
+        self._cancelling = False
+
+    # -- fed by the host ---------------------------------------------------------------------------------
+
+    def deliver(self, item: Inbound) -> None:
+        self.inbox.append(item)
+        if isinstance(item.item, ev.Cancel):
+            self._cancelling = True
+            if self._model_scope is not None:
+                self._model_scope.cancel()  # a cancel must not wait for a slow model
+        self._wake.set()
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    async def run(self) -> kernel.State:
+        """Drive until the run is over; returns the final state. Raises `Superseded` on a lost OCC race."""
+        while not self.state.done:
+            await self._drain_inbox()
+            if self.state.done:
+                break
+            progressed = False
+            for effect in kernel.decide(self.state):
+                if self.state.done or self._cancelling:
+                    break
+                progressed |= await self._perform(effect)
+            if not progressed and not self.state.done and not self._cancelling:
+                await self._wait()
+        await self._drain_inbox()  # ack whatever arrived for a run that is over
+        return self.state
+
+    async def _wait(self) -> None:
+        """Block until something arrives; at the deadline, record why the pending work timed out."""
+        if self.inbox:
+            return
+        self._wake = anyio.Event()
+        deadline = self.state.deadline
+        if deadline is None:
+            await self._wake.wait()
+            return
+        with anyio.move_on_after(max(deadline - self.clock(), 0.0)):
+            await self._wake.wait()
+            return
+        await self._deadline_passed()
+
+    async def _deadline_passed(self) -> None:
+        """Give the kernel an event past the deadline: the calls still out fail with `timeout`; a call
+        waiting for an approver is denied. The next `decide` then ends the run with `deadline`."""
+        turn = self.state.turn
+        if turn is None:
+            return
+        for call in turn.calls:
+            if call.id in turn.results:
+                continue
+            if call.id in self.in_flight or call.id in turn.called:
+                await self.append(ev.ToolFailed, call_id=call.id, tool=call.name, error=ToolError(
+                    "timeout", f"{call.name} did not finish before the task's deadline"))
+                self.in_flight.discard(call.id)
+            elif call.id in turn.approvals_requested and call.id not in turn.approvals:
+                await self.append(ev.ApprovalDenied, call_id=call.id, reason="the task's deadline passed",
+                                  by="deadline")
+
+    async def _drain_inbox(self) -> None:
+        while self.inbox:
+            item = self.inbox.popleft()
+            try:
+                await self._apply(item.item)
+            finally:
+                if item.msg is not None:
+                    await _ack(item.msg)
+
+    async def _apply(self, item: Any) -> None:
+        state = self.state
+        if isinstance(item, ToolOutcome):
+            self.in_flight.discard(item.call_id)
+            turn = state.turn
+            if state.done or turn is None or turn.call(item.call_id) is None or item.call_id in turn.results:
+                log.debug("run %s: outcome of %s changes nothing (duplicate or stale)", self.run_id,
+                          item.call_id)
+                return
+            for event in item.events(state.seq):
+                fields = {f: getattr(event, f) for f in event.__struct_fields__
+                          if f not in ("run_id", "seq", "ts", "agent", "v")}
+                await self.append(type(event), ts=event.ts, **fields)
+        elif isinstance(item, ev.Cancel):
+            self._cancelling = False
+            if not state.done:
+                await self.append(ev.RunCancelled, reason=item.reason or "cancelled", by=item.by or "command")
+        elif isinstance(item, ev.Approve | ev.Deny):
+            turn = state.turn
+            if state.done or turn is None or item.call_id not in turn.approvals_requested or \
+                    item.call_id in turn.approvals:
+                log.info("run %s: %s for %s changes nothing", self.run_id, type(item).__name__, item.call_id)
+                return
+            if isinstance(item, ev.Approve):
+                await self.append(ev.ApprovalGranted, call_id=item.call_id, by=item.by)
+            else:
+                await self.append(ev.ApprovalDenied, call_id=item.call_id, reason=item.reason, by=item.by)
+
+    # -- effects -----------------------------------------------------------------------------------------
+
+    async def _perform(self, effect: kernel.Effect) -> bool:
+        """Perform one effect; True if it appended something (the state moved)."""
+        match effect:
+            case kernel.CallModel():
+                await self._call_model(effect)
+                return True
+            case kernel.CallTools():
+                return await self._dispatch(effect)
+            case kernel.DenyCall():
+                await self.append(ev.ToolFailed, call_id=effect.call.id, tool=effect.call.name,
+                                  error=effect.error)
+            case kernel.RequestApproval():
+                await self.append(ev.ApprovalRequested, call=effect.call)
+            case kernel.EndTurn():
+                await self.append(ev.TurnCompleted, turn=effect.turn, calls_ok=effect.calls_ok,
+                                  calls_failed=effect.calls_failed)
+            case kernel.Complete():
+                await self.append(ev.RunCompleted, output=effect.output)
+            case kernel.Fail():
+                await self.append(ev.RunFailed, reason=effect.reason, detail=effect.detail)
+        return True
+
+    async def _call_model(self, effect: kernel.CallModel) -> None:
+        turn = self.state.turn
+        if not (turn is not None and turn.requested):  # recovered after `model.requested`: don't record twice
+            await self.append(ev.ModelRequested, **self.agent.step.requested(effect))
+        left = effect.deadline - self.clock() if effect.deadline is not None else None
+        with anyio.CancelScope() as scope:
+            self._model_scope = scope
+            try:
+                cls, fields = await self.agent.step.call(self.agent.client, effect, self.run_id, timeout=left)
+            finally:
+                self._model_scope = None
+        if scope.cancelled_caught:
+            return  # a cancel arrived: the inbox records it
+        await self.append(cls, **fields)
+
+    async def _dispatch(self, effect: kernel.CallTools) -> bool:
+        """Publish a job for each call not yet out, keeping at most `max_concurrent` of this run's out."""
+        progressed = False
+        turn = self.state.turn
+        for call in effect.calls:
+            if call.id in self.in_flight:
+                continue
+            if len(self.in_flight) >= effect.max_concurrent:
+                break
+            if turn is not None and call.id not in turn.called:
+                await self.append(ev.ToolCalled, call=call)
+                progressed = True
+            job = ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
+                          arguments=dict(call.arguments), partition=self.partition,
+                          limits=self.agent.job_limits(call.name), workspace=self.agent.bundle.workspace,
+                          deadline=effect.deadline, tool_digest=self.agent.tool_digest(call.name))
+            await self._publish_job(job)
+            self.in_flight.add(call.id)
+        return progressed
+
+    async def _publish_job(self, job: ToolJob) -> None:
+        while True:
+            try:
+                await self.js.publish(job.subject, job.encode(), headers=job.headers())
+                return
+            except BadRequestError:
+                raise
+            except Exception as e:  # NATS unavailable (leader election, reconnect): same Msg-Id, retry
+                log.warning("run %s: publishing job %s failed (%s); retrying", self.run_id, job.msg_id, e)
+                await anyio.sleep(APPEND_RETRY_S)
+
+    # -- the log -----------------------------------------------------------------------------------------
+
+    async def append(self, cls: type, *, ts: float | None = None, **fields: Any) -> ev.Event:
+        """Append one event as the run's single writer, then fold it (see the module docstring)."""
+        event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock() if ts is None else ts,
+                    agent=self.actor, **fields)
+        self.last_seq = await append_event(self.js, self.actor, self.run_id, self.last_seq, event)
+        self.state = kernel.evolve(self.state, event)
+        if self.on_event is not None:
+            self.on_event(event)
+        return event
+
+
+async def append_event(js: JetStreamContext, actor: str, run_id: str, last_seq: int, event: ev.Event) -> int:
+    """Append `event` to its run expecting `last_seq` as the run's last stream sequence; return the new one.
+
+    Retries through NATS outages with the same Msg-Id and expectation (idempotent); raises `Superseded`
+    when another writer got there first.
+    """
+    msg_id = f"{run_id}/{event.seq}"
+    subject = bus.event_subject(actor, run_id, ev.kind_of(event))
+    data = ev.encode(event)
+    headers = bus.occ_headers(actor, run_id, last_seq, msg_id)
+    while True:
+        try:
+            ack = await js.publish(subject, data, headers=headers)
+            return ack.seq
+        except BadRequestError as e:
+            if e.err_code != bus.ERR_WRONG_LAST_SEQUENCE:
+                raise
+            landed = await _last_of_run(js, actor, run_id)
+            if landed is not None and landed[1] == msg_id:
+                return landed[0]  # our own earlier attempt landed; its ack was lost
+            raise Superseded(f"run {run_id}: another writer appended (expected last sequence {last_seq})") \
+                from None
+        except Exception as e:  # timeouts, no responders during an election, reconnects
+            log.warning("run %s: append of seq %d failed (%s: %s); retrying", run_id, event.seq,
+                        type(e).__name__, e)
+            await anyio.sleep(APPEND_RETRY_S)
+
+
+async def _last_of_run(js: JetStreamContext, actor: str, run_id: str) -> tuple[int, str] | None:
+    try:
+        msg = await js.get_last_msg(bus.EVENTS, bus.run_events_filter(actor, run_id), direct=True)
+    except NotFoundError:
+        return None
+    return msg.seq, (msg.headers or {}).get(bus.HDR_MSG_ID, "")
+
+
+async def _ack(msg: Msg) -> None:
+    try:
+        await msg.ack()
+    except Exception as e:  # the connection dropped: the message is redelivered and found a no-op
+        log.debug("ack failed: %s", e)
+
+
+__all__ = ["Inbound", "RunDriver", "Superseded", "append_event"]

@@ -1,0 +1,155 @@
+"""Shared pieces of the runtime tests: a calculator bundle, a deterministic scripted model, and an
+in-process host + worker on a real nats-server (imported by tests/test_host*.py, test_replay*.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from runtime import bus
+from runtime import events as ev
+from runtime.client import ModelClient
+from runtime.host import Host, HostConfig, load_agents
+from runtime.replay import follow
+from runtime.testing import ScriptedModelServer, last_message
+from runtime.worker import Worker, build_registry
+
+AGENTS = Path(__file__).parents[1] / "agents"
+
+SUBMIT = '''\
+"""Finish the task with its answer."""
+from grail import Input
+
+answer: str = Input("answer", description="the final answer")
+
+{"answer": answer}
+'''
+
+NOTE = '''\
+"""Append a line to /data/log.txt in the workspace (read, then return the write for the host)."""
+from grail import Input
+
+line: str = Input("line")
+spin: int = Input("spin", default=0)
+
+total = 0
+for i in range(spin):
+    total += i
+old = ""
+try:
+    old = open("/data/log.txt").read()
+except FileNotFoundError:
+    old = ""
+new = old + line + "\\n"
+{"writes": [{"path": "/data/log.txt", "content": new}], "lines": len(new.splitlines())}
+'''
+
+
+def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("calculator",),
+                 extra: str = "") -> Path:
+    """A bundle using the hermes adapter with `agents/calculator.pym` (and/or a workspace `note` tool)
+    plus a `submit` terminal tool; returns the bundle file."""
+    folder = root / name
+    (folder / "tools").mkdir(parents=True, exist_ok=True)
+    (folder / "tools" / "submit.pym").write_text(SUBMIT)
+    entries = ["  - tools/submit.pym"]
+    if "calculator" in tools:
+        entries.append(f"  - {AGENTS / 'calculator.pym'}")
+    if "note" in tools:
+        (folder / "tools" / "note.pym").write_text(NOTE)
+        entries.append("  - tools/note.pym")
+    text = (f"name: {name}\nsystem_prompt: You compute things with tools.\n"
+            "model: {adapter: hermes, base_url: 'http://127.0.0.1:9/v1', name: scripted}\n"
+            "constraint: {strategy: ebnf}\n"
+            "tools:\n" + "\n".join(entries) + "\n"
+            "termination: {terminal_tool: submit, max_turns: 6}\n" + extra)
+    path = folder / "bundle.yaml"
+    path.write_text(text)
+    return path
+
+
+def hermes_call(name: str, arguments: dict[str, Any]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def calc_responder(body: dict[str, Any]) -> str:
+    """Deterministic per conversation (safe for many concurrent agents): a task `compute: <expr>` gets a
+    calculator call, a `note: <line>` task a note call, and any tool response a submit of what it said."""
+    last = last_message(body)
+    if "<tool_response>" in last:
+        m = re.search(r'"value": ([^,}\s]+)', last) or re.search(r'"lines": (\d+)', last)
+        return hermes_call("submit", {"answer": m.group(1) if m else last[-40:]})
+    task = last_message(body, "user")
+    if task.startswith("note:"):
+        line = task.split(":", 1)[1].strip()
+        spin = 0
+        if "|spin=" in line:
+            line, spin_s = line.split("|spin=")
+            spin = int(spin_s)
+        return hermes_call("note", {"line": line, "spin": spin})
+    expr = task.split(":", 1)[1].strip() if ":" in task else task
+    return hermes_call("calculator", {"expression": expr})
+
+
+@dataclass
+class Env:
+    url: str
+    js: Any
+    host: Host | None
+    server: ScriptedModelServer
+    events: list[ev.Event]
+
+    async def wait_run(self, run_id: str, timeout: float = 60.0) -> list[ev.Event]:
+        """Every event of the run up to and including its terminal event."""
+        out: list[ev.Event] = []
+        with anyio.fail_after(timeout):
+            async for e in follow(self.js, run_id):
+                out.append(e)
+        return out
+
+
+@asynccontextmanager
+async def running_host(url: str, bundles: list[Path], server: ScriptedModelServer, *,
+                       config: HostConfig | None = None) -> AsyncIterator[Host]:
+    nc = await bus.connect(url, name="test-host")
+    client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+    agents = load_agents(bundles, client=client)
+    seen: list[ev.Event] = []
+    host = Host(nc, agents, config=config or HostConfig(task_ack_wait=2.0), on_event=seen.append)
+    host.seen = seen  # type: ignore[attr-defined]
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run, stop)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            yield host
+            stop.set()
+    finally:
+        await client.aclose()
+        await bus.close(nc)
+
+
+@asynccontextmanager
+async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) -> AsyncIterator[Worker]:
+    nc = await bus.connect(url, name="test-worker")
+    worker = Worker(nc.jetstream(), build_registry(bundles=bundles), concurrency=concurrency)
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run, stop)
+            yield worker
+            stop.set()
+    finally:
+        await bus.close(nc)
+
+
+def kinds(events: list[ev.Event]) -> list[str]:
+    return [ev.kind_of(e) for e in events]
