@@ -20,16 +20,17 @@ must only fold without error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from runtime import bus
+from runtime import bus, kernel
 from runtime import events as ev
 
 # ---------------------------------------------------------------------------------------------------------
@@ -115,3 +116,225 @@ async def follow(js: JetStreamContext, run_id: str, agent: str | None = None) ->
     finally:
         await sub.unsubscribe()
         send.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rendering
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _short(value: Any, width: int = 90) -> str:
+    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe(event: ev.Event) -> str:
+    """One line saying what an event records (the timeline's detail column, `sa send --follow`)."""
+    match event:
+        case ev.RunStarted():
+            deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
+            return f"task {_short(event.input, 70)!s}{deadline}  bundle {event.bundle_digest or '-'}"
+        case ev.ModelRequested():
+            again = f" attempt {event.attempt}" if event.attempt else ""
+            return (f"turn {event.turn}{again}: +{len(event.messages)} message(s), "
+                    f"context from {event.context_start}")
+        case ev.ModelResponded():
+            usage = event.usage
+            head = f"{event.latency_ms:.0f} ms, {usage.prompt_tokens}+{usage.completion_tokens} tok"
+            if event.parse_error:
+                return f"{head}; unparseable: {_short(event.parse_error, 60)}"
+            if event.calls:
+                calls = ", ".join(f"{c.name}({_short(c.arguments, 50)})" for c in event.calls)
+                return f"{head}; calls {calls}"
+            return f"{head}; says {_short(event.content or event.text, 60)}"
+        case ev.ModelFailed():
+            return f"{event.error_kind}: {_short(event.error, 80)}"
+        case ev.ToolCalled():
+            return f"{event.call.id.rsplit('/', 1)[-1]} {event.call.name}({_short(event.call.arguments, 60)})"
+        case ev.ScriptStarted():
+            return f"{event.tool} on {event.worker or 'a worker'}"
+        case ev.ScriptPrinted():
+            return f"{event.tool}: {_short(event.text, 70)}"
+        case ev.ScriptCompleted():
+            return f"{event.tool} in {event.duration_ms:.1f} ms"
+        case ev.ScriptFailed():
+            return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 60)}"
+        case ev.ToolCompleted():
+            return f"{event.tool} {event.duration_ms:.1f} ms -> {_short(event.output, 60)}"
+        case ev.ToolFailed():
+            return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 70)}"
+        case ev.TurnCompleted():
+            return f"turn {event.turn}: {event.calls_ok} ok, {event.calls_failed} failed"
+        case ev.RunCompleted():
+            return f"output {_short(event.output, 80)}"
+        case ev.RunFailed():
+            return f"{event.reason}{': ' + _short(event.detail, 70) if event.detail else ''}"
+        case ev.RunCancelled():
+            return f"{event.reason}{' by ' + event.by if event.by else ''}"
+        case ev.ApprovalRequested():
+            return f"{event.call.name}({_short(event.call.arguments, 60)}) waits for approval"
+        case ev.ApprovalGranted() | ev.ApprovalDenied():
+            return f"{event.call_id}{' by ' + event.by if event.by else ''}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Summary:
+    status: str
+    events: int
+    turns: int
+    model_calls: int
+    tool_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    model_ms: float
+    tool_ms: float
+    wall_s: float
+
+
+def summarize(events: Sequence[ev.Event]) -> Summary:
+    """Totals of a run's log: what the timeline footer and `--json` report."""
+    status = "running"
+    for e in events:
+        if isinstance(e, ev.RunCompleted | ev.RunFailed | ev.RunCancelled):
+            status = ev.kind_of(e).split(".", 1)[1]
+    responded = [e for e in events if isinstance(e, ev.ModelResponded)]
+    tools = [e for e in events if isinstance(e, ev.ToolCompleted | ev.ToolFailed)]
+    return Summary(
+        status=status, events=len(events), turns=sum(isinstance(e, ev.TurnCompleted) for e in events),
+        model_calls=len(responded) + sum(isinstance(e, ev.ModelFailed) for e in events),
+        tool_calls=sum(isinstance(e, ev.ToolCalled) for e in events),
+        prompt_tokens=sum(e.usage.prompt_tokens for e in responded),
+        completion_tokens=sum(e.usage.completion_tokens for e in responded),
+        model_ms=sum(e.latency_ms for e in responded), tool_ms=sum(e.duration_ms for e in tools),
+        wall_s=(events[-1].ts - events[0].ts) if events else 0.0)
+
+
+_STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
+          "approval": "green"}
+
+
+def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
+    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption."""
+    from rich.table import Table
+
+    t0 = events[0].ts if events else 0.0
+    s = summarize(events)
+    table = Table(title=title or None, show_lines=False, header_style="bold", expand=False,
+                  caption=(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
+                           f"{s.model_calls} model call(s) "
+                           f"{s.model_ms:.0f} ms · {s.tool_calls} tool call(s) {s.tool_ms:.0f} ms · "
+                           f"tokens {s.prompt_tokens}+{s.completion_tokens} · {s.wall_s:.2f} s"))
+    table.add_column("seq", justify="right")
+    table.add_column("+ms", justify="right")
+    table.add_column("event")
+    table.add_column("detail", overflow="fold")
+    for e in events:
+        kind = ev.kind_of(e)
+        style = "red" if kind in ("run.failed", "model.failed", "tool.failed", "script.failed") else \
+            _STYLE.get(kind.split(".")[0], "")
+        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", f"[{style}]{kind}[/]" if style else kind,
+                      describe(e))
+    return table
+
+
+# ---------------------------------------------------------------------------------------------------------
+# verifying
+# ---------------------------------------------------------------------------------------------------------
+
+# Events the runner writes on its own initiative, so `decide` must have asked for them.
+_PREDICTED = ("model.requested", "tool.called", "approval.requested", "turn.completed", "run.completed",
+              "run.failed")
+
+
+@dataclass
+class Verification:
+    """What `verify` found: every predicted event checked against `decide`, and any mismatch."""
+
+    checked: int = 0
+    inputs: int = 0
+    problems: list[str] = field(default_factory=list)
+    final: kernel.State | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _expected(state: kernel.State, e: ev.Event) -> str | None:
+    """None if `decide(state)` asked for event `e`, else why not."""
+    effects = kernel.decide(state)
+    match e:
+        case ev.ModelRequested():
+            for f in effects:
+                if isinstance(f, kernel.CallModel) and f.id == e.request_id:
+                    if tuple(f.new_messages) != tuple(e.messages) or f.context_start != e.context_start:
+                        return f"model request {e.request_id}: the recorded prompt differs from the kernel's"
+                    return None
+        case ev.ToolCalled():
+            if any(isinstance(f, kernel.CallTools) and any(c.id == e.call.id for c in f.calls)
+                   for f in effects):
+                return None
+        case ev.ToolFailed():
+            if any(isinstance(f, kernel.DenyCall) and f.call.id == e.call_id and f.error == e.error
+                   for f in effects):
+                return None
+        case ev.ApprovalRequested():
+            if any(isinstance(f, kernel.RequestApproval) and f.call.id == e.call.id for f in effects):
+                return None
+        case ev.TurnCompleted():
+            if any(isinstance(f, kernel.EndTurn) and f.turn == e.turn and f.calls_ok == e.calls_ok
+                   for f in effects):
+                return None
+        case ev.RunCompleted():
+            if any(isinstance(f, kernel.Complete) and f.output == e.output for f in effects):
+                return None
+        case ev.RunFailed():
+            if any(isinstance(f, kernel.Fail) and f.reason == e.reason for f in effects):
+                return None
+    wanted = ", ".join(type(f).__name__ + f"({getattr(f, 'id', '')})" for f in effects) or "nothing"
+    return f"seq {e.seq} {ev.kind_of(e)}: the kernel asked for {wanted}"
+
+
+def verify(config: kernel.KernelConfig, events: Sequence[ev.Event]) -> Verification:
+    """Re-fold `events` with the kernel; check `decide` predicted every event the runner chose to write."""
+    out = Verification()
+    state = kernel.initial(config)
+    for e in events:
+        kind = ev.kind_of(e)
+        is_outcome = isinstance(e, ev.ToolFailed) and state.turn is not None and (
+            e.call_id in state.turn.called)  # a tool's own failure (or a timeout), not a denial
+        if kind in _PREDICTED or (isinstance(e, ev.ToolFailed) and not is_outcome):
+            if isinstance(e, ev.RunFailed) and e.reason == "unknown_agent":
+                out.inputs += 1  # the host's verdict on the task, not the kernel's
+            else:
+                problem = _expected(state, e)
+                out.checked += 1
+                if problem:
+                    out.problems.append(problem)
+        elif kind != "run.started":
+            out.inputs += 1
+        try:
+            state = kernel.evolve(state, e)
+        except kernel.EvolveError as exc:
+            out.problems.append(f"seq {e.seq} {kind}: {exc}")
+            break
+    out.final = state
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# forking
+# ---------------------------------------------------------------------------------------------------------
+
+
+def fork(events: Sequence[ev.Event], at_seq: int, new_run: str) -> list[ev.Event]:
+    """The first `at_seq` events re-addressed to `new_run`: appended as a new run's log and resumed by a
+    host, they continue from that point without calling the model again for the recorded steps."""
+    bus.check_token(new_run, "run id")
+    return [msgspec.structs.replace(e, run_id=new_run) for e in events[:at_seq]]
+
+
+__all__ = ["RunLog", "Summary", "Verification", "describe", "follow", "fork", "read_run", "run_filter",
+           "summarize", "timeline", "verify"]

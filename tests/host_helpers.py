@@ -53,7 +53,7 @@ new = old + line + "\\n"
 
 
 def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("calculator",),
-                 extra: str = "") -> Path:
+                 extra: str = "", base_url: str = "http://127.0.0.1:9/v1") -> Path:
     """A bundle using the hermes adapter with `agents/calculator.pym` (and/or a workspace `note` tool)
     plus a `submit` terminal tool; returns the bundle file."""
     folder = root / name
@@ -66,7 +66,7 @@ def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("c
         (folder / "tools" / "note.pym").write_text(NOTE)
         entries.append("  - tools/note.pym")
     text = (f"name: {name}\nsystem_prompt: You compute things with tools.\n"
-            "model: {adapter: hermes, base_url: 'http://127.0.0.1:9/v1', name: scripted}\n"
+            f"model: {{adapter: hermes, base_url: '{base_url}', name: scripted}}\n"
             "constraint: {strategy: ebnf}\n"
             "tools:\n" + "\n".join(entries) + "\n"
             "termination: {terminal_tool: submit, max_turns: 6}\n" + extra)
@@ -83,10 +83,16 @@ def calc_responder(body: dict[str, Any]) -> str:
     """Deterministic per conversation (safe for many concurrent agents): a task `compute: <expr>` gets a
     calculator call, a `note: <line>` task a note call, and any tool response a submit of what it said."""
     last = last_message(body)
-    if "<tool_response>" in last:
+    first = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
+    if "<tool_response>" in last and not first.startswith("chain:"):
         m = re.search(r'"value": ([^,}\s]+)', last) or re.search(r'"lines": (\d+)', last)
         return hermes_call("submit", {"answer": m.group(1) if m else last[-40:]})
-    task = last_message(body, "user")
+    task = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
+    if task.startswith("chain:"):  # `chain: N` makes N calculator calls, one per turn, then submits
+        done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
+        if done < int(task.split(":")[1]):
+            return hermes_call("calculator", {"expression": f"{done} + 1"})
+        return hermes_call("submit", {"answer": f"chained {done}"})
     if task.startswith("note:"):
         line = task.split(":", 1)[1].strip()
         spin = 0

@@ -1,0 +1,159 @@
+"""Fault tests with real OS processes: `sa host` and `sa worker` subprocesses killed with SIGKILL, a
+restarted host resuming a run without repeating recorded model calls, a killed worker's job redelivered
+with its workspace write applied once, and 100 agents running concurrently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from host_helpers import Env, calc_responder, kinds, running_host, running_worker, write_bundle
+
+from runtime import bus
+from runtime import events as ev
+from runtime.host.commands import publish_task
+from runtime.replay import follow, read_run
+from runtime.testing import ScriptedModelServer
+
+pytestmark = pytest.mark.anyio
+CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
+
+
+@pytest.fixture
+async def topo(js):
+    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    return js
+
+
+@contextmanager
+def process(args: list[str], url: str, log: Path, ready: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A `sa` subprocess; returns once its log shows `ready`; SIGKILLed at exit if still alive."""
+    out = open(log, "ab")
+    proc = subprocess.Popen([*CLI, *args], env={**os.environ, "NATS_URL": url}, stdout=out,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while ready not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{args[0]} did not start:\n{log.read_text(errors='replace')}")
+            time.sleep(0.02)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        out.close()
+
+
+def kill9(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+async def test_kill_9_of_the_host_mid_run_resumes_without_repeating_recorded_model_calls(
+        nats_server, topo, tmp_path: Path):
+    js = topo
+    with ScriptedModelServer(responder=calc_responder) as server:
+        bundle = write_bundle(tmp_path, base_url=server.base_url)
+        host_args = ["host", str(bundle), "--task-ack-wait", "2"]
+        async with running_worker(nats_server.url, [bundle]):
+            run_id = await publish_task(js, "calc", "chain: 3")
+            seen: list[ev.Event] = []
+            with process(host_args, nats_server.url, tmp_path / "host1.log", "sa host: serving") as host1:
+                with anyio.fail_after(60):
+                    async for e in follow(js, run_id):
+                        seen.append(e)
+                        if isinstance(e, ev.ToolCalled) and e.call.id.endswith("/2.0"):
+                            kill9(host1)  # mid-run: turn 2's job is out, its outcome has no host to go to
+                            break
+            requests_before = server.served
+            with process(host_args, nats_server.url, tmp_path / "host2.log", "sa host: serving"):
+                events = await Env(nats_server.url, js, None, server, []).wait_run(run_id)
+            host2_log = (tmp_path / "host2.log").read_text()
+        requests = server.requests
+
+    assert "resumed 1 run(s)" in host2_log
+    assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "chained 3"}
+    assert [e.seq for e in events] == list(range(len(events)))  # one contiguous log, no fork
+    # every model request is distinct: none recorded before the kill was made again
+    bodies = [json.dumps(r["messages"], sort_keys=True) for r in requests]
+    assert len(bodies) == len(set(bodies)) == 4 and requests_before == 2
+    responded = [e.request_id for e in events if isinstance(e, ev.ModelResponded)]
+    assert responded == [f"{run_id}/1", f"{run_id}/2", f"{run_id}/3", f"{run_id}/4"]
+    # the job that was out during the kill ran once and was recorded once
+    called = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
+    completed = [e.call_id for e in events if isinstance(e, ev.ToolCompleted)]
+    assert len(called) == len(set(called)) == 4 and sorted(completed) == sorted(called)
+
+
+async def test_kill_9_of_a_worker_mid_job_the_run_completes_and_the_write_happens_once(
+        nats_server, topo, tmp_path: Path):
+    js = topo
+    with ScriptedModelServer(responder=calc_responder) as server:
+        bundle = write_bundle(tmp_path, "notes", tools=("note",), base_url=server.base_url,
+                              extra="limits: {max_duration: 60s}\ndata_provider: workspace\nworkspace: wsk\n")
+        async with running_host(nats_server.url, [bundle], server):
+            worker_args = ["worker", "--bundle", str(bundle), "--concurrency", "2"]
+            with process(worker_args, nats_server.url, tmp_path / "w1.log", "serving") as w1:
+                run_id = await publish_task(js, "notes", "note: hello|spin=25000000")
+                with anyio.fail_after(30):  # wait until the worker holds the job
+                    while (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending < 1:
+                        await anyio.sleep(0.02)
+                kill9(w1)
+            with process(worker_args, nats_server.url, tmp_path / "w2.log", "serving") as w2:
+                w2_pid = w2.pid
+                events = await Env(nats_server.url, js, None, server, []).wait_run(run_id, timeout=90)
+    assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "1"}
+    kv = await bus.workspace_kv(js, "wsk")
+    entry = await kv.get("log.txt")
+    assert entry.value == b"hello\n"
+    history = await kv.history("log.txt")
+    assert len(history) == 1  # written exactly once
+    notes = [e for e in events if isinstance(e, ev.ScriptStarted | ev.ToolCompleted) and e.tool == "note"]
+    assert kinds(notes) == ["script.started", "tool.completed"]  # one outcome recorded, from the 2nd worker
+    assert notes[0].worker.endswith(":" + str(w2_pid))
+
+
+async def test_a_hundred_agents_each_run_a_task_concurrently(nats_server, topo, tmp_path: Path):
+    js = topo
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with running_host(nats_server.url, [bundle], server) as host, \
+                running_worker(nats_server.url, [bundle], concurrency=16):
+            peak = 0
+
+            def watch(_: ev.Event) -> None:
+                nonlocal peak
+                peak = max(peak, len(host.drivers))
+
+            host.on_event = watch
+            runs = {}
+            for i in range(100):
+                runs[i] = await publish_task(js, f"calc:a{i}", f"compute: {i} * 2")
+            env = Env(nats_server.url, js, host, server, [])
+            results: dict[int, list[ev.Event]] = {}
+
+            async def wait(i: int) -> None:
+                results[i] = await env.wait_run(runs[i], timeout=120)
+
+            async with anyio.create_task_group() as tg:
+                for i in runs:
+                    tg.start_soon(wait, i)
+    assert len(results) == 100
+    for i, events in results.items():
+        assert kinds(events)[-1] == "run.completed", (i, kinds(events))
+        assert events[-1].output == {"answer": str(i * 2)} and events[0].agent == f"calc:a{i}"
+    assert peak > 1  # the agents' runs overlapped: actors run concurrently
+    assert not host.actors  # idle actors hold nothing
+    log = await read_run(js, runs[7])
+    assert kinds(log.events) == kinds(results[7])
