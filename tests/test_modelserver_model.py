@@ -173,16 +173,19 @@ def test_stop_strings_and_choice_on_the_real_tokenizer(client: openai.OpenAI) ->
         extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
     )
     assert r.choices[0].message.content in ("yes", "no")
+    word = {"type": "string", "pattern": "^[a-z]{1,8}$"}
+    schema = {"type": "object", "properties": {"a": word, "b": word}, "required": ["a", "b"]}
     r = client.chat.completions.create(
         model=SERVED_MODEL_NAME,
         messages=[{"role": "user", "content": "Write a JSON object with keys a and b."}],
         temperature=0,
         max_tokens=40,
-        stop=[","],
-        extra_body={"structured_outputs": {"json_object": True}},
+        stop=[","],  # the schema forces a comma after the first value: the stop string must cut there
+        extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}},
     )
     text = r.choices[0].message.content or ""
-    assert text.startswith("{") and "," not in text and r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r'\{"a": ?"[a-z]{1,8}"', text), text
+    assert r.choices[0].finish_reason == "stop"
 
 
 def test_real_server_rejects_bad_requests_and_keeps_serving(model_server: ServerProcess) -> None:
