@@ -451,8 +451,10 @@ def runs(
     from rich.table import Table
 
     table = Table(header_style="bold")
-    for col in ("run", "agent", "status", "updated", "task id", "events"):
-        table.add_column(col)
+    for col in ("run", "agent", "status", "updated"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("task id", overflow="ellipsis", max_width=14, no_wrap=True)
+    table.add_column("last seq", justify="right")
     colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
     for run_id, ix in rows:
         when = datetime.datetime.fromtimestamp(ix.updated).strftime("%Y-%m-%d %H:%M:%S") if ix.updated else ""

@@ -1,0 +1,64 @@
+"""Replay: reading a run back from NATS, the rendered timeline, verification by the kernel, forking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from host_helpers import Env, calc_responder, kinds, running_host, running_worker, write_bundle
+from rich.console import Console
+
+from runtime import bus
+from runtime import events as ev
+from runtime.bundle import load_bundle
+from runtime.host.commands import publish_task
+from runtime.replay import describe, fork, read_run, summarize, timeline, verify
+from runtime.testing import ScriptedModelServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_replay_renders_and_verifies_a_run_and_catches_a_tampered_log(nats_server, js, tmp_path: Path):
+    await bus.ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with running_host(nats_server.url, [bundle], server) as host, \
+                running_worker(nats_server.url, [bundle]):
+            run_id = await publish_task(js, "calc", "chain: 2")
+            await Env(nats_server.url, js, host, server, []).wait_run(run_id)
+    log = await read_run(js, run_id)
+    assert log.agent == "calc" and kinds(log.events)[0] == "run.started" and kinds(log.events)[-1] == \
+        "run.completed"
+    assert log.stream_seqs == sorted(log.stream_seqs) and len(log.stream_seqs) == len(log.events)
+
+    console = Console(record=True, width=200)
+    console.print(timeline(log.events, title=f"run {run_id}"))
+    text = console.export_text()
+    for kind in ("run.started", "model.requested", "model.responded", "tool.called", "script.started",
+                 "script.completed", "tool.completed", "turn.completed", "run.completed"):
+        assert kind in text
+    assert "calculator(" in text and "tok" in text and "completed · " in text
+    s = summarize(log.events)
+    assert (s.status, s.turns, s.model_calls, s.tool_calls) == ("completed", 3, 3, 3)
+    assert s.prompt_tokens > 0 and s.completion_tokens > 0
+    assert "chained 2" in describe(log.events[-1])
+
+    config = load_bundle(bundle).kernel_config()
+    report = verify(config, log.events)
+    assert report.ok, report.problems
+    assert report.checked >= 10 and report.final is not None and report.final.status == "completed"
+
+    # a log the kernel would not have written: a tool call it never asked for
+    i = next(i for i, e in enumerate(log.events) if isinstance(e, ev.ToolCalled))
+    call = log.events[i].call
+    bad = [*log.events[:i], msgspec.structs.replace(log.events[i], call=msgspec.structs.replace(
+        call, id=call.id + "x")), *log.events[i + 1:]]
+    bad_report = verify(config, bad)
+    assert not bad_report.ok and "tool.called" in bad_report.problems[0]
+    # a gap in the log
+    gap = [e for e in log.events if e.seq != 3]
+    assert any("gap" in p for p in verify(config, gap).problems)
+    # forking at a past point keeps the recorded model replies and re-addresses the run
+    forked = fork(log.events, 4, "rfork")
+    assert [e.run_id for e in forked] == ["rfork"] * 4 and kinds(forked) == kinds(log.events[:4])
