@@ -76,6 +76,12 @@ def test_check_exit_codes_and_file_line(scripts):
     proc = sa("check", str(scripts), "--json")
     diags = json.loads(proc.stdout)["diagnostics"]
     assert proc.returncode == 1 and [d["line"] for d in diags] == [4]
+    (scripts / "typed.pym").write_text(
+        '"""Typed."""\nfrom grail import Input\nn: int = Input("n")\ny: str = n\n'
+    )
+    assert sa("check", str(scripts / "typed.pym")).returncode == 0
+    proc = sa("check", "--types", str(scripts / "typed.pym"), str(AGENTS))
+    assert proc.returncode == 1 and proc.stdout.startswith(f"{scripts / 'typed.pym'}:4:")
 
 
 def test_run_prints_the_result():

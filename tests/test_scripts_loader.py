@@ -96,7 +96,8 @@ def test_transform_keeps_every_line_number():
         assert b in ("", a), f"line {i} changed: {a!r} -> {b!r}"
     # declarations are gone, the body is intact at its own line
     assert "Input(" not in s.code and "grail" not in s.code and "@external" not in s.code
-    assert code_lines[35] == "text = await read_file(path)"
+    body = SUMMARIZE.splitlines().index("text = await read_file(path)")
+    assert code_lines[body] == "text = await read_file(path)"
     assert "from typing import Any" in s.code
 
 
@@ -160,6 +161,11 @@ def _messages(src: str) -> list[tuple[int | None, str]]:
         ("dir()\n", 1, "builtin 'dir'"),
         ("import sys\nsys.exit(1)\n", 2, "sys.exit"),
         ("from . import x\n", 1, "relative imports"),
+        (
+            "from grail import external\n@external\ndef f() -> int: ...\ndef f():\n    return 1\n",
+            4,
+            "hide the host",
+        ),
     ],
 )
 def test_static_check_reports_file_and_line(src, line, fragment):

@@ -6,10 +6,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from runtime.scripts import check, get_pool, loads, probe
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +78,31 @@ def test_process_exits_cleanly_without_explicit_shutdown():
         proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
         assert proc.stdout.strip() == "ok"
+
+
+async def test_cancelled_run_leaves_the_pool_usable():
+    s = loads("while True:\n    pass\n")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(s.run(limits="permissive"), 0.2)
+    assert (await loads("3\n").run()).output == 3
+
+
+async def test_typecheck_against_declaration_stubs_reports_lines_and_is_cached():
+    from runtime.scripts import load, typecheck
+
+    src = (
+        '"""Typed."""\nfrom grail import Input, external\n\nn: int = Input("n")\n\n'
+        '@external\ndef label(x: int) -> str: ...\n\ny: str = n + 1\nlabel("a")\n'
+    )
+    s = loads(src, name="typed")
+    found = await typecheck(s)
+    assert [(d.kind, d.line) for d in found] == [("check", 9), ("check", 10)]
+    assert "not assignable to `str`" in found[0].message
+    assert await typecheck(loads(src, name="typed")) == found  # cached by content hash
+    for path in (
+        "agents/calculator.pym",
+        "agents/summarize.pym",
+        "agents/workspace/list_entries.pym",
+        "agents/workspace/add_entry.pym",
+    ):
+        assert await check(load(ROOT / path), types=True) == [], path

@@ -435,3 +435,26 @@ async def test_concurrent_runs_are_isolated():
     s = script('from grail import Input\nn: int = Input("n")\nimport os\n[n * n, os.getenv("N")]\n')
     results = await asyncio.gather(*(s.run({"n": i}, environ={"N": str(i)}) for i in range(8)))
     assert [r.output for r in results] == [[i * i, str(i)] for i in range(8)]
+
+
+class HostOnlyError(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("exc", "shown"),
+    [
+        (KeyError("x"), "KeyError: 'x'"),
+        (HostOnlyError("custom"), "HostOnlyError: custom"),
+        (ValueError(), "ValueError"),
+    ],
+)
+async def test_external_failures_of_any_exception_type_are_kind_external(exc, shown):
+    s = script('from grail import external\n@external\ndef get(k: str) -> int: ...\nget("x")\n')
+
+    def get(k):
+        raise exc
+
+    r = await s.run(externals={"get": get})
+    assert r.error.kind == "external" and r.error.line == 4
+    assert f"external function 'get' raised {shown}" in r.error.message

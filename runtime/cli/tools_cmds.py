@@ -80,6 +80,9 @@ def check_cmd(
     paths: Annotated[list[str], typer.Argument(help="Scripts, directories (searched recursively) or globs.")],
     as_json: _JSON = False,
     monty: Annotated[bool, typer.Option(help="Also feed each script to Monty's parser (not run).")] = True,
+    types: Annotated[
+        bool, typer.Option("--types", help="Also run Monty's type checker (ty) on each script.")
+    ] = False,
 ) -> None:
     """Check scripts without running them: file:line diagnostics; exit 0 when all are clean, else 1."""
     import asyncio
@@ -107,8 +110,8 @@ def check_cmd(
                     )
                     continue
                 diags = script_tool_diagnostics(script)
-                if monty and script.ok:
-                    diags += await check(script, use_monty=True)
+                if (monty or types) and script.ok:
+                    diags += await check(script, use_monty=monty, types=types)
                 found += [d.to_dict() for d in sorted(diags, key=lambda d: (d.line or 0, d.column or 0))]
         finally:
             await shutdown()

@@ -14,7 +14,15 @@ virtual filesystem), `pool` (the process-wide AsyncMonty pool), `run` (a run, it
 from runtime.scripts.limits import PRESETS, Limits, LimitsError, parse_duration, parse_size
 from runtime.scripts.loader import Script, first_paragraph, load, loads
 from runtime.scripts.pool import SandboxPool, configure_pool, get_pool, shutdown, shutdown_sync
-from runtime.scripts.run import EventCallback, ScriptEvent, check_arguments, probe, run_script, to_plain
+from runtime.scripts.run import (
+    EventCallback,
+    ScriptEvent,
+    check_arguments,
+    probe,
+    run_script,
+    to_plain,
+    typecheck,
+)
 from runtime.scripts.schema import AnnotationError, schema_from_annotation, schema_from_type
 from runtime.scripts.specs import MISSING, Diagnostic, ExternalSpec, InputSpec, ParamSpec
 
@@ -48,16 +56,19 @@ __all__ = [
     "shutdown",
     "shutdown_sync",
     "to_plain",
+    "typecheck",
 ]
 
 # grail's name for a loaded script
 GrailScript = Script
 
 
-async def check(script: Script, *, use_monty: bool = True) -> list[Diagnostic]:
+async def check(script: Script, *, use_monty: bool = True, types: bool = False) -> list[Diagnostic]:
     """All diagnostics for `script`: the static check's, plus (with `use_monty`) anything Monty's own
-    parser rejects (`probe`)."""
+    parser rejects (`probe`), plus (with `types`) Monty's type check against the declarations' stubs."""
     found = list(script.diagnostics)
     if use_monty and script.ok:
         found += await probe(script)
+    if types and not found:
+        found += await typecheck(script)
     return found

@@ -309,6 +309,18 @@ class _Loader:
                     script.inputs[spec.name] = spec
                 self._blank(stmt, line_owner)
 
+        for index, stmt in enumerate(tree.body):
+            if index not in handled and isinstance(
+                stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+            ):
+                if stmt.name in script.externals:
+                    self.report(
+                        "check",
+                        f"{stmt.name!r} is declared @external (line {script.externals[stmt.name].line}) and "
+                        "also defined in the script; the definition would hide the host function; rename one",
+                        stmt.lineno,
+                    )
+
         for name in set(script.inputs) & set(script.externals):
             self.report(
                 "check",
