@@ -98,6 +98,8 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     attempt: int = 1  # the delivery that produced it (> 1: a redelivery after a crash or timeout)
     writes: int = 0  # workspace writes the ResultHandler applied for it
     finished: float = 0.0  # unix time the worker finished
+    # a big output lives in the object store (runtime.payloads): `result.output` is None, this says where
+    ref: ev.PayloadRef | None = None
     v: int = JOB_VERSION
 
     @property
@@ -148,7 +150,7 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         base = {**common, "seq": seq, "ts": self.finished or time.time(), "call_id": self.call_id,
                 "tool": self.tool, "duration_ms": self.result.duration_ms}
         if self.result.error is None:
-            out.append(ev.ToolCompleted(**base, output=self.result.output))
+            out.append(ev.ToolCompleted(**base, output=self.result.output, ref=self.ref))
         else:
             out.append(ev.ToolFailed(**base, error=self.result.error))
         return out

@@ -8,6 +8,8 @@ spread over processes and machines, and a job a dead worker held is redelivered 
 AckWait. Per job, in this order (each step's failure mode in brackets):
 
 1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
+   the last delivery (`num_delivered >= MaxDeliver`) of a job that never produced an outcome is not
+   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.dlq`);
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
 3. look up the tool [unknown: a tool failure outcome, acked: never a crash loop]; check the deadline
@@ -15,13 +17,18 @@ AckWait. Per job, in this order (each step's failure mode in brackets):
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
-5. publish the `ToolOutcome` to RESULTS with Msg-Id `<run>/<call>` and wait for the ack;
+5. publish the `ToolOutcome` to RESULTS with Msg-Id `<run>/<call>` and wait for the ack (an output
+   over the payload threshold goes to the object store first and the outcome carries its ref:
+   `runtime.payloads`);
 6. ack the job.
 
 A crash anywhere repeats from step 1 on redelivery; every step is idempotent, so the repetition costs
 time, never a duplicate write or a second outcome. While a job runs, `in_progress()` is sent every
 AckWait/3 so a long job is not redelivered to a second worker. NATS trouble after the run (publish or
 KV errors) naks the job with a delay instead of acking a job whose outcome nobody will see.
+
+Each worker also runs a `MaxDeliveriesWatch` (one queue group across workers): a job whose last
+delivery was lost too stays stuck in TOOLS, and the server's MaxDeliver advisory is the only sign.
 
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
@@ -45,7 +52,7 @@ import anyio.abc
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from runtime import bus
+from runtime import bus, dlq
 from runtime.data import (
     DataProvider,
     JobContext,
@@ -59,6 +66,7 @@ from runtime.data import (
     WriteError,
 )
 from runtime.jobs import JobDecodeError, ScriptNote, ToolJob, ToolOutcome
+from runtime.payloads import Payloads
 from runtime.scripts.limits import Limits, LimitsError
 from runtime.tools import ToolContext
 from runtime.types import ToolResult
@@ -166,8 +174,8 @@ class Worker:
 
     def __init__(self, js: JetStreamContext, registry: ToolRegistry, *, concurrency: int = 8,
                  name: str | None = None, max_batch: int = 64,
-                 data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None
-                 ) -> None:
+                 data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None,
+                 payload_threshold: int | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be ≥ 1")
         self.js = js
@@ -181,6 +189,9 @@ class Worker:
         self._heartbeat_s = bus.DEFAULT_TOOL_ACK_WAIT_S / 3
         self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
         self._max_deliver = bus.DEFAULT_TOOL_MAX_DELIVER
+        self.payloads = Payloads(js, threshold=payload_threshold)
+        # nats-py keeps the connection on the context; the advisory watch needs core subscribe
+        self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -197,6 +208,7 @@ class Worker:
         self._heartbeat_s = max(0.05, topo.tool_ack_wait / 3)
         self._max_deliver = topo.tool_max_deliver
         psub = await self.js.pull_subscribe_bind(durable=bus.WORKERS_CONSUMER, stream=bus.TOOLS)
+        await self._watch.start()
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
         try:
@@ -222,6 +234,7 @@ class Worker:
                                 send.send_nowait(m)
                 tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
         finally:
+            await self._watch.stop()
             await psub.unsubscribe()
 
     async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
@@ -245,12 +258,16 @@ class Worker:
             await self._dead_letter(msg, str(e))
             return
         attempt = msg.metadata.num_delivered if msg.reply else 1
+        if 1 < self._max_deliver <= attempt and not await self._has_record(job):
+            await self._give_up(msg, job, attempt)
+            return
         outcome = await self._execute(job, attempt)
         if outcome is None:  # infrastructure trouble: retry later
             self.stats.nacked += 1
             await msg.nak(delay=1.0)
             return
         try:
+            outcome = await self.payloads.offload_outcome(outcome)
             await self.js.publish(outcome.subject, outcome.encode(), headers=outcome.headers())
         except Exception as e:
             log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
@@ -279,16 +296,41 @@ class Worker:
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, bus.DLQ)
         md = msg.metadata
-        headers = {"Sa-Reason": reason[:500], "Sa-Stream-Seq": str(md.sequence.stream),
-                   "Sa-Deliveries": str(md.num_delivered),
-                   bus.HDR_MSG_ID: f"dlq:{bus.TOOLS}:{md.sequence.stream}"}
         try:
-            await self.js.publish(bus.dlq_subject(msg.subject), msg.data, headers=headers)
+            await dlq.copy_to_dlq(self.js, subject=msg.subject, data=msg.data, stream_seq=md.sequence.stream,
+                                  deliveries=md.num_delivered, reason=reason, headers=msg.headers)
         except Exception as e:
             log.warning("cannot dead-letter %s: %s", msg.subject, e)
             await msg.nak(delay=1.0)
             return
         self.stats.dead_lettered += 1
+        await msg.term()
+
+    async def _has_record(self, job: ToolJob) -> bool:
+        """An earlier delivery applied this job's writes (its outcome is known, only unpublished)."""
+        try:
+            return await self._io(job)[1].recorded(JobContext(job)) is not None
+        except Exception:
+            return False
+
+    async def _give_up(self, msg: Msg, job: ToolJob, attempt: int) -> None:
+        """The last delivery of a job whose earlier deliveries all ended without an outcome: dead-letter
+        it and tell the run it crashed, instead of running it again (it may be what kills workers)."""
+        reason = (f"each of the {attempt - 1} earlier deliveries ended without a result: the worker was "
+                  f"killed, lost its NATS connection or did not finish within AckWait")
+        try:
+            await dlq.settle(self.js, subject=msg.subject, data=msg.data,
+                             stream_seq=msg.metadata.sequence.stream, deliveries=attempt, reason=reason,
+                             worker=self.name, headers=msg.headers)
+        except Exception as e:  # the message stays stuck; the MaxDeliver advisory brings it back to a watch
+            log.warning("worker %s: cannot dead-letter %s: %s", self.name, job.msg_id, e)
+            await msg.nak(delay=1.0)
+            return
+        log.error("worker %s: %s delivered %d times without a result: dead-lettered, run %s told it crashed",
+                  self.name, job.msg_id, attempt, job.run_id)
+        self.stats.dead_lettered += 1
+        self.stats.completed += 1
+        self.stats.failed += 1
         await msg.term()
 
     def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:

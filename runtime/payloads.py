@@ -1,0 +1,225 @@
+"""Big payloads: values too large for an event travel through the JetStream object store `payloads`.
+
+    payloads = Payloads(js)                       # threshold: SA_PAYLOAD_THRESHOLD or 256 KiB
+    value_or_ref = await payloads.offload(value)  # small: `value` unchanged; big: a PayloadRef
+    value = await payloads.resolve(ref)           # the value back (digest-checked)
+    event = await payloads.offload_event(event)   # `events.externalize` when its big field is big
+    event = await payloads.resolve_event(event)   # `events.internalize` when it carries a ref
+
+Why: a NATS message is capped by the server's `max_payload` (1 MiB by default), and DESIGN rule 5 keeps
+events small so a run's history grows linearly and replays fast (Temporal users hit a 50 MB history
+cap). So a tool output, a model response or a task input over the threshold is stored once in the
+object store (chunked in 128 KiB messages by nats-py) and the event or `ToolOutcome` carries a
+`PayloadRef` (name, size, digest) instead.
+
+Objects are content-addressed: the name is ``sha256-<hex>`` of the msgpack bytes. So offloading is
+idempotent (a worker or host that crashes and retries stores the same object under the same name, and
+an existing object is not uploaded again), two runs producing the same bytes share one object, and a
+reader can verify what it got against the digest in the ref. Objects are never deleted by the runtime:
+they live as long as the EVENTS stream that references them (which has no age limit either).
+
+Where the hooks are:
+* the worker offloads a tool output before publishing its `ToolOutcome` (`offload_outcome`), and caps
+  printed script text so an outcome always fits in one message;
+* the host offloads `run.started` input, `model.responded` text, `model.requested` messages and
+  `run.completed` output with `offload_event` before appending, and resolves every event with
+  `resolve_event` (or `resolve_events`) before folding it (live, on recovery and on takeover); events
+  from `ToolOutcome.events()` already carry the ref and need only `resolve_event` before folding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
+
+from runtime import bus
+from runtime import events as ev
+from runtime.events import PayloadRef
+from runtime.jobs import ScriptNote, ToolOutcome
+from runtime.types import ToolResult
+
+log = logging.getLogger("runtime.payloads")
+
+DEFAULT_THRESHOLD = 256 * 1024
+ENV_THRESHOLD = "SA_PAYLOAD_THRESHOLD"
+_ENVELOPE_ROOM = 16 * 1024  # headers and the event's other fields must still fit under max_payload
+
+_enc = msgspec.msgpack.Encoder()
+
+
+class PayloadError(RuntimeError):
+    """A referenced payload is missing or its bytes do not match the ref's digest."""
+
+
+def threshold_from_env(env: dict[str, str] | None = None) -> int:
+    """`SA_PAYLOAD_THRESHOLD` ("256kb", "1mb" or bytes) or the default; a bad value is an error, not
+    a silent default, because a wrong threshold shows up much later as a publish failure."""
+    raw = (env if env is not None else os.environ).get(ENV_THRESHOLD, "").strip()
+    if not raw:
+        return DEFAULT_THRESHOLD
+    from runtime.scripts.limits import parse_size
+
+    return parse_size(raw, field=ENV_THRESHOLD)
+
+
+def object_name(data: bytes) -> str:
+    """The content address of `data` (what `PayloadRef.object_name` holds)."""
+    return "sha256-" + hashlib.sha256(data).hexdigest()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Payloads:
+    """The object store `payloads` seen as "store big values, read them back".
+
+    One per process (per JetStream context); the bucket handle is opened on first use. `threshold` is
+    in bytes of msgpack; it is lowered to fit the connected server's `max_payload` if needed, because
+    an inline value bigger than a NATS message could never be published.
+    """
+
+    def __init__(self, js: JetStreamContext, *, threshold: int | None = None) -> None:
+        self.js = js
+        wanted = threshold if threshold is not None else threshold_from_env()
+        if wanted < 1:
+            raise ValueError("payload threshold must be ≥ 1 byte")
+        limit = max(1024, int(getattr(js._nc, "max_payload", 0) or 1 << 20) - _ENVELOPE_ROOM)
+        if wanted > limit:
+            log.warning("payload threshold %d exceeds what the server accepts in one message; using %d",
+                        wanted, limit)
+        self.threshold = min(wanted, limit)
+        self._store: ObjectStore | None = None
+
+    async def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = await bus.payloads_store(self.js)
+        return self._store
+
+    # -- values ----------------------------------------------------------------------------------------
+
+    def is_big(self, data: bytes) -> bool:
+        return len(data) > self.threshold
+
+    async def put_bytes(self, data: bytes) -> PayloadRef:
+        """Store `data` (whatever its size) and return its ref; a no-op if the same bytes are stored."""
+        name = object_name(data)
+        store = await self.store()
+        try:
+            info = await store.get_info(name)
+            if info.size == len(data):
+                return PayloadRef(object_name=name, size=len(data), digest=_digest(data))
+        except (ObjectNotFoundError, NotFoundError):
+            pass
+        await store.put(name, data)
+        return PayloadRef(object_name=name, size=len(data), digest=_digest(data))
+
+    async def offload(self, value: Any) -> Any:
+        """`value` itself when its msgpack encoding is within the threshold, else a `PayloadRef`."""
+        data = _enc.encode(value)
+        if not self.is_big(data):
+            return value
+        return await self.put_bytes(data)
+
+    async def fetch(self, ref: PayloadRef) -> bytes:
+        """The stored bytes of `ref`, checked against its size and digest."""
+        store = await self.store()
+        buf = io.BytesIO()
+        try:
+            await store.get(ref.object_name, writeinto=buf)  # writeinto: no quadratic bytes +=
+        except (ObjectNotFoundError, NotFoundError):
+            raise PayloadError(f"payload {ref.object_name} ({ref.size} bytes) is not in the "
+                               f"{bus.PAYLOADS_BUCKET!r} object store") from None
+        data = buf.getvalue()
+        if len(data) != ref.size or _digest(data) != ref.digest:
+            raise PayloadError(f"payload {ref.object_name}: got {len(data)} bytes with digest "
+                               f"{_digest(data)}, the ref says {ref.size} bytes {ref.digest}")
+        return data
+
+    async def resolve(self, ref: Any) -> Any:
+        """The value a ref stands for (decoded msgpack); anything that is not a ref is returned as is."""
+        if not isinstance(ref, PayloadRef):
+            return ref
+        return msgspec.msgpack.decode(await self.fetch(ref))
+
+    # -- events ----------------------------------------------------------------------------------------
+
+    async def offload_event(self, event: ev.Event) -> ev.Event:
+        """The event with its big field (`events.PAYLOAD_FIELDS`) moved out if it is over the threshold."""
+        if type(event) not in ev.PAYLOAD_FIELDS or getattr(event, "ref", None) is not None:
+            return event
+        data = ev.payload_bytes(event)
+        if not self.is_big(data):
+            return event
+        return ev.externalize(event, await self.put_bytes(data))
+
+    async def resolve_event(self, event: ev.Event) -> ev.Event:
+        """The event with its big field put back (typed) if it carries a ref; other events unchanged."""
+        ref = getattr(event, "ref", None)
+        if ref is None:
+            return event
+        return ev.internalize(event, await self.fetch(ref))
+
+    async def resolve_events(self, events: Iterable[ev.Event]) -> list[ev.Event]:
+        """`resolve_event` over a log, in order (what folding a recovered or replayed run needs)."""
+        return [await self.resolve_event(e) for e in events]
+
+    # -- tool outcomes ---------------------------------------------------------------------------------
+
+    async def offload_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
+        """The outcome as it may travel: a big output moved to the object store (the outcome's `ref`,
+        which `ToolOutcome.events()` puts on `tool.completed`) and printed text capped so that the
+        message fits whatever the script printed."""
+        changes: dict[str, Any] = {}
+        if outcome.result.error is None and outcome.ref is None:
+            data = _enc.encode(outcome.result.output)
+            if self.is_big(data):
+                changes["ref"] = await self.put_bytes(data)
+                changes["result"] = ToolResult(output=None, duration_ms=outcome.result.duration_ms)
+        notes = _cap_notes(outcome.notes, self.threshold)
+        if notes is not outcome.notes:
+            changes["notes"] = notes
+        return msgspec.structs.replace(outcome, **changes) if changes else outcome
+
+    async def resolve_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
+        """The outcome with its output back inline (for readers that want the value, not the event)."""
+        if outcome.ref is None:
+            return outcome
+        output = msgspec.msgpack.decode(await self.fetch(outcome.ref))
+        return msgspec.structs.replace(
+            outcome, ref=None, result=ToolResult(output=output, duration_ms=outcome.result.duration_ms))
+
+
+def _cap_notes(notes: tuple[ScriptNote, ...], budget: int) -> tuple[ScriptNote, ...]:
+    """Printed text beyond `budget` bytes in total is cut (the cut is said in the text): prints are a
+    debugging aid, and a script that prints megabytes must not make its own result undeliverable."""
+    total = sum(len(n.text.encode()) for n in notes)
+    if total <= budget:
+        return notes
+    out: list[ScriptNote] = []
+    left = budget
+    for n in notes:
+        raw = n.text.encode()
+        if len(raw) <= left:
+            out.append(n)
+            left -= len(raw)
+            continue
+        kept = raw[:max(0, left)].decode(errors="ignore")
+        out.append(msgspec.structs.replace(
+            n, text=f"{kept}… [{len(raw) - len(kept.encode())} bytes of output cut: over the "
+                    f"{budget}-byte print budget of one outcome]"))
+        left = 0
+    return tuple(out)
+
+
+__all__ = ["DEFAULT_THRESHOLD", "ENV_THRESHOLD", "PayloadError", "Payloads", "object_name",
+           "threshold_from_env"]
