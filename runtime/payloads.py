@@ -200,24 +200,28 @@ class Payloads:
 
 
 def _cap_notes(notes: tuple[ScriptNote, ...], budget: int) -> tuple[ScriptNote, ...]:
-    """Printed text beyond `budget` bytes in total is cut (the cut is said in the text): prints are a
+    """Printed text beyond `budget` bytes in total is cut (one note says how much): prints are a
     debugging aid, and a script that prints megabytes must not make its own result undeliverable."""
-    total = sum(len(n.text.encode()) for n in notes)
+    total = sum(len(n.text.encode()) for n in notes if n.kind == "printed")
     if total <= budget:
         return notes
     out: list[ScriptNote] = []
     left = budget
     for n in notes:
+        if n.kind != "printed":
+            out.append(n)
+            continue
         raw = n.text.encode()
         if len(raw) <= left:
             out.append(n)
             left -= len(raw)
-            continue
-        kept = raw[:max(0, left)].decode(errors="ignore")
-        out.append(msgspec.structs.replace(
-            n, text=f"{kept}… [{len(raw) - len(kept.encode())} bytes of output cut: over the "
-                    f"{budget}-byte print budget of one outcome]"))
-        left = 0
+        elif left >= 0:  # the first note over budget keeps what fits and says what was cut
+            kept = raw[:left].decode(errors="ignore")
+            cut = total - budget
+            out.append(msgspec.structs.replace(
+                n, text=f"{kept}… [{cut} bytes of printed output cut: over the {budget}-byte budget "
+                        f"of one outcome]"))
+            left = -1
     return tuple(out)
 
 
