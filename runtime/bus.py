@@ -11,8 +11,11 @@ random loopback ports (`-p -1 -m -1 --ports_file_dir`), so two servers never rac
 is "ports file written, then `/healthz?js-enabled-only=true` answers 200" (about 30 ms). It stops with
 SIGTERM (SIGKILL after a grace period) and an atexit guard kills it if the owner forgot. With `NATS_URL`
 set (a comma-separated list for a cluster) nothing is started: `servers_from_env()` returns the list.
-`connect()` passes an async `error_cb` (nats-py's default prints a traceback on every reconnect) and
-reconnects forever with a short wait, because a cluster leader election takes 4–6 s.
+On a cluster, `SA_REPLICAS=3` makes `ensure_topology` create R3 streams; without it a process keeps
+the replica count the streams already have (`topology_replicas`). `ENV_VARS` lists every environment
+variable the runtime reads. `connect()` passes an async `error_cb` (nats-py's default prints a traceback
+on every reconnect) and reconnects forever with a short wait, because a cluster leader election takes
+4–6 s.
 
 Subjects and streams (`ensure_topology` creates or updates all of them; safe to call from every process)
 ------------------------------------------------------------------------------------------------------
@@ -129,6 +132,7 @@ PAYLOADS_BUCKET = "payloads"
 WORKERS_CONSUMER = "workers"
 
 DEFAULT_PARTITIONS = 16
+ENV_REPLICAS = "SA_REPLICAS"
 DUPLICATE_WINDOW_S = 300.0  # ≥ 2 min: covers a restarted publisher retrying with the same Msg-Id
 DEFAULT_TOOL_ACK_WAIT_S = 30.0
 DEFAULT_TOOL_MAX_DELIVER = 5
@@ -140,6 +144,21 @@ HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
 
 _BAD_TOKEN_CHARS = frozenset(".*> \t\r\n")
+
+# Every environment variable the runtime reads, with what it is for: the one list deploy files are
+# checked against (tests/test_deploy.py), so a manifest never sets a name nothing reads.
+ENV_VARS: dict[str, str] = {
+    "NATS_URL": "NATS server URL(s), comma-separated (every `sa` command; unset: `sa up` starts one)",
+    ENV_REPLICAS: "stream and bucket replicas when the topology is created or updated (3 on a 3-node "
+                  "cluster); unset: keep what the streams have, 1 for new ones",
+    "SA_PAYLOAD_THRESHOLD": "size above which tool outputs, model responses and task inputs go to the "
+                            "object store (default 256kb; runtime.payloads)",
+    "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
+    "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
+    "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
+    "OPENAI_API_KEY": "model client default API key",
+    "OPENAI_MODEL": "model client default model name",
+}
 
 
 def check_token(value: str, what: str = "name") -> str:
@@ -541,16 +560,35 @@ async def ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerCon
     await js.add_consumer(stream, config)
 
 
-async def ensure_topology(js: JetStreamContext, *, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
+async def topology_replicas(js: JetStreamContext, replicas: int | None = None) -> int:
+    """The replica count to configure: explicit, else `SA_REPLICAS`, else what EVENTS already has (so a
+    process started without the variable never scales a cluster's R3 streams down), else 1."""
+    if replicas is not None:
+        return replicas
+    raw = os.environ.get(ENV_REPLICAS, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{ENV_REPLICAS}={raw!r}: use a replica count such as 1 or 3")
+        return int(raw)
+    try:
+        return (await js.stream_info(EVENTS)).config.num_replicas or 1
+    except NotFoundError:
+        return 1
+
+
+async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
+                          partitions: int = DEFAULT_PARTITIONS,
                           tool_ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
                           tool_max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
                           tool_max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING) -> Topology:
     """Create or update every stream, the `workers` consumer, the `runs` KV and the `payloads` store.
 
-    Idempotent: every host and worker calls it at start, in any order, concurrently.
+    Idempotent: every host and worker calls it at start, in any order, concurrently. `replicas=None`
+    resolves through `topology_replicas` (SA_REPLICAS, else keep the existing count).
     """
     if partitions < 1:
         raise ValueError("partitions must be ≥ 1")
+    replicas = await topology_replicas(js, replicas)
     for config in stream_configs(replicas=replicas, partitions=partitions):
         await _ensure_stream(js, config)
     await ensure_consumer(js, TOOLS, workers_consumer_config(

@@ -48,8 +48,9 @@ def test_every_node_runs_the_deploy_config(cluster: LocalCluster) -> None:
         assert cluster.env(i)["NATS_SERVER_NAME"] == node.name
 
 
-async def test_the_topology_is_replicated_three_times(cjs) -> None:
-    topo = await bus.ensure_topology(cjs, replicas=3, partitions=4)
+async def test_the_topology_is_replicated_three_times(cjs, monkeypatch) -> None:
+    monkeypatch.setenv(bus.ENV_REPLICAS, "3")
+    topo = await bus.ensure_topology(cjs, partitions=4)
     assert topo.replicas == 3 and (await bus.read_topology(cjs)).replicas == 3
     for stream in (bus.TASKS, bus.EVENTS, bus.TOOLS, bus.RESULTS, bus.DLQ, f"KV_{bus.RUNS_BUCKET}",
                    f"OBJ_{bus.PAYLOADS_BUCKET}"):
@@ -58,7 +59,9 @@ async def test_the_topology_is_replicated_three_times(cjs) -> None:
         assert info.cluster.leader and len(info.cluster.replicas) == 2, stream
     ci = await cjs.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)
     assert ci.config.num_replicas == 3
-    await bus.ensure_topology(cjs, replicas=3, partitions=4)  # idempotent on a cluster too
+    monkeypatch.delenv(bus.ENV_REPLICAS)
+    await bus.ensure_topology(cjs, partitions=4)  # a process without SA_REPLICAS keeps R3...
+    assert (await cjs.stream_info(bus.EVENTS)).config.num_replicas == 3  # ...never scales it down
 
 
 async def publish_until_acked(js, subject: str, data: bytes, msg_id: str) -> int:
