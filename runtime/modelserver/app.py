@@ -118,6 +118,7 @@ def create_app(
             top_p=req.top_p,
             seed=req.seed,
             stop=req.stop_strings,
+            ignore_eos=req.ignore_eos,
         )
         return req, prompt_ids, params, grammar
 

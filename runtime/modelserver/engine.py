@@ -30,6 +30,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # vLLM's option: run to max_tokens (benchmarks); a grammar's end still stops
 
 
 @dataclass
@@ -229,6 +230,8 @@ class Engine:
             for step in range(params.max_tokens):
                 if cancelled.is_set():
                     return
+                if params.ignore_eos and matcher is None:
+                    logits[list(self.stop_token_ids)] = float("-inf")
                 if matcher is not None:
                     t = time.perf_counter()
                     matcher.fill_next_token_bitmask(bitmask)

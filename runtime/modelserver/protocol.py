@@ -128,6 +128,7 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: bool = False
+    ignore_eos: bool = False  # vLLM extra: generate until max_tokens
 
     @field_validator("stop")
     @classmethod

