@@ -43,6 +43,17 @@ def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = 
     return agents
 
 
+async def close_agents(agents: dict[str, AgentRuntime]) -> None:
+    """Close the agents' model clients (their HTTP connection pools)."""
+    for agent in agents.values():
+        aclose = getattr(agent.client, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except Exception:  # closing is best effort at shutdown
+                pass
+
+
 async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime], *,
                 stop: anyio.Event | None = None, config: HostConfig | None = None,
                 on_ready: Callable[[Host], Any] | None = None, partitions: int = bus.DEFAULT_PARTITIONS,
@@ -68,8 +79,9 @@ async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime]
             tg.cancel_scope.cancel()
         return host.stats
     finally:
+        await close_agents(agents)
         await bus.close(nc)
 
 
 __all__ = ["AgentRuntime", "BadCommand", "Host", "HostConfig", "HostStats", "RunDriver", "Superseded",
-           "actor_key", "build_agent", "load_agents", "run_id_for", "serve", "split_actor"]
+           "actor_key", "build_agent", "close_agents", "load_agents", "run_id_for", "serve", "split_actor"]
