@@ -378,3 +378,42 @@ def test_cli_registers_sa_model_serve() -> None:
     result = CliRunner().invoke(app, ["model", "serve", "--help"])
     assert result.exit_code == 0
     assert "--port" in result.output and "--model" in result.output
+
+
+def test_a_non_streaming_client_that_gives_up_cancels_its_generation() -> None:
+    stub = StubBackend(delay=0.05, words=50)
+    handle = serve_in_thread(engine=stub)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{handle.base_url}/v1/chat/completions",
+                json=body(max_tokens=400),
+                timeout=httpx.Timeout(10, read=0.5),
+            )
+        assert stub.cancelled_seen.wait(10), "the generation was not cancelled"
+        assert stub.produced < 400
+    finally:
+        handle.stop()
+
+
+def test_messages_are_normalised_for_a_chatml_template_without_tool_support() -> None:
+    from runtime.modelserver.engine import _normalise_messages
+
+    template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    msgs = _normalise_messages(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "1", "content": "42"},
+        ],
+        template,
+    )
+    assert msgs[0]["content"] == "ab"
+    assert msgs[1]["content"] == '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    assert msgs[2]["content"] == "42"
