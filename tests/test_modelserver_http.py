@@ -417,3 +417,13 @@ def test_messages_are_normalised_for_a_chatml_template_without_tool_support() ->
     assert msgs[0]["content"] == "ab"
     assert msgs[1]["content"] == '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
     assert msgs[2]["content"] == "42"
+
+
+def test_json_schema_property_order_is_kept() -> None:
+    """xgrammar emits properties in schema order; reordering keys would change what the model must write."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "integer"}}}
+    c = constraint_for(parse_chat_request(json.dumps(body(structured_outputs={"json": schema})).encode()))
+    assert c is not None
+    compiled = GrammarCache(xgr.TokenizerInfo([])).compile(c)
+    assert _accepts(compiled, '{"name": "x", "arguments": 1}')
+    assert not _accepts(compiled, '{"arguments": 1, "name": "x"}')

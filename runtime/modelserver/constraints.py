@@ -38,7 +38,8 @@ class Constraint:
 
 
 def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON text. Key order is kept: xgrammar emits properties in schema order, so it is meaning."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _close_objects(schema: Any) -> Any:
