@@ -13,13 +13,20 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from runtime.modelserver.constraints import Constraint, GrammarCache
-from runtime.modelserver.engine import Engine, SamplingParams
-from runtime.modelserver.weights import CACHE_ENV, load_model
+# `python bench/model.py` puts bench/ first on sys.path, where bench/runtime.py would shadow the package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from runtime.modelserver.constraints import Constraint, GrammarCache  # noqa: E402
+from runtime.modelserver.engine import Engine, SamplingParams  # noqa: E402
+from runtime.modelserver.weights import CACHE_ENV, load_model  # noqa: E402
 
 
 def _tool(name: str, props: dict[str, Any]) -> dict[str, Any]:
