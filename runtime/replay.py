@@ -239,6 +239,41 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     return table
 
 
+async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: bool = False) -> ev.Event | None:
+    """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
+    tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines."""
+    import time
+
+    started = time.monotonic()
+    status = "waiting for a host"
+    last: ev.Event | None = None
+    turns = tools = tokens = 0
+    with console.status(status) as progress:
+        async for event in follow(js, run_id):
+            last = event
+            kind = ev.kind_of(event)
+            if as_json:
+                print(ev.to_json(event), flush=True)
+            else:
+                console.print(f"[dim]{event.seq:>3}[/] {kind:<17} {describe(event)}", highlight=False)
+            if isinstance(event, ev.TurnCompleted):
+                turns += 1
+            elif isinstance(event, ev.ToolCalled):
+                tools += 1
+            elif isinstance(event, ev.ModelResponded):
+                tokens += event.usage.prompt_tokens + event.usage.completion_tokens
+            status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
+                      "turn.completed": "next turn"}.get(kind, status)
+            progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens} tokens · "
+                            f"{time.monotonic() - started:.1f} s")
+    if not as_json and last is not None:
+        ok = isinstance(last, ev.RunCompleted)
+        verdict = "[green]completed[/]" if ok else f"[red]{ev.kind_of(last).split('.')[1]}[/]"
+        console.print(f"{verdict} in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} tool "
+                      f"call(s) · {tokens} tokens   (sa replay {run_id})")
+    return last
+
+
 # ---------------------------------------------------------------------------------------------------------
 # verifying
 # ---------------------------------------------------------------------------------------------------------
@@ -337,4 +372,4 @@ def fork(events: Sequence[ev.Event], at_seq: int, new_run: str) -> list[ev.Event
 
 
 __all__ = ["RunLog", "Summary", "Verification", "describe", "follow", "fork", "read_run", "run_filter",
-           "summarize", "timeline", "verify"]
+           "summarize", "timeline", "verify", "watch"]

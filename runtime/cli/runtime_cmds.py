@@ -361,15 +361,12 @@ def send(
 
 async def _send(url: str, agent: str, task: str, follow: bool, instance: str | None, task_id: str | None,
                 timeout: float | None, as_json: bool) -> int:
-    import time
-
     from rich.console import Console
 
     from runtime import bus
     from runtime import events as ev
     from runtime.host.commands import publish_task
-    from runtime.replay import describe
-    from runtime.replay import follow as follow_run
+    from runtime.replay import watch
 
     console = Console()
     nc = await bus.connect(url, name="sa-send", max_reconnect_attempts=3)
@@ -387,34 +384,8 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
             console.print(f"run [bold]{run_id}[/]")
         if not follow:
             return 0
-        started = time.monotonic()
-        status = "waiting for a host"
-        last: ev.Event | None = None
-        turns = tools = tokens = 0
-        with console.status(status) as progress:
-            async for event in follow_run(js, run_id):
-                last = event
-                kind = ev.kind_of(event)
-                if as_json:
-                    print(ev.to_json(event), flush=True)
-                else:
-                    console.print(f"[dim]{event.seq:>3}[/] {kind:<17} {describe(event)}", highlight=False)
-                if isinstance(event, ev.TurnCompleted):
-                    turns += 1
-                elif isinstance(event, ev.ToolCalled):
-                    tools += 1
-                elif isinstance(event, ev.ModelResponded):
-                    tokens += event.usage.prompt_tokens + event.usage.completion_tokens
-                status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
-                          "turn.completed": "next turn"}.get(kind, status)
-                progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens} tokens · "
-                                f"{time.monotonic() - started:.1f} s")
+        last = await watch(js, run_id, console, as_json=as_json)
         ok = isinstance(last, ev.RunCompleted)
-        if not as_json:
-            ended = ev.kind_of(last).split(".")[1] if last else "?"
-            verdict = "[green]completed[/]" if ok else f"[red]{ended}[/]"
-            console.print(f"{verdict} in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} tool "
-                          f"call(s) · {tokens} tokens   (sa replay {run_id})")
         return 0 if ok else 1
     finally:
         await bus.close(nc)
