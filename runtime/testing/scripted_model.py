@@ -136,6 +136,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # headers and body go out in two writes: without TCP_NODELAY the second waits for the client's
+    # delayed ACK (~40 ms on Linux), which would make a "zero-latency" model take 40+ ms per request
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # silence per-request logging
