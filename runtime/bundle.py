@@ -105,6 +105,7 @@ class TerminationSpec(_Strict):
     max_turns: int = 20
     max_consecutive_errors: int = 3
     deadline: float | str | None = None
+    force_terminal_on_last_turn: bool = True  # the last turn offers only the terminal tool (kernel)
 
 
 class BundleSpec(_Strict):
@@ -191,6 +192,7 @@ class Bundle:
         return KernelConfig(
             system_prompt=self.system_prompt, tools=self.tool_schemas(), terminal_tool=term.terminal_tool,
             max_turns=term.max_turns, max_consecutive_errors=term.max_consecutive_errors,
+            force_terminal_on_last_turn=term.force_terminal_on_last_turn,
             max_concurrent_tools=self.spec.max_concurrent_tools, history_window=self.spec.history_window,
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),

@@ -108,6 +108,7 @@ class ModelRequested(_Event, kw_only=True, tag="model.requested"):
     context_start: int = 0
     constraint_digest: str = ""
     sampling: dict[str, Any] = {}
+    tools: tuple[str, ...] = ()  # names offered when fewer than all the agent's tools (a forced last turn)
     ref: PayloadRef | None = None
 
 

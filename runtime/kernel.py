@@ -22,6 +22,10 @@ model reply with no tool calls (its text is the output), `max_turns` turns, the 
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
 (a failed model call, an unparseable reply, or a turn whose calls all failed), or `run.cancelled`.
 
+Final-turn forcing: with a terminal tool configured (and `force_terminal_on_last_turn`, the default),
+the request for the last turn `max_turns` allows offers only the terminal tool (`CallModel.tools`), so
+a constrained decoder can only answer; a call of another tool in that turn is denied (`policy`).
+
 Recovery contract (what a runner may rely on):
 
 1. `decide` returns only PENDING effects: effects whose outcome event is not in the log yet. It is a
@@ -98,6 +102,9 @@ class KernelConfig:
     policies: tuple[ToolPolicy, ...] = ()
     requires_approval: frozenset[str] = frozenset()
     sampling: Mapping[str, Any] = field(default_factory=dict)  # temperature, max_tokens, ... (sent as is)
+    # The last turn `max_turns` allows offers only the terminal tool: a run that used its budget on other
+    # calls ends with an answer instead of `max_turns`. No effect without a terminal tool.
+    force_terminal_on_last_turn: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -120,6 +127,13 @@ class KernelConfig:
     def tool_names(self) -> frozenset[str]:
         return frozenset(t.name for t in self.tools)
 
+    def offered(self, turn: int) -> tuple[ToolSchema, ...]:
+        """The tools the model may call in `turn`: all of them, except on a forced last turn, where only
+        the terminal tool remains (a grammar-constrained decoder then cannot emit anything else)."""
+        if self.force_terminal_on_last_turn and self.terminal_tool is not None and turn >= self.max_turns:
+            return tuple(t for t in self.tools if t.name == self.terminal_tool)
+        return self.tools
+
 
 # ── effects ───────────────────────────────────────────────────────────────────────────────────────────
 
@@ -127,7 +141,8 @@ class KernelConfig:
 @dataclass(frozen=True)
 class CallModel:
     """Ask the model. `messages` is the prompt to send (pinned head + window); `new_messages` is what the
-    runner records in `model.requested` (only the messages added since the previous request)."""
+    runner records in `model.requested` (only the messages added since the previous request). `tools` is
+    what this request offers: the config's tools, or only the terminal tool on a forced last turn."""
 
     id: str
     turn: int
@@ -489,7 +504,7 @@ def _call_model(state: State, turn: Turn) -> CallModel:
         messages=prompt,
         new_messages=state.messages[state.recorded :],
         context_start=start,
-        tools=cfg.tools,
+        tools=cfg.offered(turn.number),
         sampling=dict(cfg.sampling),
         deadline=state.deadline,
     )
@@ -542,6 +557,14 @@ def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: T
     if call.name not in cfg.tool_names:
         known = ", ".join(sorted(cfg.tool_names)) or "none"
         return ToolError("input", f"unknown tool {call.name!r}; available tools: {known}")
+    offered = cfg.offered(turn.number)
+    if offered is not cfg.tools and all(t.name != call.name for t in offered):
+        return ToolError(
+            "policy",
+            f"{call.name} is not available in the last turn ({turn.number} of {cfg.max_turns}); "
+            f"call {cfg.terminal_tool} with your answer",
+            detail="last_turn",
+        )
     reason = check_all(cfg.policies, tuple(policy_states), call)
     if reason is not None:
         return ToolError("policy", reason)

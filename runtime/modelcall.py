@@ -49,6 +49,8 @@ class ModelStep:
         self.constraint: Any = None
         self.extras: dict[str, Any] = {}
         self.constraint_digest = ""
+        self.tools = tuple(tools)
+        self._narrowed: dict[tuple[str, ...], ModelStep] = {}
         if constraint is not None:
             from runtime.constraints import build_constraint  # a bad constraint fails here, before any run
 
@@ -58,16 +60,27 @@ class ModelStep:
         elif adapter.native_tool_calls and tools:
             self.extras = {"tools": [t.to_openai() for t in tools]}
 
+    def _for(self, effect: kernel.CallModel) -> ModelStep:
+        """This step, or the one for the fewer tools the kernel offers on a forced last turn (built once)."""
+        if effect.tools is self.tools or effect.tools == self.tools:
+            return self
+        key = tuple(t.name for t in effect.tools)
+        if key not in self._narrowed:
+            self._narrowed[key] = ModelStep(self.adapter, effect.tools, self.constraint)
+        return self._narrowed[key]
+
     def requested(self, effect: kernel.CallModel) -> dict[str, Any]:
         """The fields of the `model.requested` event recording this effect."""
+        step = self._for(effect)
         return {
             "request_id": effect.id,
             "turn": effect.turn,
             "attempt": effect.attempt,
             "messages": effect.new_messages,
             "context_start": effect.context_start,
-            "constraint_digest": self.constraint_digest,
+            "constraint_digest": step.constraint_digest,
             "sampling": dict(effect.sampling),
+            "tools": () if step is self else tuple(t.name for t in step.tools),
         }
 
     async def call(
@@ -82,7 +95,7 @@ class ModelStep:
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
         try:
             with scope:
-                completion = await client.complete(messages, **effect.sampling, **self.extras)
+                completion = await client.complete(messages, **effect.sampling, **self._for(effect).extras)
         except TimeoutError:
             return ev.ModelFailed, {
                 **ids, "error": "the task's deadline passed during the model call", "error_kind": "timeout"}

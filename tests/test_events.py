@@ -56,6 +56,7 @@ BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
     Usage: st.builds(Usage, st.integers(0, 10**6), st.integers(0, 10**6)),
     tuple[Message, ...]: st.lists(messages, max_size=3).map(tuple),
     tuple[ToolCall, ...]: st.lists(tool_calls, max_size=3).map(tuple),
+    tuple[str, ...]: st.lists(st.text(max_size=8), max_size=3).map(tuple),
     ev.PayloadRef: st.builds(
         ev.PayloadRef, st.text(max_size=20), st.integers(0, 2**40), st.text(max_size=16)
     ),

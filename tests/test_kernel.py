@@ -148,6 +148,57 @@ def test_max_turns_fails_the_run():
     assert isinstance(sim.events[-1], ev.RunFailed) and sim.events[-1].reason == "max_turns"
 
 
+def _offered_per_turn(sim: Sim) -> list[tuple[int, tuple[str, ...]]]:
+    return [
+        (f.turn, tuple(t.name for t in f.tools))
+        for _, effects in sim.decisions
+        for f in effects
+        if isinstance(f, k.CallModel)
+    ]
+
+
+def test_the_last_turn_offers_only_the_terminal_tool_so_the_run_ends_with_an_answer():
+    def model(effect: k.CallModel) -> Reply:
+        if [t.name for t in effect.tools] == ["submit_result"]:
+            return Reply("", (call("submit_result", answer="42"),))
+        return Reply("", (call("search", q="again"),))
+
+    sim = Sim(config(max_turns=3)).start().run(model)
+    everything = tuple(t.name for t in TOOLS)
+    assert _offered_per_turn(sim) == [(1, everything), (2, everything), (3, ("submit_result",))]
+    assert sim.state.status == "completed" and sim.state.output == {"tool": "submit_result", "answer": "42"}
+
+
+def test_another_tool_called_in_the_forced_turn_is_denied_not_run():
+    ran: list[str] = []
+
+    def tool(c: ToolCall) -> ToolResult:
+        ran.append(c.id)
+        return echo_tool(c)
+
+    sim = Sim(config(max_turns=2)).start().run(script(Reply("", (call("search", q="x"),))), tool)
+    assert ran == ["run1/1.0"] and sim.events[-1].reason == "max_turns"
+    denied = [e for e in sim.events if isinstance(e, ev.ToolFailed)]
+    assert [(e.call_id, e.error.kind, e.error.detail) for e in denied] == [
+        ("run1/2.0", "policy", "last_turn")
+    ]
+    assert "call submit_result" in denied[0].error.message
+
+
+@pytest.mark.parametrize(
+    "cfg", [config(max_turns=2, force_terminal_on_last_turn=False), config(max_turns=2, terminal_tool=None)]
+)
+def test_no_forcing_when_turned_off_or_without_a_terminal_tool(cfg: k.KernelConfig):
+    sim = Sim(cfg).start().run(script(Reply("", (call("search", q="x"),))))
+    assert [names for _, names in _offered_per_turn(sim)] == [tuple(t.name for t in TOOLS)] * 2
+    assert sim.events[-1].reason == "max_turns" and not any(isinstance(e, ev.ToolFailed) for e in sim.events)
+
+
+def test_a_single_turn_budget_forces_the_first_request():
+    sim = Sim(config(max_turns=1)).start().run(script(Reply("", (call("submit_result", answer="y"),))))
+    assert _offered_per_turn(sim) == [(1, ("submit_result",))] and sim.state.status == "completed"
+
+
 def test_consecutive_model_failures_fail_the_run_and_retries_get_new_ids():
     sim = Sim(config(max_consecutive_errors=3)).start().run(script(Reply(fail="HTTP 503")))
     requests = [e.request_id for e in sim.events if isinstance(e, ev.ModelRequested)]

@@ -124,6 +124,11 @@ def test_runs_end_and_answered_work_is_never_reissued(sim: Sim):
     assert len(called) == len(set(called))
     assert sum(isinstance(e, ev.RunCompleted | ev.RunFailed) for e in sim.events) <= 1
     assert final.turns <= sim.config.max_turns
+    if sim.config.terminal_tool is not None:  # a forced last turn dispatches nothing but the terminal tool
+        last = f"{sim.run_id}/{sim.config.max_turns}."
+        called = [e.call for e in sim.events if isinstance(e, ev.ToolCalled)]
+        forced = [c.name for c in called if c.id.startswith(last)]
+        assert set(forced) <= {sim.config.terminal_tool}
     # the log's every event survives the wire
     for e in sim.events:
         assert ev.decode(ev.encode(e)) == e

@@ -87,6 +87,28 @@ async def test_a_run_with_a_sandboxed_script_a_python_tool_and_a_terminal_tool()
     assert folded.status == "completed" and folded.output == outcome.output and kernel.decide(folded) == []
 
 
+async def test_the_last_turn_is_constrained_to_the_terminal_tool():
+    """A model that keeps calling a tool meets a grammar that only admits the terminal tool at the end."""
+    hermes = get_adapter("hermes")
+    tools = [ScriptTool.from_path(AGENTS / "calculator.pym")]
+    again = hermes.format_call("calculator", {"expression": "17 * 23 + 4"})
+    replies = [again, hermes.format_call("submit_result", {"answer": "395"})]
+    cfg = make_config(tools, max_turns=2)
+    with ScriptedModelServer(replies) as server:
+        async with client_for(server) as client:
+            task = ev.Task(agent="a", input="17 * 23 + 4?")
+            outcome = await run_task(task, cfg, client=client, adapter=hermes, tools=tools,
+                                     constraint=DecodingConstraint("ebnf"))  # fmt: skip
+        first, last = (r["structured_outputs"]["grammar"] for r in server.requests)
+        prompt = server.requests[1]["messages"][0]["content"]
+    assert outcome.ok and outcome.output == {"answer": "395"}
+    requested = [e for e in outcome.events if isinstance(e, ev.ModelRequested)]
+    assert [r.tools for r in requested] == [(), ("submit_result",)]
+    assert requested[0].constraint_digest != requested[1].constraint_digest
+    assert "calculator" in first and "calculator" not in last and "submit_result" in last
+    assert "calculator" not in prompt and "submit_result" in prompt
+
+
 async def test_native_tool_calls_with_the_openai_adapter_and_a_plain_final_answer():
     adapter = get_adapter("openai")
     tools = [PythonTool(lookup)]
