@@ -171,3 +171,28 @@ async def test_environment_configures_the_client(monkeypatch) -> None:
         async with ModelClient() as client:
             await client.complete(USER)
         assert server.requests[0]["model"] == "env-model"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_body_on_the_wire_is_what_the_sdk_create_sends(stream: bool) -> None:
+    """`complete` posts the plain body itself (no SDK param transform): same keys, values and order."""
+    tools = [TOOL.to_openai()]
+    extra_body = {"structured_outputs": {"grammar": 'root ::= "x"'}, "top_k": 3}
+    messages = [{"role": "system", "content": "é \u2028 tools"}, *USER]
+    with ScriptedModelServer(["a", "b"]) as server:
+        async with client_for(server) as client:
+            sdk = await client._client.chat.completions.create(
+                model="m", messages=messages, temperature=0.0, max_tokens=5, stop=["</s>"], seed=1,
+                tools=tools, tool_choice="required", extra_body=extra_body,
+                **({"stream": True, "stream_options": {"include_usage": True}} if stream else {}))
+            if stream:
+                async for _ in sdk:
+                    pass
+            ours = await client.complete(messages, temperature=0.0, max_tokens=5, stop=["</s>"], seed=1,
+                                         tools=tools, tool_choice="required", extra_body=extra_body,
+                                         stream=stream)
+        reference, sent = server.requests
+    assert ours.text == "b"
+    assert json.dumps(sent) == json.dumps(reference)  # key order included
+    assert sent["structured_outputs"] == extra_body["structured_outputs"] and sent["top_k"] == 3
+    assert ("stream" in sent) is stream and "extra_body" not in sent
