@@ -314,9 +314,9 @@ async def test_host_time_in_externals_is_not_sandbox_time():
 
 
 FILES = {
-    "/workspace/notes.txt": "line1\nline2\n",
-    "/workspace/data/a.json": '{"k": 1}',
-    "/workspace/img.bin": b"\x00\x01",
+    "/data/notes.txt": "line1\nline2\n",
+    "/data/sub/a.json": '{"k": 1}',
+    "/data/img.bin": b"\x00\x01",
 }
 
 
@@ -324,16 +324,16 @@ async def test_virtual_files_open_pathlib_listdir():
     s = script("""\
         import json, os
         from pathlib import Path
-        with open("/workspace/notes.txt") as f:
+        with open("/data/notes.txt") as f:
             lines = [ln.strip() for ln in f]
         {
             "open": lines,
-            "pathlib": json.loads(Path("/workspace/data/a.json").read_text()),
-            "bytes": open("/workspace/img.bin", "rb").read(),
-            "listdir": sorted(os.listdir("/workspace")),
-            "exists": [os.path.exists("/workspace/data"), os.path.isdir("/workspace/data"),
+            "pathlib": json.loads(Path("/data/sub/a.json").read_text()),
+            "bytes": open("/data/img.bin", "rb").read(),
+            "listdir": sorted(os.listdir("/data")),
+            "exists": [os.path.exists("/data/sub"), os.path.isdir("/data/sub"),
                        os.path.exists("/x")],
-            "glob": [str(p) for p in Path("/workspace").glob("**/*.json")],
+            "glob": [str(p) for p in Path("/data").glob("**/*.json")],
         }
     """)
     r = await s.run(files=FILES)
@@ -342,21 +342,21 @@ async def test_virtual_files_open_pathlib_listdir():
         "open": ["line1", "line2"],
         "pathlib": {"k": 1},
         "bytes": "\x00\x01",
-        "listdir": ["data", "img.bin", "notes.txt"],
+        "listdir": ["img.bin", "notes.txt", "sub"],
         "exists": [True, True, False],
-        "glob": ["/workspace/data/a.json"],
+        "glob": ["/data/sub/a.json"],
     }
 
 
 @pytest.mark.parametrize(
     "write",
     [
-        'open("/workspace/notes.txt", "w").write("x")',
-        'open("/workspace/new.txt", "a").write("x")',
-        'Path("/workspace/new.txt").write_text("x")',
-        'os.remove("/workspace/notes.txt")',
-        'os.mkdir("/workspace/d2")',
-        'Path("/workspace/notes.txt").rename("/workspace/n2.txt")',
+        'open("/data/notes.txt", "w").write("x")',
+        'open("/data/new.txt", "a").write("x")',
+        'Path("/data/new.txt").write_text("x")',
+        'os.remove("/data/notes.txt")',
+        'os.mkdir("/data/d2")',
+        'Path("/data/notes.txt").rename("/data/n2.txt")',
     ],
 )
 async def test_filesystem_is_read_only(write):
@@ -368,9 +368,9 @@ async def test_filesystem_is_read_only(write):
 
 
 async def test_missing_file_lists_available_files():
-    r = await script('open("/workspace/nope.txt").read()\n').run(files=FILES)
+    r = await script('open("/data/nope.txt").read()\n').run(files=FILES)
     assert r.error.kind == "execution" and "FileNotFoundError" in r.error.message
-    assert "/workspace/notes.txt" in r.error.message
+    assert "/data/notes.txt" in r.error.message
 
 
 async def test_relative_file_paths_live_under_root():

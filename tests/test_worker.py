@@ -237,3 +237,30 @@ async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: 
     err = {o.call_id: o.result.error for o in outcomes}
     assert (err["r1/1.0"].kind, err["r1/1.0"].detail) == ("limit", "duration")  # the bundle's per-tool limit
     assert err["r1/1.1"].kind == "output" and "echo" in err["r1/1.1"].message  # the bundle's output model
+
+
+async def _one_job(js, registry, j: ToolJob) -> ToolOutcome:
+    await js.publish(j.subject, j.encode(), headers=j.headers())
+    _, (outcome,) = await run_worker_until(js, registry, 1)
+    return outcome
+
+
+async def test_workspace_scripts_list_what_add_wrote_under_data(js) -> None:
+    """The shipped agents/workspace scripts through the real worker path and the WorkspaceKV provider."""
+    await bus.ensure_topology(js)
+    agents = Path(__file__).parents[1] / "agents" / "workspace"
+    reg = build_registry(tool_globs=[str(agents / "*.pym")])
+    added = await _one_job(js, reg, job("1.0", "add_entry", {"title": "Buy milk", "content": "two litres"},
+                                        workspace="home"))
+    assert added.result.error is None and added.writes == 1
+    kv = await bus.workspace_kv(js, "home")
+    assert (await kv.get("notes/buy-milk.md")).value == b"# Buy milk\n\ntwo litres\n"
+    listed = await _one_job(js, reg, job("2.0", "list_entries", {}, workspace="home"))
+    assert listed.result.output["total"] == 1
+    (entry,) = listed.result.output["entries"]
+    assert (entry["name"], entry["title"]) == ("buy-milk.md", "Buy milk") and "two litres" in entry["preview"]
+    again = await _one_job(js, reg, job("3.0", "add_entry", {"title": "buy milk!", "content": "x"},
+                                        workspace="home"))
+    assert again.result.error is not None and "already exists" in again.result.error.message
+    assert again.writes == 0
+
