@@ -135,16 +135,16 @@ def test_run_with_files_env_and_externals(scripts, tmp_path):
         "run",
         str(AGENTS / "summarize.pym"),
         "--file",
-        f"/workspace={tmp_path / 'ws'}",
+        f"/data={tmp_path / 'ws'}",
         "-i",
-        "path=/workspace/notes/a.md",
+        "path=/data/notes/a.md",
         "--external",
         'ask_llm="A short note."',
         "--json",
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["output"] == {
-        "path": "/workspace/notes/a.md",
+        "path": "/data/notes/a.md",
         "summary": "A short note.",
         "words": 3,
     }
