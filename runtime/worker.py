@@ -336,7 +336,8 @@ class Worker:
     def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
         if job.workspace:
             return self._workspace_files, self._workspace_writes
-        return self.registry.providers.get(job.agent, NullDataProvider()), NullResultHandler()
+        bundle = job.agent.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
+        return self.registry.providers.get(bundle, NullDataProvider()), NullResultHandler()
 
     async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | None:
         """The job's outcome, or None when NATS trouble means it should be retried later."""

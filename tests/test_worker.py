@@ -264,3 +264,15 @@ async def test_workspace_scripts_list_what_add_wrote_under_data(js) -> None:
     assert again.result.error is not None and "already exists" in again.result.error.message
     assert again.writes == 0
 
+
+
+async def test_an_instance_of_a_bundle_gets_the_bundle_static_data(js, tmp_path: Path) -> None:
+    await bus.ensure_topology(js)
+    (tmp_path / "read.pym").write_text('"""Read a fact."""\n{"fact": open("/data/fact.txt").read()}\n')
+    (tmp_path / "bundle.yaml").write_text(
+        "name: facts\ntools: [read.pym]\ndata_provider: {type: static, files: {/data/fact.txt: wet}}\n")
+    reg = build_registry(bundles=[tmp_path])
+    for n, agent in enumerate(["facts", "facts:alice"]):
+        j = ToolJob(run_id="r1", agent=agent, call_id=f"r1/{n}.0", tool="read", arguments={})
+        outcome = await _one_job(js, reg, j)
+        assert outcome.result.output == {"fact": "wet"}, (agent, outcome.result)
