@@ -16,7 +16,8 @@ outlive the task; the kernel then sees the timed-out call's event past the deadl
 
 Effects of one `decide` are performed in order, each to completion (the tool calls inside one
 `CallTools` run concurrently, at most `max_concurrent` at a time). An approval is asked of `approver`
-(no approver: denied, since nobody can grant it in-process). If the caller cancels `run_task`, a
+(no approver: denied, since nobody can grant it in-process; an approver still silent at the deadline:
+denied by `deadline`). If the caller cancels `run_task`, a
 `run.cancelled` event is appended before the cancellation propagates.
 """
 
@@ -218,16 +219,24 @@ class _Runner:
         return sink
 
     async def ask_approval(self, call: ToolCall) -> None:
+        """Ask the approver, but no longer than the task's deadline: the kernel only sees time pass through
+        events, so a run waiting on a silent approver would never fail. As the NATS host does, a deadline
+        that passes while waiting denies the call (`by="deadline"`) and the next `decide` ends the run."""
         await self.emit(ev.ApprovalRequested, call=call)
+        by = "approver"
         if self.approver is None:
             verdict: str | None = "no approver is configured for this in-process run"
         else:
-            answer = self.approver(call)
-            verdict = await answer if inspect.isawaitable(answer) else answer
+            try:
+                with self._timeout(self.state.deadline):
+                    answer = self.approver(call)
+                    verdict = await answer if inspect.isawaitable(answer) else answer
+            except TimeoutError:
+                verdict, by = "the task's deadline passed", "deadline"
         if verdict is None:
-            await self.emit(ev.ApprovalGranted, call_id=call.id, by="approver")
+            await self.emit(ev.ApprovalGranted, call_id=call.id, by=by)
         else:
-            await self.emit(ev.ApprovalDenied, call_id=call.id, reason=verdict, by="approver")
+            await self.emit(ev.ApprovalDenied, call_id=call.id, reason=verdict, by=by)
 
 
 async def run_task(

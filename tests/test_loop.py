@@ -219,6 +219,25 @@ async def test_the_deadline_stops_a_hung_tool_and_fails_the_run():
     assert outcome.status == "failed" and outcome.reason.startswith("deadline")
 
 
+async def test_the_deadline_passes_while_waiting_for_an_approver():
+    async def silent(call: Any) -> str | None:
+        await anyio.sleep_forever()
+
+    tools = [PythonTool(lookup)]
+    cfg = make_config(tools, requires_approval=frozenset({"lookup"}))
+    with ScriptedModelServer([Reply.tool_call("lookup", {"key": "river"})]) as server:
+        async with client_for(server) as client:
+            with anyio.fail_after(30):  # without the deadline, the run would wait forever
+                outcome = await run_task(ev.Task(agent="a", input="go", timeout_s=0.3), cfg,
+                                         client=client, adapter=get_adapter("openai"), tools=tools,
+                                         approver=silent)  # fmt: skip
+    denied = next(e for e in outcome.events if isinstance(e, ev.ApprovalDenied))
+    assert denied.by == "deadline" and "deadline" in denied.reason
+    assert not any(isinstance(e, ev.ToolCalled) for e in outcome.events)
+    assert outcome.status == "failed" and outcome.reason.startswith("deadline")
+    assert kernel.fold(cfg, outcome.events).status == "failed"
+
+
 async def test_the_deadline_is_judged_on_event_timestamps_from_the_injected_clock():
     ticks = iter(range(0, 10_000, 10))
     tools = [PythonTool(lookup)]
