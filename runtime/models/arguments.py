@@ -14,6 +14,8 @@ import json
 import re
 from typing import Any
 
+from runtime.jsontypes import json_type
+
 _INT = re.compile(r"^[+-]?\d+$")
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
@@ -34,28 +36,12 @@ def schema_types(schema: Any) -> list[str]:
     if not found:
         for value in [schema.get("const"), *(schema.get("enum") or [])]:
             if value is not None:
-                found.append(_json_type(value))
+                found.append(json_type(value))
     unique = list(dict.fromkeys(found))
     if "string" in unique:
         unique.remove("string")
         unique.append("string")
     return unique
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null"
 
 
 def _sub_schema(schema: dict[str, Any], type_name: str) -> dict[str, Any]:
@@ -88,7 +74,7 @@ def value_from_text(text: str, schema: Any) -> Any:
                 decoded = json.loads(stripped)
             except ValueError:
                 continue
-            if _json_type(decoded) == type_name:
+            if json_type(decoded) == type_name:
                 return coerce_value(decoded, _sub_schema(schema, type_name))
     if types:
         return text  # nothing fits: keep it and let the tool's input check explain

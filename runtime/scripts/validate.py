@@ -18,6 +18,8 @@ import math
 import re
 from typing import Any
 
+from runtime.jsontypes import is_type, json_type
+
 __all__ = ["describe_value", "unsupported_keywords", "validate"]
 
 _CHECKED = {
@@ -93,27 +95,9 @@ def unsupported_keywords(schema: Any, path: str = "#") -> list[str]:
     return found
 
 
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
 def describe_value(value: Any, limit: int = 60) -> str:
     """`integer 3`, `string "abc"`, `array of 4 items`: how a value is named in error messages."""
-    kind = _json_type(value)
+    kind = json_type(value)
     if kind in ("array", "object"):
         n = len(value)
         return f"{kind} of {n} {'item' if kind == 'array' else 'key'}{'' if n == 1 else 's'}"
@@ -126,26 +110,6 @@ def describe_value(value: Any, limit: int = 60) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{kind} {text}"
-
-
-def _is_type(value: Any, kind: str) -> bool:
-    if kind == "null":
-        return value is None
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "integer":
-        if isinstance(value, bool):
-            return False
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "array":
-        return isinstance(value, (list, tuple, set, frozenset))
-    if kind == "object":
-        return isinstance(value, dict)
-    return False
 
 
 _FAST: dict[Any, Any] = {
@@ -213,7 +177,7 @@ def _check(value: Any, schema: Any, path: str, root: Any, errors: list[str], cap
     kind = schema.get("type")
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
-        if not any(_is_type(value, k) for k in kinds):
+        if not any(is_type(value, k) for k in kinds):
             wanted = " or ".join(kinds)
             errors.append(f"{where}expected {wanted}, got {describe_value(value)}")
             return
