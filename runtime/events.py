@@ -246,6 +246,15 @@ def kind_of(ev: Event) -> str:
     return type(ev).__struct_config__.tag  # type: ignore[return-value]
 
 
+def tool_outcome(call_id: str, tool: str, result: ToolResult) -> tuple[type[Event], dict[str, Any]]:
+    """The event recording a tool's result and its fields (less the run's ids): `tool.completed` with the
+    output, or `tool.failed` with the error. One mapping, so every runner records results alike."""
+    fields: dict[str, Any] = {"call_id": call_id, "tool": tool, "duration_ms": result.duration_ms}
+    if result.error is None:
+        return ToolCompleted, {**fields, "output": result.output}
+    return ToolFailed, {**fields, "error": result.error}
+
+
 # ── commands ──────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -442,4 +451,5 @@ __all__ = [
     "kind_of",
     "payload_bytes",
     "to_json",
+    "tool_outcome",
 ]

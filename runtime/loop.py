@@ -153,22 +153,8 @@ class _Runner:
         async def one(call: ToolCall) -> None:
             async with limiter:
                 result = await self.execute(call, effect.deadline)
-            if result.ok:
-                await self.emit(
-                    ev.ToolCompleted,
-                    call_id=call.id,
-                    tool=call.name,
-                    output=result.output,
-                    duration_ms=result.duration_ms,
-                )
-            else:
-                await self.emit(
-                    ev.ToolFailed,
-                    call_id=call.id,
-                    tool=call.name,
-                    error=result.error,
-                    duration_ms=result.duration_ms,
-                )
+            cls, fields = ev.tool_outcome(call.id, call.name, result)
+            await self.emit(cls, **fields)
 
         async with anyio.create_task_group() as group:
             for call in effect.calls:

@@ -44,6 +44,7 @@ from runtime.scripts import (
 from runtime.scripts.loader import docstring_params
 from runtime.scripts.run import _to_sandbox
 from runtime.scripts.schema import AnnotationError, is_optional
+from runtime.scripts.specs import parameters_schema
 from runtime.types import ToolError, ToolResult, ToolSchema
 
 __all__ = [
@@ -180,19 +181,7 @@ def script_tool_diagnostics(script: Script) -> list[Diagnostic]:
 
 def schema_from_inputs(inputs: Mapping[str, InputSpec] | Iterable[InputSpec]) -> dict[str, Any]:
     """The JSON Schema `parameters` object for a script's `Input()` declarations."""
-    specs = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for spec in specs:
-        prop = dict(spec.schema)
-        if spec.description:
-            prop["description"] = spec.description
-        if spec.has_default:
-            prop["default"] = spec.default
-        properties[spec.name] = prop
-        if spec.required:
-            required.append(spec.name)
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    return parameters_schema(inputs.values() if isinstance(inputs, Mapping) else inputs)
 
 
 def _tagged(on_event: EventCallback | None, call_id: str) -> EventCallback | None:
@@ -205,7 +194,21 @@ def _tagged(on_event: EventCallback | None, call_id: str) -> EventCallback | Non
     return tag
 
 
-class ScriptTool:
+class _Described:
+    """What both tool kinds share: the schema the model is shown, built once, and the name it calls."""
+
+    _schema: ToolSchema
+
+    @property
+    def schema(self) -> ToolSchema:
+        return self._schema
+
+    @property
+    def name(self) -> str:
+        return self._schema.name
+
+
+class ScriptTool(_Described):
     """A `.pym` script as a tool. Raises `ScriptLoadError` if the script has diagnostics or breaks the
     tool rules; use `discover_tools` to collect such failures instead."""
 
@@ -229,14 +232,6 @@ class ScriptTool:
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> ScriptTool:
         return cls(load(path), **kwargs)
-
-    @property
-    def schema(self) -> ToolSchema:
-        return self._schema
-
-    @property
-    def name(self) -> str:
-        return self._schema.name
 
     @property
     def path(self) -> str | None:
@@ -263,7 +258,7 @@ class ScriptTool:
         return f"ScriptTool({self.name!r}, path={self.path!r}, limits={self.limits.describe()!r})"
 
 
-class PythonTool:
+class PythonTool(_Described):
     """A sync or async Python callable as a tool.
 
     Parameters become the schema (type hints -> JSON Schema by the same table as `.pym` inputs; a
@@ -334,14 +329,6 @@ class PythonTool:
             "additionalProperties": False,
         }
         self._schema = ToolSchema(tool_name, text, parameters)
-
-    @property
-    def schema(self) -> ToolSchema:
-        return self._schema
-
-    @property
-    def name(self) -> str:
-        return self._schema.name
 
     async def execute(self, arguments: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
         import time

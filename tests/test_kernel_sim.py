@@ -150,23 +150,8 @@ class Sim:
                 self.emit(ev.RunFailed, reason=effect.reason, detail=effect.detail)
 
     def record_result(self, call: ToolCall, result: ToolResult) -> None:
-        if result.ok:
-            self.emit(
-                ev.ToolCompleted,
-                call_id=call.id,
-                tool=call.name,
-                output=result.output,
-                duration_ms=result.duration_ms,
-            )
-        else:
-            assert result.error is not None
-            self.emit(
-                ev.ToolFailed,
-                call_id=call.id,
-                tool=call.name,
-                error=result.error,
-                duration_ms=result.duration_ms,
-            )
+        cls, fields = ev.tool_outcome(call.id, call.name, result)
+        self.emit(cls, **fields)
 
     def kinds(self) -> list[str]:
         return [ev.kind_of(e) for e in self.events]

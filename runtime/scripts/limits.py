@@ -49,42 +49,33 @@ _DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "ms": 1e-3, "us":
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(value: Any, *, field: str = "size") -> int:
-    """Bytes from an int or a string such as "16mb", "1.5GB", "512kb", "4096"."""
-    if isinstance(value, bool):
-        raise LimitsError(f"{field} must be a byte count or a size like '16mb', not {value!r}")
-    if isinstance(value, int):
+def _quantity(value: Any, field: str, units: dict[str, float], kind: str, expected: str, unit_names: str
+              ) -> float:
+    """A positive number times its unit, from a number or a string such as "1.5GB" or "500ms"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         number, unit = float(value), ""
-    elif isinstance(value, float):
-        number, unit = value, ""
     elif isinstance(value, str) and (m := _QUANTITY.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
     else:
-        raise LimitsError(f"{field} must be a byte count or a size like '16mb' or '1.5GB', not {value!r}")
-    if unit not in _SIZE_UNITS:
-        raise LimitsError(f"{field}: unknown size unit {unit!r} in {value!r}; use b, kb, mb or gb")
-    size = number * _SIZE_UNITS[unit]
-    if not math.isfinite(size) or size <= 0:
+        raise LimitsError(f"{field} must be {expected}, not {value!r}")
+    if unit not in units:
+        raise LimitsError(f"{field}: unknown {kind} unit {unit!r} in {value!r}; use {unit_names}")
+    amount = number * units[unit]
+    if not math.isfinite(amount) or amount <= 0:
         raise LimitsError(f"{field} must be positive, not {value!r}")
-    return int(size)
+    return amount
+
+
+def parse_size(value: Any, *, field: str = "size") -> int:
+    """Bytes from an int or a string such as "16mb", "1.5GB", "512kb", "4096"."""
+    return int(_quantity(value, field, _SIZE_UNITS, "size", "a byte count or a size like '16mb' or '1.5GB'",
+                         "b, kb, mb or gb"))
 
 
 def parse_duration(value: Any, *, field: str = "duration") -> float:
     """Seconds from a number or a string such as "500ms", "2s", "1.5m"."""
-    if isinstance(value, bool):
-        raise LimitsError(f"{field} must be seconds or a duration like '2s', not {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    elif isinstance(value, str) and (m := _QUANTITY.match(value)):
-        number, unit = float(m.group(1)), m.group(2).lower()
-    else:
-        raise LimitsError(f"{field} must be seconds or a duration like '500ms' or '2s', not {value!r}")
-    if unit not in _DURATION_UNITS:
-        raise LimitsError(f"{field}: unknown duration unit {unit!r} in {value!r}; use ms, s or m")
-    seconds = number * _DURATION_UNITS[unit]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise LimitsError(f"{field} must be positive, not {value!r}")
-    return seconds
+    return _quantity(value, field, _DURATION_UNITS, "duration", "seconds or a duration like '500ms' or '2s'",
+                     "ms, s or m")
 
 
 def _positive_int(value: Any, field: str) -> int:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.scripts.check import check_subset
 from runtime.scripts.schema import AnnotationError, is_optional, schema_from_annotation
-from runtime.scripts.specs import MISSING, Diagnostic, ExternalSpec, InputSpec, ParamSpec
+from runtime.scripts.specs import MISSING, Diagnostic, ExternalSpec, InputSpec, ParamSpec, parameters_schema
 from runtime.scripts.validate import validate
 
 if TYPE_CHECKING:
@@ -88,23 +88,7 @@ class Script:
     @cached_property
     def parameters(self) -> dict[str, Any]:
         """JSON Schema of the inputs (an object with `additionalProperties: false`)."""
-        properties: dict[str, Any] = {}
-        required: list[str] = []
-        for spec in self.inputs.values():
-            prop = dict(spec.schema)
-            if spec.description:
-                prop["description"] = spec.description
-            if spec.has_default:
-                prop["default"] = spec.default
-            properties[spec.name] = prop
-            if spec.required:
-                required.append(spec.name)
-        return {
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": False,
-        }
+        return parameters_schema(self.inputs.values())
 
     def error(self) -> ToolResult | None:
         """The load problems as a failed `ToolResult` (kind of the first), or None when the script is ok."""
@@ -227,6 +211,17 @@ def _is_name(node: ast.expr, name: str) -> bool:
 
 def _is_input_call(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Call) and _is_name(node.func, "Input")
+
+
+def _param(arg: ast.arg, kind: Any, default: ast.expr | None = None) -> ParamSpec:
+    """One `@external` parameter as declared: its annotation and default as source text."""
+    return ParamSpec(
+        arg.arg,
+        ast.unparse(arg.annotation) if arg.annotation else None,
+        kind,
+        ast.unparse(default) if default is not None else None,
+        default is not None,
+    )
 
 
 class _Loader:
@@ -486,48 +481,18 @@ class _Loader:
         )
 
     def _external(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ExternalSpec:
-        params: list[ParamSpec] = []
         a = fn.args
         positional = [*a.posonlyargs, *a.args]
         defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-        for i, arg in enumerate(positional):
-            kind = "positional_only" if i < len(a.posonlyargs) else "positional"
-            d = defaults[i]
-            params.append(
-                ParamSpec(
-                    arg.arg,
-                    ast.unparse(arg.annotation) if arg.annotation else None,
-                    kind,
-                    ast.unparse(d) if d is not None else None,
-                    d is not None,
-                )
-            )
+        params = [
+            _param(arg, "positional_only" if i < len(a.posonlyargs) else "positional", defaults[i])
+            for i, arg in enumerate(positional)
+        ]
         if a.vararg:
-            params.append(
-                ParamSpec(
-                    a.vararg.arg,
-                    ast.unparse(a.vararg.annotation) if a.vararg.annotation else None,
-                    "var_positional",
-                )
-            )
-        for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
-            params.append(
-                ParamSpec(
-                    arg.arg,
-                    ast.unparse(arg.annotation) if arg.annotation else None,
-                    "keyword_only",
-                    ast.unparse(d) if d is not None else None,
-                    d is not None,
-                )
-            )
+            params.append(_param(a.vararg, "var_positional"))
+        params += [_param(arg, "keyword_only", d) for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
         if a.kwarg:
-            params.append(
-                ParamSpec(
-                    a.kwarg.arg,
-                    ast.unparse(a.kwarg.annotation) if a.kwarg.annotation else None,
-                    "var_keyword",
-                )
-            )
+            params.append(_param(a.kwarg, "var_keyword"))
 
         start = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
         for p in params:

@@ -6,6 +6,7 @@ The names follow grail's (`InputSpec`, `ExternalSpec`, `ParamSpec`; `type_annota
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,7 +14,7 @@ import msgspec
 
 from runtime.types import ToolError
 
-__all__ = ["MISSING", "Diagnostic", "ExternalSpec", "InputSpec", "ParamSpec"]
+__all__ = ["MISSING", "Diagnostic", "ExternalSpec", "InputSpec", "ParamSpec", "parameters_schema"]
 
 
 class _Missing:
@@ -155,3 +156,20 @@ class ExternalSpec:
                 parts.append("/")
         returns = f" -> {self.returns}" if self.returns else ""
         return f"{'async ' if self.is_async else ''}def {self.name}({', '.join(parts)}){returns}"
+
+
+def parameters_schema(specs: Iterable[InputSpec]) -> dict[str, Any]:
+    """The JSON Schema `parameters` object of a script's `Input()` declarations: what the model is shown
+    and what arguments are validated against, so there is exactly one way to build it."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for spec in specs:
+        prop = dict(spec.schema)
+        if spec.description:
+            prop["description"] = spec.description
+        if spec.has_default:
+            prop["default"] = spec.default
+        properties[spec.name] = prop
+        if spec.required:
+            required.append(spec.name)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
