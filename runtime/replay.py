@@ -60,8 +60,13 @@ def run_filter(run_id: str, agent: str | None = None) -> str:
 
 
 async def read_run(js: JetStreamContext, run_id: str, agent: str | None = None, *,
-                   timeout: float = 30.0) -> RunLog:
-    """Every event of `run_id` (empty `RunLog` if there is none). Raises EventDecodeError on a bad event."""
+                   timeout: float = 30.0, resolve: bool = True) -> RunLog:
+    """Every event of `run_id` (empty `RunLog` if there is none). Raises EventDecodeError on a bad event.
+
+    With `resolve` (the default: folding, replay and verify need the real values) an event whose big field
+    is in the object store comes back with it (`Payloads.resolve_event`, digest-checked); without it,
+    events are as stored, refs included.
+    """
     flt = run_filter(run_id, agent)
     try:
         last = await js.get_last_msg(bus.EVENTS, flt, direct=True)
@@ -88,6 +93,10 @@ async def read_run(js: JetStreamContext, run_id: str, agent: str | None = None, 
     for seq, data in raw:
         out.events.append(ev.decode(data))
         out.stream_seqs.append(seq)
+    if resolve and any(getattr(e, "ref", None) is not None for e in out.events):
+        from runtime.payloads import Payloads
+
+        out.events = await Payloads(js).resolve_events(out.events)
     return out
 
 
@@ -129,15 +138,26 @@ def _short(value: Any, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _ref(ref: ev.PayloadRef) -> str:
+    return f"[{ref.size:,} bytes in the object store: {ref.object_name[:19]}…]"
+
+
+def _big(event: ev.Event, value: Any, width: int) -> str:
+    """The event's big field, shortened; or where it is when the event (as stored) carries a ref."""
+    ref = getattr(event, "ref", None)
+    return _ref(ref) if ref is not None else _short(value, width)
+
+
 def describe(event: ev.Event) -> str:
     """One line saying what an event records (the timeline's detail column, `sa send --follow`)."""
     match event:
         case ev.RunStarted():
             deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
-            return f"task {_short(event.input, 70)!s}{deadline}  bundle {event.bundle_digest or '-'}"
+            return f"task {_big(event, event.input, 70)}{deadline}  bundle {event.bundle_digest or '-'}"
         case ev.ModelRequested():
             again = f" attempt {event.attempt}" if event.attempt else ""
-            return (f"turn {event.turn}{again}: +{len(event.messages)} message(s), "
+            added = _ref(event.ref) if event.ref is not None else f"+{len(event.messages)} message(s)"
+            return (f"turn {event.turn}{again}: {added}, "
                     f"context from {event.context_start}")
         case ev.ModelResponded():
             usage = event.usage
@@ -147,7 +167,7 @@ def describe(event: ev.Event) -> str:
             if event.calls:
                 calls = ", ".join(f"{c.name}({_short(c.arguments, 50)})" for c in event.calls)
                 return f"{head}; calls {calls}"
-            return f"{head}; says {_short(event.content or event.text, 60)}"
+            return f"{head}; says {_big(event, event.content or event.text, 60)}"
         case ev.ModelFailed():
             return f"{event.error_kind}: {_short(event.error, 80)}"
         case ev.ToolCalled():
@@ -161,13 +181,13 @@ def describe(event: ev.Event) -> str:
         case ev.ScriptFailed():
             return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 60)}"
         case ev.ToolCompleted():
-            return f"{event.tool} {event.duration_ms:.1f} ms -> {_short(event.output, 60)}"
+            return f"{event.tool} {event.duration_ms:.1f} ms -> {_big(event, event.output, 60)}"
         case ev.ToolFailed():
             return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 70)}"
         case ev.TurnCompleted():
             return f"turn {event.turn}: {event.calls_ok} ok, {event.calls_failed} failed"
         case ev.RunCompleted():
-            return f"output {_short(event.output, 80)}"
+            return f"output {_big(event, event.output, 80)}"
         case ev.RunFailed():
             return f"{event.reason}{': ' + _short(event.detail, 70) if event.detail else ''}"
         case ev.RunCancelled():

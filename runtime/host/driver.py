@@ -21,12 +21,33 @@ What is never done twice (the recovery contract of `runtime.kernel`):
   event (the kernel would ignore it anyway; the log stays clean).
 
 A RESULTS message is acked only after its events are appended: a host killed in between gets it again.
+
+Staged appends (why a turn costs few round trips)
+------------------------------------------------
+`append` folds the event at once and stages it; `_flush` writes what is staged, in order, each event with
+its OCC expectation (one writer, no gap, no fork: exactly as one-by-one appends). Nothing leaves the
+process on the strength of a staged event: the driver flushes before a tool job is published (its
+`tool.called` is durable first), before a RESULTS or command message is acked, before it waits, and when
+the run ends. The one overlap is the model call: the events before it (an outcome's `script.*`/`tool.*`,
+`turn.completed`, `model.requested`) are appended *while* the request is in flight, and `model.responded`
+is staged only after both finished. A host killed during that window has not recorded the reply, so the
+restarted host makes the call again, which the recovery contract allows (only recorded steps are never
+repeated); a driver that turns out to be superseded cancels its call.
+
+Why not one atomic batch per group (`Nats-Batch-*`, server 2.12+): an R1 file-backed stream syncs every
+atomic batch to disk on commit; measured here that is ~5 ms per batch, serialised server-wide (~250
+batches/s with 100 writers), against ~0.25 ms for a plain OCC append. Events stay one message each.
+
+Big payloads: each event is offloaded (`Payloads.offload_event`) as it is written, so the log holds a
+`PayloadRef` while the state folds the full value; an outcome whose output is in the object store is
+resolved (`resolve_outcome`) before its events are made, because the model's next prompt needs it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +62,7 @@ from runtime import bus, kernel
 from runtime import events as ev
 from runtime.host.agent import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
+from runtime.payloads import Payloads
 from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
@@ -65,16 +87,19 @@ class RunDriver:
 
     def __init__(self, js: JetStreamContext, agent: AgentRuntime, actor: str, run_id: str, partition: int,
                  *, state: kernel.State, last_seq: int, on_event: Callable[[ev.Event], Any] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, payloads: Payloads | None = None) -> None:
         self.js, self.agent, self.actor, self.run_id, self.partition = js, agent, actor, run_id, partition
         self.state, self.last_seq = state, last_seq
         self.task_id: str | None = None  # for the runs index
         self.on_event, self.clock = on_event, clock
+        self.payloads = payloads or payloads_for(js)
         self.inbox: deque[Inbound] = deque()
         self._wake = anyio.Event()
         self.in_flight: set[str] = set()  # call ids whose job this driver published and that have no result
         self._model_scope: anyio.CancelScope | None = None
         self._cancelling = False
+        self._staged: deque[ev.Event] = deque()  # folded, not yet in the log (see "Staged appends")
+        self._acks: list[Any] = []  # messages to ack once everything staged before them is in the log
 
     # -- fed by the host ---------------------------------------------------------------------------------
 
@@ -102,10 +127,12 @@ class RunDriver:
             if not progressed and not self.state.done and not self._cancelling:
                 await self._wait()
         await self._drain_inbox()  # ack whatever arrived for a run that is over
+        await self._flush()
         return self.state
 
     async def _wait(self) -> None:
         """Block until something arrives; at the deadline, record why the pending work timed out."""
+        await self._flush()
         if self.inbox:
             return
         self._wake = anyio.Event()
@@ -136,13 +163,13 @@ class RunDriver:
                                   by="deadline")
 
     async def _drain_inbox(self) -> None:
+        """Apply what arrived; each message is acked after the next flush (its events are then durable).
+        A message whose apply fails is not acked: it is redelivered (to whoever owns the run then)."""
         while self.inbox:
             item = self.inbox.popleft()
-            try:
-                await self._apply(item.item)
-            finally:
-                if item.msg is not None:
-                    await _ack(item.msg)
+            await self._apply(item.item)
+            if item.msg is not None:
+                self._acks.append(item.msg)
 
     async def _apply(self, item: Any) -> None:
         state = self.state
@@ -153,6 +180,7 @@ class RunDriver:
                 log.debug("run %s: outcome of %s changes nothing (duplicate or stale)", self.run_id,
                           item.call_id)
                 return
+            item = await self.payloads.resolve_outcome(item)  # the next prompt needs the real output
             for event in item.events(state.seq):
                 fields = {f: getattr(event, f) for f in event.__struct_fields__
                           if f not in ("run_id", "seq", "ts", "agent", "v")}
@@ -197,39 +225,71 @@ class RunDriver:
         return True
 
     async def _call_model(self, effect: kernel.CallModel) -> None:
+        """Call the model while what is staged (ending with `model.requested`) is written; then stage
+        the reply. A lost OCC race cancels the call (the task group) and raises `Superseded`."""
         turn = self.state.turn
         if not (turn is not None and turn.requested):  # recovered after `model.requested`: don't record twice
             await self.append(ev.ModelRequested, **self.agent.step.requested(effect))
         left = effect.deadline - self.clock() if effect.deadline is not None else None
-        with anyio.CancelScope() as scope:
-            self._model_scope = scope
-            try:
-                cls, fields = await self.agent.step.call(self.agent.client, effect, self.run_id, timeout=left)
-            finally:
-                self._model_scope = None
-        if scope.cancelled_caught:
+        reply: list[tuple[type[ev.Event], dict[str, Any]]] = []
+
+        async def call() -> None:
+            if self._cancelling:  # a cancel arrived before this task started
+                return
+            with anyio.CancelScope() as scope:
+                self._model_scope = scope
+                try:
+                    reply.append(await self.agent.step.call(self.agent.client, effect, self.run_id,
+                                                            timeout=left))
+                finally:
+                    self._model_scope = None
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await self._flush()
+        if not reply:
             return  # a cancel arrived: the inbox records it
+        cls, fields = reply[0]
         await self.append(cls, **fields)
 
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
-        """Publish a job for each call not yet out, keeping at most `max_concurrent` of this run's out."""
+        """Publish a job for each call not yet out, keeping at most `max_concurrent` of this run's out:
+        every `tool.called` first (staged, then flushed: a job never goes out before its call is in the
+        log), then the jobs all at once (one round trip for a turn's parallel calls, not one each)."""
         progressed = False
         turn = self.state.turn
+        jobs: list[ToolJob] = []
         for call in effect.calls:
             if call.id in self.in_flight:
                 continue
-            if len(self.in_flight) >= effect.max_concurrent:
+            if len(self.in_flight) + len(jobs) >= effect.max_concurrent:
                 break
             if turn is not None and call.id not in turn.called:
                 await self.append(ev.ToolCalled, call=call)
                 progressed = True
-            job = ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
-                          arguments=dict(call.arguments), partition=self.partition,
-                          limits=self.agent.job_limits(call.name), workspace=self.agent.bundle.workspace,
-                          deadline=effect.deadline, tool_digest=self.agent.tool_digest(call.name))
-            await self._publish_job(job)
-            self.in_flight.add(call.id)
+            jobs.append(ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
+                                arguments=dict(call.arguments), partition=self.partition,
+                                limits=self._job_limits(call.name), workspace=self.agent.bundle.workspace,
+                                deadline=effect.deadline, tool_digest=self.agent.tool_digest(call.name)))
+        if not jobs:
+            return progressed
+        await self._flush()
+        if len(jobs) == 1:
+            await self._publish_job(jobs[0])
+        else:
+            async with anyio.create_task_group() as tg:
+                for job in jobs:
+                    tg.start_soon(self._publish_job, job)
+        self.in_flight.update(job.call_id for job in jobs)
         return progressed
+
+    def _job_limits(self, tool: str) -> dict[str, Any]:
+        """`AgentRuntime.job_limits`, computed once per tool and agent (a pydantic dump per job otherwise)."""
+        cache = _LIMITS.setdefault(id(self.agent), (self.agent, {}))[1]
+        limits = cache.get(tool)
+        if limits is None:
+            limits = cache[tool] = self.agent.job_limits(tool)
+        return limits
 
     async def _publish_job(self, job: ToolJob) -> None:
         while True:
@@ -245,24 +305,53 @@ class RunDriver:
     # -- the log -----------------------------------------------------------------------------------------
 
     async def append(self, cls: type, *, ts: float | None = None, **fields: Any) -> ev.Event:
-        """Append one event as the run's single writer, then fold it (see the module docstring)."""
+        """Stage one event and fold it; `_flush` writes it (see "Staged appends" in the module docstring)."""
         event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock() if ts is None else ts,
                     agent=self.actor, **fields)
-        self.last_seq = await append_event(self.js, self.actor, self.run_id, self.last_seq, event)
         self.state = kernel.evolve(self.state, event)
-        if self.on_event is not None:
-            self.on_event(event)
+        self._staged.append(event)
         return event
 
+    async def _flush(self) -> None:
+        """Write every staged event in order as the run's single writer, then ack what waited for them."""
+        while self._staged:
+            event = self._staged[0]
+            self.last_seq = await append_event(self.js, self.actor, self.run_id, self.last_seq, event,
+                                               payloads=self.payloads)
+            self._staged.popleft()
+            if self.on_event is not None:
+                self.on_event(event)
+        if self._acks:
+            acks, self._acks = self._acks, []
+            for msg in acks:
+                await _ack(msg)
 
-async def append_event(js: JetStreamContext, actor: str, run_id: str, last_seq: int, event: ev.Event) -> int:
+
+# job limits per agent runtime (keyed by id, the runtime kept alive beside it) and tool
+_LIMITS: dict[int, tuple[AgentRuntime, dict[str, dict[str, Any]]]] = {}
+_PAYLOADS: weakref.WeakKeyDictionary[JetStreamContext, Payloads] = weakref.WeakKeyDictionary()
+
+
+def payloads_for(js: JetStreamContext) -> Payloads:
+    """One `Payloads` per JetStream context (its object store handle is opened once, on first use)."""
+    payloads = _PAYLOADS.get(js)
+    if payloads is None:
+        payloads = _PAYLOADS[js] = Payloads(js)
+    return payloads
+
+
+async def append_event(js: JetStreamContext, actor: str, run_id: str, last_seq: int, event: ev.Event, *,
+                       payloads: Payloads | None = None) -> int:
     """Append `event` to its run expecting `last_seq` as the run's last stream sequence; return the new one.
 
-    Retries through NATS outages with the same Msg-Id and expectation (idempotent); raises `Superseded`
-    when another writer got there first.
+    A big field goes to the object store first (`payloads`, default: this context's); the message carries
+    the ref. Retries through NATS outages with the same Msg-Id and expectation (idempotent); raises
+    `Superseded` when another writer got there first.
     """
     msg_id = f"{run_id}/{event.seq}"
     subject = bus.event_subject(actor, run_id, ev.kind_of(event))
+    if type(event) in ev.PAYLOAD_FIELDS:
+        event = await (payloads or payloads_for(js)).offload_event(event)
     data = ev.encode(event)
     headers = bus.occ_headers(actor, run_id, last_seq, msg_id)
     while True:
@@ -298,4 +387,4 @@ async def _ack(msg: Msg) -> None:
         log.debug("ack failed: %s", e)
 
 
-__all__ = ["Inbound", "RunDriver", "Superseded", "append_event"]
+__all__ = ["Inbound", "RunDriver", "Superseded", "append_event", "payloads_for"]
