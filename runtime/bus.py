@@ -54,6 +54,18 @@ compare-and-set), KV ``ws_<workspace>`` per workspace (tool data: key = the file
 holding the recorded result, TTL 1 day: a redelivered job replays it instead of writing twice), object
 store ``payloads`` (payloads too big for an event).
 
+Fleet buckets (hosts and workers on many machines; every key carries a per-message TTL, `put_kv(ttl=)`,
+so a process that dies simply stops existing after the TTL, with no clean-up by anyone):
+
+* KV ``leases``: key ``p<N>`` = the host holding partition N (`runtime.host.leases`). Taken with
+  create (expected revision 0), renewed with a revision-checked update, gone when the TTL passes
+  without renewal (measured here: the key vanishes within ~20 ms of its TTL).
+* KV ``hosts``: key = host id, value = `HostBeat` (msgpack): liveness for fair shares, and `sa status`.
+* KV ``workers``: key = worker id, value = `WorkerBeat`: `sa status` only.
+* KV ``active``: key ``p<N>.<run>`` (value: the actor) for every run not yet ended, so a host taking
+  partition N over scans only that partition's unfinished runs (`active_filter`), never the whole
+  ``runs`` index. Removed with a purge whose marker expires (`ACTIVE_PURGE_TTL_S`).
+
 Partitions. ``<p>`` is ``fnv32a(agent) % N``, exactly NATS's ``partition(N,1)``; `partition_of()`
 computes the same number client-side (verified against the server in tests), e.g. for the ``runs``
 index or for a worker. N is fixed when TASKS is created; `read_partitions()` returns it so every host
@@ -110,7 +122,7 @@ from nats.js.api import (
     StreamConfig,
     SubjectTransform,
 )
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -129,6 +141,11 @@ RUNS_BUCKET = "runs"
 APPLIED_BUCKET = "applied"
 APPLIED_TTL_S = 86_400.0  # far beyond MaxDeliver x AckWait: every redelivery of a job finds its marker
 PAYLOADS_BUCKET = "payloads"
+LEASES_BUCKET = "leases"
+HOSTS_BUCKET = "hosts"
+WORKERS_BUCKET = "workers"
+ACTIVE_BUCKET = "active"
+ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
 WORKERS_CONSUMER = "workers"
 
 DEFAULT_PARTITIONS = 16
@@ -263,6 +280,21 @@ def workspace_bucket(workspace: str) -> str:
     return name
 
 
+def lease_key(partition: int) -> str:
+    """The `leases` key of one partition."""
+    return f"p{partition}"
+
+
+def active_key(partition: int, run: str) -> str:
+    """The `active` key of an unfinished run of `partition`."""
+    return f"p{partition}.{check_token(run, 'run id')}"
+
+
+def active_filter(partition: int) -> str:
+    """Every `active` key of one partition (a KV watch pattern)."""
+    return f"p{partition}.>"
+
+
 def task_consumer_name(partition: int) -> str:
     return f"tasks-p{partition}"
 
@@ -294,6 +326,45 @@ class RunIndex(msgspec.Struct, omit_defaults=True):
 
     @classmethod
     def decode(cls, data: bytes) -> RunIndex:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+class HostBeat(msgspec.Struct, omit_defaults=True):
+    """A host's heartbeat in the `hosts` bucket (renewed with its leases, gone one TTL after it dies)."""
+
+    name: str  # hostname:pid
+    started: float
+    ttl: float  # its lease TTL
+    partitions: list[int] = []  # the partitions it serves now
+    runs: int = 0  # runs it is driving
+    queued: int = 0  # tasks waiting in its mailboxes
+    max_runs: int = 0  # its back-pressure bound (runs + queued tasks)
+    agents: list[str] = []  # the bundles it serves
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> HostBeat:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+class WorkerBeat(msgspec.Struct, omit_defaults=True):
+    """A worker's heartbeat in the `workers` bucket."""
+
+    name: str
+    started: float
+    concurrency: int
+    running: int = 0  # jobs held now (running + buffered)
+    completed: int = 0
+    failed: int = 0
+    tools: list[str] = []
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> WorkerBeat:
         return msgspec.msgpack.decode(data, type=cls)
 
 
@@ -596,6 +667,8 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
         replicas=replicas))
     await runs_kv(js, replicas=replicas)
     await applied_kv(js, replicas=replicas)
+    for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET):
+        await fleet_kv(js, bucket, replicas=replicas)
     await payloads_store(js, replicas=replicas)
     return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
 
@@ -620,15 +693,23 @@ async def read_partitions(js: JetStreamContext) -> int:
 
 async def ensure_partition_consumers(js: JetStreamContext, partition: int, *, ack_wait: float = 30.0,
                                      max_deliver: int = -1, max_ack_pending: int = 10_000,
-                                     replicas: int = 1) -> tuple[str, str]:
+                                     replicas: int = 1, fresh: bool = False) -> tuple[str, str]:
     """The durable task and result consumers of one partition; returns their names.
 
     One pair per partition, not per agent: a host owning k partitions needs 2k consumers whatever the
-    number of agents, and the per-agent mailboxes live in the host's memory.
+    number of agents, and the per-agent mailboxes live in the host's memory. `max_ack_pending` bounds
+    the task messages the owner holds un-acked (waiting in mailboxes): the rest wait in the stream.
+
+    `fresh=True` deletes them first (a takeover): messages the previous owner had been delivered but not
+    acked are then delivered again at once instead of after AckWait. Safe on a WorkQueue stream, where
+    acked messages are gone and un-acked ones stay stored whatever happens to the consumer.
     """
     names = (task_consumer_name(partition), result_consumer_name(partition))
     for stream, name, flt in ((TASKS, names[0], task_filter(partition)),
                               (RESULTS, names[1], result_filter(partition))):
+        if fresh:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(stream, name)
         await ensure_consumer(js, stream, ConsumerConfig(
             name=name, durable_name=name, filter_subject=flt, deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
@@ -652,6 +733,55 @@ async def workspace_kv(js: JetStreamContext, workspace: str, *, replicas: int = 
     """The bucket of one workspace (created on first use; history 5 so a bad write can be inspected)."""
     return await _kv(js, KeyValueConfig(bucket=workspace_bucket(workspace), history=5, replicas=replicas,
                                         storage=StorageType.FILE, direct=True))
+
+
+async def fleet_kv(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> KeyValue:
+    """One of the fleet buckets (`leases`, `hosts`, `workers`, `active`): history 1, memory of nothing
+    but the current value; liveness comes from per-key TTLs (`put_kv`), not from a bucket max age."""
+    return await _kv(js, KeyValueConfig(bucket=bucket, history=1, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True))
+
+
+async def put_kv(js: JetStreamContext, bucket: str, key: str, value: bytes, *, last: int | None = None,
+                 ttl: float | None = None, timeout: float | None = None) -> int:
+    """Put `key` (create if `last == 0`, compare-and-set if `last` is a revision) with an optional
+    per-key TTL in whole seconds (at least 1); returns the new revision.
+
+    nats-py's `KeyValue.update` takes no TTL, and `put` neither: this is the same publish with the
+    `Nats-TTL` header. A failed revision check raises `KeyWrongLastSequenceError`, as `update` does.
+    """
+    headers = {HDR_EXPECTED_SUBJECT_SEQ: str(last)} if last is not None else None
+    kwargs: dict[str, Any] = {"headers": headers}
+    if ttl is not None:
+        kwargs["msg_ttl"] = max(1, round(ttl))
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    try:
+        ack = await js.publish(f"$KV.{bucket}.{key}", value, **kwargs)
+    except nats.js.errors.APIError as e:
+        if e.err_code in (ERR_WRONG_LAST_SEQUENCE, 10164):
+            raise KeyWrongLastSequenceError(description=e.description) from None
+        raise
+    return ack.seq
+
+
+async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) -> dict[str, Any]:
+    """The current entries (key -> `KeyValue.Entry`) matching `keys`: one ordered consumer read to the
+    end, the cheapest way to list a bucket or one partition of it. Deleted keys are left out unless
+    `deleted` (their entry then has `operation` set and carries the revision to compare-and-set on)."""
+    out: dict[str, Any] = {}
+    watcher = await kv.watch(keys)
+    try:
+        async for entry in watcher:
+            if entry is None:
+                break
+            if deleted or (entry.operation is None and entry.value is not None):
+                out[entry.key] = entry
+            else:
+                out.pop(entry.key, None)
+    finally:
+        await watcher.stop()
+    return out
 
 
 async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:

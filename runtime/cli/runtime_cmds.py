@@ -186,14 +186,27 @@ def host(
     model_url: Annotated[str | None, typer.Option("--model-url", envvar="SA_LOCAL_MODEL_URL",
                                                   help="The local model server, for bundles whose model "
                                                        "is `local`.")] = None,
-    task_ack_wait: Annotated[float, typer.Option(help="Seconds before a dead host's un-started tasks are "
-                                                      "redelivered.")] = 30.0,
+    task_ack_wait: Annotated[float, typer.Option(help="Seconds before a task or tool result a host held "
+                                                      "un-acked is delivered again.")] = 30.0,
+    partitions: Annotated[int, typer.Option(min=1, help="Task partitions, used only when the streams are "
+                                                        "first created (then fixed: read from TASKS).")] = 16,
+    lease_ttl: Annotated[float, typer.Option(min=2, help="Seconds a partition lease lives without renewal "
+                                                         "(renewed every TTL/3): a dead host's partitions "
+                                                         "are taken over within TTL + TTL/3.")] = 6.0,
+    max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
+                                                      "mailboxes; at the bound this host stops pulling "
+                                                      "tasks.")] = 4096,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed."""
+    """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.
+
+    Start one or many, on any machine that reaches NATS: hosts share the task partitions by expiring
+    leases (a fair share each), and take over the partitions, and unfinished runs, of a host that dies.
+    """
     import anyio
 
     from runtime.host import HostConfig, serve
+    from runtime.host.leases import LeaseConfig
 
     url = resolve_nats(nats_url, "host")
     model_url = model_url or _read_state().get("model_url")
@@ -205,13 +218,14 @@ def host(
         stop = anyio.Event()
 
         def ready(h: Any) -> None:
-            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {len(h.partitions)} partition(s); "
-                       f"resumed {h.stats.runs_recovered} run(s)", err=True)
+            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {len(h.partitions)} of "
+                       f"{h.total_partitions} partition(s) {h.partitions} as {h.id}; resumed "
+                       f"{h.stats.runs_recovered} run(s)", err=True)
 
+        config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop)
-            stats = await serve(url, agents, stop=stop, on_ready=ready,
-                                config=HostConfig(task_ack_wait=task_ack_wait))
+            stats = await serve(url, agents, stop=stop, on_ready=ready, config=config, partitions=partitions)
             tg.cancel_scope.cancel()
         ended = ", ".join(f"{v} {k}" for k, v in sorted(stats.runs_ended.items())) or "none ended"
         typer.echo(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", err=True)

@@ -13,6 +13,10 @@ the same host) as the tasks they refer to, in order, through the same constant s
 
 Publish with ``Nats-Msg-Id`` = the task id so a re-sent task is stored once. An agent may be addressed as
 ``<bundle>:<instance>`` in the subject or with ``instance`` in the task: each instance is its own actor.
+The subject decides the partition, hence the host: `publish_task` and `publish_command` use the actor's own
+subject ``agents.<bundle>:<instance>.tasks``, so instances spread over partitions and a run's commands
+reach the host serving it. (A command that lands in another partition than its run, say one published on
+the bundle's subject for an instance's run, is forwarded by the host that reads it.)
 
 Run ids are derived, never random: `run_id_for(agent, task_id)` hashes the actor and the task id (or, for
 a task without an id, the TASKS stream sequence of the message). So a redelivered task maps to the run it
@@ -124,14 +128,15 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     task_id = task_id or uuid.uuid4().hex
     task = ev.Task(agent=bundle, input=input, instance=instance, task_id=task_id, timeout_s=timeout_s,
                    metadata=dict(metadata or {}))
-    await js.publish(bus.task_subject(bundle), ev.encode_command(task), headers={bus.HDR_MSG_ID: task_id})
-    return run_id_for(actor_key(bundle, instance), task_id)
+    actor = actor_key(bundle, instance)
+    await js.publish(bus.task_subject(actor), ev.encode_command(task), headers={bus.HDR_MSG_ID: task_id})
+    return run_id_for(actor, task_id)
 
 
 async def publish_command(js: Any, agent: str, command: ev.Command) -> None:
-    """Publish a cancel / approve / deny for a run of `agent` (on the agent's task subject)."""
-    bundle, _ = split_actor(agent)
-    await js.publish(bus.task_subject(bundle), ev.encode_command(command))
+    """Publish a cancel / approve / deny for a run of `agent` (the actor: `bundle` or `bundle:instance`)
+    on the subject its tasks use, so it reaches the partition, and the host, of the run."""
+    await js.publish(bus.task_subject(agent), ev.encode_command(command))
 
 
 __all__ = ["Addressed", "BadCommand", "actor_key", "decode", "publish_command", "publish_task", "run_id_for",

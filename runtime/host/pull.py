@@ -9,6 +9,11 @@ inbox, and issue the next request when the current one is used up or ends (408 e
 
 Handlers must be quick (decode, route to an in-memory queue): they run inline on this loop, in arrival
 order, which is what keeps a partition's tasks in order.
+
+Back-pressure: with a `Budget`, each pull request asks for no more messages than the budget has room for
+(`reserve`), and waits while it has none; each delivered message carries one unit of the budget to its
+handler, which releases it when the message's work is over. So the messages a host holds in memory stay
+within the budget however many wait in the stream, and whatever the number of consumers sharing it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,50 @@ log = logging.getLogger("runtime.host")
 Handler = Callable[[Msg], Awaitable[None]]
 
 
+class Budget:
+    """Units of work a host may hold in memory (`limit`), shared by every consumer that pulls with it.
+
+    `reserve(n)` waits until there is room and takes up to `n` units (a pull request's size); units
+    not turned into messages go back with `release`; `take` adds units without waiting (work that must
+    not be refused, e.g. runs recovered at a takeover: the next pulls wait instead)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("a budget needs room for at least one unit")
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._room = anyio.Event()
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+    async def reserve(self, n: int) -> int:
+        while self.used >= self.limit:
+            if self._room.is_set():
+                self._room = anyio.Event()
+            await self._room.wait()
+        granted = min(n, self.limit - self.used)
+        self.take(granted)
+        return granted
+
+    def take(self, n: int = 1) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def release(self, n: int = 1) -> None:
+        self.used -= n
+        if self.used < self.limit:
+            self._room.set()
+
+
 async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, stop: anyio.Event,
-                  batch: int = 256, expires: float = 5.0) -> None:
-    """Pull from `stream`/`consumer` until `stop` is set, calling `handler(msg)` for each message."""
+                  batch: int = 256, expires: float = 5.0, budget: Budget | None = None) -> None:
+    """Pull from `stream`/`consumer` until `stop` is set, calling `handler(msg)` for each message.
+
+    With a `budget`, every message handed over carries one unit the handler must `release` (see the
+    module docstring)."""
     inbox = nc.new_inbox()
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
@@ -38,36 +84,42 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
         queue.put_nowait(msg)
 
     sub = await nc.subscribe(inbox, cb=on_msg)
-    request = json.dumps({"batch": batch, "expires": int(expires * 1e9)}).encode()
     subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
     try:
         while not stop.is_set():
+            size = batch if budget is None else await budget.reserve(batch)
+            left = size
             try:
-                await nc.publish(subject, request, reply=inbox)
-            except Exception as e:  # reconnecting: try again shortly
-                log.debug("pull request on %s/%s failed: %s", stream, consumer, e)
-                await anyio.sleep(0.2)
-                continue
-            left = batch
-            while left > 0 and not stop.is_set():
-                msg = await _next(queue, expires + 1.0, stop)
-                if msg is None:  # request lost (reconnect) or stop: issue a new one
-                    break
-                status = _status(msg)
-                if status is None:
-                    left -= 1
-                    try:
-                        await handler(msg)
-                    except Exception:  # a handler bug must not stop the partition; the message is redelivered
-                        log.exception("handler failed on %s", msg.subject)
-                elif status == "100":
-                    continue  # idle heartbeat
-                else:  # 404/408: no messages / expired, 409: consumer changed or max waiting: re-request
-                    if status == "409":
-                        await anyio.sleep(0.1)
-                    break
+                request = json.dumps({"batch": size, "expires": int(expires * 1e9)}).encode()
+                try:
+                    await nc.publish(subject, request, reply=inbox)
+                except Exception as e:  # reconnecting: try again shortly
+                    log.debug("pull request on %s/%s failed: %s", stream, consumer, e)
+                    await anyio.sleep(0.2)
+                    continue
+                while left > 0 and not stop.is_set():
+                    msg = await _next(queue, expires + 1.0, stop)
+                    if msg is None:  # request lost (reconnect) or stop: issue a new one
+                        break
+                    status = _status(msg)
+                    if status is None:
+                        left -= 1
+                        try:
+                            await handler(msg)
+                        except Exception:  # a handler bug must not stop the partition; it is redelivered
+                            log.exception("handler failed on %s", msg.subject)
+                    elif status == "100":
+                        continue  # idle heartbeat
+                    else:  # 404/408: no messages / expired, 409: consumer changed or max waiting: re-request
+                        if status == "409":
+                            await anyio.sleep(0.1)
+                        break
+            finally:
+                if budget is not None and left:
+                    budget.release(left)
     finally:
-        await sub.unsubscribe()
+        with anyio.CancelScope(shield=True):  # a cancelled owner must not leak the subscription
+            await sub.unsubscribe()
 
 
 async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event) -> Msg | None:
@@ -91,4 +143,4 @@ def _status(msg: Msg) -> str | None:
     return None
 
 
-__all__ = ["consume"]
+__all__ = ["Budget", "consume"]

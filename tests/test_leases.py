@@ -1,0 +1,211 @@
+"""Partition leases: hosts split the partitions fairly, hand them over at once when stopping and within the
+lease bound when they crash; the new owner resumes the partition's unfinished runs; a host whose renewals
+fail fences itself; the consumer count does not grow with the number of agents."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from host_helpers import Env, calc_responder, kinds, running_worker, write_bundle
+
+from runtime import bus
+from runtime import events as ev
+from runtime.client import ModelClient
+from runtime.host import Host, HostConfig, load_agents
+from runtime.host.commands import publish_command, publish_task
+from runtime.host.leases import LeaseConfig, Leases
+from runtime.testing import Reply, ScriptedModelServer
+
+pytestmark = pytest.mark.anyio
+FAST = LeaseConfig(ttl=2.0, renew=0.5)  # fence after 1.75 s, expiry at 2 s: a crash is noticed within 2.5 s
+
+
+@pytest.fixture
+async def topo(js):
+    await bus.ensure_topology(js, partitions=5, tool_ack_wait=2.0)
+    return js
+
+
+class HostHandle:
+    """An in-process host that can stop cleanly or 'crash' (its connection cut, nothing handed back)."""
+
+    def __init__(self, host: Host, nc, scope: anyio.CancelScope, stop: anyio.Event) -> None:
+        self.host, self.nc, self.scope, self.stop = host, nc, scope, stop
+
+    async def crash(self) -> None:
+        await self.nc.close()  # no renewal, no release, no ack from here on
+        self.scope.cancel()
+
+
+@asynccontextmanager
+async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: int,
+                config: HostConfig | None = None) -> AsyncIterator[list[HostHandle]]:
+    handles: list[HostHandle] = []
+    clients: list[ModelClient] = []
+    async with anyio.create_task_group() as tg:
+        async def serve(i: int, started: anyio.Event) -> None:
+            nc = await bus.connect(url, name=f"host-{i}")
+            client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+            clients.append(client)
+            cfg = config or HostConfig(task_ack_wait=2.0, lease=FAST)
+            host = Host(nc, load_agents(bundles, client=client), config=cfg)
+            stop = anyio.Event()
+            with anyio.CancelScope() as scope:
+                handles.append(HostHandle(host, nc, scope, stop))
+                started.set()
+                await host.run(stop)
+            await bus.close(nc)
+
+        for i in range(n):
+            started = anyio.Event()
+            tg.start_soon(serve, i, started)
+            await started.wait()
+            with anyio.fail_after(30):
+                await handles[-1].host.ready.wait()
+        try:
+            yield handles
+        finally:
+            for h in handles:
+                h.stop.set()
+    for client in clients:
+        await client.aclose()
+
+
+async def wait_until(predicate, timeout: float = 20.0, what: str = "") -> float:
+    """Seconds until `predicate()` holds (fails the test after `timeout`)."""
+    t0 = anyio.current_time()
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+    return anyio.current_time() - t0
+
+
+def assert_disjoint_cover(handles: list[HostHandle], total: int) -> None:
+    sets = [set(h.host.partitions) for h in handles]
+    assert sum(len(s) for s in sets) == total and set().union(*sets) == set(range(total)), sets
+
+
+async def test_hosts_share_the_partitions_fairly_and_a_stopping_host_hands_over_at_once(
+        nats_server, topo, tmp_path):
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with hosts(nats_server.url, [bundle], server, 1) as (a,):
+            assert a.host.partitions == [0, 1, 2, 3, 4]  # alone: all of them
+            async with hosts(nats_server.url, [bundle], server, 1) as (b,):
+                await wait_until(lambda: sorted([len(a.host.partitions), len(b.host.partitions)]) == [2, 3])
+                assert_disjoint_cover([a, b], 5)  # ceil(5/2) = 3: one host has 3, the other 2
+                kv = await bus.fleet_kv(topo, bus.LEASES_BUCKET)
+                holders = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
+                assert holders == {bus.lease_key(p): h.host.id for h in (a, b) for p in h.host.partitions}
+                beats = await bus.kv_entries(await bus.fleet_kv(topo, bus.HOSTS_BUCKET))
+                assert set(beats) == {a.host.id, b.host.id}
+                assert a.host.stats.lost == 5 - len(a.host.partitions)  # a let go of exactly its excess
+            # b stopped cleanly: it released its leases, so a takes them at its next tick, not after the TTL
+            took = await wait_until(lambda: len(a.host.partitions) == 5)
+            assert took < FAST.ttl
+    assert b.host.stats.lost == b.host.stats.gained
+
+
+async def test_a_crashed_hosts_partitions_are_taken_over_and_its_runs_finish_once(nats_server, topo,
+                                                                                  tmp_path):
+    js = topo
+    bundle = write_bundle(tmp_path)
+
+    def slow(body):  # every model reply takes a while, so runs are mid-flight at the crash
+        return Reply.of_text(calc_responder(body), delay=0.3)
+
+    with ScriptedModelServer(responder=slow) as server:
+        async with hosts(nats_server.url, [bundle], server, 2) as (a, b), \
+                running_worker(nats_server.url, [bundle]):
+            await wait_until(lambda: len(a.host.partitions) + len(b.host.partitions) == 5 and
+                             min(len(a.host.partitions), len(b.host.partitions)) == 2)
+            runs = [await publish_task(js, f"calc:i{i}", "chain: 3") for i in range(16)]
+            await wait_until(lambda: len(a.host.drivers) >= 2)
+            crashed = list(a.host.partitions)
+            in_flight = set(a.host.drivers)
+            await a.crash()
+            took = await wait_until(lambda: len(b.host.partitions) == 5, timeout=15)
+            served = set(b.host.partitions)
+            env = Env(nats_server.url, js, b.host, server, [])
+            results = {r: await env.wait_run(r, timeout=60) for r in runs}
+            consumers = {s: (await js.stream_info(s)).state.consumer_count for s in (bus.TASKS, bus.RESULTS)}
+    assert took <= FAST.ttl + 2 * FAST.every + 1.0  # expiry + a tick (+ scheduling noise)
+    assert b.host.stats.runs_recovered >= 1 and set(crashed) <= served
+    for run_id, events in results.items():
+        assert kinds(events)[-1] == "run.completed", (run_id, kinds(events))
+        assert events[-1].output == {"answer": "chained 3"}
+        assert [e.seq for e in events] == list(range(len(events)))  # no gap, no fork
+        assert kinds(events).count("run.started") == 1
+    assert in_flight <= set(results)
+    assert consumers == {bus.TASKS: 5, bus.RESULTS: 5}  # 16 agents, 2 hosts: one pair per partition
+
+
+async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_server, topo, tmp_path):
+    js = topo
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer([Reply.of_text("slow", delay=3.0)]) as server:
+        async with hosts(nats_server.url, [bundle], server, 1):
+            n = 5
+            instance = next(f"x{i}" for i in range(100)
+                            if bus.partition_of(f"calc:x{i}", n) != bus.partition_of("calc", n))
+            run_id = await publish_task(js, f"calc:{instance}", "compute: 1")
+            with anyio.fail_after(10):
+                while server.served < 1:
+                    await anyio.sleep(0.02)
+            # published on the bundle's subject: another partition than the run's
+            await publish_command(js, "calc", ev.Cancel(run_id=run_id, reason="wrong door", by="test"))
+            events = await Env(nats_server.url, js, None, server, []).wait_run(run_id, timeout=10)
+    assert kinds(events)[-1] == "run.cancelled" and events[-1].reason == "wrong door"
+
+
+async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_lost(nats_server, topo,
+                                                                                  monkeypatch):
+    js = topo
+    log: list[tuple[str, int]] = []
+
+    async def gain(p: int) -> None:
+        log.append(("gain", p))
+
+    async def loss(p: int, why: str) -> None:
+        log.append((why, p))
+
+    def beat() -> bus.HostBeat:
+        return bus.HostBeat(name="h1", started=0.0, ttl=FAST.ttl)
+
+    leases = Leases(js, "h1", 2, on_gain=gain, on_loss=loss, beat=beat, config=FAST)
+    await leases.tick()
+    renewed = anyio.current_time()
+    assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == [0, 1]
+    log.clear()
+
+    real_put = bus.put_kv
+
+    async def unreachable(*args, **kwargs):
+        raise TimeoutError("nats is away")
+
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(leases._fence_watch, stop)
+        monkeypatch.setattr(bus, "put_kv", unreachable)
+        await leases.tick()  # renewals fail: still held, still served until the fence
+        assert leases.serving == [0, 1]
+        await wait_until(lambda: len(log) == 2, timeout=5)
+        assert anyio.current_time() - renewed < FAST.ttl  # it stopped serving before the lease could expire
+        assert sorted(log) == [("fenced", 0), ("fenced", 1)] and leases.serving == []
+        monkeypatch.setattr(bus, "put_kv", real_put)
+        log.clear()
+        await leases.tick()  # NATS is back: renewed (or, had the key expired, re-acquired) and served again
+        assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == [0, 1]
+        # a lease that vanished (by protocol only expiry does that): lost at the next renewal
+        kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
+        await kv.delete(bus.lease_key(0))
+        log.clear()
+        await leases._renew(0)
+        assert log == [("lost", 0)] and leases.serving == [1]
+        stop.set()
+    await leases.release_all()
+    assert await bus.kv_entries(kv) == {}
