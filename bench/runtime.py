@@ -1,20 +1,24 @@
 """The runtime's own cost: per-step overhead of the agent host with a zero-latency scripted model, and
 sandboxed tool calls per second through host + NATS + `sa worker` processes beside Monty-alone runs/s.
 
-    .venv/bin/python bench/runtime.py [--runs 40] [--agents 32] [--steps 4]
+    .venv/bin/python bench/runtime.py [--runs 40] [--agents 32] [--chain 10] [--fan 4x8]
 
 Per-step overhead. Agents run `chain: N` tasks: N turns of one calculator call each, then a submit. For
-every turn the host's overhead is the turn's wall time (from `model.requested` of turn k to that of turn
-k+1, both stamped by the host) minus the model's own latency (`latency_ms`, measured around the HTTP
-call) minus the script's time in the sandbox (`duration_ms`): what is left is the runtime — event appends
-with OCC, the job publish, the worker's fetch and outcome publish, the host's consume and the appends
-of the outcome. "model step" is the same for a turn without tools (`run.started` -> `run.completed` of
-a task answered in one reply, minus model latency). Sequential runs measure latency; no run overlaps.
+every turn, from `model.requested` of turn k to that of turn k+1 (both stamped by the host), the
+overhead is the turn's wall time minus the script's time in the sandbox (`duration_ms`): event appends
+with OCC, the job publish, the worker's fetch and outcome publish, the host's consume and the appends of
+the outcome, and the HTTP round trip to the zero-latency model. The "runtime only" column also subtracts
+the model call as the client timed it (`latency_ms`); the host appends while that call is in flight, so
+that column flatters the runtime by what overlaps the call, and the other one charges it the model
+client's HTTP cost: the truth is between the two. "model-only run" is the same for a task answered in
+one reply (`run.started` -> `run.completed`). Sequential runs measure latency; no run overlaps.
 
-Tool calls/s end to end. `--agents` agents at once, each with a `chain:` task, through one host and 1
-or 2 worker processes; calls/s = tool calls recorded / wall time. Beside it, the same calculator script
-run directly in this process with `bench/worker.py`'s Monty-alone loop (the ratio is what the runtime
-costs). Numbers only; nothing asserts a time.
+Tool calls/s end to end. `--agents` agents at once through one host and 1 or 2 worker processes; calls/s
+= tool calls recorded / wall time. Two workloads: `chain` (one call per model reply, so every call also
+pays a model round trip and a turn) and `fan` (`T x C`: T turns of C parallel calls per reply, which
+measures the runtime's tool path). Beside them, the same calculator script run directly in this
+process with `bench/worker.py`'s Monty-alone loop, in the same run (the ratio is what the runtime costs),
+and the host's CPU per call. Numbers only; nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -53,18 +57,38 @@ answer: str = Input("answer")
 '''
 
 
+# bench/worker.py's trivial tool: what a call costs when the script itself costs almost nothing
+ADD = '''\
+"""Add two numbers and describe the sum."""
+from grail import Input
+
+a: int = Input("a")
+b: int = Input("b")
+
+{"sum": a + b, "text": "the sum is " + str(a + b)}
+'''
+
+
 def call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def responder(body: dict[str, Any]) -> str:
-    """`chain: N` -> N calculator calls, one per turn, then submit; `answer: X` -> a plain text answer."""
+    """`chain: N` -> N calculator calls, one per turn, then submit; `fan: TxC [add]` -> T turns of C
+    parallel calculator (or `add`) calls, then submit; `answer: X` -> a plain text answer."""
     task = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
-    if task.startswith("answer:"):
-        return task.split(":", 1)[1].strip()
+    kind, _, arg = task.partition(":")
+    if kind == "answer":
+        return arg.strip()
     done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
-    if done < int(task.split(":")[1]):
-        return call("calculator", {"expression": f"{done} * 3 + 1"})
+    shape, _, tool = arg.strip().partition(" ")
+    turns, _, width = shape.partition("x")
+    if done < int(turns):
+        if tool == "add":
+            calls = [call("add", {"a": done, "b": i}) for i in range(int(width or 1))]
+        else:
+            calls = [call("calculator", {"expression": f"{done} * 3 + {i}"}) for i in range(int(width or 1))]
+        return "\n".join(calls)
     return call("submit", {"answer": last_message(body)[-20:]})
 
 
@@ -73,11 +97,12 @@ def bundle(root: Path, model_url: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "submit.pym").write_text(SUBMIT)
     (folder / "calculator.pym").write_text((ROOT / "agents" / "calculator.pym").read_text())
+    (folder / "add.pym").write_text(ADD)
     path = folder / "bundle.yaml"
     path.write_text("name: bench\nsystem_prompt: Compute.\nmodel: {adapter: hermes, base_url: "
                     f"'{model_url}', name: scripted}}\nconstraint: {{strategy: ebnf}}\ntools:\n"
-                    "  - submit.pym\n  - calculator.pym\n"
-                    "termination: {terminal_tool: submit, max_turns: 50}\n")
+                    "  - submit.pym\n  - calculator.pym\n  - add.pym\n"
+                    "termination: {terminal_tool: submit, max_turns: 50}\nmax_concurrent_tools: 16\n")
     return path
 
 
@@ -97,29 +122,41 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
-def turn_overheads(events: list[ev.Event]) -> list[float]:
-    """Per tool turn: wall time between consecutive model requests minus model latency and sandbox time."""
+def turn_overheads(events: list[ev.Event]) -> list[tuple[float, float]]:
+    """Per tool turn: (wall time between consecutive model requests minus sandbox time, the same minus
+    the model call as the client timed it)."""
     out = []
     requested = [e for e in events if isinstance(e, ev.ModelRequested)]
     for a, b in itertools.pairwise(requested):
         inside = [e for e in events if a.seq < e.seq < b.seq]
         model = sum(e.latency_ms for e in inside if isinstance(e, ev.ModelResponded))
         tools = sum(e.duration_ms for e in inside if isinstance(e, ev.ScriptCompleted))
-        out.append((b.ts - a.ts) * 1000 - model - tools)
+        wall = (b.ts - a.ts) * 1000 - tools
+        out.append((wall, wall - model))
     return out
 
 
-async def monty_alone(n: int, concurrency: int) -> float:
-    """Runs/s of the calculator called directly in this process (no NATS, no host), as in bench/worker.py."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc), to charge the host its CPU per call."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def monty_alone(path: Path, n: int, concurrency: int) -> float:
+    """Runs/s of a bench tool called directly in this process (no NATS, no host), as in bench/worker.py."""
     from runtime.tools import ScriptTool, ToolContext
 
-    tool = ScriptTool.from_path(ROOT / "agents" / "calculator.pym")
-    await tool.execute({"expression": "1 + 1"}, ToolContext())  # warm the pool
+    tool = ScriptTool.from_path(path)
+
+    def arguments(i: int) -> dict[str, Any]:
+        return {"a": i, "b": 1} if tool.name == "add" else {"expression": f"{i} * 3 + 1"}
+
+    await tool.execute(arguments(0), ToolContext())  # warm the pool
     limiter = anyio.CapacityLimiter(concurrency)
 
     async def one(i: int) -> None:
         async with limiter:
-            r = await tool.execute({"expression": f"{i} * 3 + 1"}, ToolContext())
+            r = await tool.execute(arguments(i), ToolContext())
             assert r.error is None, r.error
 
     t0 = time.perf_counter()
@@ -151,7 +188,8 @@ async def main() -> None:
     ap.add_argument("--runs", type=int, default=40, help="sequential runs for the step overhead")
     ap.add_argument("--steps", type=int, default=4, help="tool turns per run")
     ap.add_argument("--agents", type=int, default=32, help="concurrent agents for calls/s")
-    ap.add_argument("--chain", type=int, default=10, help="tool turns per agent for calls/s")
+    ap.add_argument("--chain", type=int, default=10, help="tool turns (one call each) per agent, chained")
+    ap.add_argument("--fan", default="4x8", help="TxC: turns x parallel calls per agent, fan-out")
     args = ap.parse_args()
 
     import importlib.util
@@ -174,44 +212,58 @@ async def main() -> None:
             procs = worker_bench.start_workers(server.url, path.parent, 1, 16, Path(tmp))
             try:
                 await run_tasks(js, [("bench", "chain: 2")] * 4)  # warm up
-                turns: list[float] = []
-                answers: list[float] = []
+                turns: list[tuple[float, float]] = []
+                answers: list[tuple[float, float]] = []
                 for i in range(args.runs):
                     (events,) = await run_tasks(js, [(f"bench:s{i}", f"chain: {args.steps}")])
                     assert ev.kind_of(events[-1]) == "run.completed", events[-1]
                     turns += turn_overheads(events)
                     (events,) = await run_tasks(js, [(f"bench:s{i}", f"answer: {i}")])
                     latency = sum(e.latency_ms for e in events if isinstance(e, ev.ModelResponded))
-                    answers.append((events[-1].ts - events[0].ts) * 1000 - latency)
-                print(f"\nper-step overhead ({args.runs} sequential runs; ms, runtime only: model "
-                      "latency and sandbox time subtracted)")
-                print(f"{'step':<44}{'p50':>8}{'p99':>8}{'n':>6}")
-                print(f"{'tool turn (host -> NATS -> worker -> host)':<44}{statistics.median(turns):>8.2f}"
-                      f"{pct(turns, 99):>8.2f}{len(turns):>6}")
-                print(f"{'model-only run (3 appends around 1 call)':<44}{statistics.median(answers):>8.2f}"
-                      f"{pct(answers, 99):>8.2f}{len(answers):>6}")
+                    wall = (events[-1].ts - events[0].ts) * 1000
+                    answers.append((wall, wall - latency))
+                print(f"\nper-step overhead ({args.runs} sequential runs; ms; sandbox time subtracted; "
+                      "see the module docstring for the two columns)")
+                print(f"{'step':<44}{'incl. model HTTP':>18}{'runtime only':>16}{'n':>6}")
+                print(f"{'':<44}{'p50':>9}{'p99':>9}{'p50':>8}{'p99':>8}")
+                for label, rows in (("tool turn (host -> NATS -> worker -> host)", turns),
+                                    ("model-only run (run.started -> completed)", answers)):
+                    full, only = [r[0] for r in rows], [r[1] for r in rows]
+                    print(f"{label:<44}{statistics.median(full):>9.2f}{pct(full, 99):>9.2f}"
+                          f"{statistics.median(only):>8.2f}{pct(only, 99):>8.2f}{len(rows):>6}")
             finally:
                 worker_bench.stop(procs)
 
-            alone = await monty_alone(1000, 16)
-            print(f"\ntool calls/s end to end ({args.agents} agents at once, {args.chain} tool turns each)")
-            print(f"{'setup':<40}{'calls/s':>10}{'vs Monty alone':>16}{'runs/s':>9}")
-            print(f"{'Monty alone (in-process, 16 at a time)':<40}{alone:>10.0f}{1.0:>15.2f}x")
+            alone = {name: await monty_alone(path.parent / f"{name}.pym", 1000, 16)
+                     for name in ("calculator", "add")}
+            turns_n, _, width = args.fan.partition("x")
+            workloads = (("chain", f"chain: {args.chain}", f"calculator, {args.chain} turns x 1 call"),
+                         ("fan", f"fan: {args.fan}", f"calculator, {turns_n} turns x {width} calls"),
+                         ("fan-add", f"fan: {args.fan} add", f"add, {turns_n} turns x {width} calls"))
+            print(f"\ntool calls/s end to end ({args.agents} agents at once; Monty alone measured in this "
+                  "run)")
+            print(f"{'setup':<50}{'calls/s':>9}{'vs Monty':>10}{'runs/s':>8}{'host CPU/call':>15}")
+            for name, rate in alone.items():
+                label = f"Monty alone: {name} (in-process, 16 at a time)"
+                print(f"{label:<50}{rate:>9.0f}{1.0:>9.2f}x")
             for k in (1, 2):
                 procs = worker_bench.start_workers(server.url, path.parent, k, 16, Path(tmp))
                 try:
-                    await run_tasks(js, [(f"bench:w{i}", "chain: 1") for i in range(8)])  # warm pools
-                    t0 = time.perf_counter()
-                    results = await run_tasks(js, [(f"bench:c{k}-{i}", f"chain: {args.chain}")
-                                                   for i in range(args.agents)])
-                    wall = time.perf_counter() - t0
+                    await run_tasks(js, [(f"bench:w{k}-{i}", "fan: 1x4") for i in range(8)])  # warm pools
+                    for name, task, shape in workloads:
+                        cpu0, t0 = cpu_seconds(host.pid), time.perf_counter()
+                        results = await run_tasks(js, [(f"bench:{name}{k}-{i}", task)
+                                                       for i in range(args.agents)])
+                        wall, cpu = time.perf_counter() - t0, cpu_seconds(host.pid) - cpu0
+                        calls = sum(isinstance(e, ev.ToolCalled) for r in results for e in r)
+                        assert all(ev.kind_of(r[-1]) == "run.completed" for r in results)
+                        rate = calls / wall
+                        label = f"{name} ({shape}), {k} worker{'s' if k > 1 else ''}"
+                        base = alone["add" if name == "fan-add" else "calculator"]
+                        print(f"{label:<50}{rate:>9.0f}{rate / base:>9.2f}x{len(results) / wall:>8.1f}"
+                              f"{cpu / calls * 1000:>12.2f} ms")
                 finally:
                     worker_bench.stop(procs)
-                calls = sum(isinstance(e, ev.ToolCalled) for r in results for e in r)
-                assert all(ev.kind_of(r[-1]) == "run.completed" for r in results)
-                rate = calls / wall
-                label = f"host + {k} worker process{'es' if k > 1 else ''}"
-                print(f"{label:<40}{rate:>10.0f}{rate / alone:>15.2f}x{len(results) / wall:>9.1f}")
         finally:
             host.terminate()
             host.wait(20)
