@@ -74,6 +74,7 @@ from runtime.types import ToolResult
 log = logging.getLogger("runtime.worker")
 
 CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress is guaranteed
+BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa status`), living 3x as long
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -214,6 +215,7 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeats)
+                tg.start_soon(self._beat)
                 async with anyio.create_task_group() as runners:
                     for _ in range(self.concurrency):
                         runners.start_soon(self._runner, receive.clone(), room)
@@ -236,6 +238,34 @@ class Worker:
         finally:
             await self._watch.stop()
             await psub.unsubscribe()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                try:
+                    await (await bus.fleet_kv(self.js, bus.WORKERS_BUCKET)).delete(self._beat_key)
+                except Exception as e:  # it expires by itself
+                    log.debug("removing the worker heartbeat failed: %s", e)
+
+    @property
+    def _beat_key(self) -> str:
+        return "".join(c if c.isalnum() or c in "-_" else "-" for c in self.name)
+
+    async def _beat(self) -> None:
+        """Tell `sa status` this worker lives, what it holds and what it has done (best effort)."""
+        started = time.time()
+        tools = sorted(self.registry.tools)
+        try:
+            await bus.fleet_kv(self.js, bus.WORKERS_BUCKET)  # streams made by an older version lack it
+        except Exception as e:
+            log.debug("workers bucket: %s", e)
+        while True:
+            beat = bus.WorkerBeat(name=self.name, started=started, concurrency=self.concurrency,
+                                  running=len(self._running), completed=self.stats.completed,
+                                  failed=self.stats.failed, tools=tools)
+            try:
+                await bus.put_kv(self.js, bus.WORKERS_BUCKET, self._beat_key, beat.encode(), ttl=3 * BEAT_S,
+                                 timeout=BEAT_S)
+            except Exception as e:
+                log.debug("worker heartbeat failed: %s", e)
+            await anyio.sleep(BEAT_S)
 
     async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
         async with jobs:

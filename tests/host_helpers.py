@@ -17,6 +17,7 @@ from runtime import bus
 from runtime import events as ev
 from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
+from runtime.host.leases import LeaseConfig
 from runtime.replay import follow
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry
@@ -159,3 +160,59 @@ async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) ->
 
 def kinds(events: list[ev.Event]) -> list[str]:
     return [ev.kind_of(e) for e in events]
+
+
+class HostHandle:
+    """An in-process host that can stop cleanly or 'crash' (its connection cut, nothing handed back)."""
+
+    def __init__(self, host: Host, nc, scope: anyio.CancelScope, stop: anyio.Event) -> None:
+        self.host, self.nc, self.scope, self.stop = host, nc, scope, stop
+
+    async def crash(self) -> None:
+        await self.nc.close()  # no renewal, no release, no ack from here on
+        self.scope.cancel()
+
+
+@asynccontextmanager
+async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: int, *,
+                lease: LeaseConfig | None = None, **config: Any) -> AsyncIterator[list[HostHandle]]:
+    """`n` in-process hosts sharing the partitions by lease (each its own connection and model client),
+    started one after the other, each ready before the next starts; stopped cleanly at the end."""
+    handles: list[HostHandle] = []
+    clients: list[ModelClient] = []
+    async with anyio.create_task_group() as tg:
+        async def serve(i: int, started: anyio.Event) -> None:
+            nc = await bus.connect(url, name=f"host-{i}")
+            client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+            clients.append(client)
+            cfg = HostConfig(**{"task_ack_wait": 2.0, "lease": lease or LeaseConfig(), **config})
+            host = Host(nc, load_agents(bundles, client=client), config=cfg)
+            stop = anyio.Event()
+            with anyio.CancelScope() as scope:
+                handles.append(HostHandle(host, nc, scope, stop))
+                started.set()
+                await host.run(stop)
+            await bus.close(nc)
+
+        for i in range(n):
+            started = anyio.Event()
+            tg.start_soon(serve, i, started)
+            await started.wait()
+            with anyio.fail_after(30):
+                await handles[-1].host.ready.wait()
+        try:
+            yield handles
+        finally:
+            for h in handles:
+                h.stop.set()
+    for client in clients:
+        await client.aclose()
+
+
+async def wait_until(predicate, timeout: float = 20.0, what: str = "") -> float:
+    """Seconds until `predicate()` holds (fails the test after `timeout`)."""
+    t0 = anyio.current_time()
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+    return anyio.current_time() - t0

@@ -4,18 +4,21 @@ fail fences itself; the consumer count does not grow with the number of agents."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
-
 import anyio
 import pytest
-from host_helpers import Env, calc_responder, kinds, running_worker, write_bundle
+from host_helpers import (
+    Env,
+    HostHandle,
+    calc_responder,
+    hosts,
+    kinds,
+    running_worker,
+    wait_until,
+    write_bundle,
+)
 
 from runtime import bus
 from runtime import events as ev
-from runtime.client import ModelClient
-from runtime.host import Host, HostConfig, load_agents
 from runtime.host.commands import publish_command, publish_task
 from runtime.host.leases import LeaseConfig, Leases
 from runtime.testing import Reply, ScriptedModelServer
@@ -30,60 +33,6 @@ async def topo(js):
     return js
 
 
-class HostHandle:
-    """An in-process host that can stop cleanly or 'crash' (its connection cut, nothing handed back)."""
-
-    def __init__(self, host: Host, nc, scope: anyio.CancelScope, stop: anyio.Event) -> None:
-        self.host, self.nc, self.scope, self.stop = host, nc, scope, stop
-
-    async def crash(self) -> None:
-        await self.nc.close()  # no renewal, no release, no ack from here on
-        self.scope.cancel()
-
-
-@asynccontextmanager
-async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: int,
-                config: HostConfig | None = None) -> AsyncIterator[list[HostHandle]]:
-    handles: list[HostHandle] = []
-    clients: list[ModelClient] = []
-    async with anyio.create_task_group() as tg:
-        async def serve(i: int, started: anyio.Event) -> None:
-            nc = await bus.connect(url, name=f"host-{i}")
-            client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
-            clients.append(client)
-            cfg = config or HostConfig(task_ack_wait=2.0, lease=FAST)
-            host = Host(nc, load_agents(bundles, client=client), config=cfg)
-            stop = anyio.Event()
-            with anyio.CancelScope() as scope:
-                handles.append(HostHandle(host, nc, scope, stop))
-                started.set()
-                await host.run(stop)
-            await bus.close(nc)
-
-        for i in range(n):
-            started = anyio.Event()
-            tg.start_soon(serve, i, started)
-            await started.wait()
-            with anyio.fail_after(30):
-                await handles[-1].host.ready.wait()
-        try:
-            yield handles
-        finally:
-            for h in handles:
-                h.stop.set()
-    for client in clients:
-        await client.aclose()
-
-
-async def wait_until(predicate, timeout: float = 20.0, what: str = "") -> float:
-    """Seconds until `predicate()` holds (fails the test after `timeout`)."""
-    t0 = anyio.current_time()
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.05)
-    return anyio.current_time() - t0
-
-
 def assert_disjoint_cover(handles: list[HostHandle], total: int) -> None:
     sets = [set(h.host.partitions) for h in handles]
     assert sum(len(s) for s in sets) == total and set().union(*sets) == set(range(total)), sets
@@ -95,7 +44,7 @@ async def test_hosts_share_the_partitions_fairly_and_a_stopping_host_hands_over_
     with ScriptedModelServer(responder=calc_responder) as server:
         async with hosts(nats_server.url, [bundle], server, 1) as (a,):
             assert a.host.partitions == [0, 1, 2, 3, 4]  # alone: all of them
-            async with hosts(nats_server.url, [bundle], server, 1) as (b,):
+            async with hosts(nats_server.url, [bundle], server, 1, lease=FAST) as (b,):
                 await wait_until(lambda: sorted([len(a.host.partitions), len(b.host.partitions)]) == [2, 3])
                 assert_disjoint_cover([a, b], 5)  # ceil(5/2) = 3: one host has 3, the other 2
                 kv = await bus.fleet_kv(topo, bus.LEASES_BUCKET)
@@ -119,7 +68,7 @@ async def test_a_crashed_hosts_partitions_are_taken_over_and_its_runs_finish_onc
         return Reply.of_text(calc_responder(body), delay=0.3)
 
     with ScriptedModelServer(responder=slow) as server:
-        async with hosts(nats_server.url, [bundle], server, 2) as (a, b), \
+        async with hosts(nats_server.url, [bundle], server, 2, lease=FAST) as (a, b), \
                 running_worker(nats_server.url, [bundle]):
             await wait_until(lambda: len(a.host.partitions) + len(b.host.partitions) == 5 and
                              min(len(a.host.partitions), len(b.host.partitions)) == 2)
@@ -148,7 +97,7 @@ async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_serve
     js = topo
     bundle = write_bundle(tmp_path)
     with ScriptedModelServer([Reply.of_text("slow", delay=3.0)]) as server:
-        async with hosts(nats_server.url, [bundle], server, 1):
+        async with hosts(nats_server.url, [bundle], server, 1, lease=FAST):
             n = 5
             instance = next(f"x{i}" for i in range(100)
                             if bus.partition_of(f"calc:x{i}", n) != bus.partition_of("calc", n))

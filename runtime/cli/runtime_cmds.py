@@ -4,6 +4,7 @@
                                           it, a host and N workers; Ctrl-C stops everything
     sa send AGENT "task" [--follow]       publish a task, print its run id, optionally follow it live
     sa runs [AGENT]                       the runs index
+    sa status [--json]                    hosts and their partitions, workers, queue depths, runs in flight
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
     sa host [BUNDLES...]                  an agent host on an existing NATS
     sa worker [--tools GLOB] [--bundle B] a tool worker on an existing NATS
@@ -465,6 +466,42 @@ async def _list_runs(url: str) -> list[tuple[str, Any]]:
         finally:
             await watcher.stop()
         return out
+    finally:
+        await bus.close(nc)
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="The status as one JSON object.")] = False,
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
+) -> None:
+    """The fleet: hosts and their partitions, workers, queue depths, runs in flight."""
+    import anyio
+
+    url = resolve_nats(nats_url, "status")
+    try:
+        report = anyio.run(_status, url, backend="asyncio")
+    except Exception as e:  # no topology yet, or NATS unreachable
+        typer.echo(f"sa status: {type(e).__name__}: {e} (is anything running? `sa up` creates the streams)",
+                   err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    from rich.console import Console
+
+    from runtime.status import render
+
+    Console().print(render(report))
+
+
+async def _status(url: str) -> dict[str, Any]:
+    from runtime import bus
+    from runtime.status import gather
+
+    nc = await bus.connect(url, name="sa-status", max_reconnect_attempts=3)
+    try:
+        return await gather(nc.jetstream())
     finally:
         await bus.close(nc)
 

@@ -243,6 +243,8 @@ class Host:
         total = self.total_partitions = await bus.read_partitions(self.js)
         self._runs_kv = await bus.runs_kv(self.js)
         self._active_kv = await bus.fleet_kv(self.js, bus.ACTIVE_BUCKET)
+        for bucket in (bus.LEASES_BUCKET, bus.HOSTS_BUCKET):  # streams made by an older version lack them
+            await bus.fleet_kv(self.js, bucket)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             if self.config.partitions is not None:

@@ -143,6 +143,7 @@ class Leases:
 
     async def tick(self) -> None:
         self.ticks += 1
+        before = self.serving
         await self._heartbeat()
         async with anyio.create_task_group() as tg:
             for p in list(self.held):
@@ -159,6 +160,8 @@ class Leases:
             free.sort(key=lambda p: preference(self.host_id, p), reverse=True)
             for p in free[:want]:
                 await self._acquire(p, view.holders[p][1])
+        if self.serving != before:
+            await self._heartbeat()  # others and `sa status` see the new set now, not a tick later
         waited = time.monotonic() - self._started
         if len(self.held) >= min(self.share, self.total) or waited >= self.config.ttl + self.config.every:
             self.settled.set()

@@ -1,0 +1,178 @@
+"""What the fleet is doing, read from NATS alone: `sa status [--json]`.
+
+    status = await gather(js)          # a plain dict (the --json output)
+    Console().print(render(status))    # tables for people
+
+Everything comes from the buckets and streams the processes already keep (runtime.bus): hosts from their
+heartbeats in ``hosts``, who serves which partition from ``leases``, workers from ``workers``, queue
+depths from stream and consumer state, runs in flight from the ``active`` bucket (one key per unfinished
+run, by partition). Nothing here asks a host or a worker anything, so it works with any number of them,
+on any machines, and with none.
+
+Queue depths, per partition and in all:
+* tasks waiting = the task consumer's ``num_pending`` (in the stream, not yet delivered: this grows when
+  hosts are at their back-pressure bound) + ``num_ack_pending`` (delivered, waiting in a host's mailbox);
+* results waiting = the same for the partition's result consumer;
+* tool jobs = the ``workers`` consumer's pending and ack-pending (held by workers); DLQ = dead letters.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from runtime import bus
+
+
+async def gather(js: JetStreamContext) -> dict[str, Any]:
+    """One consistent-enough picture of the fleet (each part is read once, in sequence)."""
+    now = time.time()
+    topo = await bus.read_topology(js)
+    n = topo.partitions
+    buckets = {name: await bus.fleet_kv(js, name) for name in
+               (bus.LEASES_BUCKET, bus.HOSTS_BUCKET, bus.WORKERS_BUCKET, bus.ACTIVE_BUCKET)}
+
+    holders = {}
+    for key, entry in (await bus.kv_entries(buckets[bus.LEASES_BUCKET])).items():
+        if key.startswith("p") and key[1:].isdigit():
+            holders[int(key[1:])] = entry.value.decode()
+    hosts = []
+    for key, entry in sorted((await bus.kv_entries(buckets[bus.HOSTS_BUCKET])).items()):
+        beat = bus.HostBeat.decode(entry.value)
+        held = sorted(p for p, holder in holders.items() if holder == key)  # the leases, not the beat's copy
+        hosts.append({"id": key, "partitions": held, "runs": beat.runs, "queued": beat.queued,
+                      "max_runs": beat.max_runs, "agents": beat.agents, "lease_ttl": beat.ttl,
+                      "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
+    in_flight = [0] * n
+    for key in await bus.kv_entries(buckets[bus.ACTIVE_BUCKET]):
+        p = key.split(".", 1)[0][1:]
+        if p.isdigit() and int(p) < n:
+            in_flight[int(p)] += 1
+
+    partitions = []
+    for p in range(n):
+        tasks = await _consumer(js, bus.TASKS, bus.task_consumer_name(p))
+        results = await _consumer(js, bus.RESULTS, bus.result_consumer_name(p))
+        partitions.append({"partition": p, "host": holders.get(p), "runs_in_flight": in_flight[p],
+                           "tasks_pending": tasks["pending"], "tasks_held": tasks["ack_pending"],
+                           "results_pending": results["pending"], "results_held": results["ack_pending"]})
+
+    workers = []
+    for _, entry in sorted((await bus.kv_entries(buckets[bus.WORKERS_BUCKET])).items()):
+        beat = bus.WorkerBeat.decode(entry.value)
+        workers.append({"name": beat.name, "concurrency": beat.concurrency, "running": beat.running,
+                        "completed": beat.completed, "failed": beat.failed, "tools": beat.tools,
+                        "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
+
+    tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER)
+    streams = {name: await _messages(js, name) for name in (bus.TASKS, bus.TOOLS, bus.RESULTS, bus.DLQ)}
+    return {
+        "partitions_total": n,
+        "replicas": topo.replicas,
+        "hosts": hosts,
+        "partitions": partitions,
+        "unserved_partitions": [p for p in range(n) if p not in holders],
+        "workers": workers,
+        "queues": {
+            "tasks_pending": sum(p["tasks_pending"] for p in partitions),
+            "tasks_held": sum(p["tasks_held"] for p in partitions),
+            "results_pending": sum(p["results_pending"] for p in partitions),
+            "results_held": sum(p["results_held"] for p in partitions),
+            "tool_jobs_pending": tools["pending"],
+            "tool_jobs_held": tools["ack_pending"],
+            "dlq": streams[bus.DLQ],
+            "stream_messages": streams,
+        },
+        "runs_in_flight": sum(in_flight),
+    }
+
+
+def _age(now: float, entry: Any) -> float | None:
+    created = getattr(entry, "created", None)
+    if created is None:
+        return None
+    ts = created.timestamp() if hasattr(created, "timestamp") else float(created)
+    return round(max(0.0, now - ts), 1)
+
+
+async def _consumer(js: JetStreamContext, stream: str, name: str) -> dict[str, int]:
+    try:
+        info = await js.consumer_info(stream, name)
+    except NotFoundError:  # a partition no host has served yet
+        return {"pending": 0, "ack_pending": 0}
+    return {"pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0}
+
+
+async def _messages(js: JetStreamContext, stream: str) -> int:
+    try:
+        return (await js.stream_info(stream)).state.messages
+    except NotFoundError:
+        return 0
+
+
+def render(status: dict[str, Any]) -> Any:
+    """Rich tables: hosts, partitions, workers, queues."""
+    from rich.console import Group
+    from rich.table import Table
+
+    q = status["queues"]
+    head = Table.grid(padding=(0, 2))
+    head.add_row("partitions", f"{status['partitions_total']} (R{status['replicas']})",
+                 "runs in flight", str(status["runs_in_flight"]))
+    unserved = status["unserved_partitions"]
+    head.add_row("hosts", str(len(status["hosts"])), "unserved partitions",
+                 f"[red]{unserved}[/]" if unserved else "none")
+    head.add_row("workers", str(len(status["workers"])), "dead letters", str(q["dlq"]))
+
+    hosts = Table(title="hosts", title_justify="left")
+    for col in ("host", "partitions", "runs", "queued", "bound", "agents", "up", "beat"):
+        hosts.add_column(col)
+    for h in status["hosts"]:
+        hosts.add_row(h["id"], _ranges(h["partitions"]), str(h["runs"]), str(h["queued"]), str(h["max_runs"]),
+                      ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
+
+    parts = Table(title="partitions", title_justify="left")
+    for col in ("p", "host", "runs in flight", "tasks waiting (stream/held)",
+                "results waiting (stream/held)"):
+        parts.add_column(col)
+    for p in status["partitions"]:
+        parts.add_row(str(p["partition"]), p["host"] or "[red]unserved[/]", str(p["runs_in_flight"]),
+                      f"{p['tasks_pending']}/{p['tasks_held']}",
+                      f"{p['results_pending']}/{p['results_held']}")
+
+    workers = Table(title="workers", title_justify="left")
+    for col in ("worker", "concurrency", "holding", "completed", "failed", "up", "beat"):
+        workers.add_column(col)
+    for w in status["workers"]:
+        workers.add_row(w["name"], str(w["concurrency"]), str(w["running"]), str(w["completed"]),
+                        str(w["failed"]), f"{w['up_s']:.0f}s", _secs(w["beat_age_s"]))
+
+    queues = Table(title="queues", title_justify="left")
+    for col in ("queue", "waiting", "held by a process"):
+        queues.add_column(col)
+    queues.add_row("tasks (TASKS)", str(q["tasks_pending"]), str(q["tasks_held"]))
+    queues.add_row("tool jobs (TOOLS)", str(q["tool_jobs_pending"]), str(q["tool_jobs_held"]))
+    queues.add_row("tool results (RESULTS)", str(q["results_pending"]), str(q["results_held"]))
+    queues.add_row("dead letters (DLQ)", str(q["dlq"]), "")
+    return Group(head, hosts, parts, workers, queues)
+
+
+def _secs(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}s ago"
+
+
+def _ranges(ps: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    spans: list[list[int]] = []
+    for p in sorted(ps):
+        if spans and spans[-1][1] == p - 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "-"
+
+
+__all__ = ["gather", "render"]

@@ -1,0 +1,89 @@
+"""`sa status`: hosts and their partitions, workers, queue depths and runs in flight, read from NATS alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import anyio
+import pytest
+from host_helpers import Env, calc_responder, hosts, running_worker, wait_until, write_bundle
+from rich.console import Console
+
+from runtime import bus
+from runtime.host.commands import publish_task
+from runtime.status import gather, render
+from runtime.testing import Reply, ScriptedModelServer
+
+pytestmark = pytest.mark.anyio
+CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
+
+
+@pytest.fixture
+async def topo(js):
+    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    return js
+
+
+async def test_status_shows_hosts_partitions_workers_queues_and_runs_in_flight(nats_server, topo, tmp_path):
+    js = topo
+    bundle = write_bundle(tmp_path)
+
+    def held(body):  # the first model call of every run waits, so runs stay in flight while we look
+        if "<tool_response>" not in json.dumps(body["messages"]):
+            return Reply.of_text(calc_responder(body), delay=2.0)
+        return calc_responder(body)
+
+    with ScriptedModelServer(responder=held) as server:
+        async with hosts(nats_server.url, [bundle], server, 2) as (a, b), \
+                running_worker(nats_server.url, [bundle], concurrency=3):
+            await wait_until(lambda: len(a.host.partitions) == len(b.host.partitions) == 2)
+            runs = [await publish_task(js, f"calc:s{i}", f"compute: {i} + 1") for i in range(6)]
+            await wait_until(lambda: len(a.host.drivers) + len(b.host.drivers) == 6)
+            with anyio.fail_after(10):  # the worker's first heartbeat
+                while not (status := await gather(js))["workers"]:
+                    await anyio.sleep(0.1)
+            cli = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                [*CLI, "status", "--json"], env={**os.environ, "NATS_URL": nats_server.url},
+                capture_output=True, text=True, timeout=60))
+            env = Env(nats_server.url, js, None, server, [])
+            for r in runs:
+                await env.wait_run(r)
+            after = await gather(js)
+            served = {a.host.id: a.host.partitions, b.host.id: b.host.partitions}
+    assert status["partitions_total"] == 4 and status["unserved_partitions"] == []
+    assert {h["id"]: h["partitions"] for h in status["hosts"]} == served
+    assert {p["partition"]: p["host"] for p in status["partitions"]} == \
+        {p: host for host, ps in served.items() for p in ps}
+    assert status["runs_in_flight"] == 6 and sum(h["runs"] for h in status["hosts"]) in range(0, 7)
+    assert sum(p["runs_in_flight"] for p in status["partitions"]) == 6
+    (worker,) = status["workers"]
+    assert worker["concurrency"] == 3 and "calculator" in worker["tools"]
+    assert set(status["queues"]) >= {"tasks_pending", "tool_jobs_pending", "results_pending", "dlq"}
+    assert after["runs_in_flight"] == 0  # ended runs leave the `active` bucket
+    assert cli.returncode == 0, cli.stderr
+    shown = json.loads(cli.stdout)
+    assert shown["partitions_total"] == 4 and len(shown["hosts"]) == 2 and len(shown["workers"]) == 1
+    console = Console(record=True, width=140)
+    console.print(render(status))
+    text = console.export_text()
+    for word in ("hosts", "partitions", "workers", "queues", a.host.id, "runs in flight", "dead letters"):
+        assert word in text
+
+
+async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_server, topo):
+    js = topo
+    for i in range(5):
+        await publish_task(js, f"calc:w{i}", "compute: 1")  # no host: they wait in the stream
+    status = await gather(js)
+    assert status["hosts"] == [] and status["unserved_partitions"] == [0, 1, 2, 3]
+    assert status["queues"]["stream_messages"][bus.TASKS] == 5 and status["runs_in_flight"] == 0
+
+
+def test_status_without_a_server_says_what_to_do(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+    env["XDG_DATA_HOME"] = str(tmp_path)  # no `sa up` state file either
+    out = subprocess.run([*CLI, "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "NATS_URL" in out.stderr
