@@ -244,9 +244,16 @@ class RunDriver:
                 finally:
                     self._model_scope = None
 
+        failed: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            await self._flush()
+            try:
+                await self._flush()
+            except Exception as exc:  # raised below, not as an ExceptionGroup: callers catch `Superseded`
+                failed = exc
+                tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
         if not reply:
             return  # a cancel arrived: the inbox records it
         cls, fields = reply[0]
@@ -277,9 +284,12 @@ class RunDriver:
         if len(jobs) == 1:
             await self._publish_job(jobs[0])
         else:
-            async with anyio.create_task_group() as tg:
-                for job in jobs:
-                    tg.start_soon(self._publish_job, job)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for job in jobs:
+                        tg.start_soon(self._publish_job, job)
+            except ExceptionGroup as group:  # a rejected job (not an outage): the error itself, not a group
+                raise group.exceptions[0] from None
         self.in_flight.update(job.call_id for job in jobs)
         return progressed
 

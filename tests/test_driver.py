@@ -1,0 +1,187 @@
+"""The run driver on a real nats-server with real Monty workers and the scripted model over HTTP: staged
+appends keep the single-writer log exact (no job before its `tool.called` is durable, a stale driver
+stops without writing), and a 20 MB tool output travels through a real host and comes back from replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from host_helpers import calc_responder, hermes_call, kinds, running_host, running_worker, write_bundle
+
+from runtime import bus, kernel
+from runtime import events as ev
+from runtime.client import ModelClient
+from runtime.host import load_agents
+from runtime.host.commands import publish_task
+from runtime.host.driver import RunDriver, Superseded, append_event
+from runtime.jobs import ToolJob
+from runtime.payloads import Payloads
+from runtime.replay import follow, read_run, run_filter
+from runtime.testing import ScriptedModelServer, last_message
+
+pytestmark = pytest.mark.anyio
+
+BIG = '''\
+"""Return n characters of text."""
+from grail import Input
+
+n: int = Input("n")
+
+"0123456789" * (n // 10)
+'''
+
+
+@pytest.fixture
+async def topo(js):
+    await bus.ensure_topology(js, partitions=2, tool_ack_wait=5.0)
+    return js
+
+
+class PublishLog:
+    """A JetStream context that records, in order, when each publish was sent and when it was acked."""
+
+    def __init__(self, js: Any) -> None:
+        self._js = js
+        self.log: list[tuple[str, str]] = []  # ("sent" | "acked", what)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+    async def publish(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
+        what = subject
+        if subject.startswith("tools."):
+            what = f"job {ToolJob.decode(payload).call_id}"
+        elif subject.endswith(".tool.called"):
+            what = f"called {ev.decode(payload).call.id}"
+        self.log.append(("sent", what))
+        ack = await self._js.publish(subject, payload, **kw)
+        self.log.append(("acked", what))
+        return ack
+
+
+def fan_responder(body: dict[str, Any]) -> str:
+    """Three parallel calculator calls, then a submit of the last tool response."""
+    if "<tool_response>" in last_message(body):
+        return hermes_call("submit", {"answer": "done"})
+    return "\n".join(hermes_call("calculator", {"expression": f"{i} + 1"}) for i in range(3))
+
+
+async def test_no_job_is_published_before_its_tool_called_is_in_the_log(nats_server, topo, tmp_path: Path):
+    js = topo
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=fan_responder) as server:
+        async with running_host(nats_server.url, [bundle], server) as host, \
+                running_worker(nats_server.url, [bundle]):
+            spy = PublishLog(host.js)
+            host.js = spy  # the drivers this host creates publish through the spy
+            run_id = await publish_task(js, "calc", "three at once")
+            with anyio.fail_after(60):
+                events = [e async for e in follow(js, run_id)]
+    assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "done"}
+    assert [e.seq for e in events] == list(range(len(events)))
+    every = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
+    called = [e.call.id for e in events if isinstance(e, ev.ToolCalled) and e.call.name == "calculator"]
+    assert len(called) == 3 and len(every) == 4  # and the submit
+    log = spy.log
+    for call_id in every:
+        job_sent = log.index(("sent", f"job {call_id}"))
+        assert log.index(("acked", f"called {call_id}")) < job_sent, log
+    # the three jobs of the first turn went out together, after all three calls were recorded
+    assert max(log.index(("acked", f"called {c}")) for c in called) < \
+        min(log.index(("sent", f"job {c}")) for c in called)
+
+
+async def test_a_stale_driver_stops_at_its_first_write_and_leaves_no_fork(nats_server, topo, tmp_path: Path):
+    js = topo
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=lambda body: "plain answer") as server:
+        client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+        agent = load_agents([bundle], client=client)["calc"]
+        run_id = "r-stale"
+        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, agent="calc", input="say something")
+        seq = await append_event(js, "calc", run_id, 0, started)
+        assert await append_event(js, "calc", run_id, 0, started) == seq  # a retried landed append: no-op
+        state = kernel.evolve(kernel.initial(agent.config), started)
+        first = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
+        stale = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
+        final = await first.run()
+        with pytest.raises(Superseded):
+            await stale.run()
+        await client.aclose()
+    assert final.status == "completed"
+    log = await read_run(js, run_id)
+    assert kinds(log.events) == ["run.started", "model.requested", "model.responded", "turn.completed",
+                                 "run.completed"]
+    assert [e.seq for e in log.events] == [0, 1, 2, 3, 4] and log.events[-1].output == "plain answer"
+    assert log.last_seq == first.last_seq
+
+
+async def test_a_20_mb_tool_output_runs_through_a_host_and_replays_byte_exact(nats_server, topo, tmp_path):
+    js = topo
+    n = 20_000_000
+    bundle = write_bundle(tmp_path)
+    (bundle.parent / "tools" / "big.pym").write_text(BIG)
+    text = bundle.read_text().replace(
+        "tools:\n", "tools:\n  - path: tools/big.pym\n    limits: {max_memory: 512mb, max_output: 64mb, "
+                    "max_duration: 60s}\n")
+    bundle.write_text(text)
+
+    def responder(body: dict[str, Any]) -> str:
+        last = last_message(body)
+        if "<tool_response>" in last:  # the 20 MB came back to the model: answer with its size
+            return hermes_call("submit", {"answer": str(len(last))})
+        return hermes_call("big", {"n": n})
+
+    with ScriptedModelServer(responder=responder, record=False) as server:
+        async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
+            run_id = await publish_task(js, "calc", "make it big")
+            with anyio.fail_after(120):
+                live = [e async for e in follow(js, run_id)]  # as stored: refs, not values
+    assert kinds(live)[-1] == "run.completed", kinds(live)
+    assert int(live[-1].output["answer"]) > n
+    expected = "0123456789" * (n // 10)
+
+    completed = next(e for e in live if isinstance(e, ev.ToolCompleted) and e.tool == "big")
+    assert completed.output is None and completed.ref is not None and completed.ref.size > n
+    requested = [e for e in live if isinstance(e, ev.ModelRequested)]
+    assert requested[1].ref is not None and requested[1].messages == ()  # the prompt with 20 MB in it
+
+    # what is in EVENTS: every message of the run is small
+    sizes: list[int] = []
+    sub = await js.subscribe(run_filter(run_id), stream=bus.EVENTS, ordered_consumer=True)
+    for _ in live:
+        sizes.append(len((await sub.next_msg(timeout=5)).data))
+    await sub.unsubscribe()
+    threshold = Payloads(js).threshold
+    assert len(sizes) == len(live) and max(sizes) < threshold
+
+    # replay resolves the refs: byte-exact output, and the prompt carries it as the tool response
+    log = await read_run(js, run_id)
+    (resolved,) = [e for e in log.events if isinstance(e, ev.ToolCompleted) and e.tool == "big"]
+    assert resolved.ref is None and resolved.output == expected
+    prompt = [e for e in log.events if isinstance(e, ev.ModelRequested)][1]
+    assert prompt.ref is None and any(expected in m.content for m in prompt.messages)
+    assert log.events[-1].output == live[-1].output
+    # content addressing: the host re-offloading the output it resolved found the worker's object (same
+    # bytes, same name): two objects in all, the output and the prompt that carries it
+    info = await js.stream_info(f"OBJ_{bus.PAYLOADS_BUCKET}", subjects_filter=f"$O.{bus.PAYLOADS_BUCKET}.M.>")
+    assert len(info.state.subjects or {}) == 2
+
+
+async def test_a_chain_of_turns_keeps_a_contiguous_log(nats_server, topo, tmp_path: Path):
+    """Staged writes across many turns: every seq once, in order, each model call made once."""
+    js = topo
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
+            run_id = await publish_task(js, "calc", "chain: 4")
+            with anyio.fail_after(60):
+                events = [e async for e in follow(js, run_id)]
+        served = server.served
+    assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "chained 4"}
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert served == sum(isinstance(e, ev.ModelResponded) for e in events) == 5
+    assert sum(isinstance(e, ev.TurnCompleted) for e in events) == 5
