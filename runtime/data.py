@@ -37,7 +37,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from runtime import bus
+from runtime.events import PayloadRef
 from runtime.jobs import ToolJob
+from runtime.payloads import Payloads
 
 DEFAULT_MOUNT = "/data"
 HDR_JOB = "Sa-Job"
@@ -94,10 +96,12 @@ class ResultHandler(Protocol):
 
 
 class Recorded(msgspec.Struct, frozen=True):
-    """The marker value of an applied job: its validated output and how many writes it made."""
+    """The marker value of an applied job: its validated output and how many writes it made. A big
+    output lives in the object store (`ref`, `runtime.payloads`): a KV value is one NATS message."""
 
     output: Any
     writes: int
+    ref: PayloadRef | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -246,6 +250,7 @@ class WorkspaceResultHandler:
     def __init__(self, js: JetStreamContext, *, mount: str = DEFAULT_MOUNT,
                  default_workspace: str | None = None) -> None:
         self.js, self.mount, self.default_workspace = js, mount, default_workspace
+        self.payloads: Payloads | None = None  # made on first use
 
     @staticmethod
     def _marker_key(context: JobContext) -> str:
@@ -259,7 +264,16 @@ class WorkspaceResultHandler:
             return None
         if entry.value is None:
             return None
-        return msgspec.msgpack.decode(entry.value, type=Recorded)
+        marker = msgspec.msgpack.decode(entry.value, type=Recorded)
+        if marker.ref is not None:
+            output = await self._payloads().resolve(marker.ref)
+            marker = Recorded(output=output, writes=marker.writes)
+        return marker
+
+    def _payloads(self) -> Payloads:
+        if self.payloads is None:
+            self.payloads = Payloads(self.js)
+        return self.payloads
 
     async def handle(self, tool_name: str, result: Any, context: JobContext) -> None:
         writes = parse_writes(result, self.mount)
@@ -292,7 +306,10 @@ class WorkspaceResultHandler:
                 context.revisions[path] = ack.seq
         context.writes_applied = len(writes)
         applied = await bus.applied_kv(self.js)
-        marker = msgspec.msgpack.encode(Recorded(output=result, writes=len(writes)))
+        kept = await self._payloads().offload(result)  # a PayloadRef when too big for a KV value
+        recorded = Recorded(output=None, writes=len(writes), ref=kept) if isinstance(kept, PayloadRef) \
+            else Recorded(output=result, writes=len(writes))
+        marker = msgspec.msgpack.encode(recorded)
         try:
             await applied.create(self._marker_key(context), marker)
         except KeyWrongLastSequenceError:

@@ -128,3 +128,22 @@ async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
     assert printed.startswith("zzz") and "bytes of printed output cut" in printed
     assert DEFAULT_THRESHOLD <= len(printed) <= DEFAULT_THRESHOLD + 1000
     assert (await js.stream_info(bus.TOOLS)).state.messages == 0 and worker.stats.nacked == 0
+
+
+async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_value(js) -> None:
+    """A workspace job whose output is over the threshold: the `applied` marker (a KV value, one NATS
+    message) holds a ref, and a redelivery still gets the whole output back."""
+    from runtime.data import JobContext, WorkspaceResultHandler
+    from runtime.jobs import ToolJob
+
+    await bus.ensure_topology(js)
+    handler = WorkspaceResultHandler(js)
+    result = {"writes": [{"path": "/data/big.txt", "content": "small"}], "blob": "x" * 2_000_000}
+    job = ToolJob(run_id="r1", agent="a", call_id="r1/1.0", tool="t", workspace="w1")
+    ctx = JobContext(job, complete=True)
+    await handler.handle("t", result, ctx)
+    assert ctx.writes_applied == 1
+    marker = await (await bus.applied_kv(js)).get(handler._marker_key(ctx))
+    assert len(marker.value) < 4096  # the 2 MB is not in KV (it would not even fit a message)
+    again = await handler.recorded(JobContext(job))
+    assert again is not None and again.writes == 1 and again.output == result and again.ref is None
