@@ -74,6 +74,7 @@ from runtime.types import ToolResult
 log = logging.getLogger("runtime.worker")
 
 CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress is guaranteed
+COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
 BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa status`), living 3x as long
 
 
@@ -191,6 +192,8 @@ class Worker:
         self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
         self._max_deliver = bus.DEFAULT_TOOL_MAX_DELIVER
         self.payloads = Payloads(js, threshold=payload_threshold)
+        self._limits_cache: dict[tuple[Any, ...], Limits] = {}
+        self._budget_cache: dict[tuple[str, str, int], tuple[Limits | None, float | None]] = {}
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
 
@@ -227,6 +230,15 @@ class Worker:
                             while taken < self.max_batch and room.value > 0:
                                 room.acquire_nowait()
                                 taken += 1
+                            # runners still have buffered jobs: wait briefly for more free slots, so a
+                            # busy worker fetches a few jobs per round trip instead of one at a time
+                            want = min(self.max_batch, max(1, self.concurrency // 4))
+                            while taken < want and send.statistics().current_buffer_used > 0:
+                                with anyio.move_on_after(COALESCE_S):
+                                    await room.acquire()
+                                    taken += 1
+                                    continue
+                                break
                             msgs = [] if stop.is_set() else await bus.fetch_batch(psub, taken, timeout=0.5)
                             for _ in range(taken - len(msgs)):
                                 room.release()
@@ -287,7 +299,7 @@ class Worker:
         except JobDecodeError as e:
             await self._dead_letter(msg, str(e))
             return
-        attempt = msg.metadata.num_delivered if msg.reply else 1
+        attempt = _deliveries(msg)
         if 1 < self._max_deliver <= attempt and not await self._has_record(job):
             await self._give_up(msg, job, attempt)
             return
@@ -363,6 +375,29 @@ class Worker:
         self.stats.failed += 1
         await msg.term()
 
+    def _limits(self, spec: dict[str, Any]) -> Limits | None:
+        """`Limits.resolve` of a job's limits, once per distinct value: every job of a tool carries the
+        same dict, and validating it with pydantic per job cost more than a fast script's run."""
+        if not spec:
+            return None
+        key = tuple(sorted(spec.items()))
+        limits = self._limits_cache.get(key)
+        if limits is None:
+            if len(self._limits_cache) >= 1024:
+                self._limits_cache.clear()
+            limits = self._limits_cache[key] = Limits.resolve(spec)
+        return limits
+
+    def _budget(self, tool: WorkerTool, limits: Limits | None) -> float | None:
+        """The duration a run of `tool` may take under `limits` (cached like `_limits`)."""
+        key = (tool.name, tool.digest, id(limits))
+        hit = self._budget_cache.get(key)
+        if hit is None or hit[0] is not limits:
+            if len(self._budget_cache) >= 1024:
+                self._budget_cache.clear()
+            hit = self._budget_cache[key] = (limits, tool.limits.merge(limits).effective().max_duration)
+        return hit[1]
+
     def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
         if job.workspace:
             return self._workspace_files, self._workspace_writes
@@ -393,7 +428,7 @@ class Worker:
             log.warning("tool %s: the host expects version %s, this worker has %s",
                         tool.name, job.tool_digest, tool.digest)
         try:
-            limits = Limits.resolve(job.limits) if job.limits else None  # None: the tool's own
+            limits = self._limits(job.limits)  # None: the tool's own
         except LimitsError as e:
             return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
                                        **fields)
@@ -404,7 +439,7 @@ class Worker:
                 if left <= 0:
                     return ToolOutcome.for_job(job, ToolResult.failure(
                         "timeout", "the call's deadline passed before a worker could run it"), **fields)
-                budget = tool.limits.merge(limits).effective().max_duration
+                budget = self._budget(tool, limits)
                 if budget and left < budget:
                     limits = (limits or Limits()).merge(Limits(max_duration=left))
             ctx = JobContext(job)
@@ -437,6 +472,18 @@ class Worker:
         return ToolOutcome.for_job(job, ToolResult.failure(
             "external", f"{last_conflict} (gave up after {CONFLICT_RETRIES} attempts)", detail="conflict"),
             **fields)
+
+
+def _deliveries(msg: Msg) -> int:
+    """How many times the job was delivered, read straight from the reply subject (`msg.metadata` parses
+    every field and a timestamp per job); 1 for a message without one (tests calling `handle`)."""
+    if not msg.reply:
+        return 1
+    tokens = msg.reply.split(".")
+    try:
+        return int(tokens[4] if len(tokens) == 9 else tokens[Msg.Ack.NumDelivered])
+    except (IndexError, ValueError):
+        return msg.metadata.num_delivered
 
 
 def _collector(notes: list[ScriptNote]) -> Callable[[Any], None]:
