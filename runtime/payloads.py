@@ -20,11 +20,15 @@ they live as long as the EVENTS stream that references them (which has no age li
 
 Where the hooks are:
 * the worker offloads a tool output before publishing its `ToolOutcome` (`offload_outcome`), and caps
-  printed script text so an outcome always fits in one message;
-* the host offloads `run.started` input, `model.responded` text, `model.requested` messages and
-  `run.completed` output with `offload_event` before appending, and resolves every event with
-  `resolve_event` (or `resolve_events`) before folding it (live, on recovery and on takeover); events
-  from `ToolOutcome.events()` already carry the ref and need only `resolve_event` before folding.
+  printed script text so an outcome always fits in one message; a workspace job's `applied` marker keeps
+  a big output as a ref too (`runtime.data`);
+* the host's run driver resolves an outcome (`resolve_outcome`: the model's next prompt needs the
+  value), folds full events, and writes each one through `offload_event` (`host.driver.append_event`):
+  `model.requested` messages, `model.responded` text, `tool.completed` output, `run.completed` output.
+  Content addressing makes re-offloading a resolved output a lookup, not a second upload;
+* readers resolve: `replay.read_run` (recovery, takeover, `sa replay`, verify) returns events with
+  their values back (`resolve_events`); `replay.follow` (the live view) shows events as stored and
+  `replay.describe` prints a ref as its size.
 """
 
 from __future__ import annotations
