@@ -360,9 +360,11 @@ async def append_event(js: JetStreamContext, actor: str, run_id: str, last_seq: 
     """
     msg_id = f"{run_id}/{event.seq}"
     subject = bus.event_subject(actor, run_id, ev.kind_of(event))
-    if type(event) in ev.PAYLOAD_FIELDS:
-        event = await (payloads or payloads_for(js)).offload_event(event)
     data = ev.encode(event)
+    if type(event) in ev.PAYLOAD_FIELDS:
+        payloads = payloads or payloads_for(js)
+        if payloads.is_big(data):  # the whole event is small (the common case): its big field is too
+            data = ev.encode(await payloads.offload_event(event))
     headers = bus.occ_headers(actor, run_id, last_seq, msg_id)
     while True:
         try:
