@@ -82,7 +82,8 @@ and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with Ack
 worker heartbeat interval, MaxDeliver 5 and a bounded MaxAckPending (back-pressure).
 
 Pitfalls handled here (see `fetch_batch`): ``fetch()`` signals "nothing" three ways (nats TimeoutError,
-``[]``, bare asyncio.TimeoutError); unsubscribe pull subscriptions before ``drain()``/``close()``;
+``[]``, bare asyncio.TimeoutError) and raises 503 ServiceUnavailable during a cluster leader election;
+unsubscribe pull subscriptions before ``drain()``/``close()``;
 never block the event loop (the embedded server's readiness wait runs in a thread from async code).
 """
 
@@ -107,6 +108,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import nats
 from nats.aio.client import Client as NATS
@@ -815,6 +817,12 @@ async def fetch_batch(psub: JetStreamContext.PullSubscription, batch: int, timeo
     try:
         return await psub.fetch(batch=batch, timeout=timeout)
     except TimeoutError:  # asyncio.TimeoutError is TimeoutError on 3.11
+        return []
+    except (nats.errors.Error, nats.js.errors.APIError) as e:
+        # 503 / no responders while a cluster elects a consumer leader (4-6 s), or a reconnect: the
+        # caller's loop must survive it, so this is "nothing yet", after a pause
+        log.debug("fetch failed (%s: %s); retrying", type(e).__name__, e)
+        await anyio.sleep(0.25)
         return []
 
 

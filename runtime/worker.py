@@ -75,6 +75,7 @@ log = logging.getLogger("runtime.worker")
 
 CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress is guaranteed
 COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
+PUBLISH_PATIENCE_S = 30.0  # keep retrying an outcome's publish this long (heartbeats hold the job meanwhile)
 BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa status`), living 3x as long
 
 
@@ -304,19 +305,27 @@ class Worker:
             await self._give_up(msg, job, attempt)
             return
         outcome = await self._execute(job, attempt)
-        if outcome is None:  # infrastructure trouble: retry later
+        if outcome is None:  # infrastructure trouble: retry later, later each time (MaxDeliver is finite)
             self.stats.nacked += 1
-            await msg.nak(delay=1.0)
+            await msg.nak(delay=_retry_delay(attempt))
             return
-        try:
-            outcome = await self.payloads.offload_outcome(outcome)
-            await self.js.publish(outcome.subject, outcome.encode(), headers=outcome.headers())
-        except Exception as e:
-            log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
-                        self.name, job.msg_id, e)
-            self.stats.nacked += 1
-            await msg.nak(delay=1.0)
-            return
+        deadline = time.monotonic() + PUBLISH_PATIENCE_S
+        while True:  # retry here, not by redelivery: a leader election must not use up the job's deliveries
+            try:
+                outcome = await self.payloads.offload_outcome(outcome)
+                await self.js.publish(outcome.subject, outcome.encode(), headers=outcome.headers())
+                break
+            except Exception as e:
+                if time.monotonic() < deadline:
+                    log.info("worker %s: publishing the outcome of %s failed (%s); retrying",
+                             self.name, job.msg_id, e)
+                    await anyio.sleep(0.5)
+                    continue
+                log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
+                            self.name, job.msg_id, e)
+                self.stats.nacked += 1
+                await msg.nak(delay=_retry_delay(attempt))
+                return
         self.stats.completed += 1
         self.stats.failed += outcome.result.error is not None
         await msg.ack()
@@ -484,6 +493,12 @@ def _deliveries(msg: Msg) -> int:
         return int(tokens[4] if len(tokens) == 9 else tokens[Msg.Ack.NumDelivered])
     except (IndexError, ValueError):
         return msg.metadata.num_delivered
+
+
+def _retry_delay(attempt: int) -> float:
+    """Redelivery delay after the `attempt`-th delivery failed for infrastructure reasons: 2, 4, 8, 10 s,
+    so MaxDeliver (5) deliveries span more than a cluster leader election (4-6 s)."""
+    return min(10.0, 2.0 ** attempt)
 
 
 def _collector(notes: list[ScriptNote]) -> Callable[[Any], None]:

@@ -213,6 +213,7 @@ class Host:
         self.budget = Budget(self.config.max_runs)  # what a flood of tasks cannot push past
         self.leases: Leases | None = None
         self.total_partitions = 0
+        self.replicas = 1
         self.started = time.time()
         self.ready = anyio.Event()
         self._parts: dict[int, _Part] = {}
@@ -240,7 +241,9 @@ class Host:
         """Serve until `stop` is set: the partitions of `config.partitions`, or a fair share of all of them
         held by lease (`runtime.host.leases`). Runs in flight are left to the next owner's takeover."""
         stop = stop or anyio.Event()
-        total = self.total_partitions = await bus.read_partitions(self.js)
+        topology = await bus.read_topology(self.js)
+        total = self.total_partitions = topology.partitions
+        self.replicas = topology.replicas  # a WorkQueue stream's consumers must match its replicas
         self._runs_kv = await bus.runs_kv(self.js)
         self._active_kv = await bus.fleet_kv(self.js, bus.ACTIVE_BUCKET)
         for bucket in (bus.LEASES_BUCKET, bus.HOSTS_BUCKET):  # streams made by an older version lack them
@@ -289,7 +292,7 @@ class Host:
                     try:  # NATS trouble anywhere here: keep trying while we hold the partition
                         tasks, results = await bus.ensure_partition_consumers(
                             self.js, p, ack_wait=self.config.task_ack_wait, fresh=fresh,
-                            max_ack_pending=self.config.max_runs)
+                            max_ack_pending=self.config.max_runs, replicas=self.replicas)
                         fresh = False
                         if not part.ready.is_set():
                             await self._recover(p)
