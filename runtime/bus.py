@@ -767,22 +767,58 @@ async def put_kv(js: JetStreamContext, bucket: str, key: str, value: bytes, *, l
     return ack.seq
 
 
-async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) -> dict[str, Any]:
-    """The current entries (key -> `KeyValue.Entry`) matching `keys`: one ordered consumer read to the
-    end, the cheapest way to list a bucket or one partition of it. Deleted keys are left out unless
-    `deleted` (their entry then has `operation` set and carries the revision to compare-and-set on)."""
-    out: dict[str, Any] = {}
-    watcher = await kv.watch(keys)
+@dataclass(frozen=True)
+class KvEntry:
+    """One key's latest entry, as `kv_entries` reads it (the fields of nats-py's `KeyValue.Entry` used)."""
+
+    key: str
+    value: bytes | None
+    revision: int
+    operation: str | None = None  # None for a value, "DEL" / "PURGE" for a delete marker
+    created: Any = None  # datetime of the write
+
+
+async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) -> dict[str, KvEntry]:
+    """The current entries (key -> `KvEntry`) matching `keys`: the way to list a bucket or one partition
+    of it. Deleted keys are left out unless `deleted` (their entry then has `operation` set and carries
+    the revision to compare-and-set on).
+
+    Not nats-py's `watch`/`keys`/`history`: their "initial values done" marker comes from a consumer-info
+    round trip that races the messages already on their way, so on a cluster they can report no keys
+    while keys exist (seen in tests/test_faults.py). Here an ephemeral pull consumer (last per subject)
+    says at creation how many entries there are, and exactly that many are read.
+    """
+    js: JetStreamContext = kv._js  # nats-py keeps these on the bucket handle
+    stream, prefix = kv._stream, kv._pre
+    name = "kvls-" + os.urandom(8).hex()
+    info = await js.add_consumer(stream, ConsumerConfig(
+        name=name, filter_subject=prefix + keys, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1, inactive_threshold=30.0))
+    out: dict[str, KvEntry] = {}
     try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            if deleted or (entry.operation is None and entry.value is not None):
-                out[entry.key] = entry
-            else:
-                out.pop(entry.key, None)
+        left = info.num_pending or 0
+        if left:
+            psub = await js.pull_subscribe_bind(consumer=name, stream=stream)
+            try:
+                while left > 0:
+                    for msg in await psub.fetch(batch=min(left, 1000), timeout=5.0):
+                        left -= 1
+                        headers = msg.headers or {}
+                        op = headers.get("KV-Operation")
+                        if op is None and headers.get("Nats-Marker-Reason"):
+                            op = "DEL" if headers["Nats-Marker-Reason"] == "Remove" else "PURGE"
+                        entry = KvEntry(key=msg.subject[len(prefix):], value=msg.data, operation=op,
+                                        revision=msg.metadata.sequence.stream,
+                                        created=msg.metadata.timestamp)
+                        if deleted or op is None:
+                            out[entry.key] = entry
+                        if msg.metadata.num_pending == 0:
+                            left = 0
+            finally:
+                await psub.unsubscribe()
     finally:
-        await watcher.stop()
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, name)
     return out
 
 
