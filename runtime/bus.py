@@ -657,11 +657,20 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
     """Create or update every stream, the `workers` consumer, the `runs` KV and the `payloads` store.
 
     Idempotent: every host and worker calls it at start, in any order, concurrently. `replicas=None`
-    resolves through `topology_replicas` (SA_REPLICAS, else keep the existing count).
+    resolves through `topology_replicas` (SA_REPLICAS, else keep the existing count); an existing TASKS
+    stream keeps its partition count whatever `partitions` says.
     """
     if partitions < 1:
         raise ValueError("partitions must be ≥ 1")
     replicas = await topology_replicas(js, replicas)
+    try:  # the partition count is fixed once TASKS exists: changing it would re-route live agents
+        existing = _partitions_of((await js.stream_info(TASKS)).config)
+    except NotFoundError:
+        existing = 0
+    if existing and existing != partitions:
+        log.warning("TASKS has %d partitions; keeping them (asked for %d: drain and delete TASKS to change)",
+                    existing, partitions)
+        partitions = existing
     for config in stream_configs(replicas=replicas, partitions=partitions):
         await _ensure_stream(js, config)
     await ensure_consumer(js, TOOLS, workers_consumer_config(
@@ -675,17 +684,40 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
     return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
 
 
+def _partitions_of(config: StreamConfig) -> int:
+    """The partition count of a TASKS stream config (its metadata, else its subject transform), 0 if none."""
+    partitions = int((config.metadata or {}).get("partitions", "0"))
+    if not partitions and config.subject_transform is not None:
+        dest = config.subject_transform.dest or ""
+        partitions = int(dest.split("partition(")[1].split(",")[0])
+    return partitions
+
+
 async def read_topology(js: JetStreamContext) -> Topology:
     """The topology as configured on the server (partition count from TASKS, retry policy from `workers`)."""
     si = await js.stream_info(TASKS)
-    partitions = int((si.config.metadata or {}).get("partitions", "0"))
-    if not partitions and si.config.subject_transform is not None:
-        dest = si.config.subject_transform.dest or ""
-        partitions = int(dest.split("partition(")[1].split(",")[0])
+    partitions = _partitions_of(si.config)
     ci = await js.consumer_info(TOOLS, WORKERS_CONSUMER)
     return Topology(partitions or DEFAULT_PARTITIONS, si.config.num_replicas or 1,
                     float(ci.config.ack_wait or DEFAULT_TOOL_ACK_WAIT_S),
                     int(ci.config.max_deliver or DEFAULT_TOOL_MAX_DELIVER))
+
+
+async def attach_topology(js: JetStreamContext, **ensure: Any) -> Topology:
+    """The topology for a process starting up: read it, create it (`ensure_topology(**ensure)`) if there is
+    none, and wait out NATS being unavailable (a cluster electing a leader answers nothing for 4-6 s)
+    instead of failing: a host or worker restarted during an election must come up, not crash."""
+    while True:
+        try:
+            try:
+                return await read_topology(js)
+            except NotFoundError:
+                await ensure_topology(js, **ensure)
+        except (nats.errors.Error, nats.js.errors.APIError, TimeoutError) as e:
+            if isinstance(e, nats.js.errors.BadRequestError):
+                raise
+            log.warning("NATS not ready (%s: %s); retrying", type(e).__name__, e)
+            await anyio.sleep(0.5)
 
 
 async def read_partitions(js: JetStreamContext) -> int:

@@ -209,7 +209,7 @@ class Worker:
         heartbeats too, so they are never redelivered while they wait.
         """
         stop = stop or anyio.Event()
-        topo = await bus.read_topology(self.js)
+        topo = await bus.attach_topology(self.js)
         self._heartbeat_s = max(0.05, topo.tool_ack_wait / 3)
         self._max_deliver = topo.tool_max_deliver
         psub = await self.js.pull_subscribe_bind(durable=bus.WORKERS_CONSUMER, stream=bus.TOOLS)
@@ -534,10 +534,7 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
     try:
         js = nc.jetstream()
         if ensure:
-            try:
-                await bus.read_topology(js)
-            except Exception:
-                await bus.ensure_topology(js)
+            await bus.attach_topology(js)
         worker = Worker(js, registry, concurrency=concurrency)
         if on_ready is not None:
             on_ready(worker)

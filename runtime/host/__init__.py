@@ -62,10 +62,7 @@ async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime]
     nc = await bus.connect(servers, name="sa-host")
     try:
         js = nc.jetstream()
-        try:
-            await bus.read_topology(js)
-        except Exception:
-            await bus.ensure_topology(js, partitions=partitions, **topology)
+        await bus.attach_topology(js, partitions=partitions, **topology)
         host = Host(nc, agents, config=config)
         stop = stop or anyio.Event()
         async with anyio.create_task_group() as tg:

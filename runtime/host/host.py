@@ -241,13 +241,19 @@ class Host:
         """Serve until `stop` is set: the partitions of `config.partitions`, or a fair share of all of them
         held by lease (`runtime.host.leases`). Runs in flight are left to the next owner's takeover."""
         stop = stop or anyio.Event()
-        topology = await bus.read_topology(self.js)
+        topology = await bus.attach_topology(self.js)
         total = self.total_partitions = topology.partitions
         self.replicas = topology.replicas  # a WorkQueue stream's consumers must match its replicas
-        self._runs_kv = await bus.runs_kv(self.js)
-        self._active_kv = await bus.fleet_kv(self.js, bus.ACTIVE_BUCKET)
-        for bucket in (bus.LEASES_BUCKET, bus.HOSTS_BUCKET):  # streams made by an older version lack them
-            await bus.fleet_kv(self.js, bucket)
+        while True:  # started during a leader election: wait for NATS rather than fail
+            try:
+                self._runs_kv = await bus.runs_kv(self.js)
+                self._active_kv = await bus.fleet_kv(self.js, bus.ACTIVE_BUCKET)
+                for bucket in (bus.LEASES_BUCKET, bus.HOSTS_BUCKET):  # an older version's streams lack them
+                    await bus.fleet_kv(self.js, bucket)
+                break
+            except Exception as e:
+                log.warning("host %s: NATS not ready (%s: %s); retrying", self.id, type(e).__name__, e)
+                await anyio.sleep(0.5)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             if self.config.partitions is not None:
