@@ -12,9 +12,14 @@ Measured here (no agent host needed):
 * sandboxed tool calls/s end to end with 1, 2 and 4 `sa worker` processes beside Monty-alone runs/s
   (bench/worker.py's machinery). Aim: ≥ 1,000/s with 2 workers.
 
-Slots for figures that need the agent host (`runtime/host`) print "not measured yet": RSS of a host
-holding 10,000 idle agents, task latency p50/p99 with 1,000 active agents, takeover time after a host
-is killed. Fill them in `idle_agents_rss`, `task_latency`, `takeover_time`.
+With agent hosts (`sa host` and `sa worker` processes on a fresh server with 8 partitions, the scripted
+model server; `--skip-fleet` leaves them out, `--only-fleet` runs only them):
+* RSS of a host after serving 10,000 distinct agents one short run each (every agent an actor once,
+  now idle), beside its RSS before the first task. Aim: < 1 GB.
+* task latency p50/p99 (publish -> the run ended in the `runs` index) with 1,000 agents given a task
+  at once, through 2 hosts and 2 workers, zero-latency model.
+* takeover time after SIGKILL of one of two hosts (lease TTL 6 s, renew 2 s): until every partition is
+  served again, and until the first of the dead host's runs appends again. Aim: < 10 s.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +43,6 @@ from bench.worker import TOOL, end_to_end, monty_alone, start_workers, stop  # n
 from runtime import bus  # noqa: E402
 from runtime import events as ev  # noqa: E402
 
-NOT_YET = "not measured yet (needs the agent host)"
 Row = tuple[str, str, str]  # label, figure, comparison
 
 
@@ -162,23 +168,235 @@ async def tool_calls(js, url: str, tmp: Path, jobs: int, concurrency: int) -> li
 
 
 # ---------------------------------------------------------------------------------------------------------
-# slots for the host-dependent figures (the next helper fills these)
+# figures that need agent hosts: `sa host` / `sa worker` processes on a fresh server with 8 partitions
 # ---------------------------------------------------------------------------------------------------------
 
+SUBMIT = '''\
+"""Finish the task with its answer."""
+from grail import Input
 
-async def idle_agents_rss(js) -> list[Row]:
-    """RSS of one host process holding 10,000 idle agents (aim < 1 GB)."""
-    return [("host RSS with 10,000 idle agents", NOT_YET, "aim < 1 GB")]
+answer: str = Input("answer")
+
+{"answer": answer}
+'''
+NOOP = '''\
+"""Do one step of work."""
+from grail import Input
+
+n: int = Input("n")
+
+{"n": n}
+'''
+CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 
 
-async def task_latency(js) -> list[Row]:
-    """Task latency p50/p99 (publish -> run.completed) with 1,000 active agents and a scripted model."""
-    return [("task latency p50/p99, 1,000 agents", NOT_YET, "")]
+def fleet_bundle(root: Path, base_url: str) -> Path:
+    folder = root / "bench"
+    (folder / "tools").mkdir(parents=True, exist_ok=True)
+    (folder / "tools" / "submit.pym").write_text(SUBMIT)
+    (folder / "tools" / "noop.pym").write_text(NOOP)
+    (folder / "bundle.yaml").write_text(
+        "name: bench\nsystem_prompt: You do steps.\n"
+        f"model: {{adapter: hermes, base_url: '{base_url}', name: scripted}}\n"
+        "constraint: {strategy: ebnf}\ntools:\n  - tools/noop.pym\n  - tools/submit.pym\n"
+        "termination: {terminal_tool: submit, max_turns: 8}\n")
+    return folder / "bundle.yaml"
 
 
-async def takeover_time(js) -> list[Row]:
-    """Seconds from SIGKILL of a host until another resumes its runs (aim < 10 s)."""
-    return [("takeover after a host is killed", NOT_YET, "aim < 10 s")]
+def responder(delay: float = 0.0):
+    """`steps N` tasks: N noop calls, one per turn, then submit; anything else submits at once."""
+    import json as _json
+
+    from runtime.testing import Reply
+
+    def reply(body):
+        task = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
+        steps = int(task.split()[1]) if task.startswith("steps ") else 0
+        name, args = ("noop", {"n": done}) if done < steps else ("submit", {"answer": str(done)})
+        call = "<tool_call>\n" + _json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+        return Reply.of_text(call, delay=delay)
+
+    return reply
+
+
+def spawn(args: list[str], url: str, log: Path, ready: str = "serving",
+          timeout: float = 120) -> subprocess.Popen:
+    out = open(log, "ab")  # the child keeps its own copy of the descriptor
+    proc = subprocess.Popen([*CLI, *args], env={**os.environ, "NATS_URL": url}, stdout=out,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out.close()
+    deadline = time.monotonic() + timeout
+    while ready not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{args[0]} did not start:\n{log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)
+    return proc
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Fleet:
+    """A fresh embedded server (8 partitions), the scripted model, N hosts and M workers as processes."""
+
+    def __init__(self, tmp: Path, hosts: int, workers: int, delay: float = 0.0, lease_ttl: float = 6.0,
+                 max_runs: int = 4096) -> None:
+        self.tmp, self.n_hosts, self.n_workers, self.delay = tmp, hosts, workers, delay
+        self.lease_ttl, self.max_runs = lease_ttl, max_runs
+        self.hosts: list[subprocess.Popen] = []
+        self.workers: list[subprocess.Popen] = []
+
+    async def __aenter__(self) -> Fleet:
+        from runtime.testing import ScriptedModelServer
+
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.server = bus.EmbeddedNats(self.tmp / "nats").start()
+        self.model = ScriptedModelServer(responder=responder(self.delay), record=False).start()
+        self.nc = await bus.connect(self.server.url)
+        self.js = self.nc.jetstream()
+        await bus.ensure_topology(self.js, partitions=8)
+        bundle = fleet_bundle(self.tmp, self.model.base_url)
+        for i in range(self.n_workers):
+            self.workers.append(spawn(["worker", "--bundle", str(bundle), "--concurrency", "16"],
+                                      self.server.url, self.tmp / f"worker{i}.log"))
+        for i in range(self.n_hosts):
+            self.hosts.append(spawn(["host", str(bundle), "--lease-ttl", str(self.lease_ttl), "--max-runs",
+                                     str(self.max_runs)], self.server.url, self.tmp / f"host{i}.log",
+                                    "sa host: serving"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for p in self.hosts + self.workers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.hosts + self.workers:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await bus.close(self.nc)
+        self.model.close()
+        self.server.stop()
+
+    async def publish(self, agents: list[str], task: str) -> dict[str, tuple[str, float]]:
+        """One task per agent, pipelined; agent -> (run id, publish time)."""
+        from runtime.host.commands import run_id_for
+
+        sent: dict[str, tuple[str, float]] = {}
+        pending = []
+        for a in agents:
+            sent[a] = (run_id_for(a, a), time.time())
+            data = f'{{"input": "{task}", "task_id": "{a}"}}'.encode()
+            headers = {bus.HDR_MSG_ID: a}
+            pending.append(await self.js.publish_async(bus.task_subject(a), data, headers=headers))
+            if len(pending) >= 256:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        return sent
+
+    async def wait_ended(self, runs: set[str], timeout: float) -> dict[str, float]:
+        """run id -> the `runs` index's update time once it ended (polled)."""
+        kv = await bus.runs_kv(self.js)
+        ended: dict[str, float] = {}
+        deadline = time.monotonic() + timeout
+        while len(ended) < len(runs) and time.monotonic() < deadline:
+            for key, entry in (await bus.kv_entries(kv)).items():
+                if key in runs and key not in ended:
+                    ix = bus.RunIndex.decode(entry.value)
+                    if ix.status in ("completed", "failed", "cancelled"):
+                        ended[key] = ix.updated
+            await asyncio.sleep(0.5)
+        return ended
+
+
+async def idle_agents_rss(tmp: Path, agents: int) -> list[Row]:
+    """RSS of one `sa host` process after serving `agents` distinct agents (one short run each), so
+    every agent has been an actor once and is now idle; beside its RSS before the first task."""
+    async with Fleet(tmp / "idle", hosts=1, workers=2) as fleet:
+        before = rss_mb(fleet.hosts[0].pid)
+        sent = await fleet.publish([f"bench:idle{i}" for i in range(agents)], "go")
+        t0 = time.monotonic()
+        ended = await fleet.wait_ended({r for r, _ in sent.values()}, timeout=max(120, agents / 20))
+        took = time.monotonic() - t0
+        await asyncio.sleep(1.0)
+        after = rss_mb(fleet.hosts[0].pid)
+    return [(f"host RSS, {len(ended):,} agents served, now idle", f"{after:,.0f} MB",
+             f"{before:,.0f} MB before the first task; aim < 1 GB ({len(ended) / took:,.0f} runs/s)")]
+
+
+async def task_latency(tmp: Path, agents: int) -> list[Row]:
+    """Task latency (publish -> run ended, as the runs index records it) with `agents` agents each given
+    one task at once: a burst of `agents` concurrent runs through 2 hosts and 2 workers, zero-latency
+    scripted model, one model call and one tool job per run."""
+    async with Fleet(tmp / "latency", hosts=2, workers=2) as fleet:
+        await fleet.publish([f"bench:warm{i}" for i in range(50)], "go")
+        await asyncio.sleep(3)
+        sent = await fleet.publish([f"bench:lat{i}" for i in range(agents)], "go")
+        ended = await fleet.wait_ended({r for r, _ in sent.values()}, timeout=300)
+    lat = sorted(ended[r] - t for r, t in sent.values() if r in ended)
+    if not lat:
+        return [(f"task latency, {agents:,} active agents", "no run ended", "")]
+    p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    return [(f"task latency p50/p99, {agents:,} agents at once", f"{p50:.2f} / {p99:.2f} s",
+             f"2 hosts, 2 workers; all {len(lat)} ended within {lat[-1]:.1f} s "
+             f"({len(lat) / lat[-1]:,.0f} runs/s)")]
+
+
+async def takeover_time(tmp: Path) -> list[Row]:
+    """Seconds from SIGKILL of a host until the other serves every partition, and until the first of the
+    dead host's runs appends again (lease TTL 6 s, renew 2 s: the bound is 8 s plus recovery)."""
+    async with Fleet(tmp / "takeover", hosts=2, workers=1, delay=0.3) as fleet:
+        kv = await bus.fleet_kv(fleet.js, bus.LEASES_BUCKET)
+        while True:  # both hosts hold their share
+            holders = {e.value.decode() for e in (await bus.kv_entries(kv)).values()}
+            if len(holders) == 2 and len(await bus.kv_entries(kv)) == 8:
+                break
+            await asyncio.sleep(0.2)
+        sent = await fleet.publish([f"bench:to{i}" for i in range(40)], "steps 20")
+        await asyncio.sleep(3.0)  # runs in flight everywhere
+        victim = fleet.hosts[0]
+        log = (fleet.tmp / "host0.log").read_text()
+        victim_id = log.split(" as ", 1)[1].split(";")[0]
+        leases = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
+        theirs = {int(k[1:]) for k, h in leases.items() if h == victim_id}
+        runs = [r for a, (r, _) in sent.items() if bus.partition_of(a, 8) in theirs]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        t0 = time.monotonic()
+        last = {r: (await read_last(fleet.js, r, a)) for a, (r, _) in sent.items() if r in runs}
+        served = resumed = None
+        while time.monotonic() - t0 < 60 and (served is None or resumed is None):
+            if served is None:
+                leases = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
+                if len(leases) == 8 and victim_id not in leases.values():
+                    served = time.monotonic() - t0
+            if resumed is None:
+                for a, (r, _) in sent.items():
+                    if r in last and await read_last(fleet.js, r, a) > last[r]:
+                        resumed = time.monotonic() - t0
+                        break
+            await asyncio.sleep(0.1)
+    def fmt(x: float | None) -> str:
+        return f"{x:.1f} s" if x is not None else "> 60 s"
+
+    return [("takeover: partitions served again", fmt(served), f"aim < 10 s; {len(theirs)} of 8 partitions, "
+             f"{len(runs)} runs in flight on the killed host"),
+            ("takeover: first of its runs appends again", fmt(resumed), "lease TTL 6 s, renew 2 s")]
+
+
+async def read_last(js, run_id: str, agent: str) -> int:
+    """The stream sequence of a run's last event (0 if none)."""
+    try:
+        msg = await js.get_last_msg(bus.EVENTS, bus.run_events_filter(agent, run_id), direct=True)
+    except Exception:
+        return 0
+    return msg.seq
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -192,21 +410,27 @@ async def main() -> None:
     ap.add_argument("--jobs", type=int, default=2000, help="tool jobs per worker measurement")
     ap.add_argument("--concurrency", type=int, default=16, help="jobs in flight per worker process")
     ap.add_argument("--skip-tools", action="store_true", help="skip the worker figures (they take longest)")
+    ap.add_argument("--skip-fleet", action="store_true", help="skip the figures that start hosts")
+    ap.add_argument("--idle-agents", type=int, default=10_000, help="agents served before measuring RSS")
+    ap.add_argument("--active-agents", type=int, default=1_000, help="agents given a task at once")
+    ap.add_argument("--only-fleet", action="store_true", help="only the figures that start hosts")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp, bus.EmbeddedNats(Path(tmp) / "nats") as server:
         nc = await bus.connect(server.url)
         js = nc.jetstream()
         await bus.ensure_topology(js, partitions=1)
-        sections: list[tuple[str, Callable[[], Awaitable[list[Row]]]]] = [
+        sections: list[tuple[str, Callable[[], Awaitable[list[Row]]]]] = [] if args.only_fleet else [
             ("appends", lambda: appends(js, args.runs, args.events)),
             ("replay", lambda: replay(js, args.replay)),
         ]
-        if not args.skip_tools:
+        if not args.skip_tools and not args.only_fleet:
             sections.append(("tools", lambda: tool_calls(js, server.url, Path(tmp), args.jobs,
                                                          args.concurrency)))
-        sections += [("idle agents", lambda: idle_agents_rss(js)), ("latency", lambda: task_latency(js)),
-                     ("takeover", lambda: takeover_time(js))]
+        if not args.skip_fleet:
+            sections += [("idle agents", lambda: idle_agents_rss(Path(tmp), args.idle_agents)),
+                         ("latency", lambda: task_latency(Path(tmp), args.active_agents)),
+                         ("takeover", lambda: takeover_time(Path(tmp)))]
         print(f"cores: {os.cpu_count()}   nats-server: embedded, file storage, R1   "
               f"python {sys.version.split()[0]}")
         print(f"{'figure':<48}{'value':>16}   comparison (same run)")

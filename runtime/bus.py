@@ -117,6 +117,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     KeyValueConfig,
     ObjectStoreConfig,
     RetentionPolicy,
@@ -854,11 +855,29 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) ->
     return out
 
 
+KV_MAX_CONSUMERS = 10_000
+
+
 async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """The bucket, created on first use as nats-py's `create_key_value` would, except for `max_consumers`:
+    nats-py leaves it at -1, which server 2.15 caps at 1,000, and every `watch`/`history` leaves an
+    ordered consumer behind for its inactive threshold (5 min): a busy workspace bucket hit the cap in
+    the fault-injection soak (1,500 jobs, each listing the workspace)."""
     try:
         return await js.key_value(config.bucket)
     except BucketNotFoundError:
-        return await js.create_key_value(config)
+        pass
+    stream = StreamConfig(
+        name=f"KV_{config.bucket}", subjects=[f"$KV.{config.bucket}.>"], allow_direct=config.direct,
+        allow_rollup_hdrs=True, allow_msg_ttl=True, deny_delete=True, discard=DiscardPolicy.NEW,
+        duplicate_window=min(120.0, config.ttl) if config.ttl else 120.0, max_age=config.ttl,
+        max_msgs=-1, max_msgs_per_subject=config.history, num_replicas=config.replicas,
+        storage=config.storage, max_consumers=KV_MAX_CONSUMERS)
+    try:
+        await js.add_stream(stream)
+    except nats.js.errors.BadRequestError:
+        pass  # another process created it meanwhile
+    return await js.key_value(config.bucket)
 
 
 async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectStore:
