@@ -185,3 +185,31 @@ async def test_a_chain_of_turns_keeps_a_contiguous_log(nats_server, topo, tmp_pa
     assert [e.seq for e in events] == list(range(len(events)))
     assert served == sum(isinstance(e, ev.ModelResponded) for e in events) == 5
     assert sum(isinstance(e, ev.TurnCompleted) for e in events) == 5
+
+
+async def test_a_big_task_input_is_stored_by_reference_and_replays_whole(nats_server, topo, tmp_path: Path):
+    """A task input over the payload threshold: `run.started` in EVENTS carries a ref, not the text; the
+    model still sees the whole input, and replay resolves it byte-exact."""
+    js = topo
+    threshold = Payloads(js).threshold
+    big_input = "compute: 2 + 3 " + "x" * (threshold + 1024)
+    bundle = write_bundle(tmp_path)
+    seen: list[int] = []
+
+    def responder(body: dict[str, Any]) -> str:
+        first = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        seen.append(len(first))
+        return calc_responder(body)
+
+    with ScriptedModelServer(responder=responder, record=False) as server:
+        async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
+            run_id = await publish_task(js, "calc", big_input)
+            with anyio.fail_after(60):
+                live = [e async for e in follow(js, run_id)]
+    assert kinds(live)[-1] == "run.completed", kinds(live)
+    started = live[0]
+    assert isinstance(started, ev.RunStarted) and started.ref is not None
+    assert started.ref.size >= len(big_input)
+    assert seen and min(seen) >= len(big_input)  # every model request carried the whole task
+    log = await read_run(js, run_id)
+    assert log.events[0].ref is None and log.events[0].input == big_input

@@ -86,7 +86,7 @@ from runtime import bus, kernel
 from runtime import events as ev
 from runtime.host.agent import AgentRuntime
 from runtime.host.commands import BadCommand, decode, run_id_for, split_actor
-from runtime.host.driver import Inbound, RunDriver, Superseded, _ack
+from runtime.host.driver import Inbound, RunDriver, Superseded, _ack, payloads_for
 from runtime.host.leases import LeaseConfig, Leases, new_host_id
 from runtime.host.pull import Budget, consume
 from runtime.jobs import JobDecodeError, ToolOutcome
@@ -708,10 +708,10 @@ async def _first(*events: anyio.Event) -> None:
 async def _create(js: JetStreamContext, actor: str, run_id: str, started: ev.RunStarted) -> int | None:
     """Append `run.started` only if the run has no event yet; its stream sequence, or None if it exists."""
     headers = bus.occ_headers(actor, run_id, 0, f"{run_id}/0")
+    data = ev.encode(await payloads_for(js).offload_event(started))  # a big task input: the object store
     while True:
         try:
-            ack = await js.publish(bus.event_subject(actor, run_id, "run.started"), ev.encode(started),
-                                   headers=headers)
+            ack = await js.publish(bus.event_subject(actor, run_id, "run.started"), data, headers=headers)
         except BadRequestError as e:
             if e.err_code == bus.ERR_WRONG_LAST_SEQUENCE:
                 return None
