@@ -43,6 +43,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from nats.js import JetStreamContext
@@ -116,6 +117,12 @@ class Leases:
         self.settled = anyio.Event()  # the first share is held (or could not be had within TTL + renew)
         self.ticks = 0
         self._started = time.monotonic()
+        self._buckets: dict[str, Any] = {}
+
+    async def _bucket(self, name: str) -> Any:
+        if name not in self._buckets:
+            self._buckets[name] = await bus.fleet_kv(self.js, name)
+        return self._buckets[name]
 
     @property
     def serving(self) -> list[int]:
@@ -168,8 +175,8 @@ class Leases:
 
     async def read(self) -> LeaseView:
         """Both buckets, as they are now."""
-        leases = await bus.fleet_kv(self.js, bus.LEASES_BUCKET)
-        hosts = await bus.fleet_kv(self.js, bus.HOSTS_BUCKET)
+        leases = await self._bucket(bus.LEASES_BUCKET)
+        hosts = await self._bucket(bus.HOSTS_BUCKET)
         view = LeaseView(holders={p: (None, 0) for p in range(self.total)})
         for key, entry in (await bus.kv_entries(leases, deleted=True)).items():
             p = _partition_of_key(key)
@@ -234,7 +241,7 @@ class Leases:
         if held.serving:
             await self.on_loss(p, why)
         try:
-            leases = await bus.fleet_kv(self.js, bus.LEASES_BUCKET)
+            leases = await self._bucket(bus.LEASES_BUCKET)
             await leases.delete(bus.lease_key(p), last=held.revision)
             log.info("host %s: released partition %d (%s)", self.host_id, p, why)
         except Exception as e:  # it expires by itself
@@ -244,7 +251,7 @@ class Leases:
         for p in list(self.held):
             await self.release(p, "stopping")
         try:
-            hosts = await bus.fleet_kv(self.js, bus.HOSTS_BUCKET)
+            hosts = await self._bucket(bus.HOSTS_BUCKET)
             await hosts.delete(self.host_id)
         except Exception as e:
             log.debug("removing the heartbeat failed: %s", e)
