@@ -32,7 +32,6 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check runtime tests bench
-	$(BIN)/ruff format --check runtime tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

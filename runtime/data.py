@@ -214,17 +214,13 @@ class WorkspaceDataProvider:
             return {}
         kv = await bus.workspace_kv(self.js, workspace)
         files: Files = {}
-        watcher = await kv.watchall()
-        try:
-            async for entry in watcher:
-                if entry is None:  # the marker: every current value has been delivered
-                    break
-                path = path_for_key(entry.key)
-                context.revisions[path] = entry.revision or 0
-                if entry.operation is None and entry.value is not None:
-                    files[f"{self.mount}/{path}"] = _text_or_bytes(entry.value)
-        finally:
-            await watcher.stop()
+        # bus.kv_entries, not kv.watchall(): a watch per job leaves a server-side consumer behind for minutes
+        # (a busy fleet hits the stream's consumer cap) and can report an empty bucket on a cluster
+        for entry in (await bus.kv_entries(kv, deleted=True)).values():
+            path = path_for_key(entry.key)
+            context.revisions[path] = entry.revision or 0  # a deleted key's revision guards re-creation
+            if entry.operation is None and entry.value is not None:
+                files[f"{self.mount}/{path}"] = _text_or_bytes(entry.value)
         context.complete = True
         return files
 

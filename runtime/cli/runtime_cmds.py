@@ -455,17 +455,8 @@ async def _list_runs(url: str) -> list[tuple[str, Any]]:
     nc = await bus.connect(url, name="sa-runs", max_reconnect_attempts=3)
     try:
         kv = await bus.runs_kv(nc.jetstream())
-        out = []
-        watcher = await kv.watchall()
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if entry.value and entry.operation is None:
-                    out.append((entry.key, bus.RunIndex.decode(entry.value)))
-        finally:
-            await watcher.stop()
-        return out
+        return [(key, bus.RunIndex.decode(entry.value))
+                for key, entry in (await bus.kv_entries(kv)).items() if entry.value]
     finally:
         await bus.close(nc)
 
