@@ -147,12 +147,10 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
                 error = note.error or ToolError("execution", note.text or "script failed")
                 out.append(ev.ScriptFailed(**base, error=error, duration_ms=note.duration_ms))
             seq += 1
-        base = {**common, "seq": seq, "ts": self.finished or time.time(), "call_id": self.call_id,
-                "tool": self.tool, "duration_ms": self.result.duration_ms}
-        if self.result.error is None:
-            out.append(ev.ToolCompleted(**base, output=self.result.output, ref=self.ref))
-        else:
-            out.append(ev.ToolFailed(**base, error=self.result.error))
+        cls, fields = ev.tool_outcome(self.call_id, self.tool, self.result)  # the one result -> event mapping
+        if cls is ev.ToolCompleted:
+            fields["ref"] = self.ref  # a big output travels as a ref (runtime.payloads)
+        out.append(cls(**common, seq=seq, ts=self.finished or time.time(), **fields))
         return out
 
 
