@@ -168,13 +168,13 @@ async def monty_alone(path: Path, n: int, concurrency: int) -> float:
 
 async def run_tasks(js: Any, tasks: list[tuple[str, str]]) -> list[list[ev.Event]]:
     from runtime.host.commands import publish_task
-    from runtime.replay import follow
+    from runtime.log import RunLog
 
     runs = [await publish_task(js, agent, text) for agent, text in tasks]
     results: list[list[ev.Event]] = [[] for _ in runs]
 
     async def wait(i: int) -> None:
-        async for e in follow(js, runs[i]):
+        async for e in RunLog(js).follow(runs[i]):
             results[i].append(e)
 
     async with anyio.create_task_group() as tg:

@@ -7,7 +7,7 @@ Measured here (no agent host needed):
   subject sequence of its run (`bus.occ_headers`) plus a Msg-Id and waiting for its ack, many runs
   concurrently, beside raw acked `js.publish`/s with the same concurrency and payloads, and beside
   pipelined `publish_async` (the ceiling of one Python process). Aim: appends ≥ 0.5x raw.
-* replay events/s of one long run through `runtime.replay.read_run` (ordered consumer, callback mode,
+* replay events/s of one long run through `runtime.log.RunLog.read` (ordered consumer, callback mode,
   decoding every event). Aim: ≥ 50k/s.
 * sandboxed tool calls/s end to end with 1, 2 and 4 `sa worker` processes beside Monty-alone runs/s
   (bench/worker.py's machinery). Aim: ≥ 1,000/s with 2 workers.
@@ -123,7 +123,7 @@ async def appends(js, runs: int, per_run: int, rounds: int = 3) -> list[Row]:
 
 async def replay(js, n: int, rounds: int = 3) -> list[Row]:
     """Events/s reading one run of `n` events back with the replay reader (decode included)."""
-    from runtime.replay import read_run
+    from runtime.log import RunLog
 
     run = "replay1"
     pending = []
@@ -137,11 +137,11 @@ async def replay(js, n: int, rounds: int = 3) -> list[Row]:
     rates = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        log = await read_run(js, run, "bench", timeout=120)
+        log = await RunLog(js).read(run, "bench", timeout=120)
         rates.append(len(log.events) / (time.perf_counter() - t0))
         assert len(log.events) == n and log.events[-1].seq == n - 1
     rate = statistics.median(rates)
-    return [(f"replay events/s (read_run, {n:,} events)", f"{rate:,.0f}",
+    return [(f"replay events/s (RunLog.read, {n:,} events)", f"{rate:,.0f}",
              f"{rate / 50_000:.2f}x the 50k aim")]
 
 

@@ -39,7 +39,8 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
     from runtime import events as ev
     from runtime.host import Host, close_agents, load_agents
     from runtime.host.commands import publish_task
-    from runtime.replay import read_run, timeline, verify, watch
+    from runtime.log import RunLog
+    from runtime.replay import timeline, verify, watch
     from runtime.worker import Worker, build_registry
 
     agents = load_agents([BUNDLE], local_model_url=model_url)
@@ -64,7 +65,7 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
             with anyio.fail_after(600):
                 last = await watch(js, run_id, console)
             console.print(Rule("its replay, read back from the event stream"))
-            runlog = await read_run(js, run_id)
+            runlog = await RunLog(js).read(run_id)
             console.print(timeline(runlog.events, title=f"sa replay {run_id}"))
             report = verify(agents["demo"].config, runlog.events)
             console.print(f"verify: {'[green]the kernel reproduces all' if report.ok else '[red]MISMATCH:'} "

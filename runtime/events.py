@@ -1,11 +1,11 @@
 """The wire schema: every event a run appends and every command a publisher sends.
 
-Events are the truth (DESIGN rule 1): a run's state is `fold(kernel.evolve, events)`, so this module is
-the contract between the kernel, the effect runners, the NATS host, `sa replay` and any future writer.
+Events are the truth: a run's state is `fold(kernel.evolve, events)`, so this module is the contract
+between the kernel, the effect runners, the run log (`runtime.log`), `sa replay` and any future writer.
 Everything here is a frozen msgspec Struct in one tagged union; the tag field `kind` holds a dotted
 name (`run.started`, `tool.completed`, ...) that doubles as the last token of the NATS subject.
 
-Wire rules, chosen for schema evolution (research/nats.md §8):
+Wire rules, chosen so that the schema can evolve while old logs stay readable:
 
 * msgpack on the wire (`encode`/`decode`), JSON only for humans (`to_json`/`from_json`).
 * Every event carries `v`, the schema version of its writer. It is always encoded (the base sets
@@ -14,12 +14,21 @@ Wire rules, chosen for schema evolution (research/nats.md §8):
   default), new readers fill the default for events written before the field existed.
 * A kind the reader does not know is an `EventDecodeError` that names the kind, never a silent skip:
   folding a run while skipping an event would produce a state the writer never had.
+* A change that is not additive bumps `SCHEMA_VERSION` and comes with an upcaster in `decode`, so a
+  log written by an older version folds unchanged. Version 2 renamed the envelope's `agent` (which held
+  the actor key `bundle` or `bundle:instance`, not the bundle) to `actor`.
 
-Events stay small (DESIGN rule 5): `model.requested` carries only the messages added to the
-conversation since the previous request, never the whole prompt again. Events whose one big field can
-outgrow a NATS message (task input, raw model text, tool output, final output, new messages) name that
-field in `PAYLOAD_FIELDS`; `externalize` moves its value out (the caller stores `payload_bytes(ev)` in
-the object store) and leaves a `PayloadRef` in `ref`; `internalize` puts it back before folding.
+Who fills what: the kernel and the effect runners build events with the run's facts; the run log
+(`runtime.log`) stamps `seq`, `ts` (when the builder left it unset) and `actor` as it appends. An
+unstamped event has `seq == -1`, and the kernel refuses to fold one: every folded event went through
+the log (or through `stamp`, for in-process runs and tests).
+
+Events stay small, so a run's history grows linearly with its work: `model.requested` carries only
+the messages added to the conversation since the previous request, never the whole prompt again. An
+event that still outgrows a NATS message (a long task input, a reply with megabytes of tool-call
+arguments, a big tool output) is stored whole in the object store and the log keeps a stub with its big
+fields shrunk and a `PayloadRef` in `ref` (`PAYLOAD_FIELDS`, `externalize`); `internalize` gives the
+whole event back. The run log does both, so no writer or reader handles payloads by hand.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import msgspec
 
 from runtime.types import Message, ToolCall, ToolError, ToolResult, Usage
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class EventDecodeError(ValueError):
@@ -45,15 +54,20 @@ class PayloadRef(msgspec.Struct, frozen=True):
     digest: str
 
 
+UNSTAMPED = -1  # the `seq` of an event not yet appended to a log
+
+
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     """Fields every event carries. `seq` is per run, 0-based and contiguous; `ts` (float seconds since
-    the epoch) is stamped by the effect runner — the kernel never reads a clock, it compares these."""
+    the epoch) is stamped by the runner — the kernel never reads a clock, it compares these. `actor` is
+    the actor key that owns the run: the bundle's name, or `bundle:instance` for an instance."""
 
     run_id: str
-    seq: int
-    ts: float
-    agent: str = ""
+    seq: int = UNSTAMPED
+    ts: float = 0.0
+    actor: str = ""
     v: int = SCHEMA_VERSION
+    ref: PayloadRef | None = None  # set when the event's big fields live in the object store
 
 
 # ── run lifecycle ─────────────────────────────────────────────────────────────────────────────────────
@@ -68,12 +82,10 @@ class RunStarted(_Event, kw_only=True, tag="run.started"):
     timeout_s: float | None = None  # the deadline is `ts + timeout_s` of this event
     metadata: dict[str, Any] = {}
     bundle_digest: str = ""
-    ref: PayloadRef | None = None
 
 
 class RunCompleted(_Event, kw_only=True, tag="run.completed"):
     output: Any = None
-    ref: PayloadRef | None = None
 
 
 class RunFailed(_Event, kw_only=True, tag="run.failed"):
@@ -109,7 +121,6 @@ class ModelRequested(_Event, kw_only=True, tag="model.requested"):
     constraint_digest: str = ""
     sampling: dict[str, Any] = {}
     tools: tuple[str, ...] = ()  # names offered when fewer than all the agent's tools (a forced last turn)
-    ref: PayloadRef | None = None
 
 
 class ModelResponded(_Event, kw_only=True, tag="model.responded"):
@@ -125,7 +136,6 @@ class ModelResponded(_Event, kw_only=True, tag="model.responded"):
     finish_reason: str = ""
     latency_ms: float = 0.0
     parse_error: str | None = None
-    ref: PayloadRef | None = None
 
 
 class ModelFailed(_Event, kw_only=True, tag="model.failed"):
@@ -151,7 +161,6 @@ class ToolCompleted(_Event, kw_only=True, tag="tool.completed"):
     tool: str
     output: Any = None
     duration_ms: float = 0.0
-    ref: PayloadRef | None = None
 
     @property
     def result(self) -> ToolResult:
@@ -246,13 +255,35 @@ def kind_of(ev: Event) -> str:
     return type(ev).__struct_config__.tag  # type: ignore[return-value]
 
 
-def tool_outcome(call_id: str, tool: str, result: ToolResult) -> tuple[type[Event], dict[str, Any]]:
-    """The event recording a tool's result and its fields (less the run's ids): `tool.completed` with the
-    output, or `tool.failed` with the error. One mapping, so every runner records results alike."""
-    fields: dict[str, Any] = {"call_id": call_id, "tool": tool, "duration_ms": result.duration_ms}
+def stamp(ev: Event, *, seq: int, ts: float | None = None, actor: str | None = None) -> Event:
+    """`ev` as appended: its place in the run (`seq`), a time when the builder set none (`ts`; an event
+    that carries its own time, like a worker's `script.*`, keeps it) and the actor key. Written by the
+    current schema version, whatever version it was read from."""
+    changes: dict[str, Any] = {"seq": seq, "v": SCHEMA_VERSION}
+    if ts is not None and not ev.ts:
+        changes["ts"] = ts
+    if actor is not None:
+        changes["actor"] = actor
+    return msgspec.structs.replace(ev, **changes)
+
+
+def same_fact(a: Event, b: Event) -> bool:
+    """True when two events record the same fact: equal but for where and when they were appended
+    (`seq`, `ts`, `actor`, `v`). How `sa replay --verify` compares what the kernel decides with the log."""
+    if type(a) is not type(b):
+        return False
+    envelope = {"seq", "ts", "actor", "v"}
+    return all(getattr(a, f) == getattr(b, f) for f in a.__struct_fields__ if f not in envelope)
+
+
+def tool_outcome(run_id: str, call_id: str, tool: str, result: ToolResult) -> ToolCompleted | ToolFailed:
+    """The event recording a tool's result: `tool.completed` with the output, or `tool.failed` with the
+    error (unstamped). One mapping, so every runner records results alike."""
     if result.error is None:
-        return ToolCompleted, {**fields, "output": result.output}
-    return ToolFailed, {**fields, "error": result.error}
+        return ToolCompleted(run_id=run_id, call_id=call_id, tool=tool, output=result.output,
+                             duration_ms=result.duration_ms)
+    return ToolFailed(run_id=run_id, call_id=call_id, tool=tool, error=result.error,
+                      duration_ms=result.duration_ms)
 
 
 # ── commands ──────────────────────────────────────────────────────────────────────────────────────────
@@ -343,11 +374,30 @@ def encode(ev: Event | Command) -> bytes:
     return _msgpack.encode(ev)
 
 
+class _V1Envelope(msgspec.Struct):
+    """What version 1 called the actor key."""
+
+    agent: str = ""
+
+
+def _upcast(ev: Event, data: bytes | str, json: bool) -> Event:
+    """An event of an older schema version in the current shape (the one place old logs are adapted).
+
+    v1 -> v2: the envelope field `agent` (the actor key) became `actor`. A v2 reader ignores the unknown
+    `agent` key, so it is read again from the same bytes, only for v1 events (new logs pay nothing)."""
+    if ev.v >= SCHEMA_VERSION:
+        return ev
+    old = (msgspec.json.decode if json else msgspec.msgpack.decode)(data, type=_V1Envelope)
+    return msgspec.structs.replace(ev, actor=old.agent)
+
+
 def decode(data: bytes) -> Event:
-    """One event from msgpack bytes; `EventDecodeError` names an unknown kind or the invalid field."""
-    return _decode(
+    """One event from msgpack bytes; `EventDecodeError` names an unknown kind or the invalid field.
+    Events written by an older schema version come back upcast to the current one."""
+    event = _decode(
         data, _event_msgpack, lambda d: msgspec.msgpack.decode(d, type=_Peek), EVENT_KINDS, "event"
     )
+    return event if event.v >= SCHEMA_VERSION else _upcast(event, data, json=False)
 
 
 def to_json(ev: Event | Command, *, indent: int = 0) -> str:
@@ -357,7 +407,8 @@ def to_json(ev: Event | Command, *, indent: int = 0) -> str:
 
 
 def from_json(data: str | bytes) -> Event:
-    return _decode(data, _event_json, lambda d: msgspec.json.decode(d, type=_Peek), EVENT_KINDS, "event")
+    event = _decode(data, _event_json, lambda d: msgspec.json.decode(d, type=_Peek), EVENT_KINDS, "event")
+    return event if event.v >= SCHEMA_VERSION else _upcast(event, data, json=True)
 
 
 def encode_command(cmd: Command) -> bytes:
@@ -379,34 +430,87 @@ def command_from_json(data: str | bytes) -> Command:
 
 # ── big payloads ──────────────────────────────────────────────────────────────────────────────────────
 
-# The one field per event kind that may be moved to the object store, and its empty value.
-PAYLOAD_FIELDS: dict[type[_Event], str] = {
-    RunStarted: "input",
-    ModelRequested: "messages",
-    ModelResponded: "text",
-    ToolCompleted: "output",
-    RunCompleted: "output",
+# The fields of each kind that can outgrow one NATS message. An event whose encoding is over the payload
+# threshold has these fields stored in the object store; the log keeps a stub: the same event with them
+# shrunk (ids, names and error kinds kept, so a stub still says what happened) and `ref` pointing at them.
+# A kind with one such field stores its value alone, so a tool output a worker already stored (the same
+# bytes, the same content address) is not stored twice.
+PAYLOAD_FIELDS: dict[type[_Event], tuple[str, ...]] = {
+    RunStarted: ("input", "metadata"),
+    ModelRequested: ("messages",),
+    ModelResponded: ("text", "content", "calls"),
+    ModelFailed: ("error",),
+    ToolCalled: ("call",),
+    ToolCompleted: ("output",),
+    ToolFailed: ("error",),
+    ScriptPrinted: ("text",),
+    ScriptFailed: ("error",),
+    ApprovalRequested: ("call",),
+    ApprovalDenied: ("reason",),
+    RunCompleted: ("output",),
+    RunFailed: ("detail",),
+    RunCancelled: ("reason",),
 }
-_EMPTY: dict[str, Any] = {"input": "", "messages": (), "text": "", "output": None}
+# Version 1 offloaded one field of fewer kinds; its stubs are still read (RunStarted's was `input` alone).
+_V1_PAYLOAD_FIELDS: dict[type[_Event], tuple[str, ...]] = {
+    RunStarted: ("input",), ModelRequested: ("messages",), ModelResponded: ("text",),
+    ToolCompleted: ("output",), RunCompleted: ("output",),
+}
+_FIELD_TYPES: dict[tuple[type[_Event], str], Any] = {
+    (cls, f.name): f.type for cls in PAYLOAD_FIELDS for f in msgspec.structs.fields(cls)
+}
+
+
+def _shrunk(value: Any) -> Any:
+    """A field's stand-in in a stub: empty, but a call keeps its id and name, an error its kind."""
+    if isinstance(value, str):
+        return ""
+    if isinstance(value, ToolCall):
+        return ToolCall(value.id, value.name, {})
+    if isinstance(value, ToolError):
+        return ToolError(value.kind, "", value.line, value.detail)
+    if isinstance(value, tuple):
+        return tuple(_shrunk(v) for v in value if isinstance(v, ToolCall))
+    if isinstance(value, dict):
+        return {}
+    return None
+
+
+def can_offload(ev: Event) -> bool:
+    """True if a stub of this kind is smaller than the event (it has fields that can be big)."""
+    return type(ev) in PAYLOAD_FIELDS
 
 
 def payload_bytes(ev: Event) -> bytes:
-    """The msgpack encoding of the event's big field: what goes to the object store."""
-    return _msgpack.encode(getattr(ev, PAYLOAD_FIELDS[type(ev)]))
+    """What goes to the object store for a big event: its big fields in msgpack (one field: its value)."""
+    fields = PAYLOAD_FIELDS[type(ev)]
+    if len(fields) == 1:
+        return _msgpack.encode(getattr(ev, fields[0]))
+    return _msgpack.encode({name: getattr(ev, name) for name in fields})
 
 
 def externalize(ev: Event, ref: PayloadRef) -> Event:
-    """The event with its big field emptied and `ref` pointing at where `payload_bytes(ev)` was stored."""
-    return msgspec.structs.replace(
-        ev, **{PAYLOAD_FIELDS[type(ev)]: _EMPTY[PAYLOAD_FIELDS[type(ev)]]}, ref=ref
-    )
+    """The stub the log keeps for a big event whose `payload_bytes` are stored at `ref`."""
+    cls = type(ev)
+    shrunk = {name: None if _FIELD_TYPES[cls, name] is Any else _shrunk(getattr(ev, name))
+              for name in PAYLOAD_FIELDS[cls]}
+    return msgspec.structs.replace(ev, **shrunk, ref=ref)
 
 
-def internalize(ev: Event, data: bytes) -> Event:
-    """The inverse of `externalize`: put the fetched payload back, typed, and drop the ref."""
-    name = PAYLOAD_FIELDS[type(ev)]
-    field_type = next(f.type for f in msgspec.structs.fields(type(ev)) if f.name == name)
-    return msgspec.structs.replace(ev, **{name: msgspec.msgpack.decode(data, type=field_type)}, ref=None)
+def internalize(stub: Event, data: bytes) -> Event:
+    """The inverse of `externalize`: the stub with its big fields put back from the stored bytes, typed."""
+    cls = type(stub)
+    fields = (_V1_PAYLOAD_FIELDS if stub.v < 2 else PAYLOAD_FIELDS)[cls]
+    try:
+        if len(fields) == 1:
+            values = {fields[0]: msgspec.msgpack.decode(data, type=_FIELD_TYPES[cls, fields[0]])}
+        else:
+            raw = msgspec.msgpack.decode(data, type=dict[str, Any])
+            values = {name: msgspec.convert(raw[name], type=_FIELD_TYPES[cls, name]) for name in fields}
+    except (msgspec.DecodeError, KeyError) as exc:
+        raise EventDecodeError(f"the stored payload of {kind_of(stub)} seq {stub.seq} of run {stub.run_id} "
+                               f"does not hold its fields {', '.join(fields)}: {exc}") from exc
+    return msgspec.structs.replace(stub, **values, ref=None)
 
 
 __all__ = [
@@ -414,6 +518,7 @@ __all__ = [
     "EVENT_KINDS",
     "PAYLOAD_FIELDS",
     "SCHEMA_VERSION",
+    "UNSTAMPED",
     "ApprovalDenied",
     "ApprovalGranted",
     "ApprovalRequested",
@@ -440,6 +545,7 @@ __all__ = [
     "ToolCompleted",
     "ToolFailed",
     "TurnCompleted",
+    "can_offload",
     "command_from_json",
     "decode",
     "decode_command",
@@ -450,6 +556,8 @@ __all__ = [
     "internalize",
     "kind_of",
     "payload_bytes",
+    "same_fact",
+    "stamp",
     "to_json",
     "tool_outcome",
 ]

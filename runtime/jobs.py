@@ -129,28 +129,28 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         return cls(run_id=job.run_id, agent=job.agent, call_id=job.call_id, tool=job.tool,
                    partition=job.partition, result=result, **fields)
 
-    def events(self, first_seq: int) -> list[ev.Event]:
+    def events(self) -> list[ev.Event]:
         """The events the host appends for this outcome: `script.*` in order, then `tool.completed` or
-        `tool.failed`, numbered from `first_seq`. Timestamps are the worker's (when it happened)."""
-        common = {"run_id": self.run_id, "agent": self.agent}
+        `tool.failed` (unstamped: the run log numbers them). Timestamps are the worker's (when it
+        happened). A big output must be resolved first (`Payloads.resolve_outcome`): the event holds the
+        value, and the run log decides how it is stored."""
+        if self.ref is not None:
+            raise ValueError(f"outcome of {self.call_id}: its output is in the object store; "
+                             "resolve it first")
+        ids = {"run_id": self.run_id, "call_id": self.call_id, "tool": self.tool}
         out: list[ev.Event] = []
-        seq = first_seq
         for note in self.notes:
-            base = {**common, "seq": seq, "ts": note.ts, "call_id": self.call_id, "tool": self.tool}
             if note.kind == "started":
-                out.append(ev.ScriptStarted(**base, worker=self.worker))
+                out.append(ev.ScriptStarted(**ids, ts=note.ts, worker=self.worker))
             elif note.kind == "printed":
-                out.append(ev.ScriptPrinted(**base, text=note.text))
+                out.append(ev.ScriptPrinted(**ids, ts=note.ts, text=note.text))
             elif note.kind == "completed":
-                out.append(ev.ScriptCompleted(**base, duration_ms=note.duration_ms))
+                out.append(ev.ScriptCompleted(**ids, ts=note.ts, duration_ms=note.duration_ms))
             else:
                 error = note.error or ToolError("execution", note.text or "script failed")
-                out.append(ev.ScriptFailed(**base, error=error, duration_ms=note.duration_ms))
-            seq += 1
-        cls, fields = ev.tool_outcome(self.call_id, self.tool, self.result)  # the one result -> event mapping
-        if cls is ev.ToolCompleted:
-            fields["ref"] = self.ref  # a big output travels as a ref (runtime.payloads)
-        out.append(cls(**common, seq=seq, ts=self.finished or time.time(), **fields))
+                out.append(ev.ScriptFailed(**ids, ts=note.ts, error=error, duration_ms=note.duration_ms))
+        result = ev.tool_outcome(self.run_id, self.call_id, self.tool, self.result)  # the one mapping
+        out.append(msgspec.structs.replace(result, ts=self.finished or time.time()))
         return out
 
 

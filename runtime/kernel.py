@@ -1,21 +1,28 @@
-"""The agent kernel: a pure state machine in the Decider shape (DESIGN rules 1–3).
+"""The agent kernel: a pure state machine in the Decider shape.
 
-    state   = initial(config)                   # before any event
-    state   = evolve(state, event)              # fold one event; pure, never mutates its inputs
-    effects = decide(state)                     # what must happen next; pure
+    state     = initial(config)                 # before any event
+    state     = evolve(state, event)            # fold one event; pure, never mutates its inputs
+    decisions = decide(state)                   # what must happen next; pure
 
 The kernel does no I/O, reads no clock, draws no random number and calls no model. Ids are built from
-the run id and counters, deadlines compare against the `ts` the effect runner stamped on events. That is
-what lets a crashed host rebuild a run from its events alone, and `sa replay --verify` prove a log.
+the run id and counters, deadlines compare against the `ts` the runner stamped on events. That is what
+lets a crashed host rebuild a run from its events alone, and `sa replay --verify` prove a log.
 
-How a run flows (each arrow is an effect the runner performs, appending the events named):
+`decide` returns two kinds of values. Where the next fact follows from the state alone (deny a call,
+ask for approval, end a turn, complete, fail) it returns that fact as the event itself, unstamped: the
+runner appends it as is, and `verify` compares it with the log event for event. Where the next fact
+needs the world, it returns one of the two I/O effects, and the runner records what came back:
 
-    run.started ─▶ CallModel ─▶ model.requested, then model.responded | model.failed
-                 ─▶ per call: DenyCall ─▶ tool.failed            (unknown tool, policy, approval denied)
-                               RequestApproval ─▶ approval.requested   (then a human: granted | denied)
-                               CallTools ─▶ tool.called, script.*, tool.completed | tool.failed
-                 ─▶ EndTurn ─▶ turn.completed   (the tool results join the conversation, in call order)
-                 ─▶ Complete ─▶ run.completed | Fail ─▶ run.failed | next CallModel
+    CallModel ─▶ model.requested, then model.responded | model.failed      (runtime.model's step)
+    CallTools ─▶ tool.called, script.*, tool.completed | tool.failed       (a worker or Tool.execute)
+
+How a run flows:
+
+    run.started ─▶ CallModel ─▶ per call: tool.failed            (unknown tool, policy, approval denied)
+                                          approval.requested      (then a person: granted | denied)
+                                          CallTools
+                 ─▶ turn.completed   (the tool results join the conversation, in call order)
+                 ─▶ run.completed | run.failed | the next CallModel
 
 A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
@@ -28,9 +35,9 @@ a constrained decoder can only answer; a call of another tool in that turn is de
 
 Recovery contract (what a runner may rely on):
 
-1. `decide` returns only PENDING effects: effects whose outcome event is not in the log yet. It is a
-   function of the state, so after a crash a runner folds the run's events, calls `decide`, and performs
-   what it returns. The list is empty exactly when the run is over or waits for an approver.
+1. `decide` returns only PENDING work: decisions whose event is not in the log yet. It is a function
+   of the state, so after a crash a runner folds the run's events, calls `decide`, and performs what it
+   returns. The list is empty exactly when the run is over or waits for an approver.
 2. An effect's intent event does not make it done. After `model.requested` without a reply, `decide`
    returns the same `CallModel` (same id; `new_messages` is then empty, because those messages are
    already recorded). After `tool.called` without a result, the call is in the next `CallTools` again.
@@ -38,12 +45,14 @@ Recovery contract (what a runner may rely on):
    re-issues only unanswered work and never duplicates an answered model call or a completed tool.
 3. Effect ids are deterministic: `<run>/<turn>` for a model call (`<run>/<turn>#<n>` for the n-th retry
    after `model.failed`), `<run>/<turn>.<i>` for the i-th tool call of a turn. Runners use them as the
-   Nats-Msg-Id, so a re-issued effect is deduplicated by JetStream. `Complete` and `Fail` share the id
-   `<run>/end`: a run ends once, whichever ending a racing writer tries second is dropped.
+   Nats-Msg-Id of the work they send out, so a re-issued effect is deduplicated by JetStream. What keeps
+   a run from being written twice (two endings, say) is not an id but the log: every append expects the
+   run's last sequence, so of two racing writers only the first lands (`runtime.log`).
 4. Folding is idempotent where delivery is not: an event whose `seq` is below the next expected one is
    a duplicate and changes nothing; a second result for the same call, a reply to a stale request or
-   a second approval decision changes nothing. A gap in `seq` is an `EvolveError`.
-5. Runners that perform several effects of one `decide` may do so concurrently; they must append the
+   a second approval decision changes nothing. A gap in `seq`, or an event no log stamped, is an
+   `EvolveError`.
+5. Runners that perform several decisions of one `decide` may do so concurrently; they must append the
    events one at a time, each with the next `seq`.
 
 Tool policies (runtime.policies) are checked by `decide` just before a call would be dispatched. With
@@ -51,6 +60,9 @@ Tool policies (runtime.policies) are checked by `decide` just before a call woul
 results of calls 0..i-1, as if executed sequentially. With more concurrency, every call of a turn is
 checked against the policy state at the moment the model replied, so the verdict never depends on
 which concurrent call happened to finish first (and a recovered run reaches the same verdicts).
+
+This module is over 500 lines because it is one concept: the state, its fold and its decisions read
+together, and splitting them would make the recovery contract above span files.
 """
 
 from __future__ import annotations
@@ -165,49 +177,12 @@ class CallTools:
     deadline: float | None
 
 
-@dataclass(frozen=True)
-class DenyCall:
-    """Do not execute this call: record `tool.failed` with `error` so the model reads why."""
+# The facts `decide` settles on its own: the runner appends them as they are (the log stamps them).
+Decided: TypeAlias = ToolFailed | ApprovalRequested | TurnCompleted | RunCompleted | RunFailed
+Effect: TypeAlias = CallModel | CallTools
+Decision: TypeAlias = Effect | Decided
 
-    id: str
-    call: ToolCall
-    error: ToolError
-
-
-@dataclass(frozen=True)
-class RequestApproval:
-    """Record `approval.requested`; the call waits until `approval.granted` or `approval.denied`."""
-
-    id: str
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class EndTurn:
-    """Every call of the turn is resolved: record `turn.completed`."""
-
-    id: str
-    turn: int
-    calls_ok: int
-    calls_failed: int
-
-
-@dataclass(frozen=True)
-class Complete:
-    id: str
-    output: Any
-
-
-@dataclass(frozen=True)
-class Fail:
-    """End the run as failed. `reason` is a short code (`deadline`, `max_turns`, `consecutive_errors`)."""
-
-    id: str
-    reason: str
-    detail: str = ""
-
-
-Effect: TypeAlias = CallModel | CallTools | DenyCall | RequestApproval | EndTurn | Complete | Fail
+DECIDED_TYPES: tuple[type, ...] = (ToolFailed, ApprovalRequested, TurnCompleted, RunCompleted, RunFailed)
 
 
 def model_request_id(run_id: str, turn: int, attempt: int = 0) -> str:
@@ -216,6 +191,15 @@ def model_request_id(run_id: str, turn: int, attempt: int = 0) -> str:
 
 def tool_call_id(run_id: str, turn: int, index: int) -> str:
     return f"{run_id}/{turn}.{index}"
+
+
+def rebase_id(effect_id: str, old_run: str, new_run: str) -> str:
+    """The id `effect_id` (a model request or tool call id of `old_run`) would have in `new_run`: what a
+    copy of a run's log (a fork) re-derives, so no id in the new run names the old one."""
+    prefix = f"{old_run}/"
+    if not effect_id.startswith(prefix):
+        raise ValueError(f"id {effect_id!r} does not belong to run {old_run!r}")
+    return f"{new_run}/{effect_id[len(prefix):]}"
 
 
 def tool_calls(run_id: str, turn: int, parsed: Iterable[tuple[str, dict[str, Any]]]) -> tuple[ToolCall, ...]:
@@ -228,6 +212,7 @@ def tool_calls(run_id: str, turn: int, parsed: Iterable[tuple[str, dict[str, Any
 # ── state ─────────────────────────────────────────────────────────────────────────────────────────────
 
 Status = Literal["new", "running", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})  # the statuses of a run that ended
 
 
 @dataclass(frozen=True)
@@ -262,7 +247,7 @@ class State:
     config: KernelConfig
     status: Status = "new"
     run_id: str = ""
-    agent: str = ""
+    actor: str = ""  # the actor key that owns the run (`bundle` or `bundle:instance`)
     seq: int = 0  # the seq the next event must carry
     ts: float = 0.0  # the latest event's timestamp
     deadline: float | None = None
@@ -279,7 +264,7 @@ class State:
 
     @property
     def done(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in TERMINAL
 
 
 def initial(config: KernelConfig) -> State:
@@ -300,6 +285,8 @@ def fold(config: KernelConfig, events: Iterable[Event]) -> State:
 
 def evolve(state: State, ev: Event) -> State:
     """The state after one event. Pure; see the module docstring for what is ignored and what raises."""
+    if ev.seq < 0:
+        raise EvolveError(f"{type(ev).__name__} has no seq: append it through the run log (or events.stamp)")
     if ev.seq < state.seq:
         return state  # redelivered duplicate
     if ev.seq > state.seq:
@@ -326,7 +313,7 @@ def _apply(state: State, ev: Event) -> State:
                 state,
                 status="running",
                 run_id=ev.run_id,
-                agent=ev.agent,
+                actor=ev.actor,
                 deadline=deadline,
                 messages=(*head, Message("user", ev.input)),
             )
@@ -449,8 +436,8 @@ def _turn_completed(state: State, ev: TurnCompleted) -> State:
 # ── decide ────────────────────────────────────────────────────────────────────────────────────────────
 
 
-def decide(state: State) -> list[Effect]:
-    """The pending effects of this state (see the recovery contract in the module docstring)."""
+def decide(state: State) -> list[Decision]:
+    """The pending decisions of this state (see the recovery contract in the module docstring)."""
     if state.status != "running":
         return []
     cfg, run = state.config, state.run_id
@@ -458,26 +445,17 @@ def decide(state: State) -> list[Effect]:
     if turn is None and state.last is not None:
         finished = _finished(cfg, state.last)
         if finished is not None:
-            return [Complete(id=f"{run}/end", output=finished[0])]
+            return [RunCompleted(run_id=run, output=finished[0])]
     if state.deadline is not None and state.ts >= state.deadline:
-        return [
-            Fail(
-                id=f"{run}/end",
-                reason="deadline",
-                detail=f"the task's deadline passed at {state.deadline:.3f}",
-            )
-        ]
+        return [RunFailed(run_id=run, reason="deadline",
+                          detail=f"the task's deadline passed at {state.deadline:.3f}")]
     if turn is None or not turn.responded:
         if state.consecutive_errors >= cfg.max_consecutive_errors:
-            return [
-                Fail(
-                    id=f"{run}/end",
-                    reason="consecutive_errors",
-                    detail=f"{state.consecutive_errors} errors in a row (limit {cfg.max_consecutive_errors})",
-                )
-            ]
+            return [RunFailed(
+                run_id=run, reason="consecutive_errors",
+                detail=f"{state.consecutive_errors} errors in a row (limit {cfg.max_consecutive_errors})")]
         if state.turns >= cfg.max_turns:
-            return [Fail(id=f"{run}/end", reason="max_turns", detail=f"no result after {state.turns} turns")]
+            return [RunFailed(run_id=run, reason="max_turns", detail=f"no result after {state.turns} turns")]
         return [_call_model(state, turn or Turn(number=state.turns + 1))]
     return _decide_calls(state, turn)
 
@@ -510,44 +488,37 @@ def _call_model(state: State, turn: Turn) -> CallModel:
     )
 
 
-def _decide_calls(state: State, turn: Turn) -> list[Effect]:
-    cfg = state.config
+def _decide_calls(state: State, turn: Turn) -> list[Decision]:
+    cfg, run = state.config, state.run_id
     sequential = cfg.max_concurrent_tools == 1
     pending = [c for c in turn.calls if c.id not in turn.results]
     if not pending:
         ok = sum(1 for c in turn.calls if turn.results[c.id].ok)
-        return [
-            EndTurn(
-                id=f"{state.run_id}/{turn.number}/end",
-                turn=turn.number,
-                calls_ok=ok,
-                calls_failed=len(turn.calls) - ok,
-            )
-        ]
+        return [TurnCompleted(run_id=run, turn=turn.number, calls_ok=ok, calls_failed=len(turn.calls) - ok)]
     if sequential:
         pending = pending[:1]  # call i is decided only once calls 0..i-1 have their results
     policy_states = state.policy_states if sequential else turn.policy_snapshot
-    effects: list[Effect] = []
+    decisions: list[Decision] = []
     dispatch: list[ToolCall] = []
     for call in pending:
         denial = _denial(cfg, turn, policy_states, call)
         if denial is not None:
-            effects.append(DenyCall(id=call.id, call=call, error=denial))
+            decisions.append(ToolFailed(run_id=run, call_id=call.id, tool=call.name, error=denial))
         elif call.name in cfg.requires_approval and call.id not in turn.approvals:
             if call.id not in turn.approvals_requested:
-                effects.append(RequestApproval(id=call.id, call=call))
+                decisions.append(ApprovalRequested(run_id=run, call=call))
         else:
             dispatch.append(call)
     if dispatch:
-        effects.append(
+        decisions.append(
             CallTools(
-                id=f"{state.run_id}/{turn.number}/tools",
+                id=f"{run}/{turn.number}/tools",
                 calls=tuple(dispatch),
                 max_concurrent=cfg.max_concurrent_tools,
                 deadline=state.deadline,
             )
         )
-    return effects
+    return decisions
 
 
 def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: ToolCall) -> ToolError | None:
@@ -572,16 +543,15 @@ def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: T
 
 
 __all__ = [
+    "DECIDED_TYPES",
+    "TERMINAL",
     "CallModel",
     "CallTools",
-    "Complete",
-    "DenyCall",
+    "Decided",
+    "Decision",
     "Effect",
-    "EndTurn",
     "EvolveError",
-    "Fail",
     "KernelConfig",
-    "RequestApproval",
     "State",
     "Turn",
     "decide",
@@ -589,6 +559,7 @@ __all__ = [
     "fold",
     "initial",
     "model_request_id",
+    "rebase_id",
     "tool_call_id",
     "tool_calls",
 ]

@@ -95,10 +95,11 @@ class _Runner:
         self.events: list[ev.Event] = []
         self.lock = anyio.Lock()
 
-    async def emit(self, cls: type, **fields: Any) -> ev.Event:
-        """Append one event: next seq, a timestamp, fold, publish. Serialised, so seq order is log order."""
+    async def emit(self, event: ev.Event) -> ev.Event:
+        """Append one event: stamp it (next seq, a timestamp, the actor), fold it, publish it. Serialised,
+        so seq order is log order."""
         async with self.lock:
-            event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock(), agent=self.agent, **fields)
+            event = ev.stamp(event, seq=self.state.seq, ts=self.clock(), actor=self.agent)
             self.state = kernel.evolve(self.state, event)
             self.events.append(event)
             if self.on_event is not None:
@@ -115,46 +116,32 @@ class _Runner:
             for effect in effects:
                 await self.perform(effect)
 
-    async def perform(self, effect: kernel.Effect) -> None:
-        match effect:
+    async def perform(self, decision: kernel.Decision) -> None:
+        match decision:
             case kernel.CallModel():
-                await self.call_model(effect)
+                await self.call_model(decision)
             case kernel.CallTools():
-                await self.call_tools(effect)
-            case kernel.DenyCall():
-                await self.emit(
-                    ev.ToolFailed, call_id=effect.call.id, tool=effect.call.name, error=effect.error
-                )
-            case kernel.RequestApproval():
-                await self.ask_approval(effect.call)
-            case kernel.EndTurn():
-                await self.emit(
-                    ev.TurnCompleted,
-                    turn=effect.turn,
-                    calls_ok=effect.calls_ok,
-                    calls_failed=effect.calls_failed,
-                )
-            case kernel.Complete():
-                await self.emit(ev.RunCompleted, output=effect.output)
-            case kernel.Fail():
-                await self.emit(ev.RunFailed, reason=effect.reason, detail=effect.detail)
+                await self.call_tools(decision)
+            case ev.ApprovalRequested():
+                await self.emit(decision)
+                await self.ask_approval(decision.call)
+            case _:  # an event the kernel settled on by itself
+                await self.emit(decision)
 
     async def call_model(self, effect: kernel.CallModel) -> None:
-        await self.emit(ev.ModelRequested, **self.step.requested(effect))
+        await self.emit(self.step.requested(effect, self.run_id))
         left = effect.deadline - self.clock() if effect.deadline is not None else None
-        cls, fields = await self.step.call(self.client, effect, self.run_id, timeout=left)
-        await self.emit(cls, **fields)
+        await self.emit(await self.step.call(self.client, effect, self.run_id, timeout=left))
 
     async def call_tools(self, effect: kernel.CallTools) -> None:
         for call in effect.calls:
-            await self.emit(ev.ToolCalled, call=call)
+            await self.emit(ev.ToolCalled(run_id=self.run_id, call=call))
         limiter = anyio.CapacityLimiter(effect.max_concurrent)
 
         async def one(call: ToolCall) -> None:
             async with limiter:
                 result = await self.execute(call, effect.deadline)
-            cls, fields = ev.tool_outcome(call.id, call.name, result)
-            await self.emit(cls, **fields)
+            await self.emit(ev.tool_outcome(self.run_id, call.id, call.name, result))
 
         async with anyio.create_task_group() as group:
             for call in effect.calls:
@@ -191,24 +178,24 @@ class _Runner:
         """Turns a script's lifecycle events (runtime.scripts.ScriptEvent) into script.* events."""
 
         async def sink(event: Any) -> None:
-            ids = {"call_id": call.id, "tool": call.name}
+            ids = {"run_id": self.run_id, "call_id": call.id, "tool": call.name}
             if event.kind == "start":
                 pid = getattr(event, "worker_pid", None)
-                await self.emit(ev.ScriptStarted, **ids, worker=str(pid) if pid else "")
+                await self.emit(ev.ScriptStarted(**ids, worker=str(pid) if pid else ""))
             elif event.kind == "print":
-                await self.emit(ev.ScriptPrinted, **ids, text=event.text or "")
+                await self.emit(ev.ScriptPrinted(**ids, text=event.text or ""))
             elif event.kind == "complete":
-                await self.emit(ev.ScriptCompleted, **ids, duration_ms=event.duration_ms)
+                await self.emit(ev.ScriptCompleted(**ids, duration_ms=event.duration_ms))
             elif event.kind == "error" and event.error is not None:
-                await self.emit(ev.ScriptFailed, **ids, error=event.error, duration_ms=event.duration_ms)
+                await self.emit(ev.ScriptFailed(**ids, error=event.error, duration_ms=event.duration_ms))
 
         return sink
 
     async def ask_approval(self, call: ToolCall) -> None:
-        """Ask the approver, but no longer than the task's deadline: the kernel only sees time pass through
-        events, so a run waiting on a silent approver would never fail. As the NATS host does, a deadline
-        that passes while waiting denies the call (`by="deadline"`) and the next `decide` ends the run."""
-        await self.emit(ev.ApprovalRequested, call=call)
+        """Ask the approver (the request is recorded), but no longer than the task's deadline: the kernel
+        only sees time pass through events, so a run waiting on a silent approver would never fail. As the
+        NATS host does, a deadline that passes while waiting denies the call (`by="deadline"`) and the next
+        `decide` ends the run."""
         by = "approver"
         if self.approver is None:
             verdict: str | None = "no approver is configured for this in-process run"
@@ -220,9 +207,9 @@ class _Runner:
             except TimeoutError:
                 verdict, by = "the task's deadline passed", "deadline"
         if verdict is None:
-            await self.emit(ev.ApprovalGranted, call_id=call.id, by=by)
+            await self.emit(ev.ApprovalGranted(run_id=self.run_id, call_id=call.id, by=by))
         else:
-            await self.emit(ev.ApprovalDenied, call_id=call.id, reason=verdict, by=by)
+            await self.emit(ev.ApprovalDenied(run_id=self.run_id, call_id=call.id, reason=verdict, by=by))
 
 
 async def run_task(
@@ -258,21 +245,22 @@ async def run_task(
         approver=approver,
         clock=clock,
     )
-    await runner.emit(
-        ev.RunStarted,
+    await runner.emit(ev.RunStarted(
+        run_id=runner.run_id,
         input=task.input,
         task_id=task.task_id,
         instance=task.instance,
         timeout_s=task.timeout_s,
         metadata=dict(task.metadata),
         bundle_digest=bundle_digest,
-    )
+    ))
     try:
         await runner.drive()
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             if not runner.state.done:
-                await runner.emit(ev.RunCancelled, reason="the caller cancelled the run", by="loop")
+                await runner.emit(ev.RunCancelled(run_id=runner.run_id, reason="the caller cancelled the run",
+                                                  by="loop"))
         raise
     state = runner.state
     return RunOutcome(

@@ -5,12 +5,11 @@ Shared by the in-process loop (`runtime.loop`) and the NATS host (`runtime.host`
 runners can never drift apart in what they record (and a run driven by either replays the same way).
 
     step = ModelStep(adapter, config.tools, constraint)          # once per agent: builds the constraint
-    await emit(ev.ModelRequested, **step.requested(effect))
-    cls, fields = await step.call(client, effect, run_id, timeout=left)
-    await emit(cls, **fields)
+    await append(step.requested(effect, run_id))                  # model.requested
+    await append(await step.call(client, effect, run_id, timeout=left))   # model.responded | .failed
 
 Failures are values: an unreachable model, an HTTP error after the client's retries, or the deadline
-passing during the call all come back as `ModelFailed` fields, never as an exception.
+passing during the call all come back as a `ModelFailed` event, never as an exception.
 """
 
 from __future__ import annotations
@@ -69,51 +68,51 @@ class ModelStep:
             self._narrowed[key] = ModelStep(self.adapter, effect.tools, self.constraint)
         return self._narrowed[key]
 
-    def requested(self, effect: kernel.CallModel) -> dict[str, Any]:
-        """The fields of the `model.requested` event recording this effect."""
+    def requested(self, effect: kernel.CallModel, run_id: str) -> ev.ModelRequested:
+        """The `model.requested` event recording this effect (unstamped)."""
         step = self._for(effect)
-        return {
-            "request_id": effect.id,
-            "turn": effect.turn,
-            "attempt": effect.attempt,
-            "messages": effect.new_messages,
-            "context_start": effect.context_start,
-            "constraint_digest": step.constraint_digest,
-            "sampling": dict(effect.sampling),
-            "tools": () if step is self else tuple(t.name for t in step.tools),
-        }
+        return ev.ModelRequested(
+            run_id=run_id,
+            request_id=effect.id,
+            turn=effect.turn,
+            attempt=effect.attempt,
+            messages=effect.new_messages,
+            context_start=effect.context_start,
+            constraint_digest=step.constraint_digest,
+            sampling=dict(effect.sampling),
+            tools=() if step is self else tuple(t.name for t in step.tools),
+        )
 
     async def call(
         self, client: ModelClientLike, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None
-    ) -> tuple[type[ev.Event], dict[str, Any]]:
-        """Perform the call; return the outcome event's class and fields (`model.responded` or `.failed`).
+    ) -> ev.ModelResponded | ev.ModelFailed:
+        """Perform the call; return the event recording its outcome (unstamped).
 
         `timeout` is the time left before the task's deadline (None: no deadline).
         """
         messages = self.adapter.render(list(effect.messages), list(effect.tools), self.constraint)
-        ids = {"request_id": effect.id, "turn": effect.turn}
+        ids = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
         try:
             with scope:
                 completion = await client.complete(messages, **effect.sampling, **self._for(effect).extras)
         except TimeoutError:
-            return ev.ModelFailed, {
-                **ids, "error": "the task's deadline passed during the model call", "error_kind": "timeout"}
+            return ev.ModelFailed(
+                **ids, error="the task's deadline passed during the model call", error_kind="timeout")
         except Exception as exc:  # an unreachable model is a value for the kernel to count, not a crash
-            return ev.ModelFailed, {**ids, "error": str(exc) or type(exc).__name__,
-                                    "error_kind": type(exc).__name__}
+            return ev.ModelFailed(**ids, error=str(exc) or type(exc).__name__, error_kind=type(exc).__name__)
         reply = self.adapter.parse(completion.text, completion.tool_calls, list(effect.tools))
         calls = kernel.tool_calls(run_id, effect.turn, [(c.name, c.arguments) for c in reply.calls])
-        return ev.ModelResponded, {
+        return ev.ModelResponded(
             **ids,
-            "text": completion.text or "",
-            "content": reply.content,
-            "calls": () if reply.errors else calls,
-            "usage": completion.usage,
-            "finish_reason": completion.finish_reason or "",
-            "latency_ms": completion.latency_ms,
-            "parse_error": "; ".join(reply.errors) if reply.errors else None,
-        }
+            text=completion.text or "",
+            content=reply.content,
+            calls=() if reply.errors else calls,
+            usage=completion.usage,
+            finish_reason=completion.finish_reason or "",
+            latency_ms=completion.latency_ms,
+            parse_error="; ".join(reply.errors) if reply.errors else None,
+        )
 
 
 __all__ = ["CompletionLike", "ModelClientLike", "ModelStep"]

@@ -1,34 +1,26 @@
-"""Big payloads: values too large for an event travel through the JetStream object store `payloads`.
+"""Big payloads: values too large for a message travel through the JetStream object store `payloads`.
 
     payloads = Payloads(js)                       # threshold: SA_PAYLOAD_THRESHOLD or 256 KiB
     value_or_ref = await payloads.offload(value)  # small: `value` unchanged; big: a PayloadRef
     value = await payloads.resolve(ref)           # the value back (digest-checked)
-    event = await payloads.offload_event(event)   # `events.externalize` when its big field is big
-    event = await payloads.resolve_event(event)   # `events.internalize` when it carries a ref
 
-Why: a NATS message is capped by the server's `max_payload` (1 MiB by default), and DESIGN rule 5 keeps
-events small so a run's history grows linearly and replays fast (Temporal users hit a 50 MB history
-cap). So a tool output, a model response or a task input over the threshold is stored once in the
-object store (chunked in 128 KiB messages by nats-py) and the event or `ToolOutcome` carries a
-`PayloadRef` (name, size, digest) instead.
+Why: a NATS message is capped by the server's `max_payload` (1 MiB by default), and events stay small
+so a run's history grows linearly and replays fast. So a value over the threshold is stored once in the
+object store (chunked in 128 KiB messages by nats-py) and the message carries a `PayloadRef` (name, size,
+digest) instead.
 
 Objects are content-addressed: the name is ``sha256-<hex>`` of the msgpack bytes. So offloading is
 idempotent (a worker or host that crashes and retries stores the same object under the same name, and
-an existing object is not uploaded again), two runs producing the same bytes share one object, and a
-reader can verify what it got against the digest in the ref. Objects are never deleted by the runtime:
-they live as long as the EVENTS stream that references them (which has no age limit either).
+an existing object is not uploaded again), and a reader can verify what it got against the digest in
+the ref. Objects are never deleted by the runtime: they live as long as the EVENTS stream that
+references them.
 
-Where the hooks are:
+Who uses it:
+* the run log (`runtime.log`) stores a whole event over the threshold and keeps a stub in EVENTS;
 * the worker offloads a tool output before publishing its `ToolOutcome` (`offload_outcome`), and caps
   printed script text so an outcome always fits in one message; a workspace job's `applied` marker keeps
-  a big output as a ref too (`runtime.data`);
-* the host's run driver resolves an outcome (`resolve_outcome`: the model's next prompt needs the
-  value), folds full events, and writes each one through `offload_event` (`host.driver.append_event`):
-  `model.requested` messages, `model.responded` text, `tool.completed` output, `run.completed` output.
-  Content addressing makes re-offloading a resolved output a lookup, not a second upload;
-* readers resolve: `replay.read_run` (recovery, takeover, `sa replay`, verify) returns events with
-  their values back (`resolve_events`); `replay.follow` (the live view) shows events as stored and
-  `replay.describe` prints a ref as its size.
+  a big output as a ref too (`runtime.data`); the host resolves the outcome (`resolve_outcome`) because
+  the model's next prompt needs the value.
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ import hashlib
 import io
 import logging
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -46,7 +37,6 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from runtime import bus
-from runtime import events as ev
 from runtime.events import PayloadRef
 from runtime.jobs import ScriptNote, ToolOutcome
 from runtime.types import ToolResult
@@ -154,28 +144,6 @@ class Payloads:
         if not isinstance(ref, PayloadRef):
             return ref
         return msgspec.msgpack.decode(await self.fetch(ref))
-
-    # -- events ----------------------------------------------------------------------------------------
-
-    async def offload_event(self, event: ev.Event) -> ev.Event:
-        """The event with its big field (`events.PAYLOAD_FIELDS`) moved out if it is over the threshold."""
-        if type(event) not in ev.PAYLOAD_FIELDS or getattr(event, "ref", None) is not None:
-            return event
-        data = ev.payload_bytes(event)
-        if not self.is_big(data):
-            return event
-        return ev.externalize(event, await self.put_bytes(data))
-
-    async def resolve_event(self, event: ev.Event) -> ev.Event:
-        """The event with its big field put back (typed) if it carries a ref; other events unchanged."""
-        ref = getattr(event, "ref", None)
-        if ref is None:
-            return event
-        return ev.internalize(event, await self.fetch(ref))
-
-    async def resolve_events(self, events: Iterable[ev.Event]) -> list[ev.Event]:
-        """`resolve_event` over a log, in order (what folding a recovered or replayed run needs)."""
-        return [await self.resolve_event(e) for e in events]
 
     # -- tool outcomes ---------------------------------------------------------------------------------
 

@@ -1,148 +1,32 @@
-"""Reading, rendering, verifying and forking a run's event stream (`sa replay`, host recovery).
+"""Seeing a run: the rendered timeline, the live view, and verification by the kernel (`sa replay`).
 
-    log = await read_run(js, run_id)                 # every event of the run, in order, + stream seqs
-    print_timeline(log.events)                       # model requests, tool calls, scripts, durations, tokens
-    report = verify(config, log.events)              # re-fold with the kernel: decide reproduces the log?
-    forked = fork(log.events, at_seq=5, new_run="rX") # a new run from a past point, no model re-call
+    history = await RunLog(js).read(run_id)          # the events (runtime.log)
+    console.print(timeline(history.events))          # model requests, tool calls, scripts, durations, tokens
+    report = verify(config, history.events)          # re-fold with the kernel: decide reproduces the log?
 
-Reading uses an ordered push consumer in callback mode on `events.<agent>.<run>.>` (research/nats.md
-§3: ~50k events/s, 2.5x faster than fetch), bounded by the run's last stream sequence taken first with a
-direct get, so a read is a consistent snapshot even while the run is being appended to. A run id is
-found without knowing its agent: `events.*.<run>.>`.
-
-`verify` is the executable form of DESIGN rule 2: the kernel is pure, so folding the recorded events and
-asking `decide` at every point must predict every event the runner wrote on its own initiative (model
-requests, dispatched calls, denials, turn ends, the run's ending). Events that came from the outside
-world (model replies, tool results, script notes, approvals, cancels) are inputs, not predictions: they
-must only fold without error.
+`verify` is the executable form of the kernel's purity: folding the recorded events and asking `decide`
+at every point must predict every event the runner wrote on its own initiative. What the kernel settles
+by itself (a denial, an approval request, a turn's end, the run's ending) it returns as an event, and the
+log must hold the same fact (`events.same_fact`); for the two effects it returns (call the model, run
+tools) the log must hold the request the kernel asked for (`model.requested` with the same id and new
+messages, `tool.called` for a call it dispatched). Events that came from the outside world (model
+replies, tool results, script notes, approvals, cancels) are inputs, not predictions: they must only
+fold without error.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import msgspec
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
-from nats.js.errors import NotFoundError
 
-from runtime import bus, kernel
 from runtime import events as ev
-
-# ---------------------------------------------------------------------------------------------------------
-# reading
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunLog:
-    """A run's events in order, the stream sequence of each, and where its subjects live."""
-
-    run_id: str
-    agent: str = ""
-    events: list[ev.Event] = field(default_factory=list)
-    stream_seqs: list[int] = field(default_factory=list)
-
-    @property
-    def last_seq(self) -> int:
-        """The stream sequence of the run's last event (0: empty) — the OCC expectation of the next append."""
-        return self.stream_seqs[-1] if self.stream_seqs else 0
-
-
-def run_filter(run_id: str, agent: str | None = None) -> str:
-    if agent:
-        return bus.run_events_filter(agent, run_id)
-    return f"events.*.{bus.check_token(run_id, 'run id')}.>"
-
-
-async def read_run(js: JetStreamContext, run_id: str, agent: str | None = None, *,
-                   timeout: float = 30.0, resolve: bool = True) -> RunLog:
-    """Every event of `run_id` (empty `RunLog` if there is none). Raises EventDecodeError on a bad event.
-
-    With `resolve` (the default: folding, replay and verify need the real values) an event whose big field
-    is in the object store comes back with it (`Payloads.resolve_event`, digest-checked); without it,
-    events are as stored, refs included.
-    """
-    flt = run_filter(run_id, agent)
-    try:
-        last = await js.get_last_msg(bus.EVENTS, flt, direct=True)
-    except NotFoundError:
-        return RunLog(run_id, agent or "")
-    end = last.seq
-    out = RunLog(run_id, agent or (last.subject or "").split(".")[1])
-    done = asyncio.get_running_loop().create_future()
-    events, seqs = out.events, out.stream_seqs
-    failed: list[Exception] = []
-
-    async def on_msg(msg: Any) -> None:  # per message: the least work possible (research/nats.md §3)
-        seq = _stream_seq(msg)
-        if seq <= end:
-            try:
-                events.append(ev.decode(msg.data))
-                seqs.append(seq)
-            except Exception as e:  # raised to the caller below, not into nats-py's callback loop
-                failed.append(e)
-                seq = end
-        if seq >= end and not done.done():
-            done.set_result(None)
-
-    sub = await js.subscribe(flt, stream=bus.EVENTS, ordered_consumer=True, cb=on_msg,
-                             deliver_policy=DeliverPolicy.ALL)
-    try:
-        await asyncio.wait_for(done, timeout)
-    finally:
-        await sub.unsubscribe()
-    if failed:
-        raise failed[0]
-    if resolve and any(getattr(e, "ref", None) is not None for e in out.events):
-        from runtime.payloads import Payloads
-
-        out.events = await Payloads(js).resolve_events(out.events)
-    return out
-
-
-def _stream_seq(msg: Any) -> int:
-    """The stream sequence of a JetStream message from its reply subject (`$JS.ACK.<stream>.<consumer>.
-    <delivered>.<stream seq>...`, or the longer form with domain and account): `msg.metadata` builds a
-    whole metadata object with a timestamp, a quarter of the reader's time per event."""
-    tokens = msg.reply.split(".")
-    try:
-        return int(tokens[5] if len(tokens) == 9 else tokens[Msg.Ack.StreamSeq])
-    except (IndexError, ValueError):
-        return int(msg.metadata.sequence.stream)
-
-
-TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
-
-
-async def follow(js: JetStreamContext, run_id: str, agent: str | None = None) -> AsyncIterator[ev.Event]:
-    """Every event of the run from the first, live, ending after its terminal event (`sa send --follow`).
-
-    Works before the run exists: an ordered consumer on the run's subjects waits for its first event.
-    """
-    send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=100_000)
-
-    async def on_msg(msg: Any) -> None:
-        send.send_nowait(msg.data)
-
-    sub = await js.subscribe(run_filter(run_id, agent), stream=bus.EVENTS, ordered_consumer=True, cb=on_msg,
-                             deliver_policy=DeliverPolicy.ALL)
-    try:
-        async with receive:
-            async for data in receive:
-                event = ev.decode(data)
-                yield event
-                if ev.kind_of(event) in TERMINAL_KINDS:
-                    return
-    finally:
-        await sub.unsubscribe()
-        send.close()
-
+from runtime import kernel
+from runtime.log import RunLog
 
 # ---------------------------------------------------------------------------------------------------------
 # rendering
@@ -160,9 +44,8 @@ def _ref(ref: ev.PayloadRef) -> str:
 
 
 def _big(event: ev.Event, value: Any, width: int) -> str:
-    """The event's big field, shortened; or where it is when the event (as stored) carries a ref."""
-    ref = getattr(event, "ref", None)
-    return _ref(ref) if ref is not None else _short(value, width)
+    """The event's big field, shortened; or where it is when the event (as stored) is a stub."""
+    return _ref(event.ref) if event.ref is not None else _short(value, width)
 
 
 def describe(event: ev.Event) -> str:
@@ -182,13 +65,16 @@ def describe(event: ev.Event) -> str:
             if event.parse_error:
                 return f"{head}; unparseable: {_short(event.parse_error, 60)}"
             if event.calls:
+                if event.ref is not None:
+                    return f"{head}; calls {', '.join(c.name for c in event.calls)} {_ref(event.ref)}"
                 calls = ", ".join(f"{c.name}({_short(c.arguments, 50)})" for c in event.calls)
                 return f"{head}; calls {calls}"
             return f"{head}; says {_big(event, event.content or event.text, 60)}"
         case ev.ModelFailed():
             return f"{event.error_kind}: {_short(event.error, 80)}"
         case ev.ToolCalled():
-            return f"{event.call.id.rsplit('/', 1)[-1]} {event.call.name}({_short(event.call.arguments, 60)})"
+            call = event.call
+            return f"{call.id.rsplit('/', 1)[-1]} {call.name}({_big(event, call.arguments, 60)})"
         case ev.ScriptStarted():
             return f"{event.tool} on {event.worker or 'a worker'}"
         case ev.ScriptPrinted():
@@ -279,14 +165,12 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
 async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: bool = False) -> ev.Event | None:
     """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
     tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines."""
-    import time
-
     started = time.monotonic()
     status = "waiting for a host"
     last: ev.Event | None = None
     turns = tools = tokens = 0
     with console.status(status) as progress:
-        async for event in follow(js, run_id):
+        async for event in RunLog(js).follow(run_id):
             last = event
             kind = ev.kind_of(event)
             if as_json:
@@ -315,11 +199,6 @@ async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: boo
 # verifying
 # ---------------------------------------------------------------------------------------------------------
 
-# Events the runner writes on its own initiative, so `decide` must have asked for them.
-_PREDICTED = ("model.requested", "tool.called", "approval.requested", "turn.completed", "run.completed",
-              "run.failed")
-
-
 @dataclass
 class Verification:
     """What `verify` found: every predicted event checked against `decide`, and any mismatch."""
@@ -334,39 +213,46 @@ class Verification:
         return not self.problems
 
 
+# Endings a host records on its own authority, not the kernel's: inputs to the fold, not predictions.
+_HOST_VERDICTS = frozenset({"unknown_agent", "log_rejected"})
+
+
+def _predicted(state: kernel.State, e: ev.Event) -> bool:
+    """True if the runner wrote `e` because `decide` asked for it (rather than the world sending it)."""
+    if isinstance(e, ev.ModelRequested | ev.ToolCalled | ev.ApprovalRequested | ev.TurnCompleted
+                  | ev.RunCompleted):
+        return True
+    if isinstance(e, ev.RunFailed):
+        return e.reason not in _HOST_VERDICTS
+    if isinstance(e, ev.ToolFailed):  # a denial, unless the call was dispatched (its own failure/timeout)
+        return state.turn is None or e.call_id not in state.turn.called
+    return False
+
+
 def _expected(state: kernel.State, e: ev.Event) -> str | None:
     """None if `decide(state)` asked for event `e`, else why not."""
-    effects = kernel.decide(state)
+    decisions = kernel.decide(state)
     match e:
         case ev.ModelRequested():
-            for f in effects:
-                if isinstance(f, kernel.CallModel) and f.id == e.request_id:
-                    if tuple(f.new_messages) != tuple(e.messages) or f.context_start != e.context_start:
+            for d in decisions:
+                if isinstance(d, kernel.CallModel) and d.id == e.request_id:
+                    if tuple(d.new_messages) != tuple(e.messages) or d.context_start != e.context_start:
                         return f"model request {e.request_id}: the recorded prompt differs from the kernel's"
                     return None
         case ev.ToolCalled():
-            if any(isinstance(f, kernel.CallTools) and any(c.id == e.call.id for c in f.calls)
-                   for f in effects):
+            if any(isinstance(d, kernel.CallTools) and e.call in d.calls for d in decisions):
                 return None
-        case ev.ToolFailed():
-            if any(isinstance(f, kernel.DenyCall) and f.call.id == e.call_id and f.error == e.error
-                   for f in effects):
+        case _:
+            if any(isinstance(d, kernel.DECIDED_TYPES) and ev.same_fact(d, e) for d in decisions):
                 return None
-        case ev.ApprovalRequested():
-            if any(isinstance(f, kernel.RequestApproval) and f.call.id == e.call.id for f in effects):
-                return None
-        case ev.TurnCompleted():
-            if any(isinstance(f, kernel.EndTurn) and f.turn == e.turn and f.calls_ok == e.calls_ok
-                   for f in effects):
-                return None
-        case ev.RunCompleted():
-            if any(isinstance(f, kernel.Complete) and f.output == e.output for f in effects):
-                return None
-        case ev.RunFailed():
-            if any(isinstance(f, kernel.Fail) and f.reason == e.reason for f in effects):
-                return None
-    wanted = ", ".join(type(f).__name__ + f"({getattr(f, 'id', '')})" for f in effects) or "nothing"
+    wanted = ", ".join(_name(d) for d in decisions) or "nothing"
     return f"seq {e.seq} {ev.kind_of(e)}: the kernel asked for {wanted}"
+
+
+def _name(decision: kernel.Decision) -> str:
+    if isinstance(decision, kernel.CallModel | kernel.CallTools):
+        return f"{type(decision).__name__}({decision.id})"
+    return ev.kind_of(decision)
 
 
 def verify(config: kernel.KernelConfig, events: Sequence[ev.Event]) -> Verification:
@@ -374,39 +260,20 @@ def verify(config: kernel.KernelConfig, events: Sequence[ev.Event]) -> Verificat
     out = Verification()
     state = kernel.initial(config)
     for e in events:
-        kind = ev.kind_of(e)
-        is_outcome = isinstance(e, ev.ToolFailed) and state.turn is not None and (
-            e.call_id in state.turn.called)  # a tool's own failure (or a timeout), not a denial
-        if kind in _PREDICTED or (isinstance(e, ev.ToolFailed) and not is_outcome):
-            if isinstance(e, ev.RunFailed) and e.reason == "unknown_agent":
-                out.inputs += 1  # the host's verdict on the task, not the kernel's
-            else:
-                problem = _expected(state, e)
-                out.checked += 1
-                if problem:
-                    out.problems.append(problem)
-        elif kind != "run.started":
+        if _predicted(state, e):
+            problem = _expected(state, e)
+            out.checked += 1
+            if problem:
+                out.problems.append(problem)
+        elif not isinstance(e, ev.RunStarted):
             out.inputs += 1
         try:
             state = kernel.evolve(state, e)
         except kernel.EvolveError as exc:
-            out.problems.append(f"seq {e.seq} {kind}: {exc}")
+            out.problems.append(f"seq {e.seq} {ev.kind_of(e)}: {exc}")
             break
     out.final = state
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------
-# forking
-# ---------------------------------------------------------------------------------------------------------
-
-
-def fork(events: Sequence[ev.Event], at_seq: int, new_run: str) -> list[ev.Event]:
-    """The first `at_seq` events re-addressed to `new_run`: appended as a new run's log and resumed by a
-    host, they continue from that point without calling the model again for the recorded steps."""
-    bus.check_token(new_run, "run id")
-    return [msgspec.structs.replace(e, run_id=new_run) for e in events[:at_seq]]
-
-
-__all__ = ["RunLog", "Summary", "Verification", "describe", "follow", "fork", "read_run", "run_filter",
-           "summarize", "timeline", "verify", "watch"]
+__all__ = ["Summary", "Verification", "describe", "summarize", "timeline", "verify", "watch"]

@@ -18,7 +18,7 @@ from runtime import events as ev
 from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
-from runtime.replay import follow
+from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry
 
@@ -117,7 +117,7 @@ class Env:
         """Every event of the run up to and including its terminal event."""
         out: list[ev.Event] = []
         with anyio.fail_after(timeout):
-            async for e in follow(self.js, run_id):
+            async for e in RunLog(self.js).follow(run_id):
                 out.append(e)
         return out
 

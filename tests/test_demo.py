@@ -5,7 +5,7 @@ from __future__ import annotations
 from runtime import events as ev
 from runtime.demo import EXPECTED, _problems
 
-IDS = {"run_id": "r1", "seq": 9, "ts": 1.0, "agent": "demo"}
+IDS = {"run_id": "r1", "seq": 9, "ts": 1.0, "actor": "demo"}
 
 
 def test_only_a_completed_run_with_the_expected_answer_passes():

@@ -59,7 +59,7 @@ async def test_a_job_that_kills_every_worker_is_dead_lettered_with_a_crashed_out
     err = outcome.result.error
     assert err is not None and err.kind == "crashed" and err.detail == dlq.CRASHED_DETAIL
     assert "delivered 3 time(s)" in err.message and "dead-letter" in err.message
-    (failed,) = outcome.events(first_seq=4)
+    (failed,) = outcome.events()
     assert events.kind_of(failed) == "tool.failed" and failed.error.kind == "crashed"
     assert "delivered 3 time(s)" in failed.error.for_model()  # what the model reads next turn
 

@@ -16,10 +16,10 @@ from runtime import events as ev
 from runtime.client import ModelClient
 from runtime.host import load_agents
 from runtime.host.commands import publish_task
-from runtime.host.driver import RunDriver, Superseded, append_event
+from runtime.host.driver import RunDriver
 from runtime.jobs import ToolJob
+from runtime.log import RunLog, Superseded, run_filter
 from runtime.payloads import Payloads
-from runtime.replay import follow, read_run, run_filter
 from runtime.testing import ScriptedModelServer, last_message
 
 pytestmark = pytest.mark.anyio
@@ -76,10 +76,10 @@ async def test_no_job_is_published_before_its_tool_called_is_in_the_log(nats_ser
         async with running_host(nats_server.url, [bundle], server) as host, \
                 running_worker(nats_server.url, [bundle]):
             spy = PublishLog(host.js)
-            host.js = spy  # the drivers this host creates publish through the spy
+            host.js, host.log = spy, RunLog(spy)  # what this host creates publishes through the spy
             run_id = await publish_task(js, "calc", "three at once")
             with anyio.fail_after(60):
-                events = [e async for e in follow(js, run_id)]
+                events = [e async for e in RunLog(js).follow(run_id)]
     assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "done"}
     assert [e.seq for e in events] == list(range(len(events)))
     every = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
@@ -101,9 +101,10 @@ async def test_a_stale_driver_stops_at_its_first_write_and_leaves_no_fork(nats_s
         client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
         agent = load_agents([bundle], client=client)["calc"]
         run_id = "r-stale"
-        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, agent="calc", input="say something")
-        seq = await append_event(js, "calc", run_id, 0, started)
-        assert await append_event(js, "calc", run_id, 0, started) == seq  # a retried landed append: no-op
+        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="say something")
+        seq = await RunLog(js).append(started, expect=0)
+        assert await RunLog(js).append(started, expect=0) == seq  # a retried landed append: no-op
+        assert await RunLog(js).create(started) is None  # the run exists: not created twice
         state = kernel.evolve(kernel.initial(agent.config), started)
         first = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
         stale = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
@@ -112,7 +113,7 @@ async def test_a_stale_driver_stops_at_its_first_write_and_leaves_no_fork(nats_s
             await stale.run()
         await client.aclose()
     assert final.status == "completed"
-    log = await read_run(js, run_id)
+    log = await RunLog(js).read(run_id)
     assert kinds(log.events) == ["run.started", "model.requested", "model.responded", "turn.completed",
                                  "run.completed"]
     assert [e.seq for e in log.events] == [0, 1, 2, 3, 4] and log.events[-1].output == "plain answer"
@@ -139,7 +140,7 @@ async def test_a_20_mb_tool_output_runs_through_a_host_and_replays_byte_exact(na
         async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
             run_id = await publish_task(js, "calc", "make it big")
             with anyio.fail_after(120):
-                live = [e async for e in follow(js, run_id)]  # as stored: refs, not values
+                live = [e async for e in RunLog(js).follow(run_id)]  # as stored: refs, not values
     assert kinds(live)[-1] == "run.completed", kinds(live)
     assert int(live[-1].output["answer"]) > n
     expected = "0123456789" * (n // 10)
@@ -159,7 +160,7 @@ async def test_a_20_mb_tool_output_runs_through_a_host_and_replays_byte_exact(na
     assert len(sizes) == len(live) and max(sizes) < threshold
 
     # replay resolves the refs: byte-exact output, and the prompt carries it as the tool response
-    log = await read_run(js, run_id)
+    log = await RunLog(js).read(run_id)
     (resolved,) = [e for e in log.events if isinstance(e, ev.ToolCompleted) and e.tool == "big"]
     assert resolved.ref is None and resolved.output == expected
     prompt = [e for e in log.events if isinstance(e, ev.ModelRequested)][1]
@@ -179,7 +180,7 @@ async def test_a_chain_of_turns_keeps_a_contiguous_log(nats_server, topo, tmp_pa
         async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
             run_id = await publish_task(js, "calc", "chain: 4")
             with anyio.fail_after(60):
-                events = [e async for e in follow(js, run_id)]
+                events = [e async for e in RunLog(js).follow(run_id)]
         served = server.served
     assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "chained 4"}
     assert [e.seq for e in events] == list(range(len(events)))
@@ -205,11 +206,40 @@ async def test_a_big_task_input_is_stored_by_reference_and_replays_whole(nats_se
         async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
             run_id = await publish_task(js, "calc", big_input)
             with anyio.fail_after(60):
-                live = [e async for e in follow(js, run_id)]
+                live = [e async for e in RunLog(js).follow(run_id)]
     assert kinds(live)[-1] == "run.completed", kinds(live)
     started = live[0]
     assert isinstance(started, ev.RunStarted) and started.ref is not None
     assert started.ref.size >= len(big_input)
     assert seen and min(seen) >= len(big_input)  # every model request carried the whole task
-    log = await read_run(js, run_id)
+    log = await RunLog(js).read(run_id)
     assert log.events[0].ref is None and log.events[0].input == big_input
+
+
+async def test_an_event_the_log_can_never_take_ends_the_run_instead_of_wedging_it(nats_server, topo,
+                                                                                  tmp_path: Path):
+    """A `script.started` whose worker name alone is over the server's 1 MiB message limit cannot be
+    offloaded (nothing in it is a payload field): the stream can never take it. The driver must not
+    retry it forever: it drops it, and the run ends with `run.failed` (log_rejected) saying which event."""
+    js = topo
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=lambda body: "unused") as server:
+        client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+        agent = load_agents([bundle], client=client)["calc"]
+        run_id = "r-rejected"
+        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="go")
+        seq = await RunLog(js).append(started, expect=0)
+        state = kernel.evolve(kernel.initial(agent.config), started)
+        driver = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
+        await driver.append(ev.ScriptStarted(run_id=run_id, call_id=f"{run_id}/1.0", tool="calculator",
+                                             worker="w" * (2 << 20)))
+        await driver._flush()
+        final = await driver.run()  # over already: returns without calling the model
+        await client.aclose()
+    assert final.status == "failed" and final.reason is not None and final.reason.startswith("log_rejected")
+    log = await RunLog(js).read(run_id)
+    assert kinds(log.events) == ["run.started", "run.failed"] and [e.seq for e in log.events] == [0, 1]
+    failed = log.events[-1]
+    assert isinstance(failed, ev.RunFailed) and failed.reason == "log_rejected"
+    assert "script.started (seq 1)" in failed.detail and "bytes" in failed.detail
+    assert server.requests == []  # the run never went on to call the model

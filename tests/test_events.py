@@ -112,7 +112,7 @@ def test_the_wire_form_names_the_kind_and_the_schema_version(event: ev.Event):
     assert raw["kind"] == ev.kind_of(event) == type(event).__struct_config__.tag
     assert ev.EVENT_KINDS[raw["kind"]] is type(event)
     assert raw["v"] == ev.SCHEMA_VERSION  # always written, even though it is the default
-    assert {"run_id", "seq", "ts", "agent"} <= set(raw)
+    assert {"run_id", "seq", "ts", "actor"} <= set(raw)
 
 
 def test_fields_from_a_newer_writer_are_ignored():
@@ -128,7 +128,8 @@ def test_an_old_event_without_new_optional_fields_gets_their_defaults():
     raw = {"kind": "model.responded", "run_id": "r", "seq": 2, "ts": 1.0, "request_id": "r/1", "turn": 1}
     event = ev.decode(msgspec.msgpack.encode(raw))
     assert isinstance(event, ev.ModelResponded)
-    assert event.calls == () and event.parse_error is None and event.ref is None and event.v == 1
+    assert event.calls == () and event.parse_error is None and event.ref is None
+    assert event.v == ev.SCHEMA_VERSION
 
 
 def test_an_unknown_kind_is_a_clear_error():
@@ -164,21 +165,70 @@ def test_a_task_carries_what_a_publisher_needs():
     assert ev.decode_command(ev.encode_command(ev.Task(agent="a", input="x"))).instance is None
 
 
+BIG = "x" * 300_000
+BIG_CALL = ToolCall("r/1.0", "write", {"text": BIG})
+BIG_ERROR = ToolError("execution", BIG, 3)
+BIG_EVENTS: dict[type, dict[str, Any]] = {
+    ev.RunStarted: {"input": BIG, "metadata": {"note": BIG}},
+    ev.ModelRequested: {"request_id": "r/1", "turn": 1, "messages": (Message("tool", BIG),)},
+    ev.ModelResponded: {"request_id": "r/1", "turn": 1, "text": BIG, "content": BIG, "calls": (BIG_CALL,)},
+    ev.ModelFailed: {"request_id": "r/1", "turn": 1, "error": BIG},
+    ev.ToolCalled: {"call": BIG_CALL},
+    ev.ToolCompleted: {"call_id": "r/1.0", "tool": "t", "output": {"rows": ["w" * 1000] * 300}},
+    ev.ToolFailed: {"call_id": "r/1.0", "tool": "t", "error": BIG_ERROR},
+    ev.ScriptPrinted: {"call_id": "r/1.0", "tool": "t", "text": BIG},
+    ev.ScriptFailed: {"call_id": "r/1.0", "tool": "t", "error": BIG_ERROR},
+    ev.ApprovalRequested: {"call": BIG_CALL},
+    ev.ApprovalDenied: {"call_id": "r/1.0", "reason": BIG},
+    ev.RunCompleted: {"output": ["v" * 1000] * 300},
+    ev.RunFailed: {"reason": "x", "detail": BIG},
+    ev.RunCancelled: {"reason": BIG},
+}
+
+
 @pytest.mark.parametrize("cls", list(ev.PAYLOAD_FIELDS), ids=lambda c: c.__struct_config__.tag)
-def test_a_big_payload_can_travel_as_a_reference(cls: type):
-    big = {
-        ev.RunStarted: {"input": "x" * 300_000},
-        ev.ModelRequested: {"request_id": "r/1", "turn": 1, "messages": (Message("tool", "y" * 300_000),)},
-        ev.ModelResponded: {"request_id": "r/1", "turn": 1, "text": "z" * 300_000},
-        ev.ToolCompleted: {"call_id": "r/1.0", "tool": "t", "output": {"rows": ["w" * 1000] * 300}},
-        ev.RunCompleted: {"output": ["v" * 1000] * 300},
-    }[cls]
-    event = cls(run_id="r", seq=3, ts=9.0, **big)
+def test_a_big_event_travels_as_a_stub_that_still_says_what_happened(cls: type):
+    event = cls(run_id="r", seq=3, ts=9.0, actor="a", **BIG_EVENTS[cls])
     blob = ev.payload_bytes(event)
-    ref = ev.PayloadRef(object_name="payloads/r/3", size=len(blob), digest="abc")
-    light = ev.externalize(event, ref)
-    assert len(ev.encode(light)) < 300 and light.ref == ref
-    assert ev.internalize(ev.decode(ev.encode(light)), blob) == event
+    ref = ev.PayloadRef(object_name="sha256-abc", size=len(blob), digest="abc")
+    stub = ev.externalize(event, ref)
+    assert len(ev.encode(stub)) < 400 and stub.ref == ref
+    assert ev.internalize(ev.decode(ev.encode(stub)), blob) == event
+    for call in [getattr(stub, "call", None), *getattr(stub, "calls", ())]:  # calls keep id and name
+        if call is not None:
+            assert (call.id, call.name, call.arguments) == ("r/1.0", "write", {})
+    if len(ev.PAYLOAD_FIELDS[cls]) > 1:  # a payload that does not hold the kind's fields is refused
+        with pytest.raises(ev.EventDecodeError, match="does not hold"):
+            ev.internalize(stub, msgspec.msgpack.encode({"other": 1}))
+
+
+def test_a_recorded_version_1_run_is_read_and_folds_as_it_did():
+    """tests/data/run-v1.msgpack: a run recorded with schema version 1 (the in-process loop of that
+    version, an instance actor `calc:alice`, parallel calls, a script, a terminal tool)."""
+    from pathlib import Path
+
+    from runtime import kernel
+    from runtime.types import ToolSchema
+
+    raw = msgspec.msgpack.decode((Path(__file__).parent / "data" / "run-v1.msgpack").read_bytes())
+    assert all(msgspec.msgpack.decode(b)["v"] == 1 and "agent" in msgspec.msgpack.decode(b) for b in raw)
+    events = [ev.decode(b) for b in raw]
+    assert {e.actor for e in events} == {"calc:alice"} and {e.v for e in events} == {1}
+    names = {c.name for e in events if isinstance(e, ev.ModelResponded) for c in e.calls}
+    schemas = tuple(ToolSchema(n, n, {"type": "object"}) for n in sorted(names | {"calculator", "lookup"}))
+    state = kernel.fold(kernel.KernelConfig(system_prompt="You are a careful assistant.", tools=schemas,
+                                            terminal_tool="submit_result", max_concurrent_tools=2), events)
+    assert state.status == "completed" and state.output == {"answer": "5 in Paris"}
+    assert state.actor == "calc:alice" and state.turns == 3
+    # re-written through the log, an upcast event is the current version
+    assert ev.stamp(events[0], seq=0).v == ev.SCHEMA_VERSION
+    # a version-1 stub's payload was its one big field, encoded alone
+    v1_stub = msgspec.msgpack.encode({
+        "kind": "tool.completed", "run_id": "r", "seq": 1, "ts": 1.0, "agent": "a", "v": 1,
+        "call_id": "r/1.0", "tool": "t", "output": None,
+        "ref": {"object_name": "o", "size": 3, "digest": "d"}})
+    stub = ev.decode(v1_stub)
+    assert stub.actor == "a" and ev.internalize(stub, msgspec.msgpack.encode([1, 2])).output == [1, 2]
 
 
 def test_tool_outcome_events_expose_a_tool_result():

@@ -39,7 +39,7 @@ from runtime import bus
 from runtime import events as ev
 from runtime.cluster import LocalCluster
 from runtime.host.commands import publish_task
-from runtime.replay import read_run
+from runtime.log import RunLog
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -335,7 +335,7 @@ async def wait_all_terminal(js: Any, shapes: list[Shape], timeout: float) -> Non
             stuck = sorted(wanted - done)[:10]
             detail = []
             for run_id in stuck:
-                log = await read_run(js, run_id)
+                log = await RunLog(js).read(run_id)
                 detail.append(f"{run_id}: {[ev.kind_of(e) for e in log.events][-6:]}")
             raise AssertionError(f"{len(wanted - done)} run(s) not terminal after {timeout} s:\n" +
                                  "\n".join(detail))
@@ -354,7 +354,7 @@ async def verify(js: Any, shapes: list[Shape], model: Model) -> dict[str, Any]:
     counts = {"events": 0, "writes": 0, "tool_calls": 0, "model_requests": len(model.requests),
               "repeated_before_recorded": 0}
     for s in shapes:
-        log = await read_run(js, s.run_id)
+        log = await RunLog(js).read(s.run_id)
         events = log.events
         kinds = [ev.kind_of(e) for e in events]
         assert events, f"run {s.index} ({s.run_id}) lost"

@@ -11,7 +11,7 @@ from host_helpers import calc_responder, kinds, running_host, running_worker, wr
 from runtime import bus
 from runtime import events as ev
 from runtime.host.commands import publish_command, publish_task, run_id_for
-from runtime.replay import read_run
+from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -33,8 +33,8 @@ async def test_a_task_runs_end_to_end_with_a_sandboxed_tool(nats_server, topo, t
             assert run_id == run_id_for("calc", "t-1")
             events = []
             with anyio.fail_after(60):
-                from runtime.replay import follow
-                async for e in follow(js, run_id):
+                from runtime.log import RunLog
+                async for e in RunLog(js).follow(run_id):
                     events.append(e)
         requests = server.requests
     k = kinds(events)
@@ -47,12 +47,12 @@ async def test_a_task_runs_end_to_end_with_a_sandboxed_tool(nats_server, topo, t
     assert len(requests) == 2 and "<tool_response>" in str(requests[1]["messages"])
     assert "structured_outputs" in requests[0]
     started = events[0]
-    assert started.bundle_digest and started.task_id == "t-1" and started.agent == "calc"
+    assert started.bundle_digest and started.task_id == "t-1" and started.actor == "calc"
     # the index and the log agree
     kv = await bus.runs_kv(js)
     ix = bus.RunIndex.decode((await kv.get(run_id)).value)
     assert ix.status == "completed" and ix.agent == "calc" and ix.task_id == "t-1"
-    log = await read_run(js, run_id)
+    log = await RunLog(js).read(run_id)
     assert kinds(log.events) == k and ix.last_seq == log.last_seq
     assert host.stats.runs_started == 1
 
@@ -104,8 +104,8 @@ async def test_instances_of_one_bundle_are_separate_actors(nats_server, topo, tm
             r1 = await publish_task(js, "calc", "compute: 3 * 3", instance="alice")
             r2 = await publish_task(js, "calc:bob", "compute: 4 * 4")
             a, b = await env.wait_run(r1), await env.wait_run(r2)
-    assert a[0].agent == "calc:alice" and a[0].instance == "alice" and a[-1].output == {"answer": "9"}
-    assert b[0].agent == "calc:bob" and b[-1].output == {"answer": "16"}
+    assert a[0].actor == "calc:alice" and a[0].instance == "alice" and a[-1].output == {"answer": "9"}
+    assert b[0].actor == "calc:bob" and b[-1].output == {"answer": "16"}
 
 
 async def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(nats_server, topo, tmp_path, caplog):
@@ -177,7 +177,7 @@ async def test_the_same_task_published_twice_runs_once(nats_server, topo, tmp_pa
         served = server.served
     assert kinds(events)[-1] == "run.completed"
     assert host.stats.runs_started == 1 and served == 2  # one run: two model calls in all
-    log = await read_run(js, r1)
+    log = await RunLog(js).read(r1)
     assert kinds(log.events) == kinds(events)
 
 

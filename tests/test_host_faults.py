@@ -20,7 +20,7 @@ from host_helpers import Env, calc_responder, kinds, running_host, running_worke
 from runtime import bus
 from runtime import events as ev
 from runtime.host.commands import publish_task
-from runtime.replay import follow, read_run
+from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -71,7 +71,7 @@ async def test_kill_9_of_the_host_mid_run_resumes_without_repeating_recorded_mod
             seen: list[ev.Event] = []
             with process(host_args, nats_server.url, tmp_path / "host1.log", "sa host: serving") as host1:
                 with anyio.fail_after(60):
-                    async for e in follow(js, run_id):
+                    async for e in RunLog(js).follow(run_id):
                         seen.append(e)
                         if isinstance(e, ev.ToolCalled) and e.call.id.endswith("/2.0"):
                             kill9(host1)  # mid-run: turn 2's job is out, its outcome has no host to go to
@@ -152,8 +152,8 @@ async def test_a_hundred_agents_each_run_a_task_concurrently(nats_server, topo, 
     assert len(results) == 100
     for i, events in results.items():
         assert kinds(events)[-1] == "run.completed", (i, kinds(events))
-        assert events[-1].output == {"answer": str(i * 2)} and events[0].agent == f"calc:a{i}"
+        assert events[-1].output == {"answer": str(i * 2)} and events[0].actor == f"calc:a{i}"
     assert peak > 1  # the agents' runs overlapped: actors run concurrently
     assert not host.actors  # idle actors hold nothing
-    log = await read_run(js, runs[7])
+    log = await RunLog(js).read(runs[7])
     assert kinds(log.events) == kinds(results[7])

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from test_kernel_sim import Reply, Sim, echo_tool, schema, script
+from kernel_sim import Reply, Sim, echo_tool, schema, script
 
 from runtime import events as ev
 from runtime import kernel as k
@@ -249,7 +249,7 @@ def test_a_final_answer_wins_over_a_deadline_that_passed_while_ending_the_turn()
     sim = Sim(config(), tick=10.0).start(timeout_s=25)
     sim.step(script(Reply("the answer")))  # requested (t+10), responded (t+20)
     sim.step(script(Reply("unused")))  # turn.completed at t+30: past the deadline
-    assert k.decide(sim.state) == [k.Complete(id="run1/end", output="the answer")]
+    assert k.decide(sim.state) == [ev.RunCompleted(run_id="run1", output="the answer")]
 
 
 def test_cancellation_stops_the_run_and_later_events_change_nothing():
@@ -443,7 +443,7 @@ def test_approval_waits_then_runs_or_fails_with_a_policy_error():
     sim = Sim(cfg).start()
     sim.step(script(Reply("", (call("deploy"), call("search", q="s")))))
     effects = k.decide(sim.state)
-    assert [type(e) for e in effects] == [k.RequestApproval, k.CallTools]
+    assert [type(e) for e in effects] == [ev.ApprovalRequested, k.CallTools]
     assert [c.name for c in effects[1].calls] == ["search"]
     sim.step(script(Reply("-")))  # approval.requested, search runs; nobody has answered yet
     assert k.decide(sim.state) == []  # waiting on a human: nothing pending

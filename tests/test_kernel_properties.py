@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_kernel_sim import Reply, Sim, schema
+from kernel_sim import Reply, Sim, schema
 
 from runtime import events as ev
 from runtime import history

@@ -13,8 +13,9 @@ from test_worker import collect_outcomes, job
 
 from runtime import bus, events
 from runtime.events import PayloadRef
+from runtime.log import RunLog
 from runtime.payloads import DEFAULT_THRESHOLD, PayloadError, Payloads, object_name, threshold_from_env
-from runtime.types import Message
+from runtime.types import Message, ToolCall
 from runtime.worker import Worker, build_registry
 
 pytestmark = pytest.mark.anyio
@@ -73,26 +74,32 @@ async def test_the_threshold_is_configurable_and_fits_the_server(js, monkeypatch
     assert Payloads(js, threshold=50 << 20).threshold < js._nc.max_payload == 1 << 20
 
 
-async def test_events_carry_refs_and_resolve_to_the_original(js) -> None:
+async def test_the_log_stores_big_events_as_stubs_and_reads_them_back_whole(js) -> None:
     await bus.ensure_topology(js)
-    p = Payloads(js, threshold=4096)
+    log = RunLog(js, payloads=Payloads(js, threshold=4096))
     big_input = "summarise: " + "lorem ipsum " * 2000
-    started = events.RunStarted(run_id="r1", seq=0, ts=1.0, agent="a", input=big_input)
-    responded = events.ModelResponded(run_id="r1", seq=2, ts=2.0, request_id="q", turn=1, text="t" * 10_000)
-    asked = events.ModelRequested(run_id="r1", seq=1, ts=1.5, request_id="q", turn=1,
-                                  messages=(Message(role="user", content="m" * 9000),))
-    small = events.RunCompleted(run_id="r1", seq=3, ts=3.0, output={"ok": True})
-    log = [started, asked, responded, small]
-
-    stored = [await p.offload_event(e) for e in log]
-    assert stored[3] is small  # under the threshold: unchanged
-    for after in stored[:3]:
-        assert after.ref is not None and after.ref.size > 4096
-        assert len(events.encode(after)) < 1024  # what goes to EVENTS is small
-        assert events.decode(events.encode(after)) == after  # and survives the wire
-    assert stored[0].input == "" and stored[2].text == "" and stored[1].messages == ()
-    assert await p.resolve_events(stored) == log  # typed back: Message structs, strings
-    assert await p.offload_event(stored[0]) is stored[0]  # already offloaded: left alone
+    call = ToolCall("r1/1.0", "write", {"text": "a" * 9000})
+    written = [
+        events.RunStarted(run_id="r1", input=big_input),
+        events.ModelRequested(run_id="r1", request_id="r1/1", turn=1,
+                              messages=(Message(role="user", content="m" * 9000),)),
+        events.ModelResponded(run_id="r1", request_id="r1/1", turn=1, text="t" * 10_000, calls=(call,)),
+        events.ToolCalled(run_id="r1", call=call),
+        events.RunCompleted(run_id="r1", output={"ok": True}),
+    ]
+    expect = 0
+    for seq, event in enumerate(written):
+        written[seq] = events.stamp(event, seq=seq, ts=float(seq), actor="a")
+        expect = await log.append(written[seq], expect=expect)
+    stored = (await log.read("r1", resolve=False)).events
+    assert stored[4] == written[4]  # under the threshold: as written
+    for stub in stored[:4]:
+        assert stub.ref is not None and stub.ref.size > 4096  # the whole event is in the object store
+    raw = [m.data for m in [await js.get_msg(bus.EVENTS, s) for s in (await log.read("r1")).stream_seqs]]
+    assert all(len(data) < 1024 for data in raw[:4])  # what went to EVENTS is small
+    assert stored[0].input == "" and stored[1].messages == () and stored[2].text == ""
+    assert stored[2].calls == (ToolCall("r1/1.0", "write", {}),) == (stored[3].call,)  # names kept
+    assert (await log.read("r1")).events == written  # whole again: Message structs, strings, calls
 
 
 async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
@@ -115,12 +122,12 @@ async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
     assert big.result.error is None and big.result.output is None  # the value is not inline...
     assert big.ref is not None and big.ref.size > n  # ...the ref says where and how big
     assert len(big.encode()) < 4096
-    (completed,) = [e for e in big.events(first_seq=0) if events.kind_of(e) == "tool.completed"]
-    assert completed.ref == big.ref and len(events.encode(completed)) < 4096
-    resolved = await Payloads(js).resolve_event(completed)
-    assert resolved.ref is None and resolved.output["size"] == n
-    assert resolved.output["blob"] == "0123456789" * (n // 10)
-    assert (await Payloads(js).resolve_outcome(big)).result.output == resolved.output
+    with pytest.raises(ValueError, match="resolve it first"):
+        big.events()  # an event is made from the value, never from the outcome's ref
+    resolved = await Payloads(js).resolve_outcome(big)
+    (completed,) = [e for e in resolved.events() if events.kind_of(e) == "tool.completed"]
+    assert resolved.ref is None and completed.output["size"] == n
+    assert completed.output["blob"] == "0123456789" * (n // 10)
 
     chatty = outcomes["r1/1.1"]  # 3 MB of print() would not fit a message: the notes are capped
     assert chatty.result.error is None and chatty.ref is None and chatty.result.output["size"] == 1000

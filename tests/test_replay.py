@@ -9,11 +9,12 @@ import pytest
 from host_helpers import Env, calc_responder, kinds, running_host, running_worker, write_bundle
 from rich.console import Console
 
-from runtime import bus
+from runtime import bus, kernel
 from runtime import events as ev
 from runtime.bundle import load_bundle
 from runtime.host.commands import publish_task
-from runtime.replay import describe, fork, read_run, summarize, timeline, verify
+from runtime.log import RunLog, Superseded
+from runtime.replay import describe, summarize, timeline, verify
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -27,8 +28,8 @@ async def test_replay_renders_and_verifies_a_run_and_catches_a_tampered_log(nats
                 running_worker(nats_server.url, [bundle]):
             run_id = await publish_task(js, "calc", "chain: 2")
             await Env(nats_server.url, js, host, server, []).wait_run(run_id)
-    log = await read_run(js, run_id)
-    assert log.agent == "calc" and kinds(log.events)[0] == "run.started" and kinds(log.events)[-1] == \
+    log = await RunLog(js).read(run_id)
+    assert log.actor == "calc" and kinds(log.events)[0] == "run.started" and kinds(log.events)[-1] == \
         "run.completed"
     assert log.stream_seqs == sorted(log.stream_seqs) and len(log.stream_seqs) == len(log.events)
 
@@ -59,6 +60,19 @@ async def test_replay_renders_and_verifies_a_run_and_catches_a_tampered_log(nats
     # a gap in the log
     gap = [e for e in log.events if e.seq != 3]
     assert any("gap" in p for p in verify(config, gap).problems)
-    # forking at a past point keeps the recorded model replies and re-addresses the run
-    forked = fork(log.events, 4, "rfork")
-    assert [e.run_id for e in forked] == ["rfork"] * 4 and kinds(forked) == kinds(log.events[:4])
+    # a copy of a prefix is a new run: every id re-derived, and it folds to the work the source had pending
+    runs = RunLog(js)
+    await runs.copy_prefix(run_id, 4, "rfork")
+    copy = await runs.read("rfork")
+    assert [e.run_id for e in copy.events] == ["rfork"] * 4 and kinds(copy.events) == kinds(log.events[:4])
+    assert [e.seq for e in copy.events] == [0, 1, 2, 3] and copy.actor == "calc"
+    assert run_id not in "".join(ev.to_json(e) for e in copy.events)
+    source_next, copy_next = (kernel.decide(kernel.fold(config, events)) for events in (log.events[:4],
+                                                                                        copy.events))
+    assert [type(d) for d in copy_next] == [type(d) for d in source_next] == [kernel.CallTools]
+    assert [(c.id, c.name, c.arguments) for c in copy_next[0].calls] == [
+        (kernel.rebase_id(c.id, run_id, "rfork"), c.name, c.arguments) for c in source_next[0].calls]
+    with pytest.raises(Superseded):  # the new run exists now: a second copy cannot overwrite it
+        await runs.copy_prefix(run_id, 4, "rfork")
+    with pytest.raises(ValueError, match="prefix"):
+        await runs.copy_prefix(run_id, len(log.events) + 1, "rfork2")

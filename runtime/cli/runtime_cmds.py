@@ -530,7 +530,7 @@ def replay(
 
         from runtime.replay import timeline
 
-        Console().print(timeline(runlog.events, title=f"run {run} · {runlog.agent}"))
+        Console().print(timeline(runlog.events, title=f"run {run} · {runlog.actor}"))
     if verify:
         from runtime.bundle import BundleError, load_bundle
         from runtime.replay import verify as verify_log
@@ -566,12 +566,12 @@ async def _read(url: str, run: str) -> tuple[Any, Any]:
     from nats.js.errors import KeyNotFoundError, NotFoundError
 
     from runtime import bus
-    from runtime.replay import read_run
+    from runtime.log import RunLog
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
         js = nc.jetstream()
-        runlog = await read_run(js, run)
+        runlog = await RunLog(js).read(run)
         try:
             entry = await (await bus.runs_kv(js)).get(run)
             index = bus.RunIndex.decode(entry.value) if entry.value else None

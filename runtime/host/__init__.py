@@ -25,8 +25,9 @@ import anyio
 from runtime import bus
 from runtime.host.agent import AgentRuntime, build_agent
 from runtime.host.commands import BadCommand, actor_key, run_id_for, split_actor
-from runtime.host.driver import RunDriver, Superseded
+from runtime.host.driver import RunDriver
 from runtime.host.host import Host, HostConfig, HostStats
+from runtime.log import Superseded
 
 
 def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = None,

@@ -6,11 +6,15 @@
            perform them           # model calls here; tool calls as jobs on TOOLS; endings
            nothing to perform? -> wait for the inbox (or the deadline)
 
-Every event goes through `append`: the next `seq`, `Nats-Msg-Id = <run>/<seq>`, and the expected last
-stream sequence of the run's subjects (`bus.occ_headers`). So the driver is the single writer of its run
-(DESIGN rule 4): if another host appended in between, the append fails with 10071 and this driver stops
-(`Superseded`) instead of writing a second branch. A retried append whose first attempt did land is
-recognised (its Msg-Id is already the run's last) and not written twice.
+Every event goes through the run log (`runtime.log.RunLog.append`): the next `seq`, and the expected
+last stream sequence of the run. So the driver is the single writer of its run: if another host appended
+in between, the append raises `Superseded` and this driver stops instead of writing a second branch.
+What `decide` settles by itself (a denial, an approval request, a turn's end, the run's end) arrives as
+an event and is appended as it is; the driver performs only the two effects that need the world.
+
+An event the log can never take (`LogRejected`: too large even with its payload in the object store)
+must not wedge the run: the driver drops it and everything staged after it, and ends the run with
+`run.failed` (reason `log_rejected`, saying which event and why). The actor then takes its next task.
 
 What is never done twice (the recovery contract of `runtime.kernel`):
 * a model call whose reply is in the log (`decide` does not return it); a `model.requested` already
@@ -38,9 +42,9 @@ Why not one atomic batch per group (`Nats-Batch-*`, server 2.12+): an R1 file-ba
 atomic batch to disk on commit; measured here that is ~5 ms per batch, serialised server-wide (~250
 batches/s with 100 writers), against ~0.25 ms for a plain OCC append. Events stay one message each.
 
-Big payloads: each event is offloaded (`Payloads.offload_event`) as it is written, so the log holds a
-`PayloadRef` while the state folds the full value; an outcome whose output is in the object store is
-resolved (`resolve_outcome`) before its events are made, because the model's next prompt needs it.
+Big payloads: the log offloads an event as it is written, so the log holds a stub while the state folds
+the whole event; an outcome whose output is in the object store is resolved (`resolve_outcome`) before
+its events are made, because the model's next prompt needs it.
 """
 
 from __future__ import annotations
@@ -56,22 +60,18 @@ from typing import Any
 import anyio
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
 from runtime.host.agent import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
-from runtime.payloads import Payloads
+from runtime.log import LogRejected, RunLog
 from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
 
-APPEND_RETRY_S = 0.25
-
-
-class Superseded(RuntimeError):
-    """Another writer appended to this run (rule 4): this driver must stop."""
+PUBLISH_RETRY_S = 0.25
 
 
 @dataclass
@@ -87,18 +87,19 @@ class RunDriver:
 
     def __init__(self, js: JetStreamContext, agent: AgentRuntime, actor: str, run_id: str, partition: int,
                  *, state: kernel.State, last_seq: int, on_event: Callable[[ev.Event], Any] | None = None,
-                 clock: Callable[[], float] = time.time, payloads: Payloads | None = None) -> None:
+                 clock: Callable[[], float] = time.time, log: RunLog | None = None) -> None:
         self.js, self.agent, self.actor, self.run_id, self.partition = js, agent, actor, run_id, partition
         self.state, self.last_seq = state, last_seq
         self.task_id: str | None = None  # for the runs index
         self.on_event, self.clock = on_event, clock
-        self.payloads = payloads or payloads_for(js)
+        self.log = log or run_log_for(js)
         self.inbox: deque[Inbound] = deque()
         self._wake = anyio.Event()
         self.in_flight: set[str] = set()  # call ids whose job this driver published and that have no result
         self._model_scope: anyio.CancelScope | None = None
         self._cancelling = False
-        self._staged: deque[ev.Event] = deque()  # folded, not yet in the log (see "Staged appends")
+        # folded, not yet in the log (see "Staged appends"), each with the state before it
+        self._staged: deque[tuple[ev.Event, kernel.State]] = deque()
         self._acks: list[Any] = []  # messages to ack once everything staged before them is in the log
 
     # -- fed by the host ---------------------------------------------------------------------------------
@@ -155,12 +156,13 @@ class RunDriver:
             if call.id in turn.results:
                 continue
             if call.id in self.in_flight or call.id in turn.called:
-                await self.append(ev.ToolFailed, call_id=call.id, tool=call.name, error=ToolError(
-                    "timeout", f"{call.name} did not finish before the task's deadline"))
+                await self.append(ev.ToolFailed(run_id=self.run_id, call_id=call.id, tool=call.name,
+                                                error=ToolError("timeout", f"{call.name} did not finish "
+                                                                "before the task's deadline")))
                 self.in_flight.discard(call.id)
             elif call.id in turn.approvals_requested and call.id not in turn.approvals:
-                await self.append(ev.ApprovalDenied, call_id=call.id, reason="the task's deadline passed",
-                                  by="deadline")
+                await self.append(ev.ApprovalDenied(run_id=self.run_id, call_id=call.id,
+                                                    reason="the task's deadline passed", by="deadline"))
 
     async def _drain_inbox(self) -> None:
         """Apply what arrived; each message is acked after the next flush (its events are then durable).
@@ -171,7 +173,7 @@ class RunDriver:
             if item.msg is not None:
                 self._acks.append(item.msg)
 
-    async def _apply(self, item: Any) -> None:
+    async def _apply(self, item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny) -> None:
         state = self.state
         if isinstance(item, ToolOutcome):
             self.in_flight.discard(item.call_id)
@@ -180,15 +182,14 @@ class RunDriver:
                 log.debug("run %s: outcome of %s changes nothing (duplicate or stale)", self.run_id,
                           item.call_id)
                 return
-            item = await self.payloads.resolve_outcome(item)  # the next prompt needs the real output
-            for event in item.events(state.seq):
-                fields = {f: getattr(event, f) for f in event.__struct_fields__
-                          if f not in ("run_id", "seq", "ts", "agent", "v")}
-                await self.append(type(event), ts=event.ts, **fields)
+            item = await self.log.payloads.resolve_outcome(item)  # the next prompt needs the real output
+            for event in item.events():
+                await self.append(event)
         elif isinstance(item, ev.Cancel):
             self._cancelling = False
             if not state.done:
-                await self.append(ev.RunCancelled, reason=item.reason or "cancelled", by=item.by or "command")
+                await self.append(ev.RunCancelled(run_id=self.run_id, reason=item.reason or "cancelled",
+                                                  by=item.by or "command"))
         elif isinstance(item, ev.Approve | ev.Deny):
             turn = state.turn
             if state.done or turn is None or item.call_id not in turn.approvals_requested or \
@@ -196,42 +197,33 @@ class RunDriver:
                 log.info("run %s: %s for %s changes nothing", self.run_id, type(item).__name__, item.call_id)
                 return
             if isinstance(item, ev.Approve):
-                await self.append(ev.ApprovalGranted, call_id=item.call_id, by=item.by)
+                await self.append(ev.ApprovalGranted(run_id=self.run_id, call_id=item.call_id, by=item.by))
             else:
-                await self.append(ev.ApprovalDenied, call_id=item.call_id, reason=item.reason, by=item.by)
+                await self.append(ev.ApprovalDenied(run_id=self.run_id, call_id=item.call_id,
+                                                    reason=item.reason, by=item.by))
 
     # -- effects -----------------------------------------------------------------------------------------
 
-    async def _perform(self, effect: kernel.Effect) -> bool:
-        """Perform one effect; True if it appended something (the state moved)."""
-        match effect:
+    async def _perform(self, decision: kernel.Decision) -> bool:
+        """Perform one decision; True if it appended something (the state moved)."""
+        match decision:
             case kernel.CallModel():
-                await self._call_model(effect)
+                await self._call_model(decision)
                 return True
             case kernel.CallTools():
-                return await self._dispatch(effect)
-            case kernel.DenyCall():
-                await self.append(ev.ToolFailed, call_id=effect.call.id, tool=effect.call.name,
-                                  error=effect.error)
-            case kernel.RequestApproval():
-                await self.append(ev.ApprovalRequested, call=effect.call)
-            case kernel.EndTurn():
-                await self.append(ev.TurnCompleted, turn=effect.turn, calls_ok=effect.calls_ok,
-                                  calls_failed=effect.calls_failed)
-            case kernel.Complete():
-                await self.append(ev.RunCompleted, output=effect.output)
-            case kernel.Fail():
-                await self.append(ev.RunFailed, reason=effect.reason, detail=effect.detail)
-        return True
+                return await self._dispatch(decision)
+            case _:  # an event the kernel settled on by itself
+                await self.append(decision)
+                return True
 
     async def _call_model(self, effect: kernel.CallModel) -> None:
         """Call the model while what is staged (ending with `model.requested`) is written; then stage
         the reply. A lost OCC race cancels the call (the task group) and raises `Superseded`."""
         turn = self.state.turn
         if not (turn is not None and turn.requested):  # recovered after `model.requested`: don't record twice
-            await self.append(ev.ModelRequested, **self.agent.step.requested(effect))
+            await self.append(self.agent.step.requested(effect, self.run_id))
         left = effect.deadline - self.clock() if effect.deadline is not None else None
-        reply: list[tuple[type[ev.Event], dict[str, Any]]] = []
+        reply: list[ev.ModelResponded | ev.ModelFailed] = []
 
         async def call() -> None:
             if self._cancelling:  # a cancel arrived before this task started
@@ -256,8 +248,7 @@ class RunDriver:
             raise failed
         if not reply:
             return  # a cancel arrived: the inbox records it
-        cls, fields = reply[0]
-        await self.append(cls, **fields)
+        await self.append(reply[0])
 
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
         """Publish a job for each call not yet out, keeping at most `max_concurrent` of this run's out:
@@ -272,7 +263,7 @@ class RunDriver:
             if len(self.in_flight) + len(jobs) >= effect.max_concurrent:
                 break
             if turn is not None and call.id not in turn.called:
-                await self.append(ev.ToolCalled, call=call)
+                await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
                 progressed = True
             jobs.append(ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
                                 arguments=dict(call.arguments), partition=self.partition,
@@ -310,93 +301,67 @@ class RunDriver:
                 raise
             except Exception as e:  # NATS unavailable (leader election, reconnect): same Msg-Id, retry
                 log.warning("run %s: publishing job %s failed (%s); retrying", self.run_id, job.msg_id, e)
-                await anyio.sleep(APPEND_RETRY_S)
+                await anyio.sleep(PUBLISH_RETRY_S)
 
     # -- the log -----------------------------------------------------------------------------------------
 
-    async def append(self, cls: type, *, ts: float | None = None, **fields: Any) -> ev.Event:
-        """Stage one event and fold it; `_flush` writes it (see "Staged appends" in the module docstring)."""
-        event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock() if ts is None else ts,
-                    agent=self.actor, **fields)
-        self.state = kernel.evolve(self.state, event)
-        self._staged.append(event)
+    async def append(self, event: ev.Event) -> ev.Event:
+        """Stamp one event (next seq, now unless it carries its own time, this actor), fold it and stage
+        it; `_flush` writes it (see "Staged appends" in the module docstring)."""
+        event = ev.stamp(event, seq=self.state.seq, ts=self.clock(), actor=self.actor)
+        before, self.state = self.state, kernel.evolve(self.state, event)
+        self._staged.append((event, before))
         return event
 
     async def _flush(self) -> None:
         """Write every staged event in order as the run's single writer, then ack what waited for them."""
         while self._staged:
-            event = self._staged[0]
-            self.last_seq = await append_event(self.js, self.actor, self.run_id, self.last_seq, event,
-                                               payloads=self.payloads)
+            event, before = self._staged[0]
+            try:
+                self.last_seq = await self.log.append(event, expect=self.last_seq)
+            except LogRejected as e:
+                await self._rejected(event, before, e)
+                continue
             self._staged.popleft()
             if self.on_event is not None:
                 self.on_event(event)
         if self._acks:
             acks, self._acks = self._acks, []
             for msg in acks:
-                await _ack(msg)
+                await ack_quietly(msg)
+
+    async def _rejected(self, event: ev.Event, before: kernel.State, error: LogRejected) -> None:
+        """The log can never take `event`: forget it and what was staged after it (the state goes back
+        to before it) and end the run saying why, so the actor is free for its next task."""
+        if isinstance(event, ev.RunFailed) and event.reason == "log_rejected":
+            raise error  # not even the ending fits: nothing more this driver can do
+        log.error("run %s: %s; the run fails", self.run_id, error)
+        self._staged.clear()
+        self.state = before
+        await self.append(ev.RunFailed(run_id=self.run_id, reason="log_rejected",
+                                       detail=f"{ev.kind_of(event)} (seq {event.seq}) could not be recorded: "
+                                              f"{error}"))
 
 
 # job limits per agent runtime (keyed by id, the runtime kept alive beside it) and tool
 _LIMITS: dict[int, tuple[AgentRuntime, dict[str, dict[str, Any]]]] = {}
-_PAYLOADS: weakref.WeakKeyDictionary[JetStreamContext, Payloads] = weakref.WeakKeyDictionary()
+_LOGS: weakref.WeakKeyDictionary[JetStreamContext, RunLog] = weakref.WeakKeyDictionary()
 
 
-def payloads_for(js: JetStreamContext) -> Payloads:
-    """One `Payloads` per JetStream context (its object store handle is opened once, on first use)."""
-    payloads = _PAYLOADS.get(js)
-    if payloads is None:
-        payloads = _PAYLOADS[js] = Payloads(js)
-    return payloads
+def run_log_for(js: JetStreamContext) -> RunLog:
+    """One `RunLog` per JetStream context, so its object store handle is opened once per process."""
+    run_log = _LOGS.get(js)
+    if run_log is None:
+        run_log = _LOGS[js] = RunLog(js)
+    return run_log
 
 
-async def append_event(js: JetStreamContext, actor: str, run_id: str, last_seq: int, event: ev.Event, *,
-                       payloads: Payloads | None = None) -> int:
-    """Append `event` to its run expecting `last_seq` as the run's last stream sequence; return the new one.
-
-    A big field goes to the object store first (`payloads`, default: this context's); the message carries
-    the ref. Retries through NATS outages with the same Msg-Id and expectation (idempotent); raises
-    `Superseded` when another writer got there first.
-    """
-    msg_id = f"{run_id}/{event.seq}"
-    subject = bus.event_subject(actor, run_id, ev.kind_of(event))
-    data = ev.encode(event)
-    if type(event) in ev.PAYLOAD_FIELDS:
-        payloads = payloads or payloads_for(js)
-        if payloads.is_big(data):  # the whole event is small (the common case): its big field is too
-            data = ev.encode(await payloads.offload_event(event))
-    headers = bus.occ_headers(actor, run_id, last_seq, msg_id)
-    while True:
-        try:
-            ack = await js.publish(subject, data, headers=headers)
-            return ack.seq
-        except BadRequestError as e:
-            if e.err_code != bus.ERR_WRONG_LAST_SEQUENCE:
-                raise
-            landed = await _last_of_run(js, actor, run_id)
-            if landed is not None and landed[1] == msg_id:
-                return landed[0]  # our own earlier attempt landed; its ack was lost
-            raise Superseded(f"run {run_id}: another writer appended (expected last sequence {last_seq})") \
-                from None
-        except Exception as e:  # timeouts, no responders during an election, reconnects
-            log.warning("run %s: append of seq %d failed (%s: %s); retrying", run_id, event.seq,
-                        type(e).__name__, e)
-            await anyio.sleep(APPEND_RETRY_S)
-
-
-async def _last_of_run(js: JetStreamContext, actor: str, run_id: str) -> tuple[int, str] | None:
-    try:
-        msg = await js.get_last_msg(bus.EVENTS, bus.run_events_filter(actor, run_id), direct=True)
-    except NotFoundError:
-        return None
-    return msg.seq, (msg.headers or {}).get(bus.HDR_MSG_ID, "")
-
-
-async def _ack(msg: Msg) -> None:
+async def ack_quietly(msg: Msg) -> None:
+    """Ack `msg`; if the connection dropped the message is redelivered and found to be a no-op."""
     try:
         await msg.ack()
-    except Exception as e:  # the connection dropped: the message is redelivered and found a no-op
+    except Exception as e:
         log.debug("ack failed: %s", e)
 
 
-__all__ = ["Inbound", "RunDriver", "Superseded", "append_event", "payloads_for"]
+__all__ = ["Inbound", "RunDriver", "ack_quietly", "run_log_for"]

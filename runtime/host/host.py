@@ -35,7 +35,7 @@ Partitions, takeover and recovery
 Serving a partition (`_gain`, at start or when a lease is won): recreate its two consumers (so whatever a
 previous owner held un-acked is delivered again now, not after AckWait), then, before consuming anything,
 read the partition's unfinished runs from the ``active`` bucket (keys ``p<N>.<run>``: a takeover scans its
-partition only, not the whole ``runs`` index), fold each run's events (`replay.read_run`) and queue it
+partition only, not the whole ``runs`` index), fold each run's events (`log.RunLog.read`) and queue it
 first in its actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is pending: an
 answered model call is never made again, a job already answered is never re-published, a job still out is
 re-published with the same Msg-Id (deduplicated by TOOLS; the workers' ``applied`` markers make its writes
@@ -80,21 +80,20 @@ import anyio.abc
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from runtime import bus, kernel
 from runtime import events as ev
 from runtime.host.agent import AgentRuntime
 from runtime.host.commands import BadCommand, decode, run_id_for, split_actor
-from runtime.host.driver import Inbound, RunDriver, Superseded, _ack, payloads_for
+from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
 from runtime.host.leases import LeaseConfig, Leases, new_host_id
 from runtime.host.pull import Budget, consume
 from runtime.jobs import JobDecodeError, ToolOutcome
-from runtime.replay import read_run
+from runtime.log import RunLog, Superseded
 
 log = logging.getLogger("runtime.host")
 
-TERMINAL = ("completed", "failed", "cancelled")
 DEFAULT_MAX_RUNS = 4096
 SUPERSEDED_RETRY_S = 1.0  # after losing an append race in a partition it still owns, re-fold this late
 HANDOVER_WAIT_S = 5.0  # how long `_lose` waits for a partition's work to stop before handing it over
@@ -218,6 +217,7 @@ class Host:
         self.ready = anyio.Event()
         self._parts: dict[int, _Part] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self.log: RunLog = run_log_for(self.js)
         self._runs_kv: Any = None
         self._active_kv: Any = None
 
@@ -402,16 +402,16 @@ class Host:
         if agent is None:
             log.error("run %s belongs to %s, which no loaded bundle defines: not resumed", run_id, actor)
             return None
-        runlog = await read_run(self.js, run_id, actor)
+        history = await self.log.read(run_id, actor)
         try:
-            state = kernel.fold(agent.config, runlog.events)
+            state = kernel.fold(agent.config, history.events)
         except kernel.EvolveError as e:
             log.error("run %s cannot be folded (%s): not resumed", run_id, e)
             return None
-        driver = RunDriver(self.js, agent, actor, run_id, partition, state=state, last_seq=runlog.last_seq,
-                           on_event=self.on_event)
-        if runlog.events and isinstance(runlog.events[0], ev.RunStarted):
-            driver.task_id = runlog.events[0].task_id
+        driver = RunDriver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
+                           on_event=self.on_event, log=self.log)
+        if history.events and isinstance(history.events[0], ev.RunStarted):
+            driver.task_id = history.events[0].task_id
         if state.done:
             await self._index(driver)
             return None
@@ -469,14 +469,14 @@ class Host:
         waiting = self.waiting.get(cmd.run_id)
         if waiting is not None and isinstance(cmd, ev.Cancel):
             if waiting.cancel is not None and waiting.cancel.msg is not None:
-                await _ack(waiting.cancel.msg)
+                await ack_quietly(waiting.cancel.msg)
             waiting.cancel = Inbound(cmd, msg)  # applied right after the run starts
             return False
         ix = await self._index_entry(cmd.run_id)
-        if ix is not None and ix.status in TERMINAL:
+        if ix is not None and ix.status in kernel.TERMINAL:
             log.info("%s for run %s ignored: the run already %s", cmd.__struct_config__.tag, cmd.run_id,
                      ix.status)
-            await _ack(msg)
+            await ack_quietly(msg)
             return False
         if ix is not None and ix.partition != p and await self._forward(cmd, ix, msg):
             return False
@@ -492,7 +492,7 @@ class Host:
         for agent in (ix.agent, split_actor(ix.agent)[0]):
             if bus.partition_of(agent, self.total_partitions) == ix.partition:
                 await self.js.publish(bus.task_subject(agent), ev.encode_command(cmd))
-                await _ack(msg)
+                await ack_quietly(msg)
                 log.info("%s for run %s forwarded to partition %d", cmd.__struct_config__.tag, cmd.run_id,
                          ix.partition)
                 return True
@@ -513,8 +513,8 @@ class Host:
             driver.deliver(Inbound(outcome, msg))
             return
         ix = await self._index_entry(outcome.run_id)
-        if ix is not None and ix.status in TERMINAL:
-            await _ack(msg)  # a late or duplicate outcome of a finished run
+        if ix is not None and ix.status in kernel.TERMINAL:
+            await ack_quietly(msg)  # a late or duplicate outcome of a finished run
             return
         if msg.metadata.num_delivered >= 20:
             log.error("outcome of %s for run %s that no host drives: dropped", outcome.call_id,
@@ -592,31 +592,31 @@ class Host:
             return
         task = item.task
         timeout = task.timeout_s if task.timeout_s is not None else agent.bundle.deadline_s
-        started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), agent=actor, input=task.input,
+        started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=task.input,
                                 task_id=task.task_id, instance=split_actor(actor)[1], timeout_s=timeout,
                                 metadata=dict(task.metadata), bundle_digest=agent.bundle.digest)
-        seq = await _create(self.js, actor, item.run_id, started)
+        seq = await self.log.create(started)
         if seq is not None:
             self.stats.runs_started += 1
             if self.on_event is not None:
                 self.on_event(started)
             driver = RunDriver(self.js, agent, actor, item.run_id, item.partition,
                                state=kernel.evolve(kernel.initial(agent.config), started), last_seq=seq,
-                               on_event=self.on_event)
+                               on_event=self.on_event, log=self.log)
         else:  # this task already became a run (redelivered after a crash, or re-sent): resume or finish it
             existing = await self._fold_existing(item.run_id, actor, item.partition)
             if existing is None:
                 if item.msg is not None:
-                    await _ack(item.msg)
+                    await ack_quietly(item.msg)
                 if item.cancel is not None and item.cancel.msg is not None:
-                    await _ack(item.cancel.msg)
+                    await ack_quietly(item.cancel.msg)
                 return
             driver = existing
             self.stats.runs_resumed += 1
         driver.task_id = task.task_id
         await self._index(driver)
         if item.msg is not None:
-            await _ack(item.msg)
+            await ack_quietly(item.msg)
         if item.cancel is not None:
             driver.deliver(item.cancel)
         await self._drive(driver)
@@ -634,17 +634,15 @@ class Host:
     async def _unknown_agent(self, actor: str, item: _Task) -> None:
         served = ", ".join(sorted(self.agents)) or "none"
         log.error("task for unknown agent %s (run %s): this host serves %s", actor, item.run_id, served)
-        started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), agent=actor, input=item.task.input,
+        started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=item.task.input,
                                 task_id=item.task.task_id)
-        seq = await _create(self.js, actor, item.run_id, started)
+        seq = await self.log.create(started)
         if seq is not None:
-            failed = ev.RunFailed(run_id=item.run_id, seq=1, ts=time.time(), agent=actor,
+            failed = ev.RunFailed(run_id=item.run_id, seq=1, ts=time.time(), actor=actor,
                                   reason="unknown_agent",
                                   detail=f"no bundle defines agent {split_actor(actor)[0]!r}; "
                                          f"agents served: {served}")
-            from runtime.host.driver import append_event
-
-            seq = await append_event(self.js, actor, item.run_id, seq, failed)
+            seq = await self.log.append(failed, expect=seq)
             for e in (started, failed):
                 if self.on_event is not None:
                     self.on_event(e)
@@ -653,7 +651,7 @@ class Host:
                                                             updated=time.time(), task_id=item.task.task_id))
         self.stats.runs_ended["failed"] = self.stats.runs_ended.get("failed", 0) + 1
         if item.msg is not None:
-            await _ack(item.msg)
+            await ack_quietly(item.msg)
 
     # -- the runs index ----------------------------------------------------------------------------------
 
@@ -665,7 +663,7 @@ class Host:
             agent=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
             updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path)))
         key = bus.active_key(driver.partition, driver.run_id)
-        if status in TERMINAL:
+        if status in kernel.TERMINAL:
             await _retrying(f"clearing the active entry of {driver.run_id}",
                             lambda: self._active_kv.purge(key, msg_ttl=bus.ACTIVE_PURGE_TTL_S))
         else:
@@ -703,24 +701,6 @@ async def _first(*events: anyio.Event) -> None:
 
         for event in events:
             tg.start_soon(wait, event)
-
-
-async def _create(js: JetStreamContext, actor: str, run_id: str, started: ev.RunStarted) -> int | None:
-    """Append `run.started` only if the run has no event yet; its stream sequence, or None if it exists."""
-    headers = bus.occ_headers(actor, run_id, 0, f"{run_id}/0")
-    data = ev.encode(await payloads_for(js).offload_event(started))  # a big task input: the object store
-    while True:
-        try:
-            ack = await js.publish(bus.event_subject(actor, run_id, "run.started"), data, headers=headers)
-        except BadRequestError as e:
-            if e.err_code == bus.ERR_WRONG_LAST_SEQUENCE:
-                return None
-            raise
-        except Exception as e:
-            log.warning("run %s: appending run.started failed (%s); retrying", run_id, e)
-            await anyio.sleep(0.25)
-            continue
-        return None if ack.duplicate else ack.seq
 
 
 async def _term(msg: Any) -> None:

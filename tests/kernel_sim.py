@@ -1,8 +1,9 @@
-"""Support for the kernel tests (no tests here): a synchronous effect runner with scripted outcomes.
+"""Support for the kernel tests (a helper module, not collected): a synchronous runner with scripted
+outcomes.
 
-It plays the role the NATS host and `runtime.loop` play for real (append the intent event, perform,
-append the outcome), with a fake clock, a scripted model and scripted tools, and it records every
-`decide` so tests can check that replaying the log reproduces the same decisions.
+It plays the role the NATS host and `runtime.loop` play for real (append what the kernel decided, or
+the intent event, perform, append the outcome), with a fake clock, a scripted model and scripted tools,
+and it records every `decide` so tests can check that replaying the log reproduces the same decisions.
 """
 
 from __future__ import annotations
@@ -51,17 +52,22 @@ class Sim:
     clock: float = 1000.0
     tick: float = 1.0
     events: list[ev.Event] = field(default_factory=list)
-    decisions: list[tuple[int, list[k.Effect]]] = field(default_factory=list)
+    decisions: list[tuple[int, list[k.Decision]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.state = k.initial(self.config)
 
-    def emit(self, cls: type, **fields: Any) -> ev.Event:
+    def append(self, event: ev.Event) -> ev.Event:
+        """Stamp `event` as a log would (next seq, the fake clock, the actor) and fold it."""
         self.clock += self.tick
-        event = cls(run_id=self.run_id, seq=self.state.seq, ts=self.clock, agent=self.agent, **fields)
+        event = ev.stamp(event, seq=self.state.seq, ts=self.clock, actor=self.agent)
         self.state = k.evolve(self.state, event)
         self.events.append(event)
         return event
+
+    def emit(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
+        """Append an event of this run built from `fields` (what the outside world sends, in tests)."""
+        return self.append(cls(run_id=self.run_id, **fields))
 
     def start(self, text: str = "do the task", timeout_s: float | None = None) -> Sim:
         self.emit(ev.RunStarted, input=text, task_id="t1", timeout_s=timeout_s)
@@ -87,7 +93,7 @@ class Sim:
                 return self
         raise AssertionError("the run did not settle")
 
-    def perform(self, effect: k.Effect, model: ModelFn, tool: ToolFn, approver: ApproverFn | None) -> None:
+    def perform(self, effect: k.Decision, model: ModelFn, tool: ToolFn, approver: ApproverFn | None) -> None:
         match effect:
             case k.CallModel():
                 self.emit(
@@ -127,31 +133,19 @@ class Sim:
                     self.emit(ev.ToolCalled, call=call)
                 for call in effect.calls:
                     self.record_result(call, tool(call))
-            case k.DenyCall():
-                self.emit(ev.ToolFailed, call_id=effect.call.id, tool=effect.call.name, error=effect.error)
-            case k.RequestApproval():
-                self.emit(ev.ApprovalRequested, call=effect.call)
+            case ev.ApprovalRequested():
+                self.append(effect)
                 if approver is not None:
                     verdict = approver(effect.call)
                     if verdict is None:
                         self.emit(ev.ApprovalGranted, call_id=effect.call.id, by="tester")
                     else:
                         self.emit(ev.ApprovalDenied, call_id=effect.call.id, reason=verdict, by="tester")
-            case k.EndTurn():
-                self.emit(
-                    ev.TurnCompleted,
-                    turn=effect.turn,
-                    calls_ok=effect.calls_ok,
-                    calls_failed=effect.calls_failed,
-                )
-            case k.Complete():
-                self.emit(ev.RunCompleted, output=effect.output)
-            case k.Fail():
-                self.emit(ev.RunFailed, reason=effect.reason, detail=effect.detail)
+            case _:  # what the kernel settled on by itself
+                self.append(effect)
 
     def record_result(self, call: ToolCall, result: ToolResult) -> None:
-        cls, fields = ev.tool_outcome(call.id, call.name, result)
-        self.emit(cls, **fields)
+        self.append(ev.tool_outcome(self.run_id, call.id, call.name, result))
 
     def kinds(self) -> list[str]:
         return [ev.kind_of(e) for e in self.events]

@@ -1,0 +1,310 @@
+"""The run log: the one way anything reads or writes a run's events.
+
+    log = RunLog(js)
+    seq = await log.create(started)                   # the first event; None if the run already exists
+    seq = await log.append(event, expect=seq)         # one more, as the run's single writer
+    history = await log.read(run_id)                  # every event back, big payloads resolved
+    async for event in log.follow(run_id): ...        # live, from the first event to the last
+    copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
+
+Where the events live: the JetStream stream EVENTS, one subject per event,
+`events.<actor>.<run>.<kind>`, msgpack (`runtime.events`). A run's `seq` is its own, 0-based and
+contiguous; the stream sequence of its last event is what the next append expects.
+
+Single writer. Every append carries `Nats-Expected-Last-Subject-Sequence` for the run's subjects and
+`Nats-Msg-Id = <run>/<seq>`. If another writer appended in between, the stream refuses with "wrong last
+sequence" and the append raises `Superseded`: the loser stops, the log never forks. A retried append
+whose first attempt did land (the ack was lost) is recognised by its Msg-Id being the run's last, and
+counts as done.
+
+What is retried and what is not. A NATS outage (timeouts, no responders during a leader election, a
+reconnect) is retried with the same Msg-Id and expectation, so a retry cannot write twice. An event the
+stream can never accept (over the server's message size even after offloading, or refused outright) is
+`LogRejected` at once: retrying it would wedge the run's actor forever, so the writer records why the
+run cannot go on instead (`runtime.host.driver`).
+
+Big payloads. An event whose encoding is over the payload threshold (`runtime.payloads`, 256 KiB by
+default, always below the server's max_payload) is stored whole in the object store and the log keeps
+a stub with a `PayloadRef` (`events.externalize`). `read` gives whole events back (digest-checked);
+`follow` yields events as stored unless asked to resolve, because a live view wants to be fast and a
+stub still says what happened. Objects are content-addressed, so a retried offload is a lookup.
+
+Reading uses an ordered push consumer in callback mode on the run's subjects (about 2.5x faster than
+fetching), bounded by the run's last stream sequence taken first with a direct get, so a read is a
+consistent snapshot even while the run is being appended to. A run id is found without knowing its
+actor: `events.*.<run>.>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.errors import BadRequestError, NotFoundError
+
+from runtime import bus, kernel
+from runtime import events as ev
+from runtime.payloads import Payloads
+from runtime.types import Message, ToolCall
+
+log = logging.getLogger("runtime.log")
+
+APPEND_RETRY_S = 0.25
+TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+
+
+class Superseded(RuntimeError):
+    """Another writer appended to this run first: it owns the run now, and this writer must stop."""
+
+
+class LogRejected(RuntimeError):
+    """The stream will never accept this event (too large even as a stub, or refused outright):
+    retrying cannot help, so the run must end with the reason instead."""
+
+
+@dataclass
+class RunHistory:
+    """A run's events in order, the stream sequence of each, and the actor whose subjects hold them."""
+
+    run_id: str
+    actor: str = ""
+    events: list[ev.Event] = field(default_factory=list)
+    stream_seqs: list[int] = field(default_factory=list)
+
+    @property
+    def last_seq(self) -> int:
+        """The stream sequence of the run's last event (0: empty): what the next append expects."""
+        return self.stream_seqs[-1] if self.stream_seqs else 0
+
+
+def run_filter(run_id: str, actor: str | None = None) -> str:
+    """The subjects of one run's events (any actor when `actor` is not known)."""
+    if actor:
+        return bus.run_events_filter(actor, run_id)
+    return f"events.*.{bus.check_token(run_id, 'run id')}.>"
+
+
+class RunLog:
+    """The EVENTS stream seen as runs. Cheap to make; the object store is opened on first big payload."""
+
+    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None) -> None:
+        self.js = js
+        self._payloads = payloads
+
+    @property
+    def payloads(self) -> Payloads:
+        if self._payloads is None:
+            self._payloads = Payloads(self.js)
+        return self._payloads
+
+    # -- writing ---------------------------------------------------------------------------------------
+
+    async def create(self, started: ev.RunStarted) -> int | None:
+        """Append a run's first event only if the run has none yet; its stream sequence, or None if the
+        run exists already (a redelivered or re-sent task finds its run instead of starting another)."""
+        return await self._publish(started, 0, creating=True)
+
+    async def append(self, event: ev.Event, *, expect: int) -> int:
+        """Append a stamped `event` expecting `expect` as the run's last stream sequence; return the
+        event's own. Raises `Superseded` (another writer got there first) or `LogRejected`."""
+        seq = await self._publish(event, expect, creating=False)
+        assert seq is not None
+        return seq
+
+    async def _publish(self, event: ev.Event, expect: int, *, creating: bool) -> int | None:
+        if event.seq < 0 or not event.actor:
+            raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
+        msg_id = f"{event.run_id}/{event.seq}"
+        subject = bus.event_subject(event.actor, event.run_id, ev.kind_of(event))
+        data = await self._encoded(event)
+        headers = bus.occ_headers(event.actor, event.run_id, expect, msg_id)
+        while True:
+            try:
+                ack = await self.js.publish(subject, data, headers=headers)
+            except BadRequestError as e:
+                if e.err_code != bus.ERR_WRONG_LAST_SEQUENCE:
+                    raise LogRejected(f"the EVENTS stream refused {ev.kind_of(event)} seq {event.seq} of run "
+                                      f"{event.run_id}: {e.description or e}") from None
+                if creating:
+                    return None  # the run exists (perhaps from our own attempt whose ack was lost)
+                landed = await self.last(event.run_id, event.actor)
+                if landed is not None and landed[1] == msg_id:
+                    return landed[0]  # our own earlier attempt landed; its ack was lost
+                raise Superseded(f"run {event.run_id}: another writer appended first (this one expected "
+                                 f"the run's last stream sequence to be {expect})") from None
+            except MaxPayloadError as e:
+                raise LogRejected(f"{ev.kind_of(event)} seq {event.seq} of run {event.run_id} is "
+                                  f"{len(data):,} bytes even with its big fields in the object store, over "
+                                  f"what the server accepts in one message ({e})") from None
+            except Exception as e:  # timeouts, no responders during an election, reconnects
+                log.warning("run %s: append of seq %d failed (%s: %s); retrying", event.run_id, event.seq,
+                            type(e).__name__, e)
+                await anyio.sleep(APPEND_RETRY_S)
+                continue
+            return None if creating and ack.duplicate else ack.seq
+
+    async def _encoded(self, event: ev.Event) -> bytes:
+        """The message for `event`: itself, or a stub over the payload threshold (the event is stored)."""
+        data = ev.encode(event)
+        if not self.payloads.is_big(data) or not ev.can_offload(event) or event.ref is not None:
+            return data
+        ref = await self.payloads.put_bytes(ev.payload_bytes(event))
+        return ev.encode(ev.externalize(event, ref))
+
+    async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
+        """The stream sequence and Msg-Id of the run's last event, or None if it has none."""
+        try:
+            msg = await self.js.get_last_msg(bus.EVENTS, run_filter(run_id, actor), direct=True)
+        except NotFoundError:
+            return None
+        return msg.seq, (msg.headers or {}).get(bus.HDR_MSG_ID, "")
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    async def read(self, run_id: str, actor: str | None = None, *, timeout: float = 30.0,
+                   resolve: bool = True) -> RunHistory:
+        """Every event of `run_id` (an empty history if there is none); `EventDecodeError` on a bad one.
+
+        With `resolve` (the default: folding, replay and verify need the real values) a stub comes back
+        as its whole event; without it, events are as stored, refs included."""
+        flt = run_filter(run_id, actor)
+        try:
+            last = await self.js.get_last_msg(bus.EVENTS, flt, direct=True)
+        except NotFoundError:
+            return RunHistory(run_id, actor or "")
+        end = last.seq
+        out = RunHistory(run_id, actor or (last.subject or "").split(".")[1])
+        done = asyncio.get_running_loop().create_future()
+        events, seqs = out.events, out.stream_seqs
+        failed: list[Exception] = []
+
+        async def on_msg(msg: Msg) -> None:  # per message: the least work possible
+            seq = _stream_seq(msg)
+            if seq <= end:
+                try:
+                    events.append(ev.decode(msg.data))
+                    seqs.append(seq)
+                except Exception as e:  # raised to the caller below, not into nats-py's callback loop
+                    failed.append(e)
+                    seq = end
+            if seq >= end and not done.done():
+                done.set_result(None)
+
+        sub = await self.js.subscribe(flt, stream=bus.EVENTS, ordered_consumer=True, cb=on_msg,
+                                      deliver_policy=DeliverPolicy.ALL)
+        try:
+            await asyncio.wait_for(done, timeout)
+        finally:
+            await sub.unsubscribe()
+        if failed:
+            raise failed[0]
+        if resolve and any(e.ref is not None for e in out.events):
+            out.events = [await self.resolve(e) for e in out.events]
+        return out
+
+    async def resolve(self, event: ev.Event) -> ev.Event:
+        """The whole event for a stub (fetched and digest-checked); any other event as it is."""
+        if event.ref is None:
+            return event
+        return ev.internalize(event, await self.payloads.fetch(event.ref))
+
+    async def follow(self, run_id: str, actor: str | None = None, *,
+                     resolve: bool = False) -> AsyncIterator[ev.Event]:
+        """Every event of the run from the first, live, ending after its terminal event (`sa send
+        --follow`, tests). Works before the run exists: it waits for the first event."""
+        send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=100_000)
+
+        async def on_msg(msg: Msg) -> None:
+            send.send_nowait(msg.data)
+
+        sub = await self.js.subscribe(run_filter(run_id, actor), stream=bus.EVENTS, ordered_consumer=True,
+                                      cb=on_msg, deliver_policy=DeliverPolicy.ALL)
+        try:
+            async with receive:
+                async for data in receive:
+                    event = ev.decode(data)
+                    yield await self.resolve(event) if resolve else event
+                    if ev.kind_of(event) in TERMINAL_KINDS:
+                        return
+        finally:
+            await sub.unsubscribe()
+            send.close()
+
+    # -- copying ---------------------------------------------------------------------------------------
+
+    async def copy_prefix(self, run_id: str, at_seq: int, new_run: str, *,
+                          source: RunHistory | None = None) -> RunHistory:
+        """Write a new run `new_run` whose log is the first `at_seq` events of `run_id`, every id
+        re-derived for the new run (`kernel.rebase_id`): folded, it is exactly the state the source had
+        before event `at_seq`, so a host resuming it re-issues only what was pending there and never
+        re-calls the model for a recorded reply. The basis of fork. Raises `Superseded` if `new_run`
+        exists, ValueError if the prefix is empty or longer than the run."""
+        bus.check_token(new_run, "run id")
+        source = source or await self.read(run_id)
+        if not 0 < at_seq <= len(source.events):
+            raise ValueError(f"run {run_id} has {len(source.events)} event(s): a prefix must keep 1 to "
+                             f"{len(source.events)}, not {at_seq}")
+        out = RunHistory(new_run, source.actor)
+        for event in source.events[:at_seq]:
+            copy = ev.stamp(rebased(event, run_id, new_run), seq=event.seq, actor=source.actor)
+            if out.events:
+                out.stream_seqs.append(await self.append(copy, expect=out.last_seq))
+            else:
+                first = await self.create(copy)
+                if first is None:
+                    raise Superseded(f"run {new_run} exists already: copy to a new run id")
+                out.stream_seqs.append(first)
+            out.events.append(copy)
+        return out
+
+
+def rebased(event: ev.Event, old_run: str, new_run: str) -> ev.Event:
+    """`event` re-addressed from `old_run` to `new_run`, with every id it carries re-derived."""
+    changes: dict[str, Any] = {"run_id": new_run, "ref": None}
+    for name in event.__struct_fields__:
+        value = getattr(event, name)
+        if name in ("request_id", "call_id"):
+            changes[name] = kernel.rebase_id(value, old_run, new_run)
+        elif name == "call":
+            changes[name] = _rebased_call(value, old_run, new_run)
+        elif name == "calls":
+            changes[name] = tuple(_rebased_call(c, old_run, new_run) for c in value)
+        elif name == "messages":
+            changes[name] = tuple(_rebased_message(m, old_run, new_run) for m in value)
+    return msgspec.structs.replace(event, **changes)
+
+
+def _rebased_call(call: ToolCall, old_run: str, new_run: str) -> ToolCall:
+    return ToolCall(kernel.rebase_id(call.id, old_run, new_run), call.name, call.arguments)
+
+
+def _rebased_message(message: Message, old_run: str, new_run: str) -> Message:
+    if not message.tool_calls and message.tool_call_id is None:
+        return message
+    return msgspec.structs.replace(
+        message, tool_calls=tuple(_rebased_call(c, old_run, new_run) for c in message.tool_calls),
+        tool_call_id=(kernel.rebase_id(message.tool_call_id, old_run, new_run)
+                      if message.tool_call_id is not None else None))
+
+
+def _stream_seq(msg: Msg) -> int:
+    """The stream sequence of a JetStream message from its reply subject (`$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>...`, or the longer form with domain and account): `msg.metadata` builds a
+    whole metadata object with a timestamp, a quarter of the reader's time per event."""
+    tokens = (msg.reply or "").split(".")
+    try:
+        return int(tokens[5] if len(tokens) == 9 else tokens[Msg.Ack.StreamSeq])
+    except (IndexError, ValueError):
+        return int(msg.metadata.sequence.stream)
+
+
+__all__ = ["LogRejected", "RunHistory", "RunLog", "Superseded", "rebased", "run_filter"]
