@@ -45,10 +45,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from runtime import bus
 from runtime import events as ev
 from runtime.events import PayloadRef
 from runtime.jobs import ScriptNote, ToolOutcome
+from runtime.nats.kv import payloads_store
+from runtime.nats.subjects import PAYLOADS_BUCKET
 from runtime.types import ToolResult
 
 log = logging.getLogger("runtime.payloads")
@@ -106,7 +107,7 @@ class Payloads:
 
     async def store(self) -> ObjectStore:
         if self._store is None:
-            self._store = await bus.payloads_store(self.js)
+            self._store = await payloads_store(self.js)
         return self._store
 
     # -- values ----------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class Payloads:
             await store.get(ref.object_name, writeinto=buf)  # writeinto: no quadratic bytes +=
         except (ObjectNotFoundError, NotFoundError):
             raise PayloadError(f"payload {ref.object_name} ({ref.size} bytes) is not in the "
-                               f"{bus.PAYLOADS_BUCKET!r} object store") from None
+                               f"{PAYLOADS_BUCKET!r} object store") from None
         data = buf.getvalue()
         if len(data) != ref.size or _digest(data) != ref.digest:
             raise PayloadError(f"payload {ref.object_name}: got {len(data)} bytes with digest "

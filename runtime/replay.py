@@ -31,8 +31,9 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
+from runtime.nats.subjects import EVENTS, check_token, run_events_filter
 
 # ---------------------------------------------------------------------------------------------------------
 # reading
@@ -56,8 +57,8 @@ class RunLog:
 
 def run_filter(run_id: str, agent: str | None = None) -> str:
     if agent:
-        return bus.run_events_filter(agent, run_id)
-    return f"events.*.{bus.check_token(run_id, 'run id')}.>"
+        return run_events_filter(agent, run_id)
+    return f"events.*.{check_token(run_id, 'run id')}.>"
 
 
 async def read_run(js: JetStreamContext, run_id: str, agent: str | None = None, *,
@@ -70,7 +71,7 @@ async def read_run(js: JetStreamContext, run_id: str, agent: str | None = None, 
     """
     flt = run_filter(run_id, agent)
     try:
-        last = await js.get_last_msg(bus.EVENTS, flt, direct=True)
+        last = await js.get_last_msg(EVENTS, flt, direct=True)
     except NotFoundError:
         return RunLog(run_id, agent or "")
     end = last.seq
@@ -91,7 +92,7 @@ async def read_run(js: JetStreamContext, run_id: str, agent: str | None = None, 
         if seq >= end and not done.done():
             done.set_result(None)
 
-    sub = await js.subscribe(flt, stream=bus.EVENTS, ordered_consumer=True, cb=on_msg,
+    sub = await js.subscribe(flt, stream=EVENTS, ordered_consumer=True, cb=on_msg,
                              deliver_policy=DeliverPolicy.ALL)
     try:
         await asyncio.wait_for(done, timeout)
@@ -130,7 +131,7 @@ async def follow(js: JetStreamContext, run_id: str, agent: str | None = None) ->
     async def on_msg(msg: Any) -> None:
         send.send_nowait(msg.data)
 
-    sub = await js.subscribe(run_filter(run_id, agent), stream=bus.EVENTS, ordered_consumer=True, cb=on_msg,
+    sub = await js.subscribe(run_filter(run_id, agent), stream=EVENTS, ordered_consumer=True, cb=on_msg,
                              deliver_policy=DeliverPolicy.ALL)
     try:
         async with receive:
@@ -404,7 +405,7 @@ def verify(config: kernel.KernelConfig, events: Sequence[ev.Event]) -> Verificat
 def fork(events: Sequence[ev.Event], at_seq: int, new_run: str) -> list[ev.Event]:
     """The first `at_seq` events re-addressed to `new_run`: appended as a new run's log and resumed by a
     host, they continue from that point without calling the model again for the recorded steps."""
-    bus.check_token(new_run, "run id")
+    check_token(new_run, "run id")
     return [msgspec.structs.replace(e, run_id=new_run) for e in events[:at_seq]]
 
 

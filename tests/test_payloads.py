@@ -11,8 +11,11 @@ import msgspec
 import pytest
 from test_worker import collect_outcomes, job
 
-from runtime import bus, events
+from runtime import events
 from runtime.events import PayloadRef
+from runtime.nats.kv import applied_kv
+from runtime.nats.subjects import PAYLOADS_BUCKET, TOOLS
+from runtime.nats.topology import ensure_topology
 from runtime.payloads import DEFAULT_THRESHOLD, PayloadError, Payloads, object_name, threshold_from_env
 from runtime.types import Message
 from runtime.worker import Worker, build_registry
@@ -33,11 +36,11 @@ if chatter:
 
 
 async def object_count(js) -> int:
-    return (await js.stream_info(f"OBJ_{bus.PAYLOADS_BUCKET}")).state.messages
+    return (await js.stream_info(f"OBJ_{PAYLOADS_BUCKET}")).state.messages
 
 
 async def test_small_values_stay_inline_and_big_ones_round_trip(js) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     p = Payloads(js)
     assert p.threshold == DEFAULT_THRESHOLD == 256 * 1024
     assert await p.offload({"a": 1}) == {"a": 1}
@@ -61,7 +64,7 @@ async def test_small_values_stay_inline_and_big_ones_round_trip(js) -> None:
 
 
 async def test_the_threshold_is_configurable_and_fits_the_server(js, monkeypatch) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     assert await Payloads(js, threshold=10).offload("x" * 20) != "x" * 20
     assert await Payloads(js, threshold=100).offload("x" * 20) == "x" * 20
     monkeypatch.setenv("SA_PAYLOAD_THRESHOLD", "1kb")
@@ -74,7 +77,7 @@ async def test_the_threshold_is_configurable_and_fits_the_server(js, monkeypatch
 
 
 async def test_events_carry_refs_and_resolve_to_the_original(js) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     p = Payloads(js, threshold=4096)
     big_input = "summarise: " + "lorem ipsum " * 2000
     started = events.RunStarted(run_id="r1", seq=0, ts=1.0, agent="a", input=big_input)
@@ -96,7 +99,7 @@ async def test_events_carry_refs_and_resolve_to_the_original(js) -> None:
 
 
 async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     (tmp_path / "big.pym").write_text(BIG)
     reg = build_registry(tool_globs=[str(tmp_path / "big.pym")])
     limits = {"max_memory": "512mb", "max_output": "64mb", "max_duration": "60s"}
@@ -127,7 +130,7 @@ async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
     printed = "".join(note.text for note in chatty.notes if note.kind == "printed")
     assert printed.startswith("zzz") and "bytes of printed output cut" in printed
     assert DEFAULT_THRESHOLD <= len(printed) <= DEFAULT_THRESHOLD + 1000
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0 and worker.stats.nacked == 0
+    assert (await js.stream_info(TOOLS)).state.messages == 0 and worker.stats.nacked == 0
 
 
 async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_value(js) -> None:
@@ -136,14 +139,14 @@ async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_va
     from runtime.data import JobContext, WorkspaceResultHandler
     from runtime.jobs import ToolJob
 
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     handler = WorkspaceResultHandler(js)
     result = {"writes": [{"path": "/data/big.txt", "content": "small"}], "blob": "x" * 2_000_000}
     job = ToolJob(run_id="r1", agent="a", call_id="r1/1.0", tool="t", workspace="w1")
     ctx = JobContext(job, complete=True)
     await handler.handle("t", result, ctx)
     assert ctx.writes_applied == 1
-    marker = await (await bus.applied_kv(js)).get(handler._marker_key(ctx))
+    marker = await (await applied_kv(js)).get(handler._marker_key(ctx))
     assert len(marker.value) < 4096  # the 2 MB is not in KV (it would not even fit a message)
     again = await handler.recorded(JobContext(job))
     assert again is not None and again.writes == 1 and again.output == result and again.ref is None

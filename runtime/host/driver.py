@@ -58,8 +58,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, NotFoundError
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
+from runtime import nats as bus
 from runtime.host.agent import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.payloads import Payloads
