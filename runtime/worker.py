@@ -70,6 +70,7 @@ from runtime.nats.connection import close, connect
 from runtime.nats.kv import fleet_kv, put_kv
 from runtime.nats.pull import fetch_batch
 from runtime.nats.records import WorkerBeat
+from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
     DEFAULT_TOOL_ACK_WAIT_S,
     DEFAULT_TOOL_MAX_DELIVER,
@@ -322,23 +323,22 @@ class Worker:
             self.stats.nacked += 1
             await msg.nak(delay=_retry_delay(attempt))
             return
-        deadline = time.monotonic() + PUBLISH_PATIENCE_S
-        while True:  # retry here, not by redelivery: a leader election must not use up the job's deliveries
-            try:
-                outcome = await self.payloads.offload_outcome(outcome)
-                await self.js.publish(outcome.subject, outcome.encode(), headers=outcome.headers())
-                break
-            except Exception as e:
-                if time.monotonic() < deadline:
-                    log.info("worker %s: publishing the outcome of %s failed (%s); retrying",
-                             self.name, job.msg_id, e)
-                    await anyio.sleep(0.5)
-                    continue
-                log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
-                            self.name, job.msg_id, e)
-                self.stats.nacked += 1
-                await msg.nak(delay=_retry_delay(attempt))
-                return
+        sending = outcome
+
+        async def publish() -> None:  # a retry sends the outcome offloaded before: its payload is stored once
+            nonlocal sending
+            sending = await self.payloads.offload_outcome(sending)
+            await self.js.publish(sending.subject, sending.encode(), headers=sending.headers())
+
+        try:  # retry here, not by redelivery: a leader election must not use up the job's deliveries
+            await retrying(publish, what=f"worker {self.name}: publishing the outcome of {job.msg_id}",
+                           give_up=PUBLISH_PATIENCE_S, level=logging.INFO, logger=log)
+        except Exception as e:
+            log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
+                        self.name, job.msg_id, e)
+            self.stats.nacked += 1
+            await msg.nak(delay=_retry_delay(attempt))
+            return
         self.stats.completed += 1
         self.stats.failed += outcome.result.error is not None
         await msg.ack()
