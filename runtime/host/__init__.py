@@ -10,8 +10,9 @@ Modules, one concept each:
 - `driver`   — `RunDriver`: one run's kernel loop; appends with OCC; model calls; tool jobs; outcomes
 - `commands` — what may be published to `agents.<agent>.tasks` (task, cancel, approve, deny); run ids
 - `agent`    — `AgentRuntime`: one bundle's kernel config, model step and model client
-- `pull`     — a continuous pull consumer that hands over each message as it arrives; the back-pressure budget
 - `leases`   — which host serves which partition: expiring KV leases, fair shares, fencing
+
+The continuous pull consumer and the back-pressure budget are `runtime.nats.pull`.
 """
 
 from __future__ import annotations
