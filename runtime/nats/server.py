@@ -12,8 +12,8 @@ server (and the lock on its store) behind.
 
 `EmbeddedNats` starts one server with JetStream on random loopback ports (`-p -1 -m -1 --ports_file_dir`),
 so two servers never race for a port. It is ready when the ports file is written and
-`/healthz?js-enabled-only=true` answers 200 (about 30 ms). With `NATS_URL` set nothing is started
-(`runtime.nats.connection.servers_from_env`).
+`/healthz?js-enabled-only=true` answers 200 (about 30 ms). `sa up` starts one only when `NATS_URL` names
+no server (`runtime.nats.connection.servers_from_env`).
 """
 
 from __future__ import annotations
