@@ -43,8 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 import anyio  # noqa: E402
 
-from runtime import bus  # noqa: E402
 from runtime import events as ev  # noqa: E402
+from runtime.nats.connection import close, connect  # noqa: E402
+from runtime.nats.server import EmbeddedNats  # noqa: E402
+from runtime.nats.topology import ensure_topology  # noqa: E402
 from runtime.testing import ScriptedModelServer, last_message  # noqa: E402
 
 SUBMIT = '''\
@@ -199,12 +201,12 @@ async def main() -> None:
     worker_bench = importlib.util.module_from_spec(spec)  # bench/worker.py: Monty-alone, worker processes
     spec.loader.exec_module(worker_bench)
 
-    with tempfile.TemporaryDirectory() as tmp, bus.EmbeddedNats(Path(tmp) / "nats") as server, \
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server, \
             ScriptedModelServer(responder=responder, record=False) as model:
         path = bundle(Path(tmp), model.base_url)
-        nc = await bus.connect(server.url)
+        nc = await connect(server.url)
         js = nc.jetstream()
-        await bus.ensure_topology(js, partitions=4)
+        await ensure_topology(js, partitions=4)
         host = start_host(server.url, path, Path(tmp) / "host.log")
         print(f"cores: {os.cpu_count()}   scripted model: zero latency over HTTP (this process)   "
               "host: an `sa host` process")
@@ -267,7 +269,7 @@ async def main() -> None:
         finally:
             host.terminate()
             host.wait(20)
-        await bus.close(nc)
+        await close(nc)
 
 
 if __name__ == "__main__":

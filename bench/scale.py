@@ -1,10 +1,10 @@
-"""Scale figures for issue 6 §5, each beside a same-run baseline (figures and ratios; nothing asserts).
+"""Scale figures, each beside a same-run baseline (figures and ratios; nothing asserts).
 
     .venv/bin/python bench/scale.py [--runs 100] [--events 40] [--replay 50000] [--jobs 2000] [--skip-tools]
 
 Measured here (no agent host needed):
 * event appends/s the way the host appends: one writer per run, each append carrying the expected last
-  subject sequence of its run (`bus.occ_headers`) plus a Msg-Id and waiting for its ack, many runs
+  subject sequence of its run (`occ_headers`) plus a Msg-Id and waiting for its ack, many runs
   concurrently, beside raw acked `js.publish`/s with the same concurrency and payloads, and beside
   pipelined `publish_async` (the ceiling of one Python process). Aim: appends ≥ 0.5x raw.
 * replay events/s of one long run through `runtime.log.RunLog.read` (ordered consumer, callback mode,
@@ -40,8 +40,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.worker import TOOL, end_to_end, monty_alone, start_workers, stop  # noqa: E402
-from runtime import bus  # noqa: E402
 from runtime import events as ev  # noqa: E402
+from runtime.nats.connection import close, connect  # noqa: E402
+from runtime.nats.kv import fleet_kv, kv_entries, runs_kv  # noqa: E402
+from runtime.nats.records import RunIndex  # noqa: E402
+from runtime.nats.server import EmbeddedNats  # noqa: E402
+from runtime.nats.subjects import (  # noqa: E402
+    EVENTS,
+    HDR_MSG_ID,
+    LEASES_BUCKET,
+    event_subject,
+    occ_headers,
+    partition_of,
+    run_events_filter,
+    task_subject,
+)
+from runtime.nats.topology import ensure_topology  # noqa: E402
 
 Row = tuple[str, str, str]  # label, figure, comparison
 
@@ -66,8 +80,8 @@ async def occ_appends(js, tag: str, runs: int, per_run: int) -> float:
         last = 0
         for seq in range(per_run):
             data = ev.encode(event(run, seq))
-            headers = bus.occ_headers("bench", run, last, f"{run}/{seq}")
-            ack = await js.publish(bus.event_subject("bench", run, "tool.completed"), data, headers=headers)
+            headers = occ_headers("bench", run, last, f"{run}/{seq}")
+            ack = await js.publish(event_subject("bench", run, "tool.completed"), data, headers=headers)
             last = ack.seq
 
     t0 = time.perf_counter()
@@ -81,7 +95,7 @@ async def raw_publishes(js, tag: str, runs: int, per_run: int) -> float:
     async def writer(r: int) -> None:
         run = f"{tag}-{r}"
         for seq in range(per_run):
-            await js.publish(bus.event_subject("bench", run, "tool.completed"), ev.encode(event(run, seq)))
+            await js.publish(event_subject("bench", run, "tool.completed"), ev.encode(event(run, seq)))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(writer(r) for r in range(runs)))
@@ -93,7 +107,7 @@ async def pipelined(js, tag: str, n: int, window: int = 64) -> float:
     t0 = time.perf_counter()
     pending = []
     for seq in range(n):
-        pending.append(await js.publish_async(bus.event_subject("bench", tag, "tool.completed"),
+        pending.append(await js.publish_async(event_subject("bench", tag, "tool.completed"),
                                               ev.encode(event(tag, seq))))
         if len(pending) >= window:
             await asyncio.gather(*pending)
@@ -128,7 +142,7 @@ async def replay(js, n: int, rounds: int = 3) -> list[Row]:
     run = "replay1"
     pending = []
     for seq in range(n):  # fill fast: these are not what is measured
-        pending.append(await js.publish_async(bus.event_subject("bench", run, "tool.completed"),
+        pending.append(await js.publish_async(event_subject("bench", run, "tool.completed"),
                                               ev.encode(event(run, seq))))
         if len(pending) >= 256:
             await asyncio.gather(*pending)
@@ -255,11 +269,11 @@ class Fleet:
         from runtime.testing import ScriptedModelServer
 
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.server = bus.EmbeddedNats(self.tmp / "nats").start()
+        self.server = EmbeddedNats(self.tmp / "nats").start()
         self.model = ScriptedModelServer(responder=responder(self.delay), record=False).start()
-        self.nc = await bus.connect(self.server.url)
+        self.nc = await connect(self.server.url)
         self.js = self.nc.jetstream()
-        await bus.ensure_topology(self.js, partitions=8)
+        await ensure_topology(self.js, partitions=8)
         bundle = fleet_bundle(self.tmp, self.model.base_url)
         for i in range(self.n_workers):
             self.workers.append(spawn(["worker", "--bundle", str(bundle), "--concurrency", "16"],
@@ -279,7 +293,7 @@ class Fleet:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        await bus.close(self.nc)
+        await close(self.nc)
         self.model.close()
         self.server.stop()
 
@@ -292,8 +306,8 @@ class Fleet:
         for a in agents:
             sent[a] = (run_id_for(a, a), time.time())
             data = f'{{"input": "{task}", "task_id": "{a}"}}'.encode()
-            headers = {bus.HDR_MSG_ID: a}
-            pending.append(await self.js.publish_async(bus.task_subject(a), data, headers=headers))
+            headers = {HDR_MSG_ID: a}
+            pending.append(await self.js.publish_async(task_subject(a), data, headers=headers))
             if len(pending) >= 256:
                 await asyncio.gather(*pending)
                 pending.clear()
@@ -302,13 +316,13 @@ class Fleet:
 
     async def wait_ended(self, runs: set[str], timeout: float) -> dict[str, float]:
         """run id -> the `runs` index's update time once it ended (polled)."""
-        kv = await bus.runs_kv(self.js)
+        kv = await runs_kv(self.js)
         ended: dict[str, float] = {}
         deadline = time.monotonic() + timeout
         while len(ended) < len(runs) and time.monotonic() < deadline:
-            for key, entry in (await bus.kv_entries(kv)).items():
+            for key, entry in (await kv_entries(kv)).items():
                 if key in runs and key not in ended:
-                    ix = bus.RunIndex.decode(entry.value)
+                    ix = RunIndex.decode(entry.value)
                     if ix.status in ("completed", "failed", "cancelled"):
                         ended[key] = ix.updated
             await asyncio.sleep(0.5)
@@ -354,10 +368,10 @@ async def takeover_time(tmp: Path) -> list[Row]:
     """Seconds from SIGKILL of a host until the other serves every partition, and until the first of the
     dead host's runs appends again (lease TTL 6 s, renew 2 s: the bound is 8 s plus recovery)."""
     async with Fleet(tmp / "takeover", hosts=2, workers=1, delay=0.3) as fleet:
-        kv = await bus.fleet_kv(fleet.js, bus.LEASES_BUCKET)
+        kv = await fleet_kv(fleet.js, LEASES_BUCKET)
         while True:  # both hosts hold their share
-            holders = {e.value.decode() for e in (await bus.kv_entries(kv)).values()}
-            if len(holders) == 2 and len(await bus.kv_entries(kv)) == 8:
+            holders = {e.value.decode() for e in (await kv_entries(kv)).values()}
+            if len(holders) == 2 and len(await kv_entries(kv)) == 8:
                 break
             await asyncio.sleep(0.2)
         sent = await fleet.publish([f"bench:to{i}" for i in range(40)], "steps 20")
@@ -365,9 +379,9 @@ async def takeover_time(tmp: Path) -> list[Row]:
         victim = fleet.hosts[0]
         log = (fleet.tmp / "host0.log").read_text()
         victim_id = log.split(" as ", 1)[1].split(";")[0]
-        leases = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
+        leases = {k: e.value.decode() for k, e in (await kv_entries(kv)).items()}
         theirs = {int(k[1:]) for k, h in leases.items() if h == victim_id}
-        runs = [r for a, (r, _) in sent.items() if bus.partition_of(a, 8) in theirs]
+        runs = [r for a, (r, _) in sent.items() if partition_of(a, 8) in theirs]
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         t0 = time.monotonic()
@@ -375,7 +389,7 @@ async def takeover_time(tmp: Path) -> list[Row]:
         served = resumed = None
         while time.monotonic() - t0 < 60 and (served is None or resumed is None):
             if served is None:
-                leases = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
+                leases = {k: e.value.decode() for k, e in (await kv_entries(kv)).items()}
                 if len(leases) == 8 and victim_id not in leases.values():
                     served = time.monotonic() - t0
             if resumed is None:
@@ -395,7 +409,7 @@ async def takeover_time(tmp: Path) -> list[Row]:
 async def read_last(js, run_id: str, agent: str) -> int:
     """The stream sequence of a run's last event (0 if none)."""
     try:
-        msg = await js.get_last_msg(bus.EVENTS, bus.run_events_filter(agent, run_id), direct=True)
+        msg = await js.get_last_msg(EVENTS, run_events_filter(agent, run_id), direct=True)
     except Exception:
         return 0
     return msg.seq
@@ -418,10 +432,10 @@ async def main() -> None:
     ap.add_argument("--only-fleet", action="store_true", help="only the figures that start hosts")
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp, bus.EmbeddedNats(Path(tmp) / "nats") as server:
-        nc = await bus.connect(server.url)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
+        nc = await connect(server.url)
         js = nc.jetstream()
-        await bus.ensure_topology(js, partitions=1)
+        await ensure_topology(js, partitions=1)
         sections: list[tuple[str, Callable[[], Awaitable[list[Row]]]]] = [] if args.only_fleet else [
             ("appends", lambda: appends(js, args.runs, args.events)),
             ("replay", lambda: replay(js, args.replay)),
@@ -439,7 +453,7 @@ async def main() -> None:
         for _, measure in sections:
             for label, value, comparison in await measure():
                 print(f"{label:<48}{value:>16}   {comparison}", flush=True)
-        await bus.close(nc)
+        await close(nc)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime import bus  # noqa: E402
 from runtime.jobs import ToolJob, ToolOutcome  # noqa: E402
+from runtime.nats.connection import close, connect  # noqa: E402
+from runtime.nats.pull import fetch_batch  # noqa: E402
+from runtime.nats.server import EmbeddedNats  # noqa: E402
+from runtime.nats.subjects import RESULTS  # noqa: E402
+from runtime.nats.topology import ensure_partition_consumers, ensure_topology  # noqa: E402
 
 TOOL = '''\
 """Add two numbers and describe the sum."""
@@ -74,8 +78,8 @@ def start_workers(url: str, tools: Path, k: int, concurrency: int, logdir: Path)
 
 async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
     """Publish n jobs, wait for n outcomes; returns (calls/s, outcomes per worker)."""
-    _, rcons = await bus.ensure_partition_consumers(js, 0)
-    psub = await js.pull_subscribe_bind(durable=rcons, stream=bus.RESULTS)
+    _, rcons = await ensure_partition_consumers(js, 0)
+    psub = await js.pull_subscribe_bind(durable=rcons, stream=RESULTS)
     by_worker: dict[str, int] = {}
     got = 0
     t0 = time.perf_counter()
@@ -93,7 +97,7 @@ async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
 
     pub = asyncio.create_task(publish())
     while got < n:
-        for m in await bus.fetch_batch(psub, 256, 1.0):
+        for m in await fetch_batch(psub, 256, 1.0):
             o = ToolOutcome.decode(m.data)
             assert o.result.error is None, o.result.error
             by_worker[o.worker] = by_worker.get(o.worker, 0) + 1
@@ -118,12 +122,12 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16, help="jobs in flight per worker process")
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp, bus.EmbeddedNats(Path(tmp) / "nats") as server:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
         tools = Path(tmp) / "add.pym"
         tools.write_text(TOOL)
-        nc = await bus.connect(server.url)
+        nc = await connect(server.url)
         js = nc.jetstream()
-        await bus.ensure_topology(js, partitions=1)
+        await ensure_topology(js, partitions=1)
 
         alone = await monty_alone(tools, args.jobs, args.concurrency)
         print(f"cores: {os.cpu_count()}   jobs per measurement: {args.jobs}   in flight per worker: "
@@ -139,7 +143,7 @@ async def main() -> None:
                 stop(procs)
             label = f"end to end, {k} worker process{'es' if k > 1 else ''}"
             print(f"{label:<34}{rate:>10.0f}{rate / alone:>15.2f}x   {sorted(spread.values())}")
-        await bus.close(nc)
+        await close(nc)
 
 
 if __name__ == "__main__":

@@ -445,7 +445,7 @@ def load_bundle(path: str | Path) -> Bundle:
         spec = BundleSpec.model_validate(rest)
     root = p.parent.resolve()
 
-    from runtime.bus import check_token
+    from runtime.nats.subjects import check_token
 
     try:
         check_token(spec.name, "name")
@@ -553,7 +553,7 @@ def load_bundle(path: str | Path) -> Bundle:
                      if (x := _policy(item, f"policies[{i}]", problems)) is not None)
     data = _data_provider(spec.data_provider, spec.workspace, root, problems)
     if spec.workspace is not None:
-        from runtime.bus import workspace_bucket
+        from runtime.nats.subjects import workspace_bucket
 
         try:
             workspace_bucket(spec.workspace)

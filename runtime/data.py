@@ -36,9 +36,15 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from runtime import bus
 from runtime.events import PayloadRef
 from runtime.jobs import ToolJob
+from runtime.nats.kv import applied_kv, kv_entries, workspace_kv
+from runtime.nats.subjects import (
+    ERR_WRONG_LAST_SEQUENCE,
+    HDR_EXPECTED_SUBJECT_SEQ,
+    HDR_MSG_ID,
+    workspace_bucket,
+)
 from runtime.payloads import Payloads
 
 DEFAULT_MOUNT = "/data"
@@ -212,11 +218,11 @@ class WorkspaceDataProvider:
         workspace = context.job.workspace or self.default_workspace
         if workspace is None:
             return {}
-        kv = await bus.workspace_kv(self.js, workspace)
+        kv = await workspace_kv(self.js, workspace)
         files: Files = {}
-        # bus.kv_entries, not kv.watchall(): a watch per job leaves a server-side consumer behind for minutes
+        # kv_entries, not kv.watchall(): a watch per job leaves a server-side consumer behind for minutes
         # (a busy fleet hits the stream's consumer cap) and can report an empty bucket on a cluster
-        for entry in (await bus.kv_entries(kv, deleted=True)).values():
+        for entry in (await kv_entries(kv, deleted=True)).values():
             path = path_for_key(entry.key)
             context.revisions[path] = entry.revision or 0  # a deleted key's revision guards re-creation
             if entry.operation is None and entry.value is not None:
@@ -253,7 +259,7 @@ class WorkspaceResultHandler:
         return "job." + base64.urlsafe_b64encode(context.job.msg_id.encode()).decode().rstrip("=")
 
     async def recorded(self, context: JobContext) -> Recorded | None:
-        applied = await bus.applied_kv(self.js)
+        applied = await applied_kv(self.js)
         try:
             entry = await applied.get(self._marker_key(context))
         except (KeyNotFoundError, NotFoundError):
@@ -281,19 +287,19 @@ class WorkspaceResultHandler:
         if (prior := await self.recorded(context)) is not None:  # a concurrent or earlier attempt did it
             context.writes_applied = prior.writes
             return
-        bucket = bus.workspace_bucket(workspace)
-        await bus.workspace_kv(self.js, workspace)
+        bucket = workspace_bucket(workspace)
+        await workspace_kv(self.js, workspace)
         job_id = context.job.msg_id
         for i, (path, content) in enumerate(writes):
             subject = f"$KV.{bucket}.{key_for_path(path)}"
-            headers = {bus.HDR_MSG_ID: f"{job_id}#{i}", HDR_JOB: f"{job_id}#{i}"}
+            headers = {HDR_MSG_ID: f"{job_id}#{i}", HDR_JOB: f"{job_id}#{i}"}
             expected = context.revisions.get(path, 0 if context.complete else None)
             if expected is not None:
-                headers[bus.HDR_EXPECTED_SUBJECT_SEQ] = str(expected)
+                headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expected)
             try:
                 ack = await self.js.publish(subject, content, headers=headers)
             except BadRequestError as e:
-                if e.err_code != bus.ERR_WRONG_LAST_SEQUENCE:
+                if e.err_code != ERR_WRONG_LAST_SEQUENCE:
                     raise
                 if not await self._written_by(bucket, subject, f"{job_id}#{i}"):
                     done = f" ({i} earlier write(s) of this call were applied)" if i else ""
@@ -301,7 +307,7 @@ class WorkspaceResultHandler:
             else:
                 context.revisions[path] = ack.seq
         context.writes_applied = len(writes)
-        applied = await bus.applied_kv(self.js)
+        applied = await applied_kv(self.js)
         kept = await self._payloads().offload(result)  # a PayloadRef when too big for a KV value
         recorded = Recorded(output=None, writes=len(writes), ref=kept) if isinstance(kept, PayloadRef) \
             else Recorded(output=result, writes=len(writes))

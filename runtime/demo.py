@@ -35,18 +35,19 @@ EXPECTED = "395"  # what the default task's answer must contain
 
 
 async def _run(console: Console, task: str, url: str, model_url: str) -> int:
-    from runtime import bus
     from runtime import events as ev
     from runtime.host import Host, close_agents, load_agents
     from runtime.host.commands import publish_task
     from runtime.log import RunLog
+    from runtime.nats.connection import close, connect
+    from runtime.nats.topology import ensure_topology
     from runtime.replay import timeline, verify, watch
     from runtime.worker import Worker, build_registry
 
     agents = load_agents([BUNDLE], local_model_url=model_url)
-    nc = await bus.connect(url, name="demo")
+    nc = await connect(url, name="demo")
     js = nc.jetstream()
-    await bus.ensure_topology(js, partitions=4)
+    await ensure_topology(js, partitions=4)
     host = Host(nc, agents)
     worker = Worker(js, build_registry(bundles=[BUNDLE]), concurrency=2)
     stop = anyio.Event()
@@ -86,7 +87,7 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
             stop.set()
     finally:
         await close_agents(agents)
-        await bus.close(nc)
+        await close(nc)
     return code
 
 
@@ -122,11 +123,11 @@ def main() -> None:
     console = Console()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     console.print(Rule("structured-agents demo"))
-    from runtime import bus
     from runtime.modelserver import start_model_server
+    from runtime.nats.server import EmbeddedNats
 
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sa-demo-") as tmp, bus.EmbeddedNats(Path(tmp) / "nats") as nats:
+    with tempfile.TemporaryDirectory(prefix="sa-demo-") as tmp, EmbeddedNats(Path(tmp) / "nats") as nats:
         console.print(f"[bold]nats[/]    {nats.url} (embedded nats-server, JetStream in {tmp})")
         console.print("[bold]model[/]   starting the local SmolLM2-135M server; the first start converts the "
                       "weights (a minute or two; progress below)…")

@@ -43,8 +43,8 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from runtime import bus
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
+from runtime.nats.subjects import DLQ, HDR_MSG_ID, TOOLS, WORKERS_CONSUMER, dlq_subject
 from runtime.types import ToolResult
 
 log = logging.getLogger("runtime.dlq")
@@ -62,7 +62,7 @@ CRASHED_DETAIL = "dead_letter"
 WATCH_QUEUE = "sa-dlq"
 
 
-def max_deliveries_advisory(stream: str = bus.TOOLS, consumer: str = bus.WORKERS_CONSUMER) -> str:
+def max_deliveries_advisory(stream: str = TOOLS, consumer: str = WORKERS_CONSUMER) -> str:
     """The subject on which the server announces a message that exhausted MaxDeliver."""
     return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
 
@@ -82,7 +82,7 @@ def crashed_outcome(job: ToolJob, deliveries: int, reason: str, *, worker: str =
 
 
 async def copy_to_dlq(js: JetStreamContext, *, subject: str, data: bytes, stream_seq: int, deliveries: int,
-                      reason: str, stream: str = bus.TOOLS, headers: dict[str, str] | None = None) -> int:
+                      reason: str, stream: str = TOOLS, headers: dict[str, str] | None = None) -> int:
     """Store the original bytes on `dlq.<subject>` with where-from headers; returns the DLQ sequence.
 
     The Msg-Id is the original stream and sequence, so copying the same message twice stores it once.
@@ -95,13 +95,13 @@ async def copy_to_dlq(js: JetStreamContext, *, subject: str, data: bytes, stream
         HDR_DELIVERIES: str(deliveries),
         HDR_REASON: reason[:500],
         HDR_DEAD_AT: f"{time.time():.3f}",
-        bus.HDR_MSG_ID: f"dlq:{stream}:{stream_seq}",
+        HDR_MSG_ID: f"dlq:{stream}:{stream_seq}",
     }
-    if original.get(bus.HDR_MSG_ID):
-        hdrs[HDR_ORIGINAL_MSG_ID] = original[bus.HDR_MSG_ID]
+    if original.get(HDR_MSG_ID):
+        hdrs[HDR_ORIGINAL_MSG_ID] = original[HDR_MSG_ID]
     if original.get(HDR_REPLAYS):
         hdrs[HDR_REPLAYS] = original[HDR_REPLAYS]
-    ack = await js.publish(bus.dlq_subject(subject), data, headers=hdrs)
+    ack = await js.publish(dlq_subject(subject), data, headers=hdrs)
     return ack.seq
 
 
@@ -166,7 +166,7 @@ class MaxDeliveriesWatch:
     async def settle_stuck(self, seq: int, deliveries: int) -> bool:
         """Dead-letter TOOLS message `seq` and delete it; False if it is already gone."""
         try:
-            raw = await self.js.get_msg(bus.TOOLS, seq)
+            raw = await self.js.get_msg(TOOLS, seq)
         except NotFoundError:
             return False
         reason = f"the server stopped delivering it after {deliveries} deliveries (MaxDeliver advisory)"
@@ -174,10 +174,10 @@ class MaxDeliveriesWatch:
                            deliveries=deliveries, reason=reason, worker=self.worker,
                            headers=dict(raw.headers or {}))
         with contextlib.suppress(NotFoundError):
-            await self.js.delete_msg(bus.TOOLS, seq)
+            await self.js.delete_msg(TOOLS, seq)
         self.settled += 1
         log.error("TOOLS message %d (%s) exhausted %d deliveries: moved to %s%s", seq, raw.subject,
-                  deliveries, bus.DLQ, f", run {job.run_id} told it crashed" if job else "")
+                  deliveries, DLQ, f", run {job.run_id} told it crashed" if job else "")
         return True
 
 
@@ -235,7 +235,7 @@ class DeadLetter:
 async def list_dead_letters(js: JetStreamContext, *, timeout: float = 30.0) -> list[DeadLetter]:
     """Every dead letter, oldest first (an ordered consumer bounded by the stream's last sequence)."""
     try:
-        info = await js.stream_info(bus.DLQ)
+        info = await js.stream_info(DLQ)
     except NotFoundError:
         return []
     if info.state.messages == 0:
@@ -251,7 +251,7 @@ async def list_dead_letters(js: JetStreamContext, *, timeout: float = 30.0) -> l
         if (seq >= end or msg.metadata.num_pending == 0) and not done.done():
             done.set_result(None)
 
-    sub = await js.subscribe("dlq.>", stream=bus.DLQ, ordered_consumer=True, cb=on_msg,
+    sub = await js.subscribe("dlq.>", stream=DLQ, ordered_consumer=True, cb=on_msg,
                              deliver_policy=DeliverPolicy.ALL)
     try:
         await asyncio.wait_for(done, timeout)
@@ -263,7 +263,7 @@ async def list_dead_letters(js: JetStreamContext, *, timeout: float = 30.0) -> l
 async def get_dead_letter(js: JetStreamContext, seq: int) -> DeadLetter:
     """One dead letter by its DLQ sequence; KeyError if there is none."""
     try:
-        raw = await js.get_msg(bus.DLQ, seq)
+        raw = await js.get_msg(DLQ, seq)
     except NotFoundError:
         raise KeyError(f"no dead letter with sequence {seq}") from None
     return DeadLetter.from_msg(seq, raw.subject, raw.data or b"", raw.headers)
@@ -280,10 +280,10 @@ async def replay(js: JetStreamContext, seq: int) -> DeadLetter:
     job = dead.job
     base = dead.headers.get(HDR_ORIGINAL_MSG_ID) or (job.msg_id if job else f"dlq-{dead.stream_seq}")
     replays = int(dead.headers.get(HDR_REPLAYS, "0") or 0) + 1
-    headers = {bus.HDR_MSG_ID: f"{base}#dlq{seq}", HDR_REPLAYS: str(replays)}
+    headers = {HDR_MSG_ID: f"{base}#dlq{seq}", HDR_REPLAYS: str(replays)}
     await js.publish(dead.subject, dead.data, headers=headers)
     with contextlib.suppress(NotFoundError):
-        await js.delete_msg(bus.DLQ, seq)
+        await js.delete_msg(DLQ, seq)
     return dead
 
 

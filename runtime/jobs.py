@@ -18,7 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from runtime import events as ev
-from runtime.bus import job_msg_id, result_subject, tool_subject
+from runtime.nats.subjects import job_msg_id, result_subject, tool_subject
 from runtime.types import ToolError, ToolResult
 
 JOB_VERSION = 1

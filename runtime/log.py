@@ -51,8 +51,9 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
+from runtime.nats import subjects as names
 from runtime.payloads import Payloads
 from runtime.types import Message, ToolCall
 
@@ -89,8 +90,8 @@ class RunHistory:
 def run_filter(run_id: str, actor: str | None = None) -> str:
     """The subjects of one run's events (any actor when `actor` is not known)."""
     if actor:
-        return bus.run_events_filter(actor, run_id)
-    return f"events.*.{bus.check_token(run_id, 'run id')}.>"
+        return names.run_events_filter(actor, run_id)
+    return f"events.*.{names.check_token(run_id, 'run id')}.>"
 
 
 class RunLog:
@@ -124,14 +125,14 @@ class RunLog:
         if event.seq < 0 or not event.actor:
             raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
         msg_id = f"{event.run_id}/{event.seq}"
-        subject = bus.event_subject(event.actor, event.run_id, ev.kind_of(event))
+        subject = names.event_subject(event.actor, event.run_id, ev.kind_of(event))
         data = await self._encoded(event)
-        headers = bus.occ_headers(event.actor, event.run_id, expect, msg_id)
+        headers = names.occ_headers(event.actor, event.run_id, expect, msg_id)
         while True:
             try:
                 ack = await self.js.publish(subject, data, headers=headers)
             except BadRequestError as e:
-                if e.err_code != bus.ERR_WRONG_LAST_SEQUENCE:
+                if e.err_code != names.ERR_WRONG_LAST_SEQUENCE:
                     raise LogRejected(f"the EVENTS stream refused {ev.kind_of(event)} seq {event.seq} of run "
                                       f"{event.run_id}: {e.description or e}") from None
                 if creating:
@@ -163,10 +164,10 @@ class RunLog:
     async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
         """The stream sequence and Msg-Id of the run's last event, or None if it has none."""
         try:
-            msg = await self.js.get_last_msg(bus.EVENTS, run_filter(run_id, actor), direct=True)
+            msg = await self.js.get_last_msg(names.EVENTS, run_filter(run_id, actor), direct=True)
         except NotFoundError:
             return None
-        return msg.seq, (msg.headers or {}).get(bus.HDR_MSG_ID, "")
+        return msg.seq, (msg.headers or {}).get(names.HDR_MSG_ID, "")
 
     # -- reading ---------------------------------------------------------------------------------------
 
@@ -178,7 +179,7 @@ class RunLog:
         as its whole event; without it, events are as stored, refs included."""
         flt = run_filter(run_id, actor)
         try:
-            last = await self.js.get_last_msg(bus.EVENTS, flt, direct=True)
+            last = await self.js.get_last_msg(names.EVENTS, flt, direct=True)
         except NotFoundError:
             return RunHistory(run_id, actor or "")
         end = last.seq
@@ -199,7 +200,7 @@ class RunLog:
             if seq >= end and not done.done():
                 done.set_result(None)
 
-        sub = await self.js.subscribe(flt, stream=bus.EVENTS, ordered_consumer=True, cb=on_msg,
+        sub = await self.js.subscribe(flt, stream=names.EVENTS, ordered_consumer=True, cb=on_msg,
                                       deliver_policy=DeliverPolicy.ALL)
         try:
             await asyncio.wait_for(done, timeout)
@@ -226,7 +227,7 @@ class RunLog:
         async def on_msg(msg: Msg) -> None:
             send.send_nowait(msg.data)
 
-        sub = await self.js.subscribe(run_filter(run_id, actor), stream=bus.EVENTS, ordered_consumer=True,
+        sub = await self.js.subscribe(run_filter(run_id, actor), stream=names.EVENTS, ordered_consumer=True,
                                       cb=on_msg, deliver_policy=DeliverPolicy.ALL)
         try:
             async with receive:
@@ -248,7 +249,7 @@ class RunLog:
         before event `at_seq`, so a host resuming it re-issues only what was pending there and never
         re-calls the model for a recorded reply. The basis of fork. Raises `Superseded` if `new_run`
         exists, ValueError if the prefix is empty or longer than the run."""
-        bus.check_token(new_run, "run id")
+        names.check_token(new_run, "run id")
         source = source or await self.read(run_id)
         if not 0 < at_seq <= len(source.events):
             raise ValueError(f"run {run_id} has {len(source.events)} event(s): a prefix must keep 1 to "

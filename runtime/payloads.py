@@ -36,9 +36,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from runtime import bus
 from runtime.events import PayloadRef
 from runtime.jobs import ScriptNote, ToolOutcome
+from runtime.nats.kv import payloads_store
+from runtime.nats.subjects import PAYLOADS_BUCKET
 from runtime.types import ToolResult
 
 log = logging.getLogger("runtime.payloads")
@@ -96,7 +97,7 @@ class Payloads:
 
     async def store(self) -> ObjectStore:
         if self._store is None:
-            self._store = await bus.payloads_store(self.js)
+            self._store = await payloads_store(self.js)
         return self._store
 
     # -- values ----------------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ class Payloads:
             await store.get(ref.object_name, writeinto=buf)  # writeinto: no quadratic bytes +=
         except (ObjectNotFoundError, NotFoundError):
             raise PayloadError(f"payload {ref.object_name} ({ref.size} bytes) is not in the "
-                               f"{bus.PAYLOADS_BUCKET!r} object store") from None
+                               f"{PAYLOADS_BUCKET!r} object store") from None
         data = buf.getvalue()
         if len(data) != ref.size or _digest(data) != ref.digest:
             raise PayloadError(f"payload {ref.object_name}: got {len(data)} bytes with digest "

@@ -3,7 +3,7 @@
     status = await gather(js)          # a plain dict (the --json output)
     Console().print(render(status))    # tables for people
 
-Everything comes from the buckets and streams the processes already keep (runtime.bus): hosts from their
+Everything comes from the buckets and streams the processes already keep (`runtime.nats`): hosts from their
 heartbeats in ``hosts``, who serves which partition from ``leases``, workers from ``workers``, queue
 depths from stream and consumer state, runs in flight from the ``active`` bucket (one key per unfinished
 run, by partition). Nothing here asks a host or a worker anything, so it works with any number of them,
@@ -24,51 +24,66 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from runtime import bus
+from runtime.nats.kv import fleet_kv, kv_entries
+from runtime.nats.records import HostBeat, WorkerBeat
+from runtime.nats.subjects import (
+    ACTIVE_BUCKET,
+    DLQ,
+    HOSTS_BUCKET,
+    LEASES_BUCKET,
+    RESULTS,
+    TASKS,
+    TOOLS,
+    WORKERS_BUCKET,
+    WORKERS_CONSUMER,
+    result_consumer_name,
+    task_consumer_name,
+)
+from runtime.nats.topology import read_topology
 
 
 async def gather(js: JetStreamContext) -> dict[str, Any]:
     """One consistent-enough picture of the fleet (each part is read once, in sequence)."""
     now = time.time()
-    topo = await bus.read_topology(js)
+    topo = await read_topology(js)
     n = topo.partitions
-    buckets = {name: await bus.fleet_kv(js, name) for name in
-               (bus.LEASES_BUCKET, bus.HOSTS_BUCKET, bus.WORKERS_BUCKET, bus.ACTIVE_BUCKET)}
+    buckets = {name: await fleet_kv(js, name) for name in
+               (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET)}
 
     holders = {}
-    for key, entry in (await bus.kv_entries(buckets[bus.LEASES_BUCKET])).items():
+    for key, entry in (await kv_entries(buckets[LEASES_BUCKET])).items():
         if key.startswith("p") and key[1:].isdigit():
             holders[int(key[1:])] = entry.value.decode()
     hosts = []
-    for key, entry in sorted((await bus.kv_entries(buckets[bus.HOSTS_BUCKET])).items()):
-        beat = bus.HostBeat.decode(entry.value)
+    for key, entry in sorted((await kv_entries(buckets[HOSTS_BUCKET])).items()):
+        beat = HostBeat.decode(entry.value)
         held = sorted(p for p, holder in holders.items() if holder == key)  # the leases, not the beat's copy
         hosts.append({"id": key, "partitions": held, "runs": beat.runs, "queued": beat.queued,
                       "max_runs": beat.max_runs, "agents": beat.agents, "lease_ttl": beat.ttl,
                       "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
     in_flight = [0] * n
-    for key in await bus.kv_entries(buckets[bus.ACTIVE_BUCKET]):
+    for key in await kv_entries(buckets[ACTIVE_BUCKET]):
         p = key.split(".", 1)[0][1:]
         if p.isdigit() and int(p) < n:
             in_flight[int(p)] += 1
 
     partitions = []
     for p in range(n):
-        tasks = await _consumer(js, bus.TASKS, bus.task_consumer_name(p))
-        results = await _consumer(js, bus.RESULTS, bus.result_consumer_name(p))
+        tasks = await _consumer(js, TASKS, task_consumer_name(p))
+        results = await _consumer(js, RESULTS, result_consumer_name(p))
         partitions.append({"partition": p, "host": holders.get(p), "runs_in_flight": in_flight[p],
                            "tasks_pending": tasks["pending"], "tasks_held": tasks["ack_pending"],
                            "results_pending": results["pending"], "results_held": results["ack_pending"]})
 
     workers = []
-    for _, entry in sorted((await bus.kv_entries(buckets[bus.WORKERS_BUCKET])).items()):
-        beat = bus.WorkerBeat.decode(entry.value)
+    for _, entry in sorted((await kv_entries(buckets[WORKERS_BUCKET])).items()):
+        beat = WorkerBeat.decode(entry.value)
         workers.append({"name": beat.name, "concurrency": beat.concurrency, "running": beat.running,
                         "completed": beat.completed, "failed": beat.failed, "tools": beat.tools,
                         "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
 
-    tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER)
-    streams = {name: await _messages(js, name) for name in (bus.TASKS, bus.TOOLS, bus.RESULTS, bus.DLQ)}
+    tools = await _consumer(js, TOOLS, WORKERS_CONSUMER)
+    streams = {name: await _messages(js, name) for name in (TASKS, TOOLS, RESULTS, DLQ)}
     return {
         "partitions_total": n,
         "replicas": topo.replicas,
@@ -83,7 +98,7 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
             "results_held": sum(p["results_held"] for p in partitions),
             "tool_jobs_pending": tools["pending"],
             "tool_jobs_held": tools["ack_pending"],
-            "dlq": streams[bus.DLQ],
+            "dlq": streams[DLQ],
             "stream_messages": streams,
         },
         "runs_in_flight": sum(in_flight),

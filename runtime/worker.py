@@ -3,8 +3,8 @@
     worker = Worker(js, registry, concurrency=8)
     await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
 
-All workers bind the one durable pull consumer `workers` on the TOOLS stream (runtime.bus), so jobs
-spread over processes and machines, and a job a dead worker held is redelivered to another after
+All workers bind the one durable pull consumer `workers` on the TOOLS stream (`runtime.nats.topology`),
+so jobs spread over processes and machines, and a job a dead worker held is redelivered to another after
 AckWait. Per job, in this order (each step's failure mode in brackets):
 
 1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
@@ -52,7 +52,7 @@ import anyio.abc
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from runtime import bus, dlq
+from runtime import dlq
 from runtime.data import (
     DataProvider,
     JobContext,
@@ -66,6 +66,20 @@ from runtime.data import (
     WriteError,
 )
 from runtime.jobs import JobDecodeError, ScriptNote, ToolJob, ToolOutcome
+from runtime.nats.connection import close, connect
+from runtime.nats.kv import fleet_kv, put_kv
+from runtime.nats.pull import fetch_batch
+from runtime.nats.records import WorkerBeat
+from runtime.nats.retry import retrying
+from runtime.nats.subjects import (
+    DEFAULT_TOOL_ACK_WAIT_S,
+    DEFAULT_TOOL_MAX_DELIVER,
+    DLQ,
+    TOOLS,
+    WORKERS_BUCKET,
+    WORKERS_CONSUMER,
+)
+from runtime.nats.topology import attach_topology
 from runtime.payloads import Payloads
 from runtime.scripts.limits import Limits, LimitsError
 from runtime.tools import ToolContext
@@ -189,9 +203,9 @@ class Worker:
         self.stats = WorkerStats()
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
         self._workspace_writes = result_handler or WorkspaceResultHandler(js)
-        self._heartbeat_s = bus.DEFAULT_TOOL_ACK_WAIT_S / 3
+        self._heartbeat_s = DEFAULT_TOOL_ACK_WAIT_S / 3
         self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
-        self._max_deliver = bus.DEFAULT_TOOL_MAX_DELIVER
+        self._max_deliver = DEFAULT_TOOL_MAX_DELIVER
         self.payloads = Payloads(js, threshold=payload_threshold)
         self._limits_cache: dict[tuple[Any, ...], Limits] = {}
         self._budget_cache: dict[tuple[str, str, int], tuple[Limits | None, float | None]] = {}
@@ -209,10 +223,10 @@ class Worker:
         heartbeats too, so they are never redelivered while they wait.
         """
         stop = stop or anyio.Event()
-        topo = await bus.attach_topology(self.js)
+        topo = await attach_topology(self.js)
         self._heartbeat_s = max(0.05, topo.tool_ack_wait / 3)
         self._max_deliver = topo.tool_max_deliver
-        psub = await self.js.pull_subscribe_bind(durable=bus.WORKERS_CONSUMER, stream=bus.TOOLS)
+        psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
@@ -240,7 +254,7 @@ class Worker:
                                     taken += 1
                                     continue
                                 break
-                            msgs = [] if stop.is_set() else await bus.fetch_batch(psub, taken, timeout=0.5)
+                            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
                             for _ in range(taken - len(msgs)):
                                 room.release()
                             now = time.monotonic()
@@ -253,7 +267,7 @@ class Worker:
             await psub.unsubscribe()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 try:
-                    await (await bus.fleet_kv(self.js, bus.WORKERS_BUCKET)).delete(self._beat_key)
+                    await (await fleet_kv(self.js, WORKERS_BUCKET)).delete(self._beat_key)
                 except Exception as e:  # it expires by itself
                     log.debug("removing the worker heartbeat failed: %s", e)
 
@@ -266,15 +280,15 @@ class Worker:
         started = time.time()
         tools = sorted(self.registry.tools)
         try:
-            await bus.fleet_kv(self.js, bus.WORKERS_BUCKET)  # streams made by an older version lack it
+            await fleet_kv(self.js, WORKERS_BUCKET)  # streams made by an older version lack it
         except Exception as e:
             log.debug("workers bucket: %s", e)
         while True:
-            beat = bus.WorkerBeat(name=self.name, started=started, concurrency=self.concurrency,
+            beat = WorkerBeat(name=self.name, started=started, concurrency=self.concurrency,
                                   running=len(self._running), completed=self.stats.completed,
                                   failed=self.stats.failed, tools=tools)
             try:
-                await bus.put_kv(self.js, bus.WORKERS_BUCKET, self._beat_key, beat.encode(), ttl=3 * BEAT_S,
+                await put_kv(self.js, WORKERS_BUCKET, self._beat_key, beat.encode(), ttl=3 * BEAT_S,
                                  timeout=BEAT_S)
             except Exception as e:
                 log.debug("worker heartbeat failed: %s", e)
@@ -309,23 +323,22 @@ class Worker:
             self.stats.nacked += 1
             await msg.nak(delay=_retry_delay(attempt))
             return
-        deadline = time.monotonic() + PUBLISH_PATIENCE_S
-        while True:  # retry here, not by redelivery: a leader election must not use up the job's deliveries
-            try:
-                outcome = await self.payloads.offload_outcome(outcome)
-                await self.js.publish(outcome.subject, outcome.encode(), headers=outcome.headers())
-                break
-            except Exception as e:
-                if time.monotonic() < deadline:
-                    log.info("worker %s: publishing the outcome of %s failed (%s); retrying",
-                             self.name, job.msg_id, e)
-                    await anyio.sleep(0.5)
-                    continue
-                log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
-                            self.name, job.msg_id, e)
-                self.stats.nacked += 1
-                await msg.nak(delay=_retry_delay(attempt))
-                return
+        sending = outcome
+
+        async def publish() -> None:  # a retry sends the outcome offloaded before: its payload is stored once
+            nonlocal sending
+            sending = await self.payloads.offload_outcome(sending)
+            await self.js.publish(sending.subject, sending.encode(), headers=sending.headers())
+
+        try:  # retry here, not by redelivery: a leader election must not use up the job's deliveries
+            await retrying(publish, what=f"worker {self.name}: publishing the outcome of {job.msg_id}",
+                           give_up=PUBLISH_PATIENCE_S, level=logging.INFO, logger=log)
+        except Exception as e:
+            log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
+                        self.name, job.msg_id, e)
+            self.stats.nacked += 1
+            await msg.nak(delay=_retry_delay(attempt))
+            return
         self.stats.completed += 1
         self.stats.failed += outcome.result.error is not None
         await msg.ack()
@@ -345,7 +358,7 @@ class Worker:
                         log.debug("in_progress failed: %s", e)
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
-        log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, bus.DLQ)
+        log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, DLQ)
         md = msg.metadata
         try:
             await dlq.copy_to_dlq(self.js, subject=msg.subject, data=msg.data, stream_seq=md.sequence.stream,
@@ -530,18 +543,18 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
                 stop: anyio.Event | None = None, ensure: bool = True,
                 on_ready: Callable[[Worker], Any] | None = None) -> WorkerStats:
     """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
-    nc = await bus.connect(servers, name="sa-worker")
+    nc = await connect(servers, name="sa-worker")
     try:
         js = nc.jetstream()
         if ensure:
-            await bus.attach_topology(js)
+            await attach_topology(js)
         worker = Worker(js, registry, concurrency=concurrency)
         if on_ready is not None:
             on_ready(worker)
         await worker.run(stop)
         return worker.stats
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 __all__ = ["ToolRegistry", "Worker", "WorkerStats", "WorkerTool", "build_registry", "serve"]

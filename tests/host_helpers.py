@@ -13,12 +13,12 @@ from typing import Any
 
 import anyio
 
-from runtime import bus
 from runtime import events as ev
 from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
+from runtime.nats.connection import close, connect
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry
 
@@ -125,7 +125,7 @@ class Env:
 @asynccontextmanager
 async def running_host(url: str, bundles: list[Path], server: ScriptedModelServer, *,
                        config: HostConfig | None = None) -> AsyncIterator[Host]:
-    nc = await bus.connect(url, name="test-host")
+    nc = await connect(url, name="test-host")
     client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
     agents = load_agents(bundles, client=client)
     seen: list[ev.Event] = []
@@ -141,12 +141,12 @@ async def running_host(url: str, bundles: list[Path], server: ScriptedModelServe
             stop.set()
     finally:
         await client.aclose()
-        await bus.close(nc)
+        await close(nc)
 
 
 @asynccontextmanager
 async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) -> AsyncIterator[Worker]:
-    nc = await bus.connect(url, name="test-worker")
+    nc = await connect(url, name="test-worker")
     worker = Worker(nc.jetstream(), build_registry(bundles=bundles), concurrency=concurrency)
     stop = anyio.Event()
     try:
@@ -155,7 +155,7 @@ async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) ->
             yield worker
             stop.set()
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 def kinds(events: list[ev.Event]) -> list[str]:
@@ -182,7 +182,7 @@ async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: i
     clients: list[ModelClient] = []
     async with anyio.create_task_group() as tg:
         async def serve(i: int, started: anyio.Event) -> None:
-            nc = await bus.connect(url, name=f"host-{i}")
+            nc = await connect(url, name=f"host-{i}")
             client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
             clients.append(client)
             cfg = HostConfig(**{"task_ack_wait": 2.0, "lease": lease or LeaseConfig(), **config})
@@ -192,7 +192,7 @@ async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: i
                 handles.append(HostHandle(host, nc, scope, stop))
                 started.set()
                 await host.run(stop)
-            await bus.close(nc)
+            await close(nc)
 
         for i in range(n):
             started = anyio.Event()

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from runtime import bus
+from runtime.nats.connection import connect
+from runtime.nats.server import EmbeddedNats
 
 
 @pytest.fixture(scope="module")
-def nats_server() -> Iterator[bus.EmbeddedNats]:
-    server = bus.EmbeddedNats().start()
+def nats_server() -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats().start()
     try:
         yield server
     finally:
@@ -23,8 +24,8 @@ def nats_server() -> Iterator[bus.EmbeddedNats]:
 
 
 @pytest.fixture
-async def nc(nats_server: bus.EmbeddedNats) -> AsyncIterator[object]:
-    conn = await bus.connect(nats_server.url, name="test")
+async def nc(nats_server: EmbeddedNats) -> AsyncIterator[object]:
+    conn = await connect(nats_server.url, name="test")
     try:
         yield conn
     finally:

@@ -10,7 +10,8 @@ import anyio
 import pytest
 from host_helpers import hermes_call, hosts, running_worker, write_bundle
 
-from runtime import bus
+from runtime.nats.subjects import HDR_MSG_ID, TASKS, TOOLS, WORKERS_CONSUMER, task_consumer_name, task_subject
+from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +22,7 @@ CONCURRENCY = 8
 
 @pytest.fixture
 async def topo(js):
-    await bus.ensure_topology(js, partitions=4, tool_ack_wait=5.0)
+    await ensure_topology(js, partitions=4, tool_ack_wait=5.0)
     return js
 
 
@@ -40,9 +41,9 @@ async def test_a_flood_of_tasks_keeps_the_host_within_its_bound_and_all_complete
             t0 = time.monotonic()
             pending = []
             for i in range(FLOOD):  # distinct agents: nothing but the bound keeps them from all starting
-                pending.append(await js.publish_async(bus.task_subject(f"calc:f{i}"),
+                pending.append(await js.publish_async(task_subject(f"calc:f{i}"),
                                                       f'{{"input": "go", "task_id": "f{i}"}}'.encode(),
-                                                      headers={bus.HDR_MSG_ID: f"f{i}"}))
+                                                      headers={HDR_MSG_ID: f"f{i}"}))
                 if len(pending) >= 256:
                     await anyio.sleep(0)
                     for fut in pending:
@@ -55,9 +56,9 @@ async def test_a_flood_of_tasks_keeps_the_host_within_its_bound_and_all_complete
             async def sample() -> None:
                 while True:
                     held = sum(len(a.mailbox) + (a.current is not None) for a in host.actors.values())
-                    acks = [(await js.consumer_info(bus.TASKS, bus.task_consumer_name(p))).num_ack_pending
+                    acks = [(await js.consumer_info(TASKS, task_consumer_name(p))).num_ack_pending
                             for p in range(4)]
-                    tools = (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending
+                    tools = (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending
                     samples.append((host.budget.used, held, len(host.drivers), sum(acks), tools))
                     await anyio.sleep(0.05)
 
@@ -68,7 +69,7 @@ async def test_a_flood_of_tasks_keeps_the_host_within_its_bound_and_all_complete
                         await anyio.sleep(0.1)
                     tg.cancel_scope.cancel()
             took = time.monotonic() - t0
-            left = (await js.stream_info(bus.TASKS)).state.messages
+            left = (await js.stream_info(TASKS)).state.messages
     print(f"\n{FLOOD} tasks published in {published:.1f}s, all ended after {took:.1f}s; "
           f"peak budget {host.budget.peak}, {len(samples)} samples")
     assert host.stats.runs_ended == {"completed": FLOOD} and left == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from host_helpers import calc_responder, write_bundle
 
-from runtime import bus
+from runtime.nats.server import EmbeddedNats
 from runtime.testing import ScriptedModelServer
 
 CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
@@ -29,7 +29,7 @@ def sa(*args: str, url: str | None, timeout: float = 60) -> subprocess.Completed
 
 
 @pytest.fixture
-def services(nats_server: bus.EmbeddedNats, tmp_path: Path) -> Iterator[str]:
+def services(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[str]:
     with ScriptedModelServer(responder=calc_responder) as server:
         bundle = write_bundle(tmp_path, base_url=server.base_url)
         env = {**os.environ, "NATS_URL": nats_server.url}

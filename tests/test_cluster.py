@@ -12,8 +12,21 @@ import pytest
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import APIError
 
-from runtime import bus
-from runtime.cluster import CONFIG_ENV, CONFIG_TEMPLATE, LocalCluster
+from runtime.nats.cluster import CONFIG_ENV, CONFIG_TEMPLATE, LocalCluster
+from runtime.nats.connection import close, connect
+from runtime.nats.subjects import (
+    DLQ,
+    ENV_REPLICAS,
+    EVENTS,
+    HDR_MSG_ID,
+    PAYLOADS_BUCKET,
+    RESULTS,
+    RUNS_BUCKET,
+    TASKS,
+    TOOLS,
+    WORKERS_CONSUMER,
+)
+from runtime.nats.topology import ensure_topology, read_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -29,11 +42,11 @@ def cluster() -> LocalCluster:
 
 @pytest.fixture
 async def cjs(cluster: LocalCluster) -> AsyncIterator[object]:
-    nc = await bus.connect(cluster.urls, name="cluster-test")
+    nc = await connect(cluster.urls, name="cluster-test")
     try:
         yield nc.jetstream()
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 def test_every_node_runs_the_deploy_config(cluster: LocalCluster) -> None:
@@ -49,19 +62,19 @@ def test_every_node_runs_the_deploy_config(cluster: LocalCluster) -> None:
 
 
 async def test_the_topology_is_replicated_three_times(cjs, monkeypatch) -> None:
-    monkeypatch.setenv(bus.ENV_REPLICAS, "3")
-    topo = await bus.ensure_topology(cjs, partitions=4)
-    assert topo.replicas == 3 and (await bus.read_topology(cjs)).replicas == 3
-    for stream in (bus.TASKS, bus.EVENTS, bus.TOOLS, bus.RESULTS, bus.DLQ, f"KV_{bus.RUNS_BUCKET}",
-                   f"OBJ_{bus.PAYLOADS_BUCKET}"):
+    monkeypatch.setenv(ENV_REPLICAS, "3")
+    topo = await ensure_topology(cjs, partitions=4)
+    assert topo.replicas == 3 and (await read_topology(cjs)).replicas == 3
+    for stream in (TASKS, EVENTS, TOOLS, RESULTS, DLQ, f"KV_{RUNS_BUCKET}",
+                   f"OBJ_{PAYLOADS_BUCKET}"):
         info = await cjs.stream_info(stream)
         assert info.config.num_replicas == 3, stream
         assert info.cluster.leader and len(info.cluster.replicas) == 2, stream
-    ci = await cjs.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)
+    ci = await cjs.consumer_info(TOOLS, WORKERS_CONSUMER)
     assert ci.config.num_replicas == 3
-    monkeypatch.delenv(bus.ENV_REPLICAS)
-    await bus.ensure_topology(cjs, partitions=4)  # a process without SA_REPLICAS keeps R3...
-    assert (await cjs.stream_info(bus.EVENTS)).config.num_replicas == 3  # ...never scales it down
+    monkeypatch.delenv(ENV_REPLICAS)
+    await ensure_topology(cjs, partitions=4)  # a process without SA_REPLICAS keeps R3...
+    assert (await cjs.stream_info(EVENTS)).config.num_replicas == 3  # ...never scales it down
 
 
 async def publish_until_acked(js, subject: str, data: bytes, msg_id: str) -> int:
@@ -69,7 +82,7 @@ async def publish_until_acked(js, subject: str, data: bytes, msg_id: str) -> int
     with anyio.fail_after(60):
         while True:
             try:
-                ack = await js.publish(subject, data, headers={bus.HDR_MSG_ID: msg_id}, timeout=1.0)
+                ack = await js.publish(subject, data, headers={HDR_MSG_ID: msg_id}, timeout=1.0)
                 return ack.seq
             except (nats.errors.Error, APIError, TimeoutError):
                 await anyio.sleep(0.1)
@@ -92,7 +105,7 @@ async def test_killing_the_stream_leader_loses_and_duplicates_nothing(cluster: L
     assert info.state.subjects == {f"fo.{i}": 1 for i in range(total)}
     assert seqs == list(range(1, total + 1))  # every publish acked once, in order, no gaps
     # a publish retried after it landed is recognised as the duplicate it is
-    again = await cjs.publish("fo.7", b"7", headers={bus.HDR_MSG_ID: "fo-7"})
+    again = await cjs.publish("fo.7", b"7", headers={HDR_MSG_ID: "fo-7"})
     assert again.duplicate and again.seq == 8
 
     await anyio.to_thread.run_sync(cluster.restart, victim)  # the killed node comes back and catches up

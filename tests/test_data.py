@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import bus
 from runtime.data import (
     JobContext,
     NullDataProvider,
@@ -19,6 +18,8 @@ from runtime.data import (
     path_for_key,
 )
 from runtime.jobs import ToolJob
+from runtime.nats.kv import applied_kv, workspace_kv
+from runtime.nats.topology import ensure_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -60,8 +61,8 @@ async def test_null_and_static_providers(tmp_path) -> None:
 
 
 async def test_workspace_roundtrip_and_exactly_once(js) -> None:
-    await bus.ensure_topology(js)
-    kv = await bus.workspace_kv(js, "w1")
+    await ensure_topology(js)
+    kv = await workspace_kv(js, "w1")
     await kv.put("notes/a.txt", b"first")
     provider, handler = WorkspaceDataProvider(js), WorkspaceResultHandler(js)
 
@@ -85,7 +86,7 @@ async def test_workspace_roundtrip_and_exactly_once(js) -> None:
     assert write_count(info, "$KV.ws_w1.notes/a.txt") == 2  # the put + exactly one write
 
     # a redelivery that lost its marker (crash between writes and marker) is still applied once
-    applied = await bus.applied_kv(js)
+    applied = await applied_kv(js)
     await applied.purge(handler._marker_key(again))
     lost = JobContext(job(), revisions={"notes/a.txt": 1}, complete=True)
     await handler.handle("t", result, lost)
@@ -94,8 +95,8 @@ async def test_workspace_roundtrip_and_exactly_once(js) -> None:
 
 
 async def test_stale_write_is_a_conflict(js) -> None:
-    await bus.ensure_topology(js)
-    kv = await bus.workspace_kv(js, "w2")
+    await ensure_topology(js)
+    kv = await workspace_kv(js, "w2")
     provider, handler = WorkspaceDataProvider(js), WorkspaceResultHandler(js)
     ctx = JobContext(job("2.0", ws="w2"))
     assert await provider.load_files("t", {}, ctx) == {}
@@ -107,7 +108,7 @@ async def test_stale_write_is_a_conflict(js) -> None:
 
 
 async def test_writes_without_workspace_are_refused(js) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     with pytest.raises(WriteError, match="no workspace"):
         await WorkspaceResultHandler(js).handle("t", {"writes": [{"path": "a", "content": "x"}]},
                                                 JobContext(job(ws=None)))

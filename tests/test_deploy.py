@@ -1,6 +1,6 @@
 """The deploy files cannot run here (no Docker engine, no Kubernetes), so they are checked against the
 code: every `sa` command line in compose.yaml and the manifests parses with the real CLI, every
-environment variable they set is one the runtime reads (`bus.ENV_VARS`, `cluster.CONFIG_ENV`), the
+environment variable they set is one the runtime reads (`ENV_VARS`, `CONFIG_ENV`), the
 NATS nodes run deploy/nats/nats.conf, and KEDA watches the consumer the workers really share."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import typer.main
 import yaml
 
-from runtime import bus
 from runtime.cli import app
-from runtime.cluster import CLUSTER_NAME, CONFIG_ENV
+from runtime.nats.cluster import CLUSTER_NAME, CONFIG_ENV
+from runtime.nats.subjects import ENV_VARS, TOOLS, WORKERS_CONSUMER
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -62,7 +62,7 @@ def test_the_cli_check_itself_catches_mistakes() -> None:
 
 def test_env_vars_documented_are_read_by_the_code() -> None:
     source = "\n".join(p.read_text() for p in (ROOT / "runtime").rglob("*.py"))
-    for name in bus.ENV_VARS:
+    for name in ENV_VARS:
         reads = [rf'environ\)?\.get\(\s*"{name}"', rf'envvar="{name}"', rf'ENV_\w+ = "{name}"']
         assert any(re.search(r, source) for r in reads), f"{name} is documented but nothing reads it"
 
@@ -104,7 +104,7 @@ def test_compose_sa_services_use_real_commands_flags_and_env(compose: dict[str, 
         parse_sa(svc["command"])
         for path in bundle_paths(svc["command"]):
             assert (ROOT / path.removeprefix("/app/")).is_dir(), f"{name}: {path} is not in the image"
-        unknown = set(svc.get("environment") or {}) - set(bus.ENV_VARS)
+        unknown = set(svc.get("environment") or {}) - set(ENV_VARS)
         assert not unknown, f"{name} sets {unknown}, which the runtime does not read"
         assert svc["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
     assert ours["worker"]["command"][0] == "worker" and ours["host"]["command"][0] == "host"
@@ -161,7 +161,7 @@ def test_k8s_deployments_use_real_commands_flags_and_env(manifests: list[dict[st
             names = {e["name"] for e in c.get("env", [])}
             for src in c.get("envFrom", []):
                 names |= set(config_maps[src["configMapRef"]["name"]]["data"])
-            unknown = names - set(bus.ENV_VARS)
+            unknown = names - set(ENV_VARS)
             assert not unknown, f"{name} sets {unknown}, which the runtime does not read"
             if name != "sa-model":
                 assert "NATS_URL" in names, name
@@ -182,7 +182,7 @@ def test_keda_scales_the_workers_on_the_shared_consumer(manifests: list[dict[str
     (trigger,) = scaled["spec"]["triggers"]
     meta = trigger["metadata"]
     assert trigger["type"] == "nats-jetstream"
-    assert (meta["stream"], meta["consumer"]) == (bus.TOOLS, bus.WORKERS_CONSUMER)
+    assert (meta["stream"], meta["consumer"]) == (TOOLS, WORKERS_CONSUMER)
     assert meta["natsServerMonitoringEndpoint"].endswith(":8222") and int(meta["lagThreshold"]) > 0
     assert scaled["spec"]["minReplicaCount"] >= 1  # a worker stays up to answer MaxDeliver advisories
 

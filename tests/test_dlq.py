@@ -15,8 +15,11 @@ import anyio
 import pytest
 from test_worker import BUSY, collect_outcomes, job, start_worker, stop
 
-from runtime import bus, dlq, events
+from runtime import dlq, events
 from runtime.jobs import ToolJob
+from runtime.nats.pull import fetch_batch
+from runtime.nats.subjects import DLQ, HDR_MSG_ID, TOOLS, WORKERS_CONSUMER
+from runtime.nats.topology import ensure_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -32,7 +35,7 @@ async def wait_delivered(js, n: int) -> None:
     """Until the `workers` consumer has made its n-th delivery and that job is held by someone."""
     with anyio.fail_after(30):
         while True:
-            ci = await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)
+            ci = await js.consumer_info(TOOLS, WORKERS_CONSUMER)
             if ci.delivered.consumer_seq >= n and ci.num_ack_pending == 1:
                 return
             await anyio.sleep(0.02)
@@ -40,7 +43,7 @@ async def wait_delivered(js, n: int) -> None:
 
 async def test_a_job_that_kills_every_worker_is_dead_lettered_with_a_crashed_outcome(
         js, nats_server, busy_tool: Path, tmp_path: Path) -> None:
-    await bus.ensure_topology(js, tool_ack_wait=1.0, tool_max_deliver=3)
+    await ensure_topology(js, tool_ack_wait=1.0, tool_max_deliver=3)
     poison = job("1.0", "busy", {"n": 50_000_000, "name": "never"}, workspace="wd",
                  limits={"max_duration": 60})
     ack = await js.publish(poison.subject, poison.encode(), headers=poison.headers())
@@ -63,7 +66,7 @@ async def test_a_job_that_kills_every_worker_is_dead_lettered_with_a_crashed_out
     assert events.kind_of(failed) == "tool.failed" and failed.error.kind == "crashed"
     assert "delivered 3 time(s)" in failed.error.for_model()  # what the model reads next turn
 
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0  # term()ed: not stuck
+    assert (await js.stream_info(TOOLS)).state.messages == 0  # term()ed: not stuck
     (dead,) = await dlq.list_dead_letters(js)
     assert dead.subject == "tools.busy" and dead.stream_seq == ack.seq and dead.deliveries == 3
     assert "2 earlier deliveries" in dead.reason and dead.job == poison
@@ -73,33 +76,33 @@ async def test_a_job_that_kills_every_worker_is_dead_lettered_with_a_crashed_out
 
     # replay: back on its subject under a fresh Msg-Id (the original one is still in the dedup window)
     again = await js.publish(poison.subject, poison.encode(), headers=poison.headers())
-    assert again.duplicate and (await js.stream_info(bus.TOOLS)).state.messages == 0
+    assert again.duplicate and (await js.stream_info(TOOLS)).state.messages == 0
     replayed = await dlq.replay(js, dead.seq)
     assert replayed.seq == dead.seq
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 1
-    back = await js.get_last_msg(bus.TOOLS, "tools.busy")
+    assert (await js.stream_info(TOOLS)).state.messages == 1
+    back = await js.get_last_msg(TOOLS, "tools.busy")
     assert ToolJob.decode(back.data) == poison
-    assert back.headers[bus.HDR_MSG_ID] == f"r1/1.0#dlq{dead.seq}" and back.headers[dlq.HDR_REPLAYS] == "1"
+    assert back.headers[HDR_MSG_ID] == f"r1/1.0#dlq{dead.seq}" and back.headers[dlq.HDR_REPLAYS] == "1"
     assert await dlq.list_dead_letters(js) == []
     with pytest.raises(KeyError, match=str(dead.seq)):
         await dlq.replay(js, dead.seq)
 
 
 async def test_the_advisory_watch_moves_a_message_the_server_gave_up_on(js, nc) -> None:
-    await bus.ensure_topology(js, tool_ack_wait=0.3, tool_max_deliver=2)
+    await ensure_topology(js, tool_ack_wait=0.3, tool_max_deliver=2)
     advisories: list[dict] = []
 
     async def witness(msg) -> None:
         advisories.append(json.loads(msg.data))
 
     seen = await nc.subscribe(dlq.max_deliveries_advisory(), cb=witness)
-    psub = await js.pull_subscribe_bind(durable=bus.WORKERS_CONSUMER, stream=bus.TOOLS)
+    psub = await js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
 
     async def deliver_twice_and_drop(j: ToolJob) -> int:
         ack = await js.publish(j.subject, j.encode(), headers=j.headers())
         for _ in range(2):  # two deliveries, never acked: as if each worker died holding it
             with anyio.fail_after(10):
-                while not await bus.fetch_batch(psub, 1, 0.5):
+                while not await fetch_batch(psub, 1, 0.5):
                     pass
         return ack.seq
 
@@ -107,15 +110,15 @@ async def test_the_advisory_watch_moves_a_message_the_server_gave_up_on(js, nc) 
     seq1 = await deliver_twice_and_drop(lost)
     with anyio.fail_after(10):  # the server sends the advisory when a pull finds only the exhausted job
         while not advisories:
-            assert await bus.fetch_batch(psub, 1, 0.3) == []  # nobody gets it again...
+            assert await fetch_batch(psub, 1, 0.3) == []  # nobody gets it again...
     assert advisories[0]["stream_seq"] == seq1 and advisories[0]["deliveries"] == 2
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 1  # ...yet it is still in the stream
+    assert (await js.stream_info(TOOLS)).state.messages == 1  # ...yet it is still in the stream
 
     watch = dlq.MaxDeliveriesWatch(nc, js, worker="w-test")
     assert await watch.settle_stuck(seq1, 2)  # what the watch does with the advisory it receives
     assert not await watch.settle_stuck(seq1, 2)  # gone: a repeated advisory is a no-op
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0
-    assert (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending == 0  # slot freed
+    assert (await js.stream_info(TOOLS)).state.messages == 0
+    assert (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending == 0  # slot freed
 
     # and live: the watch is subscribed when the server gives up on the next one
     await watch.start()
@@ -123,7 +126,7 @@ async def test_the_advisory_watch_moves_a_message_the_server_gave_up_on(js, nc) 
         seq2 = await deliver_twice_and_drop(job("3.0", "echo", {"text": "y"}, run="r2"))
         with anyio.fail_after(10):
             while watch.settled < 2:
-                assert await bus.fetch_batch(psub, 1, 0.3) == []  # a worker's pull, as in production
+                assert await fetch_batch(psub, 1, 0.3) == []  # a worker's pull, as in production
     finally:
         await watch.stop()
         await seen.unsubscribe()
@@ -144,7 +147,7 @@ def sa(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_sa_dlq_lists_and_replays(js, nats_server) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     j = job("4.0", "echo", {"text": "z"}, run="r4")
     await dlq.settle(js, subject=j.subject, data=j.encode(), stream_seq=77, deliveries=5,
                      reason="test reason")
@@ -166,7 +169,7 @@ async def test_sa_dlq_lists_and_replays(js, nats_server) -> None:
     done = await anyio.to_thread.run_sync(sa, nats_server.url, "dlq", "replay", "--all")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("replayed") == 2 and "(r4/4.0)" in done.stdout
-    assert (await js.stream_info(bus.DLQ)).state.messages == 0
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 2
+    assert (await js.stream_info(DLQ)).state.messages == 0
+    assert (await js.stream_info(TOOLS)).state.messages == 2
     empty = await anyio.to_thread.run_sync(sa, nats_server.url, "dlq")
     assert "no dead letters" in empty.stdout

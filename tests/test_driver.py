@@ -11,14 +11,16 @@ import anyio
 import pytest
 from host_helpers import calc_responder, hermes_call, kinds, running_host, running_worker, write_bundle
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
 from runtime.client import ModelClient
 from runtime.host import load_agents
 from runtime.host.commands import publish_task
 from runtime.host.driver import RunDriver
 from runtime.jobs import ToolJob
 from runtime.log import RunLog, Superseded, run_filter
+from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET
+from runtime.nats.topology import ensure_topology
 from runtime.payloads import Payloads
 from runtime.testing import ScriptedModelServer, last_message
 
@@ -36,7 +38,7 @@ n: int = Input("n")
 
 @pytest.fixture
 async def topo(js):
-    await bus.ensure_topology(js, partitions=2, tool_ack_wait=5.0)
+    await ensure_topology(js, partitions=2, tool_ack_wait=5.0)
     return js
 
 
@@ -152,7 +154,7 @@ async def test_a_20_mb_tool_output_runs_through_a_host_and_replays_byte_exact(na
 
     # what is in EVENTS: every message of the run is small
     sizes: list[int] = []
-    sub = await js.subscribe(run_filter(run_id), stream=bus.EVENTS, ordered_consumer=True)
+    sub = await js.subscribe(run_filter(run_id), stream=EVENTS, ordered_consumer=True)
     for _ in live:
         sizes.append(len((await sub.next_msg(timeout=5)).data))
     await sub.unsubscribe()
@@ -168,7 +170,7 @@ async def test_a_20_mb_tool_output_runs_through_a_host_and_replays_byte_exact(na
     assert log.events[-1].output == live[-1].output
     # content addressing: the host re-offloading the output it resolved found the worker's object (same
     # bytes, same name): two objects in all, the output and the prompt that carries it
-    info = await js.stream_info(f"OBJ_{bus.PAYLOADS_BUCKET}", subjects_filter=f"$O.{bus.PAYLOADS_BUCKET}.M.>")
+    info = await js.stream_info(f"OBJ_{PAYLOADS_BUCKET}", subjects_filter=f"$O.{PAYLOADS_BUCKET}.M.>")
     assert len(info.state.subjects or {}) == 2
 
 

@@ -35,11 +35,22 @@ import anyio
 import pytest
 from host_helpers import hermes_call
 
-from runtime import bus
 from runtime import events as ev
-from runtime.cluster import LocalCluster
 from runtime.host.commands import publish_task
 from runtime.log import RunLog
+from runtime.nats.cluster import LocalCluster
+from runtime.nats.connection import close, connect
+from runtime.nats.kv import fleet_kv, kv_entries, runs_kv, workspace_kv
+from runtime.nats.records import RunIndex
+from runtime.nats.subjects import (
+    ACTIVE_BUCKET,
+    EVENTS,
+    LEASES_BUCKET,
+    TOOLS,
+    WORKERS_CONSUMER,
+    workspace_bucket,
+)
+from runtime.nats.topology import ensure_topology
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -195,9 +206,9 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
     procs: list[Proc] = []
     nc = None
     try:
-        nc = await bus.connect(cluster.urls, name="faults-test")
+        nc = await connect(cluster.urls, name="faults-test")
         js = nc.jetstream()
-        await bus.ensure_topology(js, replicas=3, partitions=PARTITIONS, tool_ack_wait=3.0)
+        await ensure_topology(js, replicas=3, partitions=PARTITIONS, tool_ack_wait=3.0)
         with ScriptedModelServer(responder=model) as server:
             bundle = write_bundle(tmp_path, server.base_url)
             hosts = [Proc(f"host{i}", ["host", str(bundle), "--task-ack-wait", "3"], cluster.url,
@@ -227,7 +238,7 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
                 with anyio.fail_after(60):  # mid-job: the shared consumer shows jobs held by workers
                     while True:
                         try:
-                            if (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending:
+                            if (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending:
                                 break
                         except Exception:  # NATS electing a leader
                             pass
@@ -255,7 +266,7 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
             async def kill_leader() -> None:
                 while True:
                     try:
-                        leader = (await js.stream_info(bus.EVENTS)).cluster.leader
+                        leader = (await js.stream_info(EVENTS)).cluster.leader
                         break
                     except Exception:
                         await anyio.sleep(0.2)
@@ -297,16 +308,16 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
         for p in procs:
             p.stop()
         if nc is not None:
-            await bus.close(nc)
+            await close(nc)
         await anyio.to_thread.run_sync(cluster.stop)
     return report
 
 
 async def busiest_host(js: Any, hosts: list[Proc]) -> tuple[Proc, int] | None:
     """The host process serving the most unfinished runs right now (None if none serves any)."""
-    leases = await bus.kv_entries(await bus.fleet_kv(js, bus.LEASES_BUCKET))
+    leases = await kv_entries(await fleet_kv(js, LEASES_BUCKET))
     holder = {int(k[1:]): e.value.decode() for k, e in leases.items()}
-    active = await bus.kv_entries(await bus.fleet_kv(js, bus.ACTIVE_BUCKET))
+    active = await kv_entries(await fleet_kv(js, ACTIVE_BUCKET))
     count: dict[str, int] = {}
     for key in active:
         h = holder.get(int(key.split(".")[0][1:]))
@@ -318,15 +329,15 @@ async def busiest_host(js: Any, hosts: list[Proc]) -> tuple[Proc, int] | None:
 
 
 async def wait_all_terminal(js: Any, shapes: list[Shape], timeout: float) -> None:
-    runs_kv = await bus.runs_kv(js)
+    runs = await runs_kv(js)
     wanted = {s.run_id for s in shapes}
     deadline = time.monotonic() + timeout
     while True:
         try:
-            index = await bus.kv_entries(runs_kv)
+            index = await kv_entries(runs)
             ended = ("completed", "failed", "cancelled")
             done = {k for k, e in index.items()
-                    if k in wanted and bus.RunIndex.decode(e.value).status in ended}
+                    if k in wanted and RunIndex.decode(e.value).status in ended}
         except Exception:
             done = set()
         if done == wanted:
@@ -344,8 +355,8 @@ async def wait_all_terminal(js: Any, shapes: list[Shape], timeout: float) -> Non
 
 async def verify(js: Any, shapes: list[Shape], model: Model) -> dict[str, Any]:
     """Every check of the module docstring; returns the counts for the report."""
-    bucket = bus.workspace_bucket(WORKSPACE)
-    files = await bus.kv_entries(await bus.workspace_kv(js, WORKSPACE))
+    bucket = workspace_bucket(WORKSPACE)
+    files = await kv_entries(await workspace_kv(js, WORKSPACE))
     info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.>")
     revisions = {subject.split(".", 2)[2]: n for subject, n in (info.state.subjects or {}).items()}
     requests: dict[tuple[int, int], list[float]] = {}

@@ -8,10 +8,13 @@ import anyio
 import pytest
 from host_helpers import calc_responder, kinds, running_host, running_worker, write_bundle
 
-from runtime import bus
 from runtime import events as ev
 from runtime.host.commands import publish_command, publish_task, run_id_for
 from runtime.log import RunLog
+from runtime.nats.kv import runs_kv
+from runtime.nats.records import RunIndex
+from runtime.nats.subjects import TASKS, partition_of, task_consumer_name
+from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +22,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def topo(js):
-    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    await ensure_topology(js, partitions=4, tool_ack_wait=2.0)
     return js
 
 
@@ -49,8 +52,8 @@ async def test_a_task_runs_end_to_end_with_a_sandboxed_tool(nats_server, topo, t
     started = events[0]
     assert started.bundle_digest and started.task_id == "t-1" and started.actor == "calc"
     # the index and the log agree
-    kv = await bus.runs_kv(js)
-    ix = bus.RunIndex.decode((await kv.get(run_id)).value)
+    kv = await runs_kv(js)
+    ix = RunIndex.decode((await kv.get(run_id)).value)
     assert ix.status == "completed" and ix.agent == "calc" and ix.task_id == "t-1"
     log = await RunLog(js).read(run_id)
     assert kinds(log.events) == k and ix.last_seq == log.last_seq
@@ -132,7 +135,7 @@ async def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(nats_serv
     assert good[-1].output == {"answer": "3"}
     text = caplog.text
     assert "not valid JSON" in text and "neither msgpack, JSON nor UTF-8" in text and "$.input" in text
-    info = await js.consumer_info(bus.TASKS, bus.task_consumer_name(bus.partition_of("calc", 4)))
+    info = await js.consumer_info(TASKS, task_consumer_name(partition_of("calc", 4)))
     assert info.num_pending == 0 and info.num_ack_pending == 0  # nothing left to be redelivered forever
 
 

@@ -17,10 +17,12 @@ import anyio
 import pytest
 from host_helpers import Env, calc_responder, kinds, running_host, running_worker, write_bundle
 
-from runtime import bus
 from runtime import events as ev
 from runtime.host.commands import publish_task
 from runtime.log import RunLog
+from runtime.nats.kv import workspace_kv
+from runtime.nats.subjects import TOOLS, WORKERS_CONSUMER
+from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +31,7 @@ CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 
 @pytest.fixture
 async def topo(js):
-    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    await ensure_topology(js, partitions=4, tool_ack_wait=2.0)
     return js
 
 
@@ -107,14 +109,14 @@ async def test_kill_9_of_a_worker_mid_job_the_run_completes_and_the_write_happen
             with process(worker_args, nats_server.url, tmp_path / "w1.log", "serving") as w1:
                 run_id = await publish_task(js, "notes", "note: hello|spin=25000000")
                 with anyio.fail_after(30):  # wait until the worker holds the job
-                    while (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending < 1:
+                    while (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending < 1:
                         await anyio.sleep(0.02)
                 kill9(w1)
             with process(worker_args, nats_server.url, tmp_path / "w2.log", "serving") as w2:
                 w2_pid = w2.pid
                 events = await Env(nats_server.url, js, None, server, []).wait_run(run_id, timeout=90)
     assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "1"}
-    kv = await bus.workspace_kv(js, "wsk")
+    kv = await workspace_kv(js, "wsk")
     entry = await kv.get("log.txt")
     assert entry.value == b"hello\n"
     history = await kv.history("log.txt")

@@ -17,10 +17,14 @@ from host_helpers import (
     write_bundle,
 )
 
-from runtime import bus
 from runtime import events as ev
+from runtime.host import leases as leases_module
 from runtime.host.commands import publish_command, publish_task
 from runtime.host.leases import LeaseConfig, Leases
+from runtime.nats.kv import fleet_kv, kv_entries, put_kv
+from runtime.nats.records import HostBeat
+from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, RESULTS, TASKS, lease_key, partition_of
+from runtime.nats.topology import ensure_topology
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +33,7 @@ FAST = LeaseConfig(ttl=2.0, renew=0.5)  # fence after 1.75 s, expiry at 2 s: a c
 
 @pytest.fixture
 async def topo(js):
-    await bus.ensure_topology(js, partitions=5, tool_ack_wait=2.0)
+    await ensure_topology(js, partitions=5, tool_ack_wait=2.0)
     return js
 
 
@@ -47,10 +51,10 @@ async def test_hosts_share_the_partitions_fairly_and_a_stopping_host_hands_over_
             async with hosts(nats_server.url, [bundle], server, 1, lease=FAST) as (b,):
                 await wait_until(lambda: sorted([len(a.host.partitions), len(b.host.partitions)]) == [2, 3])
                 assert_disjoint_cover([a, b], 5)  # ceil(5/2) = 3: one host has 3, the other 2
-                kv = await bus.fleet_kv(topo, bus.LEASES_BUCKET)
-                holders = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
-                assert holders == {bus.lease_key(p): h.host.id for h in (a, b) for p in h.host.partitions}
-                beats = await bus.kv_entries(await bus.fleet_kv(topo, bus.HOSTS_BUCKET))
+                kv = await fleet_kv(topo, LEASES_BUCKET)
+                holders = {k: e.value.decode() for k, e in (await kv_entries(kv)).items()}
+                assert holders == {lease_key(p): h.host.id for h in (a, b) for p in h.host.partitions}
+                beats = await kv_entries(await fleet_kv(topo, HOSTS_BUCKET))
                 assert set(beats) == {a.host.id, b.host.id}
                 assert a.host.stats.lost == 5 - len(a.host.partitions)  # a let go of exactly its excess
             # b stopped cleanly: it released its leases, so a takes them at its next tick, not after the TTL
@@ -81,7 +85,7 @@ async def test_a_crashed_hosts_partitions_are_taken_over_and_its_runs_finish_onc
             served = set(b.host.partitions)
             env = Env(nats_server.url, js, b.host, server, [])
             results = {r: await env.wait_run(r, timeout=60) for r in runs}
-            consumers = {s: (await js.stream_info(s)).state.consumer_count for s in (bus.TASKS, bus.RESULTS)}
+            consumers = {s: (await js.stream_info(s)).state.consumer_count for s in (TASKS, RESULTS)}
     assert took <= FAST.ttl + 2 * FAST.every + 1.0  # expiry + a tick (+ scheduling noise)
     assert b.host.stats.runs_recovered >= 1 and set(crashed) <= served
     for run_id, events in results.items():
@@ -90,7 +94,7 @@ async def test_a_crashed_hosts_partitions_are_taken_over_and_its_runs_finish_onc
         assert [e.seq for e in events] == list(range(len(events)))  # no gap, no fork
         assert kinds(events).count("run.started") == 1
     assert in_flight <= set(results)
-    assert consumers == {bus.TASKS: 5, bus.RESULTS: 5}  # 16 agents, 2 hosts: one pair per partition
+    assert consumers == {TASKS: 5, RESULTS: 5}  # 16 agents, 2 hosts: one pair per partition
 
 
 async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_server, topo, tmp_path):
@@ -100,7 +104,7 @@ async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_serve
         async with hosts(nats_server.url, [bundle], server, 1, lease=FAST):
             n = 5
             instance = next(f"x{i}" for i in range(100)
-                            if bus.partition_of(f"calc:x{i}", n) != bus.partition_of("calc", n))
+                            if partition_of(f"calc:x{i}", n) != partition_of("calc", n))
             run_id = await publish_task(js, f"calc:{instance}", "compute: 1")
             with anyio.fail_after(10):
                 while server.served < 1:
@@ -122,8 +126,8 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
     async def loss(p: int, why: str) -> None:
         log.append((why, p))
 
-    def beat() -> bus.HostBeat:
-        return bus.HostBeat(name="h1", started=0.0, ttl=FAST.ttl)
+    def beat() -> HostBeat:
+        return HostBeat(name="h1", started=0.0, ttl=FAST.ttl)
 
     leases = Leases(js, "h1", 2, on_gain=gain, on_loss=loss, beat=beat, config=FAST)
     await leases.tick()
@@ -131,7 +135,7 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
     assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == [0, 1]
     log.clear()
 
-    real_put = bus.put_kv
+    real_put = put_kv
 
     async def unreachable(*args, **kwargs):
         raise TimeoutError("nats is away")
@@ -139,22 +143,22 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(leases._fence_watch, stop)
-        monkeypatch.setattr(bus, "put_kv", unreachable)
+        monkeypatch.setattr(leases_module, "put_kv", unreachable)
         await leases.tick()  # renewals fail: still held, still served until the fence
         assert leases.serving == [0, 1]
         await wait_until(lambda: len(log) == 2, timeout=5)
         assert anyio.current_time() - renewed < FAST.ttl  # it stopped serving before the lease could expire
         assert sorted(log) == [("fenced", 0), ("fenced", 1)] and leases.serving == []
-        monkeypatch.setattr(bus, "put_kv", real_put)
+        monkeypatch.setattr(leases_module, "put_kv", real_put)
         log.clear()
         await leases.tick()  # NATS is back: renewed (or, had the key expired, re-acquired) and served again
         assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == [0, 1]
         # a lease that vanished (by protocol only expiry does that): lost at the next renewal
-        kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
-        await kv.delete(bus.lease_key(0))
+        kv = await fleet_kv(js, LEASES_BUCKET)
+        await kv.delete(lease_key(0))
         log.clear()
         await leases._renew(0)
         assert log == [("lost", 0)] and leases.serving == [1]
         stop.set()
     await leases.release_all()
-    assert await bus.kv_entries(kv) == {}
+    assert await kv_entries(kv) == {}

@@ -11,9 +11,12 @@ import msgspec
 import pytest
 from test_worker import collect_outcomes, job
 
-from runtime import bus, events
+from runtime import events
 from runtime.events import PayloadRef
 from runtime.log import RunLog
+from runtime.nats.kv import applied_kv
+from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET, TOOLS
+from runtime.nats.topology import ensure_topology
 from runtime.payloads import DEFAULT_THRESHOLD, PayloadError, Payloads, object_name, threshold_from_env
 from runtime.types import Message, ToolCall
 from runtime.worker import Worker, build_registry
@@ -34,11 +37,11 @@ if chatter:
 
 
 async def object_count(js) -> int:
-    return (await js.stream_info(f"OBJ_{bus.PAYLOADS_BUCKET}")).state.messages
+    return (await js.stream_info(f"OBJ_{PAYLOADS_BUCKET}")).state.messages
 
 
 async def test_small_values_stay_inline_and_big_ones_round_trip(js) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     p = Payloads(js)
     assert p.threshold == DEFAULT_THRESHOLD == 256 * 1024
     assert await p.offload({"a": 1}) == {"a": 1}
@@ -62,7 +65,7 @@ async def test_small_values_stay_inline_and_big_ones_round_trip(js) -> None:
 
 
 async def test_the_threshold_is_configurable_and_fits_the_server(js, monkeypatch) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     assert await Payloads(js, threshold=10).offload("x" * 20) != "x" * 20
     assert await Payloads(js, threshold=100).offload("x" * 20) == "x" * 20
     monkeypatch.setenv("SA_PAYLOAD_THRESHOLD", "1kb")
@@ -75,7 +78,7 @@ async def test_the_threshold_is_configurable_and_fits_the_server(js, monkeypatch
 
 
 async def test_the_log_stores_big_events_as_stubs_and_reads_them_back_whole(js) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     log = RunLog(js, payloads=Payloads(js, threshold=4096))
     big_input = "summarise: " + "lorem ipsum " * 2000
     call = ToolCall("r1/1.0", "write", {"text": "a" * 9000})
@@ -95,7 +98,7 @@ async def test_the_log_stores_big_events_as_stubs_and_reads_them_back_whole(js) 
     assert stored[4] == written[4]  # under the threshold: as written
     for stub in stored[:4]:
         assert stub.ref is not None and stub.ref.size > 4096  # the whole event is in the object store
-    raw = [m.data for m in [await js.get_msg(bus.EVENTS, s) for s in (await log.read("r1")).stream_seqs]]
+    raw = [m.data for m in [await js.get_msg(EVENTS, s) for s in (await log.read("r1")).stream_seqs]]
     assert all(len(data) < 1024 for data in raw[:4])  # what went to EVENTS is small
     assert stored[0].input == "" and stored[1].messages == () and stored[2].text == ""
     assert stored[2].calls == (ToolCall("r1/1.0", "write", {}),) == (stored[3].call,)  # names kept
@@ -103,7 +106,7 @@ async def test_the_log_stores_big_events_as_stubs_and_reads_them_back_whole(js) 
 
 
 async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     (tmp_path / "big.pym").write_text(BIG)
     reg = build_registry(tool_globs=[str(tmp_path / "big.pym")])
     limits = {"max_memory": "512mb", "max_output": "64mb", "max_duration": "60s"}
@@ -134,7 +137,7 @@ async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
     printed = "".join(note.text for note in chatty.notes if note.kind == "printed")
     assert printed.startswith("zzz") and "bytes of printed output cut" in printed
     assert DEFAULT_THRESHOLD <= len(printed) <= DEFAULT_THRESHOLD + 1000
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0 and worker.stats.nacked == 0
+    assert (await js.stream_info(TOOLS)).state.messages == 0 and worker.stats.nacked == 0
 
 
 async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_value(js) -> None:
@@ -143,14 +146,14 @@ async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_va
     from runtime.data import JobContext, WorkspaceResultHandler
     from runtime.jobs import ToolJob
 
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     handler = WorkspaceResultHandler(js)
     result = {"writes": [{"path": "/data/big.txt", "content": "small"}], "blob": "x" * 2_000_000}
     job = ToolJob(run_id="r1", agent="a", call_id="r1/1.0", tool="t", workspace="w1")
     ctx = JobContext(job, complete=True)
     await handler.handle("t", result, ctx)
     assert ctx.writes_applied == 1
-    marker = await (await bus.applied_kv(js)).get(handler._marker_key(ctx))
+    marker = await (await applied_kv(js)).get(handler._marker_key(ctx))
     assert len(marker.value) < 4096  # the 2 MB is not in KV (it would not even fit a message)
     again = await handler.recorded(JobContext(job))
     assert again is not None and again.writes == 1 and again.output == result and again.ref is None

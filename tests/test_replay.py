@@ -9,11 +9,12 @@ import pytest
 from host_helpers import Env, calc_responder, kinds, running_host, running_worker, write_bundle
 from rich.console import Console
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
 from runtime.bundle import load_bundle
 from runtime.host.commands import publish_task
 from runtime.log import RunLog, Superseded
+from runtime.nats.topology import ensure_topology
 from runtime.replay import describe, summarize, timeline, verify
 from runtime.testing import ScriptedModelServer
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_replay_renders_and_verifies_a_run_and_catches_a_tampered_log(nats_server, js, tmp_path: Path):
-    await bus.ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
     bundle = write_bundle(tmp_path)
     with ScriptedModelServer(responder=calc_responder) as server:
         async with running_host(nats_server.url, [bundle], server) as host, \

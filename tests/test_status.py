@@ -12,8 +12,9 @@ import pytest
 from host_helpers import Env, calc_responder, hosts, running_worker, wait_until, write_bundle
 from rich.console import Console
 
-from runtime import bus
 from runtime.host.commands import publish_task
+from runtime.nats.subjects import TASKS
+from runtime.nats.topology import ensure_topology
 from runtime.status import gather, render
 from runtime.testing import Reply, ScriptedModelServer
 
@@ -23,7 +24,7 @@ CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 
 @pytest.fixture
 async def topo(js):
-    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    await ensure_topology(js, partitions=4, tool_ack_wait=2.0)
     return js
 
 
@@ -79,7 +80,7 @@ async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_se
         await publish_task(js, f"calc:w{i}", "compute: 1")  # no host: they wait in the stream
     status = await gather(js)
     assert status["hosts"] == [] and status["unserved_partitions"] == [0, 1, 2, 3]
-    assert status["queues"]["stream_messages"][bus.TASKS] == 5 and status["runs_in_flight"] == 0
+    assert status["queues"]["stream_messages"][TASKS] == 5 and status["runs_in_flight"] == 0
 
 
 def test_status_without_a_server_says_what_to_do(tmp_path):

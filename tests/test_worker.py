@@ -13,8 +13,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runtime import bus, events
+from runtime import events
 from runtime.jobs import ToolJob, ToolOutcome
+from runtime.nats.kv import workspace_kv
+from runtime.nats.pull import fetch_batch
+from runtime.nats.subjects import DLQ, RESULTS, TOOLS, WORKERS_CONSUMER, dlq_subject, tool_subject
+from runtime.nats.topology import ensure_partition_consumers, ensure_topology
 from runtime.worker import Worker, build_registry
 
 pytestmark = pytest.mark.anyio
@@ -74,12 +78,12 @@ def job(call: str, tool: str, args: dict, **kw) -> ToolJob:
 
 async def collect_outcomes(js, n: int, partition: int = 0, timeout: float = 30.0) -> list[ToolOutcome]:
     """Read `n` outcomes from RESULTS (through the partition's consumer, as the host will)."""
-    _, rcons = await bus.ensure_partition_consumers(js, partition)
-    psub = await js.pull_subscribe_bind(durable=rcons, stream=bus.RESULTS)
+    _, rcons = await ensure_partition_consumers(js, partition)
+    psub = await js.pull_subscribe_bind(durable=rcons, stream=RESULTS)
     out: list[ToolOutcome] = []
     with anyio.fail_after(timeout):
         while len(out) < n:
-            for m in await bus.fetch_batch(psub, n - len(out), 0.5):
+            for m in await fetch_batch(psub, n - len(out), 0.5):
                 out.append(ToolOutcome.decode(m.data))
                 await m.ack()
     await psub.unsubscribe()
@@ -97,7 +101,7 @@ async def run_worker_until(js, registry, n: int, **kw) -> tuple[Worker, list[Too
 
 
 async def test_outcomes_carry_results_and_script_notes(js, tools_dir: Path) -> None:
-    await bus.ensure_topology(js, partitions=4)
+    await ensure_topology(js, partitions=4)
     reg = build_registry(tool_globs=[str(tools_dir / "*.pym")])
     assert {"echo", "busy", "add_line"} <= set(reg.tools)
     for i in range(5):
@@ -115,11 +119,11 @@ async def test_outcomes_carry_results_and_script_notes(js, tools_dir: Path) -> N
     assert [e.ts for e in evs] == sorted(e.ts for e in evs) and evs[0].ts > 0  # the worker's own times
     assert evs[1].text.strip() == "echoing hi3" and evs[-1].output == {"echo": "HI3"}
     assert worker.stats.completed == 5 and worker.stats.failed == 0
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0  # all acked
+    assert (await js.stream_info(TOOLS)).state.messages == 0  # all acked
 
 
 async def test_failures_are_values_and_the_worker_keeps_serving(js, tools_dir: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     reg = build_registry(tool_globs=[str(tools_dir / "*.pym")])
     jobs = [
         job("1.0", "nope", {}),  # unknown tool
@@ -130,7 +134,7 @@ async def test_failures_are_values_and_the_worker_keeps_serving(js, tools_dir: P
     ]
     for j in jobs:
         await js.publish(j.subject, j.encode(), headers=j.headers())
-    await js.publish(bus.tool_subject("echo"), b"\x00not msgpack")  # malformed: dead-lettered
+    await js.publish(tool_subject("echo"), b"\x00not msgpack")  # malformed: dead-lettered
     worker, outcomes = await run_worker_until(js, reg, 5)
     err = {o.call_id: o.result.error for o in outcomes}
     assert err["r1/1.0"].detail == "unknown_tool" and "echo" in err["r1/1.0"].message
@@ -141,20 +145,20 @@ async def test_failures_are_values_and_the_worker_keeps_serving(js, tools_dir: P
     failed = next(o for o in outcomes if o.call_id == "r1/1.2").events()
     assert events.kind_of(failed[-1]) == "tool.failed" and failed[-1].error.detail == "duration"
     assert worker.stats.dead_lettered == 1
-    dlq = await js.get_last_msg(bus.DLQ, bus.dlq_subject(bus.tool_subject("echo")))
+    dlq = await js.get_last_msg(DLQ, dlq_subject(tool_subject("echo")))
     assert dlq.data == b"\x00not msgpack" and "not a tool job" in dlq.headers["Sa-Reason"]
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0
+    assert (await js.stream_info(TOOLS)).state.messages == 0
 
 
 async def test_workspace_writes_are_applied_in_order(js, tools_dir: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     reg = build_registry(tool_globs=[str(tools_dir / "add_line.pym")])
     for i in range(4):
         j = job(f"{i}.0", "add_line", {"line": f"l{i}"}, workspace="w1")
         await js.publish(j.subject, j.encode(), headers=j.headers())
     _, outcomes = await run_worker_until(js, reg, 4, concurrency=4)  # concurrent: conflicts re-run
     assert all(o.result.error is None and o.writes == 1 for o in outcomes), [o.result for o in outcomes]
-    kv = await bus.workspace_kv(js, "w1")
+    kv = await workspace_kv(js, "w1")
     lines = (await kv.get("log.txt")).value.decode().splitlines()
     assert sorted(lines) == ["l0", "l1", "l2", "l3"]  # no lost update despite 4 concurrent writers
     assert sorted(o.result.output["lines"] for o in outcomes) == [1, 2, 3, 4]
@@ -181,7 +185,7 @@ def stop(proc: subprocess.Popen) -> int:
 
 async def test_two_worker_processes_share_the_consumer(js, nats_server, tools_dir: Path,
                                                        tmp_path: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     glob = str(tools_dir / "*.pym")
     procs = [start_worker(nats_server.url, glob, tmp_path / f"w{i}.log") for i in range(2)]
     try:
@@ -200,12 +204,12 @@ async def test_two_worker_processes_share_the_consumer(js, nats_server, tools_di
 
 async def test_kill_9_mid_job_redelivers_and_writes_once(js, nats_server, tools_dir: Path,
                                                          tmp_path: Path) -> None:
-    await bus.ensure_topology(js, tool_ack_wait=2.0)
+    await ensure_topology(js, tool_ack_wait=2.0)
     first = start_worker(nats_server.url, str(tools_dir / "busy.pym"), tmp_path / "a.log")
     j = job("1.0", "busy", {"n": 30_000_000, "name": "slow"}, workspace="wk", limits={"max_duration": 30})
     await js.publish(j.subject, j.encode(), headers=j.headers())
     with anyio.fail_after(20):  # wait until the first worker holds the job
-        while (await js.consumer_info(bus.TOOLS, bus.WORKERS_CONSUMER)).num_ack_pending != 1:
+        while (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending != 1:
             await anyio.sleep(0.02)
     await anyio.sleep(0.3)
     first.send_signal(signal.SIGKILL)
@@ -218,11 +222,11 @@ async def test_kill_9_mid_job_redelivers_and_writes_once(js, nats_server, tools_
     assert outcome.result.error is None and outcome.attempt == 2 and outcome.writes == 1
     info = await js.stream_info("KV_ws_wk", subjects_filter=">")
     assert info.state.subjects == {"$KV.ws_wk.slow.txt": 1}  # the write happened exactly once
-    assert (await js.stream_info(bus.TOOLS)).state.messages == 0
+    assert (await js.stream_info(TOOLS)).state.messages == 0
 
 
 async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: Path, tmp_path: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     (tmp_path / "bundle.yaml").write_text(
         "name: a\n"
         "tools:\n"
@@ -248,13 +252,13 @@ async def _one_job(js, registry, j: ToolJob) -> ToolOutcome:
 
 async def test_workspace_scripts_list_what_add_wrote_under_data(js) -> None:
     """The shipped agents/workspace scripts through the real worker path and the WorkspaceKV provider."""
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     agents = Path(__file__).parents[1] / "agents" / "workspace"
     reg = build_registry(tool_globs=[str(agents / "*.pym")])
     added = await _one_job(js, reg, job("1.0", "add_entry", {"title": "Buy milk", "content": "two litres"},
                                         workspace="home"))
     assert added.result.error is None and added.writes == 1
-    kv = await bus.workspace_kv(js, "home")
+    kv = await workspace_kv(js, "home")
     assert (await kv.get("notes/buy-milk.md")).value == b"# Buy milk\n\ntwo litres\n"
     listed = await _one_job(js, reg, job("2.0", "list_entries", {}, workspace="home"))
     assert listed.result.output["total"] == 1
@@ -268,7 +272,7 @@ async def test_workspace_scripts_list_what_add_wrote_under_data(js) -> None:
 
 
 async def test_an_instance_of_a_bundle_gets_the_bundle_static_data(js, tmp_path: Path) -> None:
-    await bus.ensure_topology(js)
+    await ensure_topology(js)
     (tmp_path / "read.pym").write_text('"""Read a fact."""\n{"fact": open("/data/fact.txt").read()}\n')
     (tmp_path / "bundle.yaml").write_text(
         "name: facts\ntools: [read.pym]\ndata_provider: {type: static, files: {/data/fact.txt: wet}}\n")

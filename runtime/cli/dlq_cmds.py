@@ -35,13 +35,13 @@ def _servers(explicit: str | None) -> str:
 
 
 async def _with_js(servers: str, fn: Any) -> Any:
-    from runtime import bus
+    from runtime.nats.connection import close, connect
 
-    nc = await bus.connect(servers, name="sa-dlq", max_reconnect_attempts=2)
+    nc = await connect(servers, name="sa-dlq", max_reconnect_attempts=2)
     try:
         return await fn(nc.jetstream())
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 def _when(ts: float) -> str:

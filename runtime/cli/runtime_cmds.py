@@ -254,7 +254,8 @@ def up(
     """Start everything on this machine: NATS, the local model (if needed), a host and N workers."""
     import anyio
 
-    from runtime import bus
+    from runtime.nats.connection import servers_from_env
+    from runtime.nats.server import EmbeddedNats, default_store_dir
 
     paths = _bundle_paths(bundles)
     _setup_logging(verbose)
@@ -271,13 +272,13 @@ def up(
     server = None
     model = None
     procs: list[subprocess.Popen[bytes]] = []
-    env_url = bus.servers_from_env()
+    env_url = servers_from_env()
     try:
         if env_url:
             url = ",".join(env_url)
             console.print(f"[bold]nats[/]     {url} (NATS_URL)")
         else:
-            server = bus.EmbeddedNats(store or bus.default_store_dir()).start()
+            server = EmbeddedNats(store or default_store_dir()).start()
             url = server.url
             console.print(f"[bold]nats[/]     {url}  (embedded, store {server.store_dir})")
         model_url = None
@@ -378,13 +379,13 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
                 timeout: float | None, as_json: bool) -> int:
     from rich.console import Console
 
-    from runtime import bus
     from runtime import events as ev
     from runtime.host.commands import publish_task
+    from runtime.nats.connection import close, connect
     from runtime.replay import watch
 
     console = Console()
-    nc = await bus.connect(url, name="sa-send", max_reconnect_attempts=3)
+    nc = await connect(url, name="sa-send", max_reconnect_attempts=3)
     try:
         js = nc.jetstream()
         try:
@@ -403,7 +404,7 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
         ok = isinstance(last, ev.RunCompleted)
         return 0 if ok else 1
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -450,15 +451,17 @@ def runs(
 
 
 async def _list_runs(url: str) -> list[tuple[str, Any]]:
-    from runtime import bus
+    from runtime.nats.connection import close, connect
+    from runtime.nats.kv import kv_entries, runs_kv
+    from runtime.nats.records import RunIndex
 
-    nc = await bus.connect(url, name="sa-runs", max_reconnect_attempts=3)
+    nc = await connect(url, name="sa-runs", max_reconnect_attempts=3)
     try:
-        kv = await bus.runs_kv(nc.jetstream())
-        return [(key, bus.RunIndex.decode(entry.value))
-                for key, entry in (await bus.kv_entries(kv)).items() if entry.value]
+        kv = await runs_kv(nc.jetstream())
+        return [(key, RunIndex.decode(entry.value))
+                for key, entry in (await kv_entries(kv)).items() if entry.value]
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 @app.command()
@@ -487,14 +490,14 @@ def status(
 
 
 async def _status(url: str) -> dict[str, Any]:
-    from runtime import bus
+    from runtime.nats.connection import close, connect
     from runtime.status import gather
 
-    nc = await bus.connect(url, name="sa-status", max_reconnect_attempts=3)
+    nc = await connect(url, name="sa-status", max_reconnect_attempts=3)
     try:
         return await gather(nc.jetstream())
     finally:
-        await bus.close(nc)
+        await close(nc)
 
 
 @app.command()
@@ -565,18 +568,20 @@ def replay(
 async def _read(url: str, run: str) -> tuple[Any, Any]:
     from nats.js.errors import KeyNotFoundError, NotFoundError
 
-    from runtime import bus
     from runtime.log import RunLog
+    from runtime.nats.connection import close, connect
+    from runtime.nats.kv import runs_kv
+    from runtime.nats.records import RunIndex
 
-    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+    nc = await connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
         js = nc.jetstream()
         runlog = await RunLog(js).read(run)
         try:
-            entry = await (await bus.runs_kv(js)).get(run)
-            index = bus.RunIndex.decode(entry.value) if entry.value else None
+            entry = await (await runs_kv(js)).get(run)
+            index = RunIndex.decode(entry.value) if entry.value else None
         except (KeyNotFoundError, NotFoundError):
             index = None
         return runlog, index
     finally:
-        await bus.close(nc)
+        await close(nc)

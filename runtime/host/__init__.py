@@ -10,8 +10,9 @@ Modules, one concept each:
 - `driver`   — `RunDriver`: one run's kernel loop; appends with OCC; model calls; tool jobs; outcomes
 - `commands` — what may be published to `agents.<agent>.tasks` (task, cancel, approve, deny); run ids
 - `agent`    — `AgentRuntime`: one bundle's kernel config, model step and model client
-- `pull`     — a continuous pull consumer that hands over each message as it arrives; the back-pressure budget
 - `leases`   — which host serves which partition: expiring KV leases, fair shares, fencing
+
+The continuous pull consumer and the back-pressure budget are `runtime.nats.pull`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 
 import anyio
 
-from runtime import bus
 from runtime.host.agent import AgentRuntime, build_agent
 from runtime.host.commands import BadCommand, actor_key, run_id_for, split_actor
 from runtime.host.driver import RunDriver
 from runtime.host.host import Host, HostConfig, HostStats
 from runtime.log import Superseded
+from runtime.nats.connection import close, connect
+from runtime.nats.subjects import DEFAULT_PARTITIONS
+from runtime.nats.topology import attach_topology
 
 
 def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = None,
@@ -58,13 +61,13 @@ async def close_agents(agents: dict[str, AgentRuntime]) -> None:
 
 async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime], *,
                 stop: anyio.Event | None = None, config: HostConfig | None = None,
-                on_ready: Callable[[Host], Any] | None = None, partitions: int = bus.DEFAULT_PARTITIONS,
+                on_ready: Callable[[Host], Any] | None = None, partitions: int = DEFAULT_PARTITIONS,
                 **topology: Any) -> HostStats:
     """Connect, make sure the topology exists, run a host until `stop`; return its counters."""
-    nc = await bus.connect(servers, name="sa-host")
+    nc = await connect(servers, name="sa-host")
     try:
         js = nc.jetstream()
-        await bus.attach_topology(js, partitions=partitions, **topology)
+        await attach_topology(js, partitions=partitions, **topology)
         host = Host(nc, agents, config=config)
         stop = stop or anyio.Event()
         async with anyio.create_task_group() as tg:
@@ -79,7 +82,7 @@ async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime]
         return host.stats
     finally:
         await close_agents(agents)
-        await bus.close(nc)
+        await close(nc)
 
 
 __all__ = ["AgentRuntime", "BadCommand", "Host", "HostConfig", "HostStats", "RunDriver", "Superseded",

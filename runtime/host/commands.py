@@ -32,8 +32,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime import bus
 from runtime import events as ev
+from runtime.nats.subjects import HDR_MSG_ID, check_token, task_subject
 
 
 class BadCommand(ValueError):
@@ -43,7 +43,7 @@ class BadCommand(ValueError):
 def actor_key(bundle: str, instance: str | None) -> str:
     """The actor (and event-subject agent token) of one bundle instance: `bundle` or `bundle:instance`."""
     if instance:
-        bus.check_token(instance, "instance")
+        check_token(instance, "instance")
         return f"{bundle}:{instance}"
     return bundle
 
@@ -129,14 +129,14 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     task = ev.Task(agent=bundle, input=input, instance=instance, task_id=task_id, timeout_s=timeout_s,
                    metadata=dict(metadata or {}))
     actor = actor_key(bundle, instance)
-    await js.publish(bus.task_subject(actor), ev.encode_command(task), headers={bus.HDR_MSG_ID: task_id})
+    await js.publish(task_subject(actor), ev.encode_command(task), headers={HDR_MSG_ID: task_id})
     return run_id_for(actor, task_id)
 
 
 async def publish_command(js: Any, agent: str, command: ev.Command) -> None:
     """Publish a cancel / approve / deny for a run of `agent` (the actor: `bundle` or `bundle:instance`)
     on the subject its tasks use, so it reaches the partition, and the host, of the run."""
-    await js.publish(bus.task_subject(agent), ev.encode_command(command))
+    await js.publish(task_subject(agent), ev.encode_command(command))
 
 
 __all__ = ["Addressed", "BadCommand", "actor_key", "decode", "publish_command", "publish_task", "run_id_for",

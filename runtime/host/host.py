@@ -82,15 +82,16 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from runtime import bus, kernel
 from runtime import events as ev
+from runtime import kernel
+from runtime import nats as bus
 from runtime.host.agent import AgentRuntime
 from runtime.host.commands import BadCommand, decode, run_id_for, split_actor
 from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
 from runtime.host.leases import LeaseConfig, Leases, new_host_id
-from runtime.host.pull import Budget, consume
 from runtime.jobs import JobDecodeError, ToolOutcome
 from runtime.log import RunLog, Superseded
+from runtime.nats.pull import Budget, consume
 
 log = logging.getLogger("runtime.host")
 

@@ -1,6 +1,6 @@
 """Partition leases: which host serves which task partition, renewed while it lives, lost when it dies.
 
-Every host runs one `Leases` loop. The state lives in two KV buckets (runtime.bus):
+Every host runs one `Leases` loop. The state lives in two KV buckets (`runtime.nats.kv`):
 
 * ``leases``: key ``p<N>`` = the id of the host holding partition N, written with a per-key TTL
   (`Nats-TTL`). A host **acquires** a free partition with a create (expected revision 0, or the revision
@@ -49,7 +49,9 @@ import anyio
 from nats.js import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError
 
-from runtime import bus
+from runtime.nats.kv import fleet_kv, kv_entries, put_kv
+from runtime.nats.records import HostBeat
+from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, lease_key
 
 log = logging.getLogger("runtime.host")
 
@@ -100,7 +102,7 @@ class LeaseView:
     """One read of both buckets: partition -> holder (None: free) with its revision, and the live hosts."""
 
     holders: dict[int, tuple[str | None, int]] = field(default_factory=dict)
-    hosts: dict[str, bus.HostBeat] = field(default_factory=dict)
+    hosts: dict[str, HostBeat] = field(default_factory=dict)
 
 
 class Leases:
@@ -108,7 +110,7 @@ class Leases:
 
     def __init__(self, js: JetStreamContext, host_id: str, partitions: int, *,
                  on_gain: Callable[[int], Awaitable[None]], on_loss: Callable[[int, str], Awaitable[None]],
-                 beat: Callable[[], bus.HostBeat], config: LeaseConfig | None = None) -> None:
+                 beat: Callable[[], HostBeat], config: LeaseConfig | None = None) -> None:
         self.js, self.host_id, self.total = js, host_id, partitions
         self.config = config or LeaseConfig()
         self.on_gain, self.on_loss, self.beat = on_gain, on_loss, beat
@@ -121,7 +123,7 @@ class Leases:
 
     async def _bucket(self, name: str) -> Any:
         if name not in self._buckets:
-            self._buckets[name] = await bus.fleet_kv(self.js, name)
+            self._buckets[name] = await fleet_kv(self.js, name)
         return self._buckets[name]
 
     @property
@@ -175,18 +177,18 @@ class Leases:
 
     async def read(self) -> LeaseView:
         """Both buckets, as they are now."""
-        leases = await self._bucket(bus.LEASES_BUCKET)
-        hosts = await self._bucket(bus.HOSTS_BUCKET)
+        leases = await self._bucket(LEASES_BUCKET)
+        hosts = await self._bucket(HOSTS_BUCKET)
         view = LeaseView(holders={p: (None, 0) for p in range(self.total)})
-        for key, entry in (await bus.kv_entries(leases, deleted=True)).items():
+        for key, entry in (await kv_entries(leases, deleted=True)).items():
             p = _partition_of_key(key)
             if p is None or p >= self.total:
                 continue
             holder = entry.value.decode() if entry.operation is None and entry.value else None
             view.holders[p] = (holder, entry.revision or 0)
-        for key, entry in (await bus.kv_entries(hosts)).items():
+        for key, entry in (await kv_entries(hosts)).items():
             try:
-                view.hosts[key] = bus.HostBeat.decode(entry.value)
+                view.hosts[key] = HostBeat.decode(entry.value)
             except Exception as e:
                 log.debug("unreadable heartbeat of %s: %s", key, e)
         return view
@@ -196,7 +198,7 @@ class Leases:
     async def _acquire(self, p: int, revision: int) -> None:
         sent = time.monotonic()
         try:
-            rev = await bus.put_kv(self.js, bus.LEASES_BUCKET, bus.lease_key(p), self.host_id.encode(),
+            rev = await put_kv(self.js, LEASES_BUCKET, lease_key(p), self.host_id.encode(),
                                    last=revision, ttl=self.config.ttl, timeout=self.config.every)
         except KeyWrongLastSequenceError:
             return  # another host was quicker
@@ -213,7 +215,7 @@ class Leases:
             return
         sent = time.monotonic()
         try:
-            rev = await bus.put_kv(self.js, bus.LEASES_BUCKET, bus.lease_key(p), self.host_id.encode(),
+            rev = await put_kv(self.js, LEASES_BUCKET, lease_key(p), self.host_id.encode(),
                                    last=held.revision, ttl=self.config.ttl, timeout=self.config.every)
         except KeyWrongLastSequenceError:  # expired (and maybe taken): it is not ours any more
             if self.held.get(p) is held:
@@ -241,8 +243,8 @@ class Leases:
         if held.serving:
             await self.on_loss(p, why)
         try:
-            leases = await self._bucket(bus.LEASES_BUCKET)
-            await leases.delete(bus.lease_key(p), last=held.revision)
+            leases = await self._bucket(LEASES_BUCKET)
+            await leases.delete(lease_key(p), last=held.revision)
             log.info("host %s: released partition %d (%s)", self.host_id, p, why)
         except Exception as e:  # it expires by itself
             log.debug("releasing partition %d failed (%s); it expires after its TTL", p, e)
@@ -251,14 +253,14 @@ class Leases:
         for p in list(self.held):
             await self.release(p, "stopping")
         try:
-            hosts = await self._bucket(bus.HOSTS_BUCKET)
+            hosts = await self._bucket(HOSTS_BUCKET)
             await hosts.delete(self.host_id)
         except Exception as e:
             log.debug("removing the heartbeat failed: %s", e)
 
     async def _heartbeat(self) -> None:
         try:
-            await bus.put_kv(self.js, bus.HOSTS_BUCKET, self.host_id, self.beat().encode(),
+            await put_kv(self.js, HOSTS_BUCKET, self.host_id, self.beat().encode(),
                              ttl=self.config.ttl, timeout=self.config.every)
         except Exception as e:
             log.debug("heartbeat failed: %s", e)

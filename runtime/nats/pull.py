@@ -1,4 +1,6 @@
-"""A continuous pull from a durable consumer: each message is handed over the moment it arrives.
+"""Pulling from durable consumers: a continuous pull for hosts, and a fetch that survives NATS trouble.
+
+`consume` is a continuous pull: each message is handed over the moment it arrives.
 
 Why not `psub.fetch(batch=N)`: nats-py's lingering fetch returns only when the batch is full or the
 timeout expires (its "wait for the rest" phase), so one task arriving on an idle host would wait the whole
@@ -14,6 +16,10 @@ Back-pressure: with a `Budget`, each pull request asks for no more messages than
 (`reserve`), and waits while it has none; each delivered message carries one unit of the budget to its
 handler, which releases it when the message's work is over. So the messages a host holds in memory stay
 within the budget however many wait in the stream, and whatever the number of consumers sharing it.
+
+`fetch_batch` is `psub.fetch` for loops that pull a batch at a time (the workers): nats-py's `fetch` signals
+"nothing" three ways (its TimeoutError, ``[]``, a bare asyncio.TimeoutError) and raises 503 while a cluster
+elects a consumer leader; `fetch_batch` folds all of them into ``[]``.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
-log = logging.getLogger("runtime.host")
+from runtime.nats.retry import backoff
+
+log = logging.getLogger("runtime.nats")
 
 Handler = Callable[[Msg], Awaitable[None]]
 
@@ -94,8 +104,8 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
                 try:
                     await nc.publish(subject, request, reply=inbox)
                 except Exception as e:  # reconnecting: try again shortly
-                    log.debug("pull request on %s/%s failed: %s", stream, consumer, e)
-                    await anyio.sleep(0.2)
+                    await backoff(f"pull request on {stream}/{consumer}", e, delay=0.2, level=logging.DEBUG,
+                                  logger=log)
                     continue
                 while left > 0 and not stop.is_set():
                     msg = await _next(queue, expires + 1.0, stop)
@@ -136,6 +146,24 @@ async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event) ->
     return None
 
 
+async def fetch_batch(psub: JetStreamContext.PullSubscription, batch: int, timeout: float) -> list[Msg]:
+    """`psub.fetch` with its three "no messages" outcomes folded into `[]`, and NATS trouble too.
+
+    nats-py raises its TimeoutError (usual), returns `[]` (batch > 1, sometimes) or leaks a bare
+    asyncio.TimeoutError from `_fetch_n` (rare); the nats one subclasses asyncio's, so one except
+    covers both.
+    """
+    try:
+        return await psub.fetch(batch=batch, timeout=timeout)
+    except TimeoutError:  # asyncio.TimeoutError is TimeoutError on 3.11
+        return []
+    except (nats.errors.Error, nats.js.errors.APIError) as e:
+        # 503 / no responders while a cluster elects a consumer leader (4-6 s), or a reconnect: the
+        # caller's loop must survive it, so this is "nothing yet", after a pause
+        await backoff("fetch", e, delay=0.25, level=logging.DEBUG, logger=log)
+        return []
+
+
 def _status(msg: Msg) -> str | None:
     headers: Any = msg.headers
     if not msg.data and headers and headers.get("Status"):
@@ -143,4 +171,4 @@ def _status(msg: Msg) -> str | None:
     return None
 
 
-__all__ = ["Budget", "consume"]
+__all__ = ["Budget", "Handler", "consume", "fetch_batch"]

@@ -1,8 +1,8 @@
 """A real 3-node NATS JetStream cluster on loopback, from the same config file production uses.
 
     with LocalCluster(n=3) as cluster:            # or `await cluster.astart()` from async code
-        nc = await bus.connect(cluster.urls)
-        await bus.ensure_topology(nc.jetstream(), replicas=3)
+        nc = await connect(cluster.urls)
+        await ensure_topology(nc.jetstream(), replicas=3)
         cluster.kill(cluster.index_of("n1"))      # SIGKILL one node; its store survives
         cluster.restart(1)
 
@@ -13,31 +13,24 @@ environment (`$NATS_SERVER_NAME`, `$NATS_ROUTES`, ...), which nats-server substi
 compose and this class fill the same names and a drift between them breaks a test, not a deployment.
 
 Ports come from binding port 0 (three per node, chosen before start because every node must know
-every route). Readiness is "/healthz answers 200 on every node and /jsz names a meta leader"
-(research/nats.md §7: about 0.5 s, occasionally 5 s). Failover of a stream leader takes 4–6 s;
-clients connect to all URLs and reconnect forever (`bus.connect`).
+every route). Readiness is "/healthz answers 200 on every node and /jsz names a meta leader" (measured:
+about 0.5 s, occasionally 5 s). Failover of a stream leader takes 4–6 s; clients connect to all URLs and
+reconnect forever (`runtime.nats.connection.connect`). Each node is a `ServerProcess`, supervised like the
+embedded server (`runtime.nats.server`).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import json
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from runtime.bus import find_nats_server
+from runtime.nats.retry import wait_until
+from runtime.nats.server import ServerProcess, monitor_get, release, supervise
 
-CONFIG_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "nats.conf"
+CONFIG_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats.conf"
 CLUSTER_NAME = "sa"
 
 # What deploy/nats/nats.conf reads from the environment (compose sets the same names).
@@ -71,7 +64,7 @@ class Node:
     route_port: int
     store_dir: Path
     log_file: Path
-    proc: subprocess.Popen[bytes] | None = None
+    process: ServerProcess | None = None
 
     @property
     def url(self) -> str:
@@ -87,16 +80,7 @@ class Node:
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-_LIVE: set[LocalCluster] = set()
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    for cluster in list(_LIVE):
-        cluster.stop(timeout=2.0)
+        return self.process is not None and self.process.running
 
 
 class LocalCluster:
@@ -150,7 +134,7 @@ class LocalCluster:
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         """Start every node and wait until the cluster has a JetStream meta leader (blocking)."""
-        _LIVE.add(self)
+        supervise(self, grace=2.0)
         try:
             for i in range(len(self.nodes)):
                 self._spawn(i)
@@ -161,7 +145,7 @@ class LocalCluster:
         return self
 
     async def astart(self, timeout: float = 30.0) -> LocalCluster:
-        """`start` in a thread: waiting must not block the event loop (research/nats.md pitfall 5)."""
+        """`start` in a thread: a blocked event loop stalls every NATS connection of the process."""
         import anyio.to_thread
 
         return await anyio.to_thread.run_sync(self.start, timeout)
@@ -169,32 +153,30 @@ class LocalCluster:
     def _spawn(self, i: int) -> None:
         node = self.nodes[i]
         node.store_dir.mkdir(parents=True, exist_ok=True)
-        with open(node.log_file, "ab") as log:
-            node.proc = subprocess.Popen([str(find_nats_server()), "-c", str(self.config)], env=self.env(i),
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        node.process = ServerProcess(["-c", str(self.config)], env=self.env(i), log_file=node.log_file)
 
     def wait_ready(self, timeout: float = 30.0) -> str:
         """Until every running node is healthy and one of them reports a meta leader; returns its name."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def leader() -> str | None:
             for node in self.nodes:
-                if node.proc is not None and node.proc.poll() is not None:
+                code = node.process.returncode if node.process is not None else None
+                if code is not None:
                     tail = node.log_file.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"nats-server {node.name} exited with {node.proc.returncode}:\n{tail}")
+                    raise RuntimeError(f"nats-server {node.name} exited with {code}:\n{tail}")
             running = [n for n in self.nodes if n.running]
-            if running and all(_get(f"{n.monitor_url}/healthz") is not None for n in running):
-                leader = self.meta_leader()
-                if leader:
-                    return leader
-            time.sleep(0.05)
-        raise TimeoutError(f"the cluster has no JetStream meta leader after {timeout} s "
-                           f"(logs in {self.root})")
+            if running and all(monitor_get(f"{n.monitor_url}/healthz") is not None for n in running):
+                return self.meta_leader()
+            return None
+
+        return wait_until(leader, timeout=timeout, every=0.05,
+                          what=f"a JetStream meta leader (logs in {self.root})")
 
     def meta_leader(self) -> str | None:
         """The server name of the JetStream meta leader, as any running node sees it."""
         for node in self.nodes:
             if node.running:
-                jsz = _get(f"{node.monitor_url}/jsz")
+                jsz = monitor_get(f"{node.monitor_url}/jsz")
                 leader = ((jsz or {}).get("meta_cluster") or {}).get("leader")
                 if leader:
                     return str(leader)
@@ -203,37 +185,29 @@ class LocalCluster:
     def kill(self, i: int) -> None:
         """SIGKILL node `i` (a crash: no clean shutdown); its store stays for `restart`."""
         node = self.nodes[i]
-        if node.proc is not None:
-            node.proc.send_signal(signal.SIGKILL)
-            node.proc.wait(10)
-            node.proc = None
+        if node.process is not None:
+            node.process.kill()
+            node.process = None
 
     def restart(self, i: int, timeout: float = 30.0) -> None:
         """Start node `i` again on the same ports and store, and wait until it is healthy."""
         if self.nodes[i].running:
             return
         self._spawn(i)
-        deadline = time.monotonic() + timeout
-        while _get(f"{self.nodes[i].monitor_url}/healthz") is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.nodes[i].name} not healthy after {timeout} s")
-            time.sleep(0.05)
+        node = self.nodes[i]
+        wait_until(lambda: monitor_get(f"{node.monitor_url}/healthz"), timeout=timeout, every=0.05,
+                   what=f"{node.name} to be healthy")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every node (a clean JetStream shutdown), SIGKILL any that lingers; remove a temp root."""
-        _LIVE.discard(self)
+        release(self)
         for node in self.nodes:
-            if node.running:
-                assert node.proc is not None
-                node.proc.send_signal(signal.SIGTERM)
+            if node.process is not None:
+                node.process.terminate()  # every node first: they shut down together
         for node in self.nodes:
-            if node.proc is not None:
-                try:
-                    node.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    node.proc.kill()
-                    node.proc.wait()
-                node.proc = None
+            if node.process is not None:
+                node.process.wait(timeout)
+                node.process = None
         if self._owned_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -244,18 +218,4 @@ class LocalCluster:
         self.stop()
 
 
-def _get(url: str) -> Any:
-    """GET a monitoring endpoint: the JSON (or {} for a 200 without JSON), None if not answering 200."""
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            if resp.status != 200:
-                return None
-            body = resp.read()
-    except (urllib.error.URLError, OSError):
-        return None
-    with contextlib.suppress(ValueError):
-        return json.loads(body)
-    return {}
-
-
-__all__ = ["CONFIG_ENV", "CONFIG_TEMPLATE", "LocalCluster", "Node", "free_ports"]
+__all__ = ["CLUSTER_NAME", "CONFIG_ENV", "CONFIG_TEMPLATE", "LocalCluster", "Node", "free_ports"]

@@ -1,0 +1,208 @@
+"""The KV buckets and the payload object store: opening them, writing with a TTL, listing them.
+
+Why a module: nats-py's bucket helpers miss three things this runtime needs, so every bucket is opened,
+written and listed through here.
+
+* Opening (`runs_kv`, `applied_kv`, `workspace_kv`, `fleet_kv`, `payloads_store`) creates a bucket on first
+  use, with ``max_consumers`` set: nats-py leaves it at -1, which nats-server 2.15 silently caps at 1,000.
+* `put_kv` writes with an optional per-key TTL (the ``Nats-TTL`` header) and an optional expected revision
+  (create with ``last=0``, compare-and-set with a revision); nats-py's `put`/`update` take no TTL.
+* `kv_entries` lists a bucket (or one partition of it) exactly, where nats-py's `watch`/`keys` can report
+  no keys while keys exist on a cluster.
+
+The buckets:
+
+* ``runs``: key = run id, value = `RunIndex` (msgpack), the run index `sa runs` lists.
+* ``ws_<workspace>``: one per workspace, tool data; key = the file's path relative to ``/data/``
+  (`runtime.data`); history 5 so a bad write can be inspected.
+* ``applied``: one key per tool job whose workspace writes were applied, holding the recorded result, TTL
+  one day: a redelivered job replays it instead of writing twice.
+* Fleet buckets, for hosts and workers on many machines. Every key carries a per-message TTL, so a process
+  that dies simply stops existing after the TTL, with no clean-up by anyone:
+
+  - ``leases``: key ``p<N>`` = the host holding partition N (`runtime.host.leases`). Taken with create
+    (expected revision 0), renewed with a revision-checked update, gone when the TTL passes without
+    renewal (measured: the key vanishes within ~20 ms of its TTL).
+  - ``hosts``: key = host id, value = `HostBeat`: liveness for fair shares, and `sa status`.
+  - ``workers``: key = worker id, value = `WorkerBeat`: `sa status` only.
+  - ``active``: key ``p<N>.<run>`` (value: the actor) for every run not yet ended, so a host taking
+    partition N over scans only that partition's unfinished runs (`active_filter`), never the whole
+    ``runs`` index. Removed with a purge whose marker expires (`ACTIVE_PURGE_TTL_S`).
+
+* object store ``payloads``: payloads too big for an event (`runtime.payloads`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from runtime.nats.subjects import (
+    APPLIED_BUCKET,
+    APPLIED_TTL_S,
+    ERR_WRONG_LAST_SEQUENCE,
+    HDR_EXPECTED_SUBJECT_SEQ,
+    PAYLOADS_BUCKET,
+    RUNS_BUCKET,
+    workspace_bucket,
+)
+
+KV_MAX_CONSUMERS = 10_000
+_ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164  # "wrong last sequence" without the number (nats-py checks both)
+
+
+async def runs_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    """The run index bucket (created on first use)."""
+    return await _kv(js, KeyValueConfig(bucket=RUNS_BUCKET, history=1, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True))
+
+
+async def applied_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    """Markers of tool jobs whose workspace writes were applied (see `runtime.data`)."""
+    return await _kv(js, KeyValueConfig(bucket=APPLIED_BUCKET, history=1, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True, ttl=APPLIED_TTL_S))
+
+
+async def workspace_kv(js: JetStreamContext, workspace: str, *, replicas: int = 1) -> KeyValue:
+    """The bucket of one workspace (created on first use; history 5 so a bad write can be inspected)."""
+    return await _kv(js, KeyValueConfig(bucket=workspace_bucket(workspace), history=5, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True))
+
+
+async def fleet_kv(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> KeyValue:
+    """One of the fleet buckets (`leases`, `hosts`, `workers`, `active`): history 1, memory of nothing
+    but the current value; liveness comes from per-key TTLs (`put_kv`), not from a bucket max age."""
+    return await _kv(js, KeyValueConfig(bucket=bucket, history=1, replicas=replicas,
+                                        storage=StorageType.FILE, direct=True))
+
+
+async def put_kv(js: JetStreamContext, bucket: str, key: str, value: bytes, *, last: int | None = None,
+                 ttl: float | None = None, timeout: float | None = None) -> int:
+    """Put `key` (create if `last == 0`, compare-and-set if `last` is a revision) with an optional
+    per-key TTL in whole seconds (at least 1); returns the new revision.
+
+    nats-py's `KeyValue.update` takes no TTL, and `put` neither: this is the same publish with the
+    `Nats-TTL` header. A failed revision check raises `KeyWrongLastSequenceError`, as `update` does.
+    """
+    headers = {HDR_EXPECTED_SUBJECT_SEQ: str(last)} if last is not None else None
+    kwargs: dict[str, Any] = {"headers": headers}
+    if ttl is not None:
+        kwargs["msg_ttl"] = max(1, round(ttl))
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    try:
+        ack = await js.publish(f"$KV.{bucket}.{key}", value, **kwargs)
+    except nats.js.errors.APIError as e:
+        if e.err_code in (ERR_WRONG_LAST_SEQUENCE, _ERR_WRONG_LAST_SEQUENCE_CONSTANT):
+            raise KeyWrongLastSequenceError(description=e.description) from None
+        raise
+    return ack.seq
+
+
+@dataclass(frozen=True)
+class KvEntry:
+    """One key's latest entry, as `kv_entries` reads it (the fields of nats-py's `KeyValue.Entry` used)."""
+
+    key: str
+    value: bytes | None
+    revision: int
+    operation: str | None = None  # None for a value, "DEL" / "PURGE" for a delete marker
+    created: datetime.datetime | None = None  # when it was written
+
+
+async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) -> dict[str, KvEntry]:
+    """The current entries (key -> `KvEntry`) matching `keys`: the way to list a bucket or one partition
+    of it. Deleted keys are left out unless `deleted` (their entry then has `operation` set and carries
+    the revision to compare-and-set on).
+
+    Not nats-py's `watch`/`keys`/`history`: their "initial values done" marker comes from a consumer-info
+    round trip that races the messages already on their way, so on a cluster they can report no keys
+    while keys exist (seen in tests/test_faults.py). Here an ephemeral pull consumer (last per subject)
+    says at creation how many entries there are, and exactly that many are read.
+    """
+    js: JetStreamContext = kv._js  # nats-py keeps these on the bucket handle
+    stream, prefix = kv._stream, kv._pre
+    name = "kvls-" + os.urandom(8).hex()
+    info = await js.add_consumer(stream, ConsumerConfig(
+        name=name, filter_subject=prefix + keys, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1, inactive_threshold=30.0))
+    out: dict[str, KvEntry] = {}
+    try:
+        left = info.num_pending or 0
+        if left:
+            psub = await js.pull_subscribe_bind(consumer=name, stream=stream)
+            try:
+                while left > 0:
+                    for msg in await psub.fetch(batch=min(left, 1000), timeout=5.0):
+                        left -= 1
+                        headers = msg.headers or {}
+                        op = headers.get("KV-Operation")
+                        if op is None and headers.get("Nats-Marker-Reason"):
+                            op = "DEL" if headers["Nats-Marker-Reason"] == "Remove" else "PURGE"
+                        entry = KvEntry(key=msg.subject[len(prefix):], value=msg.data, operation=op,
+                                        revision=msg.metadata.sequence.stream,
+                                        created=msg.metadata.timestamp)
+                        if deleted or op is None:
+                            out[entry.key] = entry
+                        if msg.metadata.num_pending == 0:
+                            left = 0
+            finally:
+                await psub.unsubscribe()
+    finally:
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, name)
+    return out
+
+
+async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """The bucket, created on first use as nats-py's `create_key_value` would, except for `max_consumers`:
+    nats-py leaves it at -1, which server 2.15 caps at 1,000, and every `watch`/`history` leaves an
+    ordered consumer behind for its inactive threshold (5 min): a busy workspace bucket hit the cap in
+    the fault-injection soak (1,500 jobs, each listing the workspace)."""
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        pass
+    stream = StreamConfig(
+        name=f"KV_{config.bucket}", subjects=[f"$KV.{config.bucket}.>"], allow_direct=config.direct,
+        allow_rollup_hdrs=True, allow_msg_ttl=True, deny_delete=True, discard=DiscardPolicy.NEW,
+        duplicate_window=min(120.0, config.ttl) if config.ttl else 120.0, max_age=config.ttl,
+        max_msgs=-1, max_msgs_per_subject=config.history, num_replicas=config.replicas,
+        storage=config.storage, max_consumers=KV_MAX_CONSUMERS)
+    try:
+        await js.add_stream(stream)
+    except nats.js.errors.BadRequestError:
+        pass  # another process created it meanwhile
+    return await js.key_value(config.bucket)
+
+
+async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectStore:
+    """The object store for payloads too big for an event (created on first use)."""
+    try:
+        return await js.object_store(PAYLOADS_BUCKET)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_object_store(PAYLOADS_BUCKET, ObjectStoreConfig(
+            replicas=replicas, storage=StorageType.FILE))
+
+
+__all__ = ["KV_MAX_CONSUMERS", "KvEntry", "applied_kv", "fleet_kv", "kv_entries", "payloads_store", "put_kv",
+           "runs_kv", "workspace_kv"]

@@ -1,0 +1,75 @@
+"""The records kept in KV buckets: the run index entry and the host and worker heartbeats.
+
+Why here: they are wire formats shared by writers and readers in different processes (a host writes a
+`HostBeat`, other hosts and `sa status` read it), so, like the subjects, they must be defined once. All are
+msgspec Structs in msgpack; new fields get defaults so an older reader and a newer writer still agree.
+Pure: no NATS client is needed to build or decode one.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RunIndex(msgspec.Struct, omit_defaults=True):
+    """One entry of the `runs` bucket (key = run id): enough to list runs without scanning EVENTS.
+
+    The event stream stays the truth; this is a cache the host rewrites as a run advances. The unfinished
+    runs of a partition are found through the `active` bucket, not this one."""
+
+    agent: str
+    status: str  # e.g. "running" | "completed" | "failed" | "cancelled"
+    partition: int
+    last_seq: int = 0  # stream sequence of the run's last appended event
+    updated: float = 0.0  # unix time of the last update
+    task_id: str | None = None
+    bundle: str | None = None
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> RunIndex:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+class HostBeat(msgspec.Struct, omit_defaults=True):
+    """A host's heartbeat in the `hosts` bucket (renewed with its leases, gone one TTL after it dies)."""
+
+    name: str  # hostname:pid
+    started: float
+    ttl: float  # its lease TTL
+    partitions: list[int] = []  # the partitions it serves now
+    runs: int = 0  # runs it is driving
+    queued: int = 0  # tasks waiting in its mailboxes
+    max_runs: int = 0  # its back-pressure bound (runs + queued tasks)
+    agents: list[str] = []  # the bundles it serves
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> HostBeat:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+class WorkerBeat(msgspec.Struct, omit_defaults=True):
+    """A worker's heartbeat in the `workers` bucket (read by `sa status` only)."""
+
+    name: str
+    started: float
+    concurrency: int
+    running: int = 0  # jobs held now (running + buffered)
+    completed: int = 0
+    failed: int = 0
+    tools: list[str] = []
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> WorkerBeat:
+        return msgspec.msgpack.decode(data, type=cls)
+
+
+__all__ = ["HostBeat", "RunIndex", "WorkerBeat"]

@@ -1,0 +1,248 @@
+"""Every NATS name the runtime uses: subjects, filters, Msg-Ids, headers, stream, bucket and consumer names.
+
+Why a module of its own: the host, the workers, replay and the CLI must agree on one set of names, and none
+of them may hand-build a subject string. It is pure (no nats-py, no I/O), so the wire-format modules
+(`runtime.jobs`, `runtime.host.commands`) import it without loading a NATS client.
+
+Subjects and streams (`runtime.nats.topology` creates them)
+----------------------------------------------------------
+=========  ====================================  =========  ==================================================
+stream     subjects (as stored)                  retention  purpose
+=========  ====================================  =========  ==================================================
+TASKS      published: ``agents.<agent>.tasks``   WorkQueue  task commands; a subject transform stores
+           stored: ``tasks.<p>.<agent>``                    them as ``tasks.{{partition(N,1)}}.<agent>``
+                                                            so a host consumes whole partitions
+                                                            (`task_filter(p)`), never one consumer per agent.
+                                                            Publishers set ``Nats-Msg-Id`` = task id: the same
+                                                            task published twice is stored once.
+EVENTS     ``events.<agent>.<run>.<kind...>``    Limits     the append-only event log. ``<kind>`` is the
+                                                            event kind with its dots kept as tokens
+                                                            (``tool.completed`` -> ``<run>.tool.completed``)
+                                                            so ``events.*.*.tool.>`` filters a family. The
+                                                            host is the only writer of a run: each append
+                                                            carries ``Nats-Expected-Last-Subject-Sequence``
+                                                            plus ``...-Subject: events.<agent>.<run>.>``
+                                                            (`occ_headers`) and a Msg-Id.
+TOOLS      ``tools.<tool>``                      WorkQueue  tool jobs (`ToolJob`, Msg-Id ``<run>/<call>``),
+                                                            one shared durable pull consumer ``workers``.
+RESULTS    ``results.<p>.<agent>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
+                                                            ``<run>/<call>``) published by workers; the host
+                                                            owning partition ``p`` consumes
+                                                            `result_filter(p)` and appends the script.* and
+                                                            tool.* events itself. Workers never write EVENTS:
+                                                            one writer per run keeps the sequence contiguous.
+DLQ        ``dlq.<original subject>``            Limits     dead letters: malformed jobs and jobs whose
+                                                            deliveries ran out (`runtime.dlq`).
+=========  ====================================  =========  ==================================================
+
+Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
+``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet
+buckets ``leases`` (`lease_key`), ``hosts``, ``workers`` and ``active`` (`active_key`, `active_filter`), and
+the object store ``payloads``.
+
+Partitions. ``<p>`` is ``fnv32a(agent) % N``, exactly NATS's ``partition(N,1)``; `partition_of()` computes the
+same number client-side (verified against the server in tests), e.g. for the ``runs`` index or for a worker.
+
+Tokens. Agent ids, run ids and tool names are single subject tokens: `check_token` rejects ``.``, ``*``,
+``>`` and whitespace with a message that says so. One bundle serving many instances can address them as
+``<bundle>:<instance>`` (``:`` is a legal token character) if instances need their own subject.
+
+`ENV_VARS` lists every environment variable the runtime reads.
+"""
+
+from __future__ import annotations
+
+# -- streams, buckets, consumers --------------------------------------------------------------------------
+
+TASKS = "TASKS"
+EVENTS = "EVENTS"
+TOOLS = "TOOLS"
+RESULTS = "RESULTS"
+DLQ = "DLQ"
+RUNS_BUCKET = "runs"
+APPLIED_BUCKET = "applied"
+APPLIED_TTL_S = 86_400.0  # far beyond MaxDeliver x AckWait: every redelivery of a job finds its marker
+PAYLOADS_BUCKET = "payloads"
+LEASES_BUCKET = "leases"
+HOSTS_BUCKET = "hosts"
+WORKERS_BUCKET = "workers"
+ACTIVE_BUCKET = "active"
+ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
+WORKERS_CONSUMER = "workers"
+
+DEFAULT_PARTITIONS = 16
+ENV_REPLICAS = "SA_REPLICAS"
+DUPLICATE_WINDOW_S = 300.0  # ≥ 2 min: covers a restarted publisher retrying with the same Msg-Id
+DEFAULT_TOOL_ACK_WAIT_S = 30.0
+DEFAULT_TOOL_MAX_DELIVER = 5
+DEFAULT_TOOL_MAX_ACK_PENDING = 1024
+
+# -- headers and error codes ------------------------------------------------------------------------------
+
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
+
+_BAD_TOKEN_CHARS = frozenset(".*> \t\r\n")
+
+# Every environment variable the runtime reads, with what it is for: the one list deploy files are
+# checked against (tests/test_deploy.py), so a manifest never sets a name nothing reads.
+ENV_VARS: dict[str, str] = {
+    "NATS_URL": "NATS server URL(s), comma-separated (every `sa` command; unset: `sa up` starts one)",
+    ENV_REPLICAS: "stream and bucket replicas when the topology is created or updated (3 on a 3-node "
+                  "cluster); unset: keep what the streams have, 1 for new ones",
+    "SA_PAYLOAD_THRESHOLD": "size above which tool outputs, model responses and task inputs go to the "
+                            "object store (default 256kb; runtime.payloads)",
+    "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
+    "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
+    "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
+    "OPENAI_API_KEY": "model client default API key",
+    "OPENAI_MODEL": "model client default model name",
+}
+
+
+def check_token(value: str, what: str = "name") -> str:
+    """Return `value` if it is one NATS subject token; raise ValueError saying what is wrong otherwise.
+
+    Ids become subject tokens, so a dot in an agent name would silently shift every later token and
+    break partition filters and OCC wildcards; rejecting early gives a message a user can act on.
+    """
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    bad = sorted({c for c in value if c in _BAD_TOKEN_CHARS})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ValueError(f"{what} {value!r} contains {shown}: use letters, digits, '-', '_' or ':'")
+    return value
+
+
+def partition_of(agent: str, partitions: int) -> int:
+    """The partition NATS's `{{partition(N,1)}}` transform assigns to `agent` (FNV-1a 32-bit mod N)."""
+    h = 0x811C9DC5
+    for b in agent.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % partitions
+
+
+# -- subjects and filters ---------------------------------------------------------------------------------
+
+
+def task_subject(agent: str) -> str:
+    """Where any NATS client publishes a task for `agent` (the stream rewrites it on store)."""
+    return f"agents.{check_token(agent, 'agent')}.tasks"
+
+
+def task_filter(partition: int) -> str:
+    """The stored subjects of one task partition: the filter of that partition's host consumer."""
+    return f"tasks.{partition}.*"
+
+
+def agent_of_task_subject(subject: str) -> str:
+    """The agent token of a stored (`tasks.<p>.<agent>`) or published (`agents.<agent>.tasks`) subject."""
+    parts = subject.split(".")
+    if len(parts) == 3 and parts[0] == "tasks":
+        return parts[2]
+    if len(parts) == 3 and parts[0] == "agents" and parts[2] == "tasks":
+        return parts[1]
+    raise ValueError(f"not a task subject: {subject!r}")
+
+
+def event_subject(agent: str, run: str, kind: str) -> str:
+    """The subject of one event of `run`; the kind's dots stay tokens (`tool.completed`)."""
+    for token in kind.split("."):
+        check_token(token, "event kind")
+    return f"events.{check_token(agent, 'agent')}.{check_token(run, 'run id')}.{kind}"
+
+
+def run_events_filter(agent: str, run: str) -> str:
+    """Every event of one run: the replay filter and the OCC wildcard of its appends."""
+    return f"events.{check_token(agent, 'agent')}.{check_token(run, 'run id')}.>"
+
+
+def occ_headers(agent: str, run: str, last_seq: int, msg_id: str) -> dict[str, str]:
+    """Headers for appending to a run whose last stored event has stream sequence `last_seq` (0 = empty).
+
+    A stale second writer gets err_code 10071 (`ERR_WRONG_LAST_SEQUENCE`) and must stop: a run has one
+    writer. The Msg-Id makes a retry of an append that did land a no-op.
+    """
+    return {
+        HDR_MSG_ID: msg_id,
+        HDR_EXPECTED_SUBJECT_SEQ: str(last_seq),
+        HDR_EXPECTED_SUBJECT_SEQ_SUBJECT: run_events_filter(agent, run),
+    }
+
+
+def tool_subject(tool: str) -> str:
+    """Where tool jobs for `tool` are published."""
+    return f"tools.{check_token(tool, 'tool name')}"
+
+
+def result_subject(partition: int, agent: str, run: str) -> str:
+    """Where a worker publishes the outcome of a job of `run` (partition-prefixed for its host)."""
+    return f"results.{partition}.{check_token(agent, 'agent')}.{check_token(run, 'run id')}"
+
+
+def result_filter(partition: int) -> str:
+    """All tool outcomes of one partition: the filter of that partition's host result consumer."""
+    return f"results.{partition}.>"
+
+
+def dlq_subject(original: str) -> str:
+    """Where a dead letter of a message first published on `original` is kept."""
+    return f"dlq.{original}"
+
+
+def job_msg_id(run: str, call_id: str) -> str:
+    """The dedup id of a tool job and of its outcome: `<run>/<call>` (call ids that already start with
+    `<run>/`, as the kernel's do, are used as they are)."""
+    return call_id if call_id.startswith(f"{run}/") else f"{run}/{call_id}"
+
+
+# -- bucket keys and consumer names -----------------------------------------------------------------------
+
+
+def workspace_bucket(workspace: str) -> str:
+    """The KV bucket holding one workspace's files."""
+    name = f"ws_{workspace}"
+    if not all(c.isalnum() or c in "-_" for c in workspace) or not workspace:
+        raise ValueError(f"workspace {workspace!r}: use letters, digits, '-' or '_'")
+    return name
+
+
+def lease_key(partition: int) -> str:
+    """The `leases` key of one partition."""
+    return f"p{partition}"
+
+
+def active_key(partition: int, run: str) -> str:
+    """The `active` key of an unfinished run of `partition`."""
+    return f"p{partition}.{check_token(run, 'run id')}"
+
+
+def active_filter(partition: int) -> str:
+    """Every `active` key of one partition (a KV watch pattern)."""
+    return f"p{partition}.>"
+
+
+def task_consumer_name(partition: int) -> str:
+    """The durable consumer of one task partition (on TASKS)."""
+    return f"tasks-p{partition}"
+
+
+def result_consumer_name(partition: int) -> str:
+    """The durable consumer of one partition's tool outcomes (on RESULTS)."""
+    return f"results-p{partition}"
+
+
+__all__ = [
+    "ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "APPLIED_BUCKET", "APPLIED_TTL_S", "DEFAULT_PARTITIONS",
+    "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING", "DEFAULT_TOOL_MAX_DELIVER", "DLQ",
+    "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_WRONG_LAST_SEQUENCE", "EVENTS",
+    "HDR_EXPECTED_SUBJECT_SEQ", "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET",
+    "LEASES_BUCKET", "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "TASKS", "TOOLS", "WORKERS_BUCKET",
+    "WORKERS_CONSUMER", "active_filter", "active_key", "agent_of_task_subject", "check_token", "dlq_subject",
+    "event_subject", "job_msg_id", "lease_key", "occ_headers", "partition_of", "result_consumer_name",
+    "result_filter", "result_subject", "run_events_filter", "task_consumer_name", "task_filter",
+    "task_subject", "tool_subject", "workspace_bucket",
+]

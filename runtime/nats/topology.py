@@ -1,0 +1,257 @@
+"""The streams and consumers of the runtime: creating them, reading them back, attaching to them.
+
+Why a module: every host and worker calls `attach_topology` at start, in any order, concurrently, and all
+must end up agreeing on one configuration, so it is written once. `ensure_topology` creates or updates the
+five streams (TASKS, EVENTS, TOOLS, RESULTS, DLQ: see `runtime.nats.subjects`), the shared ``workers``
+consumer and every bucket; `ensure_partition_consumers` makes the two durable consumers of one partition.
+
+Replicas. On a cluster, `SA_REPLICAS=3` makes `ensure_topology` create R3 streams; without it a process keeps
+the replica count the streams already have (`topology_replicas`), so a process started without the variable
+never scales a cluster's streams down.
+
+Partitions. N is fixed when TASKS is created; `read_partitions()` returns it so every host agrees without
+configuration. Changing N on a live system only affects newly published tasks: drain TASKS first.
+One consumer per partition is allowed on a WorkQueue stream because partition filters never overlap
+(overlapping filters are rejected, err 10100).
+
+Consumers. Every stream sets ``max_consumers`` explicitly (nats-server 2.15 silently caps at 1,000 otherwise,
+and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with AckWait above twice the worker
+heartbeat interval, MaxDeliver 5 and a bounded MaxAckPending (back-pressure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    SubjectTransform,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from runtime.nats.kv import applied_kv, fleet_kv, payloads_store, runs_kv
+from runtime.nats.retry import retrying
+from runtime.nats.subjects import (
+    ACTIVE_BUCKET,
+    DEFAULT_PARTITIONS,
+    DEFAULT_TOOL_ACK_WAIT_S,
+    DEFAULT_TOOL_MAX_ACK_PENDING,
+    DEFAULT_TOOL_MAX_DELIVER,
+    DLQ,
+    DUPLICATE_WINDOW_S,
+    ENV_REPLICAS,
+    EVENTS,
+    HOSTS_BUCKET,
+    LEASES_BUCKET,
+    RESULTS,
+    TASKS,
+    TOOLS,
+    WORKERS_BUCKET,
+    WORKERS_CONSUMER,
+    result_consumer_name,
+    result_filter,
+    task_consumer_name,
+    task_filter,
+)
+
+log = logging.getLogger("runtime.nats")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What `ensure_topology` configured; processes that only attach read it with `read_topology`."""
+
+    partitions: int
+    replicas: int
+    tool_ack_wait: float
+    tool_max_deliver: int
+
+
+def _tasks_transform(partitions: int) -> SubjectTransform:
+    dest = "tasks.{{partition(N,1)}}.{{wildcard(1)}}".replace("N", str(partitions))
+    return SubjectTransform(src="agents.*.tasks", dest=dest)
+
+
+def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS) -> list[StreamConfig]:
+    """The five streams of the runtime (pure data: tests and `sa status` compare against it)."""
+    common: dict[str, Any] = {"storage": StorageType.FILE, "num_replicas": replicas,
+                              "duplicate_window": DUPLICATE_WINDOW_S}
+    consumers = max(1024, 4 * partitions + 64)  # partitions + replay/ops consumers, never the 1000 default
+    return [
+        StreamConfig(name=TASKS, subjects=["agents.*.tasks"], retention=RetentionPolicy.WORK_QUEUE,
+                     subject_transform=_tasks_transform(partitions), max_consumers=consumers,
+                     metadata={"partitions": str(partitions)}, **common),
+        StreamConfig(name=EVENTS, subjects=["events.>"], retention=RetentionPolicy.LIMITS,
+                     allow_direct=True, allow_atomic=True, max_consumers=10_000, **common),
+        StreamConfig(name=TOOLS, subjects=["tools.*"], retention=RetentionPolicy.WORK_QUEUE,
+                     max_consumers=256, **common),
+        StreamConfig(name=RESULTS, subjects=["results.>"], retention=RetentionPolicy.WORK_QUEUE,
+                     max_consumers=consumers, **common),
+        StreamConfig(name=DLQ, subjects=["dlq.>"], retention=RetentionPolicy.LIMITS,
+                     allow_direct=True, max_consumers=1024, **common),
+    ]
+
+
+def workers_consumer_config(*, ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
+                            max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
+                            max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING,
+                            replicas: int = 1) -> ConsumerConfig:
+    """The single durable pull consumer every worker on every machine binds to."""
+    return ConsumerConfig(name=WORKERS_CONSUMER, durable_name=WORKERS_CONSUMER, filter_subject="tools.*",
+                          deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait,
+                          max_deliver=max_deliver, max_ack_pending=max_ack_pending, num_replicas=replicas)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    assert config.name is not None
+    try:
+        await js.stream_info(config.name)
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+            return
+        except BadRequestError:
+            pass  # another process created it between our two calls: fall through to update
+    await js.update_stream(config)
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    """Create or update a durable consumer (the CREATE API with a name is create-or-update)."""
+    if config.name is None:
+        config = dataclasses.replace(config, name=config.durable_name)
+    await js.add_consumer(stream, config)
+
+
+async def topology_replicas(js: JetStreamContext, replicas: int | None = None) -> int:
+    """The replica count to configure: explicit, else `SA_REPLICAS`, else what EVENTS already has (so a
+    process started without the variable never scales a cluster's R3 streams down), else 1."""
+    if replicas is not None:
+        return replicas
+    raw = os.environ.get(ENV_REPLICAS, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{ENV_REPLICAS}={raw!r}: use a replica count such as 1 or 3")
+        return int(raw)
+    try:
+        return (await js.stream_info(EVENTS)).config.num_replicas or 1
+    except NotFoundError:
+        return 1
+
+
+async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
+                          partitions: int = DEFAULT_PARTITIONS,
+                          tool_ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
+                          tool_max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
+                          tool_max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING) -> Topology:
+    """Create or update every stream, the `workers` consumer, every KV bucket and the `payloads` store.
+
+    Idempotent: every host and worker calls it at start, in any order, concurrently. `replicas=None`
+    resolves through `topology_replicas` (SA_REPLICAS, else keep the existing count); an existing TASKS
+    stream keeps its partition count whatever `partitions` says.
+    """
+    if partitions < 1:
+        raise ValueError("partitions must be ≥ 1")
+    replicas = await topology_replicas(js, replicas)
+    try:  # the partition count is fixed once TASKS exists: changing it would re-route live agents
+        existing = _partitions_of((await js.stream_info(TASKS)).config)
+    except NotFoundError:
+        existing = 0
+    if existing and existing != partitions:
+        log.warning("TASKS has %d partitions; keeping them (asked for %d: drain and delete TASKS to change)",
+                    existing, partitions)
+        partitions = existing
+    for config in stream_configs(replicas=replicas, partitions=partitions):
+        await _ensure_stream(js, config)
+    await ensure_consumer(js, TOOLS, workers_consumer_config(
+        ack_wait=tool_ack_wait, max_deliver=tool_max_deliver, max_ack_pending=tool_max_ack_pending,
+        replicas=replicas))
+    await runs_kv(js, replicas=replicas)
+    await applied_kv(js, replicas=replicas)
+    for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET):
+        await fleet_kv(js, bucket, replicas=replicas)
+    await payloads_store(js, replicas=replicas)
+    return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
+
+
+def _partitions_of(config: StreamConfig) -> int:
+    """The partition count of a TASKS stream config (its metadata, else its subject transform), 0 if none."""
+    partitions = int((config.metadata or {}).get("partitions", "0"))
+    if not partitions and config.subject_transform is not None:
+        dest = config.subject_transform.dest or ""
+        partitions = int(dest.split("partition(")[1].split(",")[0])
+    return partitions
+
+
+async def read_topology(js: JetStreamContext) -> Topology:
+    """The topology as configured on the server (partition count from TASKS, retry policy from `workers`)."""
+    si = await js.stream_info(TASKS)
+    partitions = _partitions_of(si.config)
+    ci = await js.consumer_info(TOOLS, WORKERS_CONSUMER)
+    return Topology(partitions or DEFAULT_PARTITIONS, si.config.num_replicas or 1,
+                    float(ci.config.ack_wait or DEFAULT_TOOL_ACK_WAIT_S),
+                    int(ci.config.max_deliver or DEFAULT_TOOL_MAX_DELIVER))
+
+
+async def attach_topology(js: JetStreamContext, **ensure: Any) -> Topology:
+    """The topology for a process starting up: read it, create it (`ensure_topology(**ensure)`) if there is
+    none, and wait out NATS being unavailable (a cluster electing a leader answers nothing for 4-6 s)
+    instead of failing: a host or worker restarted during an election must come up, not crash. A request
+    NATS rejects (a bad configuration) is raised at once."""
+
+    async def read_or_create() -> Topology:
+        try:
+            return await read_topology(js)
+        except NotFoundError:
+            await ensure_topology(js, **ensure)
+            return await read_topology(js)  # what the server holds: another process may have been first
+
+    return await retrying(read_or_create, what="attaching to the NATS topology", fatal=BadRequestError,
+                          retry_on=(nats.errors.Error, nats.js.errors.APIError, TimeoutError), logger=log)
+
+
+async def read_partitions(js: JetStreamContext) -> int:
+    """The partition count every host must use (from the TASKS stream, never from local config)."""
+    return (await read_topology(js)).partitions
+
+
+async def ensure_partition_consumers(js: JetStreamContext, partition: int, *, ack_wait: float = 30.0,
+                                     max_deliver: int = -1, max_ack_pending: int = 10_000,
+                                     replicas: int = 1, fresh: bool = False) -> tuple[str, str]:
+    """The durable task and result consumers of one partition; returns their names.
+
+    One pair per partition, not per agent: a host owning k partitions needs 2k consumers whatever the
+    number of agents, and the per-agent mailboxes live in the host's memory. `max_ack_pending` bounds
+    the task messages the owner holds un-acked (waiting in mailboxes): the rest wait in the stream.
+
+    `fresh=True` deletes them first (a takeover): messages the previous owner had been delivered but not
+    acked are then delivered again at once instead of after AckWait. Safe on a WorkQueue stream, where
+    acked messages are gone and un-acked ones stay stored whatever happens to the consumer.
+    """
+    names = (task_consumer_name(partition), result_consumer_name(partition))
+    for stream, name, flt in ((TASKS, names[0], task_filter(partition)),
+                              (RESULTS, names[1], result_filter(partition))):
+        if fresh:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(stream, name)
+        await ensure_consumer(js, stream, ConsumerConfig(
+            name=name, durable_name=name, filter_subject=flt, deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending, num_replicas=replicas))
+    return names
+
+
+__all__ = ["Topology", "attach_topology", "ensure_consumer", "ensure_partition_consumers", "ensure_topology",
+           "read_partitions", "read_topology", "stream_configs", "topology_replicas",
+           "workers_consumer_config"]
