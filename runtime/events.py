@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from runtime.types import Message, ToolCall, ToolError, ToolResult, Usage
+from runtime.types import Message, ScriptNote, ToolCall, ToolError, ToolResult, Usage
 
 SCHEMA_VERSION = 1
 
@@ -255,6 +255,25 @@ def tool_outcome(call_id: str, tool: str, result: ToolResult) -> tuple[type[Even
     return ToolFailed, {**fields, "error": result.error}
 
 
+def script_event(
+    note: ScriptNote, call_id: str, tool: str, *, worker: str = ""
+) -> tuple[type[Event], dict[str, Any]]:
+    """The `script.*` event recording one sandbox note and its fields (less the run's ids, `seq` and `ts`):
+    `script.started` (on `worker`, else the sandbox pid), `script.printed`, `script.completed` or
+    `script.failed`. The one note -> event mapping, so a tool worker's notes and an in-process run's read
+    alike in the log."""
+    fields: dict[str, Any] = {"call_id": call_id, "tool": tool}
+    if note.kind == "started":
+        pid = str(note.worker_pid) if note.worker_pid else ""
+        return ScriptStarted, {**fields, "worker": worker or pid}
+    if note.kind == "printed":
+        return ScriptPrinted, {**fields, "text": note.text}
+    if note.kind == "completed":
+        return ScriptCompleted, {**fields, "duration_ms": note.duration_ms}
+    error = note.error or ToolError("execution", note.text or "script failed")
+    return ScriptFailed, {**fields, "error": error, "duration_ms": note.duration_ms}
+
+
 # ── commands ──────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -450,6 +469,7 @@ __all__ = [
     "internalize",
     "kind_of",
     "payload_bytes",
+    "script_event",
     "to_json",
     "tool_outcome",
 ]

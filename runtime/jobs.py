@@ -5,7 +5,8 @@ re-published job (host crash and recovery) is stored once. A worker runs it and 
 `ToolOutcome` to `results.<partition>.<agent>.<run>` (stream RESULTS) with the same Msg-Id, so a job run
 twice (worker crash after publishing, before acking) yields one outcome. The host turns an outcome into
 events with `ToolOutcome.events()`: the worker never appends to EVENTS, so the host stays the single
-writer of each run and a run's sequence stays contiguous (DESIGN rule 4).
+writer of each run and a run's sequence stays contiguous: one writer per run is what lets appends use an
+expected sequence.
 
 Both are msgspec Structs in msgpack, versioned like the events: new fields get defaults.
 """
@@ -13,13 +14,13 @@ Both are msgspec Structs in msgpack, versioned like the events: new fields get d
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from runtime import events as ev
 from runtime.bus import job_msg_id, result_subject, tool_subject
-from runtime.types import ToolError, ToolResult
+from runtime.types import ScriptNote, ToolResult
 
 JOB_VERSION = 1
 
@@ -71,21 +72,9 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             raise JobDecodeError(f"not a tool job: {e}") from None
 
 
-NoteKind = Literal["started", "printed", "completed", "failed"]
-
-
-class ScriptNote(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One thing that happened inside the sandbox, in order; becomes a `script.<kind>` event."""
-
-    kind: NoteKind
-    ts: float
-    text: str = ""
-    duration_ms: float = 0.0
-    error: ToolError | None = None
-
-
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What became of one `ToolJob`: the final result plus the script notes that explain it."""
+    """What became of one `ToolJob`: the final result plus the script notes that explain it (the
+    `ScriptNote`s exactly as the sandbox emitted them)."""
 
     run_id: str
     agent: str
@@ -132,20 +121,12 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     def events(self, first_seq: int) -> list[ev.Event]:
         """The events the host appends for this outcome: `script.*` in order, then `tool.completed` or
         `tool.failed`, numbered from `first_seq`. Timestamps are the worker's (when it happened)."""
-        common = {"run_id": self.run_id, "agent": self.agent}
+        common: dict[str, Any] = {"run_id": self.run_id, "agent": self.agent}
         out: list[ev.Event] = []
         seq = first_seq
         for note in self.notes:
-            base = {**common, "seq": seq, "ts": note.ts, "call_id": self.call_id, "tool": self.tool}
-            if note.kind == "started":
-                out.append(ev.ScriptStarted(**base, worker=self.worker))
-            elif note.kind == "printed":
-                out.append(ev.ScriptPrinted(**base, text=note.text))
-            elif note.kind == "completed":
-                out.append(ev.ScriptCompleted(**base, duration_ms=note.duration_ms))
-            else:
-                error = note.error or ToolError("execution", note.text or "script failed")
-                out.append(ev.ScriptFailed(**base, error=error, duration_ms=note.duration_ms))
+            kind, fields = ev.script_event(note, self.call_id, self.tool, worker=self.worker)
+            out.append(kind(**common, seq=seq, ts=note.ts, **fields))
             seq += 1
         cls, fields = ev.tool_outcome(self.call_id, self.tool, self.result)  # the one result -> event mapping
         if cls is ev.ToolCompleted:

@@ -53,7 +53,11 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from runtime import bus, dlq
-from runtime.data import (
+from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
+from runtime.payloads import Payloads
+from runtime.scripts import Limits, LimitsError
+from runtime.tools import ToolContext, discover_tools
+from runtime.tools.data import (
     DataProvider,
     JobContext,
     NullDataProvider,
@@ -65,11 +69,7 @@ from runtime.data import (
     WorkspaceResultHandler,
     WriteError,
 )
-from runtime.jobs import JobDecodeError, ScriptNote, ToolJob, ToolOutcome
-from runtime.payloads import Payloads
-from runtime.scripts.limits import Limits, LimitsError
-from runtime.tools import ToolContext
-from runtime.types import ToolResult
+from runtime.types import ScriptNote, ToolResult
 
 log = logging.getLogger("runtime.worker")
 
@@ -130,8 +130,6 @@ class ToolRegistry:
     def add_globs(self, patterns: Iterable[str]) -> list[str]:
         """Every `.pym` matching the globs (files and folders work too), with default limits; a script
         that cannot be a tool is an error (a worker must not start half-equipped)."""
-        from runtime.tools import discover_tools
-
         patterns = list(patterns)
         if not patterns:
             return []
@@ -457,10 +455,10 @@ class Worker:
             except Exception as e:
                 log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
                 return None
-            notes: list[ScriptNote] = []
+            notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
             result = await tool.tool.execute(job.arguments, ToolContext(
                 run_id=job.run_id, agent=job.agent, call_id=job.call_id, files=files, limits=limits,
-                on_event=_collector(notes)))
+                on_event=notes.append))
             if result.error is not None:
                 return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)
             try:
@@ -499,22 +497,6 @@ def _retry_delay(attempt: int) -> float:
     """Redelivery delay after the `attempt`-th delivery failed for infrastructure reasons: 2, 4, 8, 10 s,
     so MaxDeliver (5) deliveries span more than a cluster leader election (4-6 s)."""
     return min(10.0, 2.0 ** attempt)
-
-
-def _collector(notes: list[ScriptNote]) -> Callable[[Any], None]:
-    """Turn the sandbox's ScriptEvents into the outcome's notes (`start/print/complete/error`)."""
-    kinds = {"start": "started", "print": "printed", "complete": "completed", "error": "failed"}
-
-    def on_event(event: Any) -> None:
-        kind = kinds.get(getattr(event, "kind", ""))
-        if kind is None:
-            return
-        notes.append(ScriptNote(kind=kind, ts=getattr(event, "at", 0.0) or time.time(),  # type: ignore[arg-type]
-                                text=getattr(event, "text", None) or "",
-                                duration_ms=getattr(event, "duration_ms", 0.0) or 0.0,
-                                error=getattr(event, "error", None)))
-
-    return on_event
 
 
 def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime import bus
-from runtime.data import (
+from runtime.jobs import ToolJob
+from runtime.tools.data import (
     JobContext,
     NullDataProvider,
     NullResultHandler,
@@ -18,7 +19,6 @@ from runtime.data import (
     parse_writes,
     path_for_key,
 )
-from runtime.jobs import ToolJob
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 from pydantic import BaseModel
 
-from runtime.scripts import Limits, ScriptEvent, loads, to_plain
+from runtime.scripts import Limits, ScriptNote, loads, to_plain
 from runtime.types import ERROR_KINDS
 
 pytestmark = pytest.mark.anyio
@@ -105,7 +105,7 @@ async def test_input_errors_before_anything_runs(inputs, fragment):
     r = await s.run(inputs, on_event=events.append)
     assert r.error.kind == "input", r.error
     assert fragment in r.error.message
-    assert not any(e.kind == "print" for e in events)
+    assert not any(e.kind == "printed" for e in events)
 
 
 async def test_external_errors_missing_extra_and_raised():
@@ -390,13 +390,13 @@ async def test_environ():
 
 
 async def test_events_start_print_complete_in_order_with_durations():
-    events: list[ScriptEvent] = []
+    events: list[ScriptNote] = []
     s = script('print("hello")\nimport sys\nprint("err", file=sys.stderr)\n42\n', name="ev")
     r = await s.run(on_event=events.append)
     assert r.output == 42
     kinds = [e.kind for e in events]
-    assert kinds[0] == "start" and kinds[-1] == "complete"
-    printed = [(e.stream, e.text) for e in events if e.kind == "print"]
+    assert kinds[0] == "started" and kinds[-1] == "completed"
+    printed = [(e.stream, e.text) for e in events if e.kind == "printed"]
     assert "".join(t for _, t in printed) == "hello\nerr\n"
     assert {s for s, _ in printed} == {"stdout", "stderr"}
     assert all(e.script == "ev" for e in events)
@@ -405,15 +405,15 @@ async def test_events_start_print_complete_in_order_with_durations():
 
 
 async def test_error_event_and_async_callback():
-    seen: list[ScriptEvent] = []
+    seen: list[ScriptNote] = []
 
-    async def on_event(e: ScriptEvent) -> None:
+    async def on_event(e: ScriptNote) -> None:
         await asyncio.sleep(0)
         seen.append(e)
 
     r = await script('print("before")\n1 / 0\n').run(on_event=on_event)
     assert r.error.kind == "execution"
-    assert [e.kind for e in seen] == ["start", "print", "error"]
+    assert [e.kind for e in seen] == ["started", "printed", "failed"]
     assert seen[-1].error == r.error and seen[1].text == "before\n"
 
 
@@ -428,7 +428,7 @@ async def test_input_error_still_reports_start_and_error_events():
     events = []
     s = script('from grail import Input\nn: int = Input("n")\nn\n')
     await s.run({}, on_event=events.append)
-    assert [e.kind for e in events] == ["start", "error"]
+    assert [e.kind for e in events] == ["started", "failed"]
 
 
 async def test_concurrent_runs_are_isolated():

@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -49,7 +50,7 @@ _DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "ms": 1e-3, "us":
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def _quantity(value: Any, field: str, units: dict[str, float], kind: str, expected: str, unit_names: str
+def _quantity(value: Any, field: str, units: Mapping[str, float], kind: str, expected: str, unit_names: str
               ) -> float:
     """A positive number times its unit, from a number or a string such as "1.5GB" or "500ms"."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -90,14 +91,14 @@ def _positive_int(value: Any, field: str) -> int:
     return number
 
 
-def _human_size(n: int) -> str:
+def human_size(n: int) -> str:
     for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
         if n >= factor:
             return f"{n / factor:g} {unit}"
     return f"{n} bytes"
 
 
-def _human_duration(s: float) -> str:
+def human_duration(s: float) -> str:
     return f"{s * 1000:g} ms" if s < 1 else f"{s:g} s"
 
 
@@ -210,15 +211,15 @@ class Limits(BaseModel):
     def describe(self) -> str:
         parts = []
         if self.max_memory is not None:
-            parts.append(f"memory {_human_size(self.max_memory)}")
+            parts.append(f"memory {human_size(self.max_memory)}")
         if self.max_duration is not None:
-            parts.append(f"duration {_human_duration(self.max_duration)}")
+            parts.append(f"duration {human_duration(self.max_duration)}")
         if self.max_recursion is not None:
             parts.append(f"recursion {self.max_recursion}")
         if self.max_suspensions is not None:
             parts.append(f"host calls {self.max_suspensions}")
         if self.max_output is not None:
-            parts.append(f"output {_human_size(self.max_output)}")
+            parts.append(f"output {human_size(self.max_output)}")
         return ", ".join(parts) or "no limits set"
 
     def effective(self) -> Limits:
@@ -261,14 +262,17 @@ def _validation_message(error: ValueError) -> str:
     return str(error)
 
 
-PRESETS: dict[str, Limits] = {
-    "strict": Limits(
-        max_memory="8mb", max_duration="500ms", max_recursion=120, max_suspensions=200, max_output="256kb"
+PRESETS: dict[str, Limits] = {  # human units, so through model_validate (the validators parse them)
+    "strict": Limits.model_validate(
+        {"max_memory": "8mb", "max_duration": "500ms", "max_recursion": 120, "max_suspensions": 200,
+         "max_output": "256kb"}
     ),
-    "default": Limits(
-        max_memory="16mb", max_duration="2s", max_recursion=200, max_suspensions=1000, max_output="1mb"
+    "default": Limits.model_validate(
+        {"max_memory": "16mb", "max_duration": "2s", "max_recursion": 200, "max_suspensions": 1000,
+         "max_output": "1mb"}
     ),
-    "permissive": Limits(
-        max_memory="64mb", max_duration="10s", max_recursion=400, max_suspensions=10_000, max_output="16mb"
+    "permissive": Limits.model_validate(
+        {"max_memory": "64mb", "max_duration": "10s", "max_recursion": 400, "max_suspensions": 10_000,
+         "max_output": "16mb"}
     ),
 }
