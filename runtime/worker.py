@@ -56,7 +56,7 @@ from runtime import bus, dlq
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.payloads import Payloads
 from runtime.scripts import Limits, LimitsError
-from runtime.tools import ToolContext, discover_tools
+from runtime.tools import ScriptTool, ToolContext, discover_tools
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -84,48 +84,28 @@ BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa statu
 # ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class WorkerTool:
-    """A runnable tool as the worker sees it: a `runtime.tools.Tool` (its own limits and output model
-    set by the bundle), the content hash of its script, and where it came from."""
-
-    name: str
-    tool: Any  # runtime.tools.Tool: `await tool.execute(arguments, ToolContext)`
-    digest: str = ""
-    source: str = ""
-
-    @property
-    def limits(self) -> Limits:
-        return getattr(self.tool, "limits", None) or Limits.default()
-
-
-def _worker_tool(tool: Any, source: str = "") -> WorkerTool:
-    digest = str(getattr(tool, "content_hash", "") or "")
-    return WorkerTool(tool.name, tool, digest=digest, source=source or str(getattr(tool, "path", "") or ""))
-
-
 class ToolRegistry:
-    """Tools by name, from bundles and .pym globs. `by_digest` indexes the same tools by script content
-    hash: a script is loaded (parsed, checked, transformed) once per process, when the worker starts."""
+    """Tools by name, from bundles and .pym globs: each a `ScriptTool` carrying its own limits and output
+    model (set by its bundle). `by_digest` indexes the same tools by script content hash: a script is
+    loaded (parsed, checked, transformed) once per process, when the worker starts."""
 
     def __init__(self) -> None:
-        self.tools: dict[str, WorkerTool] = {}
-        self.by_digest: dict[str, WorkerTool] = {}
+        self.tools: dict[str, ScriptTool] = {}
+        self.by_digest: dict[str, ScriptTool] = {}
         self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
 
     def __contains__(self, name: str) -> bool:
         return name in self.tools
 
-    def get(self, name: str) -> WorkerTool | None:
+    def get(self, name: str) -> ScriptTool | None:
         return self.tools.get(name)
 
-    def add(self, tool: WorkerTool) -> None:
+    def add(self, tool: ScriptTool) -> None:
         old = self.tools.get(tool.name)
-        if old is not None and old.digest != tool.digest:
-            log.warning("tool %s from %s replaces the one from %s", tool.name, tool.source, old.source)
+        if old is not None and old.content_hash != tool.content_hash:
+            log.warning("tool %s from %s replaces the one from %s", tool.name, tool.path, old.path)
         self.tools[tool.name] = tool
-        if tool.digest:
-            self.by_digest[tool.digest] = tool
+        self.by_digest[tool.content_hash] = tool
 
     def add_globs(self, patterns: Iterable[str]) -> list[str]:
         """Every `.pym` matching the globs (files and folders work too), with default limits; a script
@@ -137,7 +117,7 @@ class ToolRegistry:
         if failures:
             raise ValueError("cannot load tools:\n" + "\n".join(str(f) for f in failures))
         for t in found:
-            self.add(_worker_tool(t))
+            self.add(t)
         return [t.name for t in found]
 
     def add_bundle(self, path: str | Path) -> list[str]:
@@ -146,7 +126,7 @@ class ToolRegistry:
 
         bundle = load_bundle(path)
         for t in bundle.tools.values():
-            self.add(_worker_tool(t.tool, t.source))
+            self.add(t)
         dp = bundle.data_provider
         if dp.kind == "static":
             self.providers[bundle.name] = StaticDataProvider(dp.files, folder=dp.folder)
@@ -395,9 +375,9 @@ class Worker:
             limits = self._limits_cache[key] = Limits.resolve(spec)
         return limits
 
-    def _budget(self, tool: WorkerTool, limits: Limits | None) -> float | None:
+    def _budget(self, tool: ScriptTool, limits: Limits | None) -> float | None:
         """The duration a run of `tool` may take under `limits` (cached like `_limits`)."""
-        key = (tool.name, tool.digest, id(limits))
+        key = (tool.name, tool.content_hash, id(limits))
         hit = self._budget_cache.get(key)
         if hit is None or hit[0] is not limits:
             if len(self._budget_cache) >= 1024:
@@ -431,9 +411,9 @@ class Worker:
             return ToolOutcome.for_job(job, ToolResult.failure(
                 "execution", f"no tool named {job.tool!r} is loaded on worker {self.name} (it has: {known})",
                 detail="unknown_tool"), **fields)
-        if tool.digest and job.tool_digest and tool.digest != job.tool_digest:
+        if job.tool_digest and tool.content_hash != job.tool_digest:
             log.warning("tool %s: the host expects version %s, this worker has %s",
-                        tool.name, job.tool_digest, tool.digest)
+                        tool.name, job.tool_digest, tool.content_hash)
         try:
             limits = self._limits(job.limits)  # None: the tool's own
         except LimitsError as e:
@@ -456,7 +436,7 @@ class Worker:
                 log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
                 return None
             notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
-            result = await tool.tool.execute(job.arguments, ToolContext(
+            result = await tool.execute(job.arguments, ToolContext(
                 run_id=job.run_id, agent=job.agent, call_id=job.call_id, files=files, limits=limits,
                 on_event=notes.append))
             if result.error is not None:
@@ -526,4 +506,4 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
         await bus.close(nc)
 
 
-__all__ = ["ToolRegistry", "Worker", "WorkerStats", "WorkerTool", "build_registry", "serve"]
+__all__ = ["ToolRegistry", "Worker", "WorkerStats", "build_registry", "serve"]

@@ -4,7 +4,8 @@
     tool.schema                                   # ToolSchema(name, description, parameters: JSON Schema)
     await tool.execute({"expression": "1 + 2"}, ToolContext(call_id="r1/0.0"))   # -> ToolResult
 
-- `ScriptTool` wraps a `.pym` script (runs in the Monty sandbox under its `Limits`).
+- `ScriptTool` wraps a `.pym` script (runs in the Monty sandbox under its `Limits`); it is the one object
+  that carries a tool's settings for the bundle, the host and the worker.
 - `PythonTool` wraps a sync or async Python callable (schema from its type hints and docstring).
 - A tool's name matches `^[a-z0-9_-]{1,64}$` (a script's is its file stem) and its description is the first
   paragraph of its docstring, 1-200 characters: the model reads it to decide when to call the tool.

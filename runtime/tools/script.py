@@ -1,7 +1,10 @@
-"""`ScriptTool`: a `.pym` script as a tool.
+"""`ScriptTool`: a `.pym` script as a tool, and the one object that carries how that tool runs.
 
-`execute` runs the script in the Monty sandbox under `limits` (merged with a call's overrides) and checks
-its result against `output_model`.
+A bundle configures each tool (its `Limits` merged over the bundle's, its output model, whether a call
+needs approval); a worker runs it; the host reads its content hash to tell workers which version it means.
+All three use this object itself: there is no second record of a tool's settings to drift from the first.
+`configured` makes the bundle's copy; `execute` runs the script in the Monty sandbox under `limits`
+(merged with a call's overrides) and checks its result against `output_model`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class ScriptTool(Described):
 
     `limits` bound every run (a call's `ToolContext.limits` are merged over them); `output_model` checks
     every result (a pydantic model, any type, or a JSON Schema dict); `externals` are host functions by
-    name.
+    name; `requires_approval` says a call waits for a human's approval before it runs.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class ScriptTool(Described):
         limits: Limits | str | dict[str, Any] | None = None,
         output_model: Any = None,
         externals: dict[str, Callable[..., Any]] | None = None,
+        requires_approval: bool = False,
     ) -> None:
         problems = script_tool_diagnostics(script)
         if problems:
@@ -44,11 +48,24 @@ class ScriptTool(Described):
         self.limits = Limits.resolve(limits)
         self.output_model = output_model
         self.externals = dict(externals or {})
+        self.requires_approval = requires_approval
         self._schema = ToolSchema(script.name, script.description, script.parameters)
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> ScriptTool:
         return cls(load(path), **kwargs)
+
+    def configured(
+        self, *, limits: Limits, output_model: Any = None, requires_approval: bool = False
+    ) -> ScriptTool:
+        """The same script and externals under other settings (what a bundle makes of a discovered tool)."""
+        return ScriptTool(
+            self.script,
+            limits=limits,
+            output_model=output_model,
+            externals=self.externals,
+            requires_approval=requires_approval,
+        )
 
     @property
     def path(self) -> str | None:
