@@ -171,8 +171,6 @@ class Worker:
         self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
         self._max_deliver = bus.DEFAULT_TOOL_MAX_DELIVER
         self.payloads = Payloads(js, threshold=payload_threshold)
-        self._limits_cache: dict[tuple[Any, ...], Limits] = {}
-        self._budget_cache: dict[tuple[str, str, int], tuple[Limits | None, float | None]] = {}
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
 
@@ -362,29 +360,6 @@ class Worker:
         self.stats.failed += 1
         await msg.term()
 
-    def _limits(self, spec: dict[str, Any]) -> Limits | None:
-        """`Limits.resolve` of a job's limits, once per distinct value: every job of a tool carries the
-        same dict, and validating it with pydantic per job cost more than a fast script's run."""
-        if not spec:
-            return None
-        key = tuple(sorted(spec.items()))
-        limits = self._limits_cache.get(key)
-        if limits is None:
-            if len(self._limits_cache) >= 1024:
-                self._limits_cache.clear()
-            limits = self._limits_cache[key] = Limits.resolve(spec)
-        return limits
-
-    def _budget(self, tool: ScriptTool, limits: Limits | None) -> float | None:
-        """The duration a run of `tool` may take under `limits` (cached like `_limits`)."""
-        key = (tool.name, tool.content_hash, id(limits))
-        hit = self._budget_cache.get(key)
-        if hit is None or hit[0] is not limits:
-            if len(self._budget_cache) >= 1024:
-                self._budget_cache.clear()
-            hit = self._budget_cache[key] = (limits, tool.limits.merge(limits).effective().max_duration)
-        return hit[1]
-
     def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
         if job.workspace:
             return self._workspace_files, self._workspace_writes
@@ -414,8 +389,8 @@ class Worker:
         if job.tool_digest and tool.content_hash != job.tool_digest:
             log.warning("tool %s: the host expects version %s, this worker has %s",
                         tool.name, job.tool_digest, tool.content_hash)
-        try:
-            limits = self._limits(job.limits)  # None: the tool's own
+        try:  # the job's limits dict, validated once per distinct value (Limits keeps the one cache)
+            limits = Limits.resolve(job.limits) if job.limits else None  # None: the tool's own
         except LimitsError as e:
             return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
                                        **fields)
@@ -426,7 +401,7 @@ class Worker:
                 if left <= 0:
                     return ToolOutcome.for_job(job, ToolResult.failure(
                         "timeout", "the call's deadline passed before a worker could run it"), **fields)
-                budget = self._budget(tool, limits)
+                budget = tool.limits.merge(limits).effective().max_duration
                 if budget and left < budget:
                     limits = (limits or Limits()).merge(Limits(max_duration=left))
             ctx = JobContext(job)

@@ -168,11 +168,11 @@ class Limits(BaseModel):
         """A new `Limits`: this one with every field `other` sets (non-None) overriding it."""
         if other is None:
             return self
-        return Limits.model_validate({**self.to_dict(), **other.to_dict()})
+        return _validated(_fields({**self.to_dict(), **other.to_dict()}))
 
     def to_dict(self) -> dict[str, int | float]:
         """The set fields as plain numbers: what goes on the wire. `Limits.resolve(d)` reads it back."""
-        return self.model_dump(exclude_none=True)
+        return {k: v for k, v in self.__dict__.items() if v is not None}  # = model_dump(exclude_none=True)
 
     @classmethod
     def resolve(cls, spec: Limits | str | dict[str, Any] | None) -> Limits:
@@ -199,11 +199,11 @@ class Limits(BaseModel):
             )
         if isinstance(spec, dict):
             try:
-                return cls.model_validate(spec)
-            except LimitsError:
-                raise
-            except ValueError as e:  # pydantic's ValidationError wraps our LimitsError messages
-                raise LimitsError(_validation_message(e)) from None
+                key = _fields(spec)
+                hash(key)
+            except TypeError:  # values no valid spec has (lists, ...): validate uncached, for the message
+                return _from_dict(spec)
+            return _validated(key)
         raise LimitsError(f"limits must be a preset name, a dict or a Limits, not {type(spec).__name__}")
 
     # ---- for people and for Monty -----------------------------------------------------------------
@@ -224,7 +224,7 @@ class Limits(BaseModel):
 
     def effective(self) -> Limits:
         """This over `Limits.default()`: every field set, as every run needs."""
-        return _effective(self)
+        return PRESETS["default"].merge(self)
 
     def to_monty(self) -> dict[str, Any]:
         """pydantic-monty's `ResourceLimits` for a checkout (fields filled from the default preset)."""
@@ -239,9 +239,30 @@ class Limits(BaseModel):
         }
 
 
-@functools.lru_cache(maxsize=256)
-def _effective(limits: Limits) -> Limits:
-    return PRESETS["default"].merge(limits)
+_Fields = tuple[tuple[str, type, Any], ...]
+
+
+def _fields(spec: dict[str, Any]) -> _Fields:
+    """A limits dict as a cache key: sorted, and typed (so `True` and `1` stay different keys)."""
+    return tuple(sorted((str(k), type(v), v) for k, v in spec.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _validated(fields: _Fields) -> Limits:
+    """The process's one cache of validated `Limits`, keyed by their fields: `resolve` of a dict, `merge`
+    and `effective` all come through here. A tool worker resolves every job's limits dict and merges it
+    over the tool's own, and validating with pydantic each time costs more than a fast script's run; every
+    job of a tool carries the same dict, so after the first job these are lookups. Errors are not cached."""
+    return _from_dict({name: value for name, _, value in fields})
+
+
+def _from_dict(spec: dict[str, Any]) -> Limits:
+    try:
+        return Limits.model_validate(spec)
+    except LimitsError:
+        raise
+    except ValueError as e:  # pydantic's ValidationError wraps our LimitsError messages
+        raise LimitsError(_validation_message(e)) from None
 
 
 def _unknown_key_message(key: str, allowed: list[str]) -> str:
