@@ -12,8 +12,8 @@ AckWait. Per job, in this order (each step's failure mode in brackets):
    run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.dlq`);
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
-3. look up the tool [unknown: a tool failure outcome, acked: never a crash loop]; check the deadline
-   [passed: a `timeout` failure without running];
+3. look up the tool [unknown: an `input` failure outcome, as the kernel reports a tool it does not know;
+   acked: never a crash loop]; check the deadline [passed: a `timeout` failure without running];
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
@@ -381,10 +381,10 @@ class Worker:
             return None
 
         tool = self.registry.get(job.tool)
-        if tool is None:
+        if tool is None:  # `input`, as the kernel says of a tool it does not know
             known = ", ".join(sorted(self.registry.tools)) or "none"
             return ToolOutcome.for_job(job, ToolResult.failure(
-                "execution", f"no tool named {job.tool!r} is loaded on worker {self.name} (it has: {known})",
+                "input", f"no tool named {job.tool!r} is loaded on worker {self.name} (it has: {known})",
                 detail="unknown_tool"), **fields)
         if job.tool_digest and tool.content_hash != job.tool_digest:
             log.warning("tool %s: the host expects version %s, this worker has %s",

@@ -132,7 +132,9 @@ async def test_failures_are_values_and_the_worker_keeps_serving(js, tools_dir: P
     await js.publish(bus.tool_subject("echo"), b"\x00not msgpack")  # malformed: dead-lettered
     worker, outcomes = await run_worker_until(js, reg, 5)
     err = {o.call_id: o.result.error for o in outcomes}
-    assert err["r1/1.0"].detail == "unknown_tool" and "echo" in err["r1/1.0"].message
+    # an unknown tool is the caller's mistake: kind `input`, as the kernel says (test_kernel.py)
+    assert (err["r1/1.0"].kind, err["r1/1.0"].detail) == ("input", "unknown_tool")
+    assert "echo" in err["r1/1.0"].message
     assert err["r1/1.1"].kind == "input"
     assert (err["r1/1.2"].kind, err["r1/1.2"].detail) == ("limit", "duration")
     assert err["r1/1.3"].kind == "timeout"
