@@ -33,6 +33,10 @@ Every mapping rejects unknown keys (with a "did you mean" hint). `load_bundle` c
 can find, then raises one `BundleError` listing them as `<file>: <yaml path>: <what is wrong; what is
 allowed>`, so a user fixes a bundle in one pass. Tool load failures (a .pym that does not parse) are
 bundle errors too: an agent must never start with a tool that cannot run.
+
+This is one module although it is over 500 lines, because it is one concept: the file's schema and its
+resolution into tools, limits, policies and data share the YAML paths every error names, so a reader who
+asks what a key means finds its model and what becomes of it in the same place.
 """
 
 from __future__ import annotations
