@@ -1,7 +1,7 @@
 """bundle.yaml: one agent's whole configuration, validated up front with errors that name the YAML path.
 
 A bundle is what `sa up`/`sa host` load to make an agent reachable at `agents.<name>.tasks`, and what a
-worker loads to know the agent's tools. Seed 000 §6.2, extended (issue 5 §4)::
+worker loads to know the agent's tools::
 
     name: workspace_agent                     # the agent id: one subject token
     system_prompt: "You are ..."              # or system_prompt_file: prompt.md (relative to the bundle)
@@ -33,6 +33,10 @@ Every mapping rejects unknown keys (with a "did you mean" hint). `load_bundle` c
 can find, then raises one `BundleError` listing them as `<file>: <yaml path>: <what is wrong; what is
 allowed>`, so a user fixes a bundle in one pass. Tool load failures (a .pym that does not parse) are
 bundle errors too: an agent must never start with a tool that cannot run.
+
+This is one module although it is over 500 lines, because it is one concept: the file's schema and its
+resolution into tools, limits, policies and data share the YAML paths every error names, so a reader who
+asks what a key means finds its model and what becomes of it in the same place.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from runtime.scripts.limits import Limits, LimitsError, parse_duration
+from runtime.scripts import Limits, LimitsError, parse_duration
+from runtime.tools import ScriptTool, discover_tools
+from runtime.types import ToolSchema
 
 _STRATEGIES = ("ebnf", "structural_tag", "json_schema")
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
@@ -132,18 +138,6 @@ class BundleSpec(_Strict):
 
 
 @dataclass(frozen=True)
-class ResolvedTool:
-    """One tool of the bundle with everything the host and the workers need to run it."""
-
-    name: str
-    tool: Any  # a runtime.tools.Tool
-    limits: Limits  # global merged with the tool's own: what the job carries
-    output_model: Any = None  # a pydantic model class, a JSON Schema dict, or None
-    requires_approval: bool = False
-    source: str = ""  # the file it came from
-
-
-@dataclass(frozen=True)
 class DataProviderSpec:
     kind: Literal["none", "static", "workspace"] = "none"
     folder: Path | None = None
@@ -161,7 +155,7 @@ class Bundle:
     spec: BundleSpec
     system_prompt: str
     limits: Limits
-    tools: dict[str, ResolvedTool]
+    tools: dict[str, ScriptTool]  # each with its limits (global merged with its own), output model, approval
     data_provider: DataProviderSpec
     deadline_s: float | None
     policies: tuple[Any, ...]
@@ -181,8 +175,8 @@ class Bundle:
     def output_model_for(self, tool: str) -> Any:
         return self.tools[tool].output_model if tool in self.tools else None
 
-    def tool_schemas(self) -> tuple[Any, ...]:
-        return tuple(t.tool.schema for t in self.tools.values())
+    def tool_schemas(self) -> tuple[ToolSchema, ...]:
+        return tuple(t.schema for t in self.tools.values())
 
     def kernel_config(self) -> Any:
         """The kernel's `KernelConfig` for this bundle (tool schemas, termination, policies, sampling)."""
@@ -395,22 +389,12 @@ def _data_provider(spec: Any, default_ws: str | None, root: Path, problems: list
     return DataProviderSpec(kind=kind, folder=folder, files=dict(files), workspace=workspace)
 
 
-def _load_tool(path: Path) -> tuple[Any, str]:
+def _load_tool(path: Path) -> tuple[ScriptTool | None, str]:
     """(tool, "") or (None, why it cannot be a tool): via runtime.tools, so the tool rules are the same."""
-    from runtime.tools import discover_tools
-
     found, failures = discover_tools([path])
     if failures:
         return None, "; ".join(str(f) for f in failures)
     return found[0], ""
-
-
-def _with_settings(tool: Any, limits: Limits, output_model: Any) -> Any:
-    from runtime.tools import ScriptTool
-
-    if isinstance(tool, ScriptTool):
-        return ScriptTool(tool.script, limits=limits, output_model=output_model, externals=tool.externals)
-    return tool
 
 
 def load_bundle(path: str | Path) -> Bundle:
@@ -514,14 +498,14 @@ def load_bundle(path: str | Path) -> Bundle:
         else:
             problems.append((where, "a tool is a glob string or a mapping with `path:`"))
 
-    tools: dict[str, ResolvedTool] = {}
+    tools: dict[str, ScriptTool] = {}
     for f, where, entry in files:
         tool, failure = _load_tool(f)
         if tool is None:
             problems.append((where, failure))
             continue
         if tool.name in tools:
-            problems.append((where, f"two tools are named {tool.name!r} ({tools[tool.name].source} and {f})"))
+            problems.append((where, f"two tools are named {tool.name!r} ({tools[tool.name].path} and {f})"))
             continue
         limits, output_model, approval = global_limits, None, False
         if entry is not None:
@@ -529,10 +513,10 @@ def load_bundle(path: str | Path) -> Bundle:
             limits = global_limits.merge(own)
             output_model = _output_model(entry.output_model, named, root, f"{where}.output_model", problems)
             approval = entry.requires_approval
-        # the tool object carries the bundle's limits and output model, so `tool.execute` alone is right
-        tool = _with_settings(tool, limits, output_model)
-        tools[tool.name] = ResolvedTool(name=tool.name, tool=tool, limits=limits, output_model=output_model,
-                                        requires_approval=approval, source=str(f))
+        # the tool object carries the bundle's settings: `tool.execute` alone is right, and the host and
+        # the workers read them from it
+        tools[tool.name] = tool.configured(limits=limits, output_model=output_model,
+                                           requires_approval=approval)
 
     # termination, policies, data
     term = spec.termination
@@ -566,10 +550,10 @@ def load_bundle(path: str | Path) -> Bundle:
     h = hashlib.sha256(raw_text.encode())
     for name in sorted(tools):
         h.update(name.encode())
-        h.update(Path(tools[name].source).read_bytes())
+        h.update(Path(str(tools[name].path)).read_bytes())
     return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
                   limits=global_limits, tools=tools, data_provider=data, deadline_s=deadline_s,
                   policies=policies, digest=h.hexdigest()[:16])
 
 
-__all__ = ["Bundle", "BundleError", "BundleSpec", "DataProviderSpec", "ResolvedTool", "load_bundle"]
+__all__ = ["Bundle", "BundleError", "BundleSpec", "DataProviderSpec", "load_bundle"]

@@ -37,7 +37,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from runtime.types import Message, ToolCall, ToolError, ToolResult, Usage
+from runtime.types import Message, ScriptNote, ToolCall, ToolError, ToolResult, Usage
 
 SCHEMA_VERSION = 2
 
@@ -284,6 +284,23 @@ def tool_outcome(run_id: str, call_id: str, tool: str, result: ToolResult) -> To
                              duration_ms=result.duration_ms)
     return ToolFailed(run_id=run_id, call_id=call_id, tool=tool, error=result.error,
                       duration_ms=result.duration_ms)
+
+
+def script_event(note: ScriptNote, run_id: str, call_id: str, tool: str, *, worker: str = "") -> Event:
+    """The `script.*` event recording one sandbox note (unstamped, at the note's own time):
+    `script.started` (on `worker`, else the sandbox pid), `script.printed`, `script.completed` or
+    `script.failed`. The one note -> event mapping, so a tool worker's notes and an in-process run's read
+    alike in the log."""
+    ids: dict[str, Any] = {"run_id": run_id, "ts": note.ts, "call_id": call_id, "tool": tool}
+    if note.kind == "started":
+        pid = str(note.worker_pid) if note.worker_pid else ""
+        return ScriptStarted(**ids, worker=worker or pid)
+    if note.kind == "printed":
+        return ScriptPrinted(**ids, text=note.text)
+    if note.kind == "completed":
+        return ScriptCompleted(**ids, duration_ms=note.duration_ms)
+    error = note.error or ToolError("execution", note.text or "script failed")
+    return ScriptFailed(**ids, error=error, duration_ms=note.duration_ms)
 
 
 # ── commands ──────────────────────────────────────────────────────────────────────────────────────────
@@ -557,6 +574,7 @@ __all__ = [
     "kind_of",
     "payload_bytes",
     "same_fact",
+    "script_event",
     "stamp",
     "to_json",
     "tool_outcome",

@@ -5,7 +5,8 @@ re-published job (host crash and recovery) is stored once. A worker runs it and 
 `ToolOutcome` to `results.<partition>.<agent>.<run>` (stream RESULTS) with the same Msg-Id, so a job run
 twice (worker crash after publishing, before acking) yields one outcome. The host turns an outcome into
 events with `ToolOutcome.events()`: the worker never appends to EVENTS, so the host stays the single
-writer of each run and a run's sequence stays contiguous (DESIGN rule 4).
+writer of each run and a run's sequence stays contiguous: one writer per run is what lets appends use an
+expected sequence.
 
 Both are msgspec Structs in msgpack, versioned like the events: new fields get defaults.
 """
@@ -13,13 +14,13 @@ Both are msgspec Structs in msgpack, versioned like the events: new fields get d
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from runtime import events as ev
 from runtime.nats.subjects import job_msg_id, result_subject, tool_subject
-from runtime.types import ToolError, ToolResult
+from runtime.types import ScriptNote, ToolResult
 
 JOB_VERSION = 1
 
@@ -71,21 +72,9 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             raise JobDecodeError(f"not a tool job: {e}") from None
 
 
-NoteKind = Literal["started", "printed", "completed", "failed"]
-
-
-class ScriptNote(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One thing that happened inside the sandbox, in order; becomes a `script.<kind>` event."""
-
-    kind: NoteKind
-    ts: float
-    text: str = ""
-    duration_ms: float = 0.0
-    error: ToolError | None = None
-
-
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What became of one `ToolJob`: the final result plus the script notes that explain it."""
+    """What became of one `ToolJob`: the final result plus the script notes that explain it (the
+    `ScriptNote`s exactly as the sandbox emitted them)."""
 
     run_id: str
     agent: str
@@ -137,19 +126,9 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         if self.ref is not None:
             raise ValueError(f"outcome of {self.call_id}: its output is in the object store; "
                              "resolve it first")
-        ids = {"run_id": self.run_id, "call_id": self.call_id, "tool": self.tool}
-        out: list[ev.Event] = []
-        for note in self.notes:
-            if note.kind == "started":
-                out.append(ev.ScriptStarted(**ids, ts=note.ts, worker=self.worker))
-            elif note.kind == "printed":
-                out.append(ev.ScriptPrinted(**ids, ts=note.ts, text=note.text))
-            elif note.kind == "completed":
-                out.append(ev.ScriptCompleted(**ids, ts=note.ts, duration_ms=note.duration_ms))
-            else:
-                error = note.error or ToolError("execution", note.text or "script failed")
-                out.append(ev.ScriptFailed(**ids, ts=note.ts, error=error, duration_ms=note.duration_ms))
-        result = ev.tool_outcome(self.run_id, self.call_id, self.tool, self.result)  # the one mapping
+        ids = (self.run_id, self.call_id, self.tool)
+        out: list[ev.Event] = [ev.script_event(n, *ids, worker=self.worker) for n in self.notes]
+        result = ev.tool_outcome(*ids, self.result)  # the one mapping
         out.append(msgspec.structs.replace(result, ts=self.finished or time.time()))
         return out
 

@@ -37,7 +37,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.modelcall import ModelClientLike, ModelStep
 from runtime.models.base import ModelAdapter
-from runtime.types import ToolCall, ToolResult, Usage
+from runtime.types import ScriptNote, ToolCall, ToolResult, Usage
 
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
 Approver = Callable[[ToolCall], Awaitable[str | None] | str | None]  # None grants; a string denies with it
@@ -174,20 +174,11 @@ class _Runner:
                 duration_ms=(time.perf_counter() - started) * 1000,
             )
 
-    def _script_event_sink(self, call: ToolCall) -> Callable[[Any], Awaitable[None]]:
-        """Turns a script's lifecycle events (runtime.scripts.ScriptEvent) into script.* events."""
+    def _script_event_sink(self, call: ToolCall) -> Callable[[ScriptNote], Awaitable[None]]:
+        """Records a script's lifecycle notes as script.* events (the one mapping: events.script_event)."""
 
-        async def sink(event: Any) -> None:
-            ids = {"run_id": self.run_id, "call_id": call.id, "tool": call.name}
-            if event.kind == "start":
-                pid = getattr(event, "worker_pid", None)
-                await self.emit(ev.ScriptStarted(**ids, worker=str(pid) if pid else ""))
-            elif event.kind == "print":
-                await self.emit(ev.ScriptPrinted(**ids, text=event.text or ""))
-            elif event.kind == "complete":
-                await self.emit(ev.ScriptCompleted(**ids, duration_ms=event.duration_ms))
-            elif event.kind == "error" and event.error is not None:
-                await self.emit(ev.ScriptFailed(**ids, error=event.error, duration_ms=event.duration_ms))
+        async def sink(note: ScriptNote) -> None:
+            await self.emit(ev.script_event(note, self.run_id, call.id, call.name))
 
         return sink
 

@@ -1,4 +1,4 @@
-"""The vocabulary every layer shares: tool schemas, tool calls, tool results and tool errors.
+"""The vocabulary every layer shares: tool schemas, tool calls, tool results, tool errors, script notes.
 
 These live in their own pure module (msgspec only) because three parties must agree on them without
 importing each other: the sandbox layer (`runtime.scripts`, `runtime.tools`) produces them, the pure
@@ -46,6 +46,37 @@ class ToolError(msgspec.Struct, frozen=True, omit_defaults=True):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "line": self.line, "detail": self.detail}
+
+
+NoteKind = Literal["started", "printed", "completed", "failed"]
+
+
+class ScriptNote(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One thing that happened during a script run, in order: it started, printed, completed or failed.
+
+    The one record of a run's lifecycle from the sandbox to the log: the sandbox emits it while a run goes
+    (`Script.run(on_event=...)`, `ToolContext.on_event`), a tool worker ships it unchanged inside its
+    `ToolOutcome`, and `runtime.events.script_event` turns it into the matching `script.*` event.
+
+    `ts` is wall-clock time (seconds since the epoch) and `duration_ms` the time since the run began.
+    `printed` carries `stream` and `text`; `started` the sandbox `worker_pid` and how many `inputs` and
+    `externals` were given; `completed` the `output_bytes` of the JSON result; `failed` the `error`.
+    `call_id` is set when the run serves a tool call. Every field after `ts` has a default, so a note
+    written by an older worker (kind, ts, text, duration_ms, error) still decodes.
+    """
+
+    kind: NoteKind
+    ts: float
+    text: str = ""
+    duration_ms: float = 0.0
+    error: ToolError | None = None
+    script: str = ""
+    stream: str | None = None
+    output_bytes: int | None = None
+    worker_pid: int | None = None
+    inputs: int | None = None
+    externals: int | None = None
+    call_id: str | None = None
 
 
 class ToolSchema(msgspec.Struct, frozen=True):

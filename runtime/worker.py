@@ -12,8 +12,8 @@ AckWait. Per job, in this order (each step's failure mode in brackets):
    run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.dlq`);
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
-3. look up the tool [unknown: a tool failure outcome, acked: never a crash loop]; check the deadline
-   [passed: a `timeout` failure without running];
+3. look up the tool [unknown: an `input` failure outcome, as the kernel reports a tool it does not know;
+   acked: never a crash loop]; check the deadline [passed: a `timeout` failure without running];
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
@@ -53,19 +53,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from runtime import dlq
-from runtime.data import (
-    DataProvider,
-    JobContext,
-    NullDataProvider,
-    NullResultHandler,
-    ResultHandler,
-    StaticDataProvider,
-    WorkspaceConflict,
-    WorkspaceDataProvider,
-    WorkspaceResultHandler,
-    WriteError,
-)
-from runtime.jobs import JobDecodeError, ScriptNote, ToolJob, ToolOutcome
+from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.nats.connection import close, connect
 from runtime.nats.kv import fleet_kv, put_kv
 from runtime.nats.pull import fetch_batch
@@ -81,9 +69,21 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import attach_topology
 from runtime.payloads import Payloads
-from runtime.scripts.limits import Limits, LimitsError
-from runtime.tools import ToolContext
-from runtime.types import ToolResult
+from runtime.scripts import Limits, LimitsError
+from runtime.tools import ScriptTool, ToolContext, discover_tools
+from runtime.tools.data import (
+    DataProvider,
+    JobContext,
+    NullDataProvider,
+    NullResultHandler,
+    ResultHandler,
+    StaticDataProvider,
+    WorkspaceConflict,
+    WorkspaceDataProvider,
+    WorkspaceResultHandler,
+    WriteError,
+)
+from runtime.types import ScriptNote, ToolResult
 
 log = logging.getLogger("runtime.worker")
 
@@ -98,54 +98,32 @@ BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa statu
 # ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class WorkerTool:
-    """A runnable tool as the worker sees it: a `runtime.tools.Tool` (its own limits and output model
-    set by the bundle), the content hash of its script, and where it came from."""
-
-    name: str
-    tool: Any  # runtime.tools.Tool: `await tool.execute(arguments, ToolContext)`
-    digest: str = ""
-    source: str = ""
-
-    @property
-    def limits(self) -> Limits:
-        return getattr(self.tool, "limits", None) or Limits.default()
-
-
-def _worker_tool(tool: Any, source: str = "") -> WorkerTool:
-    digest = str(getattr(tool, "content_hash", "") or "")
-    return WorkerTool(tool.name, tool, digest=digest, source=source or str(getattr(tool, "path", "") or ""))
-
-
 class ToolRegistry:
-    """Tools by name, from bundles and .pym globs. `by_digest` indexes the same tools by script content
-    hash: a script is loaded (parsed, checked, transformed) once per process, when the worker starts."""
+    """Tools by name, from bundles and .pym globs: each a `ScriptTool` carrying its own limits and output
+    model (set by its bundle). `by_digest` indexes the same tools by script content hash: a script is
+    loaded (parsed, checked, transformed) once per process, when the worker starts."""
 
     def __init__(self) -> None:
-        self.tools: dict[str, WorkerTool] = {}
-        self.by_digest: dict[str, WorkerTool] = {}
+        self.tools: dict[str, ScriptTool] = {}
+        self.by_digest: dict[str, ScriptTool] = {}
         self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
 
     def __contains__(self, name: str) -> bool:
         return name in self.tools
 
-    def get(self, name: str) -> WorkerTool | None:
+    def get(self, name: str) -> ScriptTool | None:
         return self.tools.get(name)
 
-    def add(self, tool: WorkerTool) -> None:
+    def add(self, tool: ScriptTool) -> None:
         old = self.tools.get(tool.name)
-        if old is not None and old.digest != tool.digest:
-            log.warning("tool %s from %s replaces the one from %s", tool.name, tool.source, old.source)
+        if old is not None and old.content_hash != tool.content_hash:
+            log.warning("tool %s from %s replaces the one from %s", tool.name, tool.path, old.path)
         self.tools[tool.name] = tool
-        if tool.digest:
-            self.by_digest[tool.digest] = tool
+        self.by_digest[tool.content_hash] = tool
 
     def add_globs(self, patterns: Iterable[str]) -> list[str]:
         """Every `.pym` matching the globs (files and folders work too), with default limits; a script
         that cannot be a tool is an error (a worker must not start half-equipped)."""
-        from runtime.tools import discover_tools
-
         patterns = list(patterns)
         if not patterns:
             return []
@@ -153,7 +131,7 @@ class ToolRegistry:
         if failures:
             raise ValueError("cannot load tools:\n" + "\n".join(str(f) for f in failures))
         for t in found:
-            self.add(_worker_tool(t))
+            self.add(t)
         return [t.name for t in found]
 
     def add_bundle(self, path: str | Path) -> list[str]:
@@ -162,7 +140,7 @@ class ToolRegistry:
 
         bundle = load_bundle(path)
         for t in bundle.tools.values():
-            self.add(_worker_tool(t.tool, t.source))
+            self.add(t)
         dp = bundle.data_provider
         if dp.kind == "static":
             self.providers[bundle.name] = StaticDataProvider(dp.files, folder=dp.folder)
@@ -207,8 +185,6 @@ class Worker:
         self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
         self._max_deliver = DEFAULT_TOOL_MAX_DELIVER
         self.payloads = Payloads(js, threshold=payload_threshold)
-        self._limits_cache: dict[tuple[Any, ...], Limits] = {}
-        self._budget_cache: dict[tuple[str, str, int], tuple[Limits | None, float | None]] = {}
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
 
@@ -397,29 +373,6 @@ class Worker:
         self.stats.failed += 1
         await msg.term()
 
-    def _limits(self, spec: dict[str, Any]) -> Limits | None:
-        """`Limits.resolve` of a job's limits, once per distinct value: every job of a tool carries the
-        same dict, and validating it with pydantic per job cost more than a fast script's run."""
-        if not spec:
-            return None
-        key = tuple(sorted(spec.items()))
-        limits = self._limits_cache.get(key)
-        if limits is None:
-            if len(self._limits_cache) >= 1024:
-                self._limits_cache.clear()
-            limits = self._limits_cache[key] = Limits.resolve(spec)
-        return limits
-
-    def _budget(self, tool: WorkerTool, limits: Limits | None) -> float | None:
-        """The duration a run of `tool` may take under `limits` (cached like `_limits`)."""
-        key = (tool.name, tool.digest, id(limits))
-        hit = self._budget_cache.get(key)
-        if hit is None or hit[0] is not limits:
-            if len(self._budget_cache) >= 1024:
-                self._budget_cache.clear()
-            hit = self._budget_cache[key] = (limits, tool.limits.merge(limits).effective().max_duration)
-        return hit[1]
-
     def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
         if job.workspace:
             return self._workspace_files, self._workspace_writes
@@ -441,16 +394,16 @@ class Worker:
             return None
 
         tool = self.registry.get(job.tool)
-        if tool is None:
+        if tool is None:  # `input`, as the kernel says of a tool it does not know
             known = ", ".join(sorted(self.registry.tools)) or "none"
             return ToolOutcome.for_job(job, ToolResult.failure(
-                "execution", f"no tool named {job.tool!r} is loaded on worker {self.name} (it has: {known})",
+                "input", f"no tool named {job.tool!r} is loaded on worker {self.name} (it has: {known})",
                 detail="unknown_tool"), **fields)
-        if tool.digest and job.tool_digest and tool.digest != job.tool_digest:
+        if job.tool_digest and tool.content_hash != job.tool_digest:
             log.warning("tool %s: the host expects version %s, this worker has %s",
-                        tool.name, job.tool_digest, tool.digest)
-        try:
-            limits = self._limits(job.limits)  # None: the tool's own
+                        tool.name, job.tool_digest, tool.content_hash)
+        try:  # the job's limits dict, validated once per distinct value (Limits keeps the one cache)
+            limits = Limits.resolve(job.limits) if job.limits else None  # None: the tool's own
         except LimitsError as e:
             return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
                                        **fields)
@@ -461,7 +414,7 @@ class Worker:
                 if left <= 0:
                     return ToolOutcome.for_job(job, ToolResult.failure(
                         "timeout", "the call's deadline passed before a worker could run it"), **fields)
-                budget = self._budget(tool, limits)
+                budget = tool.limits.merge(limits).effective().max_duration
                 if budget and left < budget:
                     limits = (limits or Limits()).merge(Limits(max_duration=left))
             ctx = JobContext(job)
@@ -470,10 +423,10 @@ class Worker:
             except Exception as e:
                 log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
                 return None
-            notes: list[ScriptNote] = []
-            result = await tool.tool.execute(job.arguments, ToolContext(
+            notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
+            result = await tool.execute(job.arguments, ToolContext(
                 run_id=job.run_id, agent=job.agent, call_id=job.call_id, files=files, limits=limits,
-                on_event=_collector(notes)))
+                on_event=notes.append))
             if result.error is not None:
                 return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)
             try:
@@ -514,22 +467,6 @@ def _retry_delay(attempt: int) -> float:
     return min(10.0, 2.0 ** attempt)
 
 
-def _collector(notes: list[ScriptNote]) -> Callable[[Any], None]:
-    """Turn the sandbox's ScriptEvents into the outcome's notes (`start/print/complete/error`)."""
-    kinds = {"start": "started", "print": "printed", "complete": "completed", "error": "failed"}
-
-    def on_event(event: Any) -> None:
-        kind = kinds.get(getattr(event, "kind", ""))
-        if kind is None:
-            return
-        notes.append(ScriptNote(kind=kind, ts=getattr(event, "at", 0.0) or time.time(),  # type: ignore[arg-type]
-                                text=getattr(event, "text", None) or "",
-                                duration_ms=getattr(event, "duration_ms", 0.0) or 0.0,
-                                error=getattr(event, "error", None)))
-
-    return on_event
-
-
 def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:
     """The registry `sa worker` serves: every bundle's tools, then every glob's scripts."""
     reg = ToolRegistry()
@@ -557,4 +494,4 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
         await close(nc)
 
 
-__all__ = ["ToolRegistry", "Worker", "WorkerStats", "WorkerTool", "build_registry", "serve"]
+__all__ = ["ToolRegistry", "Worker", "WorkerStats", "build_registry", "serve"]

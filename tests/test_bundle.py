@@ -136,6 +136,9 @@ def test_tools_globs_entries_limits_and_output_models(tmp_path: Path) -> None:
     assert set(b.tools) == {"echo", "add_entry"}
     assert b.limits_for("echo").max_duration == 3.0
     add = b.tools["add_entry"]
+    from runtime.tools import ScriptTool
+
+    assert isinstance(add, ScriptTool)  # the tool object itself carries the bundle's settings: no wrapper
     assert (add.limits.max_duration, add.limits.max_memory) == (5.0, 32 * 1024**2)
     assert add.output_model.__name__ == "AddResult" and add.requires_approval
     assert b.output_model_for("echo") is None

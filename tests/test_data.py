@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.data import (
+from runtime.jobs import ToolJob
+from runtime.nats.kv import applied_kv, workspace_kv
+from runtime.nats.topology import ensure_topology
+from runtime.tools.data import (
     JobContext,
     NullDataProvider,
     NullResultHandler,
@@ -17,9 +20,6 @@ from runtime.data import (
     parse_writes,
     path_for_key,
 )
-from runtime.jobs import ToolJob
-from runtime.nats.kv import applied_kv, workspace_kv
-from runtime.nats.topology import ensure_topology
 
 pytestmark = pytest.mark.anyio
 

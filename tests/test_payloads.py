@@ -143,8 +143,8 @@ async def test_a_20_mb_tool_output_goes_end_to_end(js, tmp_path: Path) -> None:
 async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_value(js) -> None:
     """A workspace job whose output is over the threshold: the `applied` marker (a KV value, one NATS
     message) holds a ref, and a redelivery still gets the whole output back."""
-    from runtime.data import JobContext, WorkspaceResultHandler
     from runtime.jobs import ToolJob
+    from runtime.tools.data import JobContext, WorkspaceResultHandler
 
     await ensure_topology(js)
     handler = WorkspaceResultHandler(js)

@@ -111,3 +111,27 @@ def test_to_monty_always_sets_memory_and_duration():
 
 def test_describe():
     assert Limits.strict().describe().startswith("memory 8 MB, duration 500 ms, recursion 120")
+
+
+def test_validated_limits_are_cached_once_for_resolve_merge_and_effective():
+    """One cache: every job of a tool carries the same limits dict, so a worker validates it once."""
+    job = {"max_duration": 0.25, "max_memory": 4 * 1024**2}
+    first = Limits.resolve(job)
+    assert Limits.resolve(dict(reversed(list(job.items())))) is first  # same fields, same object
+    assert Limits.resolve(json.dumps(job)) is first
+    base = Limits.strict()
+    assert base.merge(first) is base.merge(first)
+    assert first.effective() is first.effective()
+    assert first.effective() is Limits.default().merge(first)  # effective is a merge through the same cache
+    assert (first.effective().max_duration, first.effective().max_recursion) == (0.25, 200)
+
+
+def test_the_cache_never_answers_for_a_different_or_invalid_spec():
+    assert Limits.resolve({"max_recursion": 1}).max_recursion == 1
+    with pytest.raises(LimitsError):  # True == 1 and hash(True) == hash(1): the key keeps the type
+        Limits.resolve({"max_recursion": True})
+    for _ in range(2):  # errors are not cached: the second attempt fails the same way
+        with pytest.raises(LimitsError, match="unknown limits key"):
+            Limits.resolve({"max_memroy": "1mb"})
+    with pytest.raises(LimitsError):  # an unhashable value is validated uncached, for its message
+        Limits.resolve({"max_memory": [1]})

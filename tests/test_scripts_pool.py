@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.scripts import check, get_pool, loads, probe
+from runtime.scripts import diagnose, get_pool, loads, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ async def test_crashed_worker_is_replaced_and_reported():
     pid: dict[str, int] = {}
 
     def on_event(e):
-        if e.kind == "start" and e.worker_pid:
+        if e.kind == "started" and e.worker_pid:
             pid["worker"] = e.worker_pid
 
     async def kill_my_worker() -> None:
@@ -47,7 +47,7 @@ async def test_crashed_worker_is_replaced_and_reported():
 async def test_probe_finds_what_only_montys_parser_rejects():
     ok = loads('"""Doc."""\nx = [i for i in range(3)]\nx\n')
     assert await probe(ok) == []
-    assert await check(ok) == []
+    assert await diagnose(ok) == []
     # the probe must not run the code
     printed = loads('print("side effect")\nwhile True:\n    pass\n')
     assert await probe(printed) == []
@@ -105,4 +105,4 @@ async def test_typecheck_against_declaration_stubs_reports_lines_and_is_cached()
         "agents/workspace/list_entries.pym",
         "agents/workspace/add_entry.pym",
     ):
-        assert await check(load(ROOT / path), types=True) == [], path
+        assert await diagnose(load(ROOT / path), types=True) == [], path

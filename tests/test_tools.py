@@ -21,7 +21,7 @@ from runtime.tools import (
 )
 from runtime.types import ToolSchema
 
-# ---- the schema table (issue 2, §3) -----------------------------------------------------------------
+# ---- the schema table: annotations -> JSON Schema ---------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -137,7 +137,9 @@ async def test_failures_are_values_and_the_worker_keeps_serving(js, tools_dir: P
     await js.publish(tool_subject("echo"), b"\x00not msgpack")  # malformed: dead-lettered
     worker, outcomes = await run_worker_until(js, reg, 5)
     err = {o.call_id: o.result.error for o in outcomes}
-    assert err["r1/1.0"].detail == "unknown_tool" and "echo" in err["r1/1.0"].message
+    # an unknown tool is the caller's mistake: kind `input`, as the kernel says (test_kernel.py)
+    assert (err["r1/1.0"].kind, err["r1/1.0"].detail) == ("input", "unknown_tool")
+    assert "echo" in err["r1/1.0"].message
     assert err["r1/1.1"].kind == "input"
     assert (err["r1/1.2"].kind, err["r1/1.2"].detail) == ("limit", "duration")
     assert err["r1/1.3"].kind == "timeout"
@@ -236,6 +238,7 @@ async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: 
         "    output_model: {type: object, properties: {echo: {type: integer}}, required: [echo]}\n")
     reg = build_registry(bundles=[tmp_path])
     assert set(reg.tools) == {"busy", "echo"}
+    assert reg.tools["busy"].limits.max_duration == 0.2  # the registry holds the bundle's tool objects
     for j in (job("1.0", "busy", {"n": 10**9}), job("1.1", "echo", {"text": "x"})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
     _, outcomes = await run_worker_until(js, reg, 2)

@@ -87,7 +87,7 @@ def check_cmd(
     """Check scripts without running them: file:line diagnostics; exit 0 when all are clean, else 1."""
     import asyncio
 
-    from runtime.scripts import check, load, shutdown
+    from runtime.scripts import diagnose, load, shutdown
     from runtime.tools import expand_paths, script_tool_diagnostics
 
     files, missing = expand_paths(paths)
@@ -111,7 +111,7 @@ def check_cmd(
                     continue
                 diags = script_tool_diagnostics(script)
                 if (monty or types) and script.ok:
-                    diags += await check(script, use_monty=monty, types=types)
+                    diags += await diagnose(script, use_monty=monty, types=types)
                 found += [d.to_dict() for d in sorted(diags, key=lambda d: (d.line or 0, d.column or 0))]
         finally:
             await shutdown()
@@ -255,7 +255,7 @@ def run_cmd(
     virtual = _read_files(_pairs(files or [], "--file"))
 
     def on_event(event: Any) -> None:
-        if event.kind == "print" and event.text:
+        if event.kind == "printed" and event.text:
             sys.stderr.write(event.text)
             sys.stderr.flush()
 

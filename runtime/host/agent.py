@@ -32,7 +32,7 @@ class AgentRuntime:
 
     def tool_digest(self, tool: str) -> str:
         resolved = self.bundle.tools.get(tool)
-        return str(getattr(resolved.tool, "content_hash", "") or "") if resolved is not None else ""
+        return resolved.content_hash if resolved is not None else ""
 
 
 def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: Any = None,

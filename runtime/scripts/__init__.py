@@ -6,47 +6,58 @@
     result = await script.run({"expression": "2 * (3 + 4)"}, limits=Limits.strict())
     result.output or result.error               # plain data, or ToolError(kind, message, line, detail)
 
-Modules: `loader` (parse, declarations, line-preserving transform), `check` (what Monty cannot run),
-`schema` (annotations -> JSON Schema), `validate` (JSON Schema checks), `limits`, `files` (read-only
-virtual filesystem), `pool` (the process-wide AsyncMonty pool), `run` (a run, its events and errors).
+Loading: `loader` (find the declarations, blank their lines), `declarations` (read one `Input` or
+`@external`), `check` (what Monty cannot run), `schema` (annotations -> JSON Schema), `specs` (what a
+script declares), `script` (the loaded `Script`). Running: `run` (one run, in order), `inputs` (arguments
+checked and coerced), `externals` (host functions wrapped for Monty), `files` (the read-only virtual
+filesystem), `limits`, `pool` (the process-wide Monty pool), `output` (results as plain JSON, checked),
+`errors` (Monty's exceptions as `ToolError`s), `notes` (what observers see of a run). Asking Monty before a
+run: `diagnostics` (`diagnose`, `probe`, `typecheck`). `validate` checks values against JSON Schema.
+
+Everything a caller needs is re-exported here; the modules' other names are implementation details.
 """
 
+from runtime.scripts.declarations import docstring_params
+from runtime.scripts.diagnostics import diagnose, probe, typecheck
+from runtime.scripts.externals import to_sandbox
+from runtime.scripts.inputs import check_arguments, coerce
 from runtime.scripts.limits import PRESETS, Limits, LimitsError, parse_duration, parse_size
-from runtime.scripts.loader import Script, first_paragraph, load, loads
+from runtime.scripts.loader import load, loads
+from runtime.scripts.notes import NoteCallback
+from runtime.scripts.output import to_plain
 from runtime.scripts.pool import SandboxPool, configure_pool, get_pool, shutdown, shutdown_sync
-from runtime.scripts.run import (
-    EventCallback,
-    ScriptEvent,
-    check_arguments,
-    probe,
-    run_script,
-    to_plain,
-    typecheck,
-)
-from runtime.scripts.schema import AnnotationError, schema_from_annotation, schema_from_type
-from runtime.scripts.specs import MISSING, Diagnostic, ExternalSpec, InputSpec, ParamSpec
+from runtime.scripts.run import run_script
+from runtime.scripts.schema import AnnotationError, is_optional, schema_from_annotation, schema_from_type
+from runtime.scripts.script import Script, first_paragraph
+from runtime.scripts.specs import MISSING, Diagnostic, ExternalSpec, InputSpec, ParamSpec, parameters_schema
+from runtime.types import ScriptNote
 
 __all__ = [
     "MISSING",
     "PRESETS",
     "AnnotationError",
     "Diagnostic",
-    "EventCallback",
     "ExternalSpec",
+    "GrailScript",
     "InputSpec",
     "Limits",
     "LimitsError",
+    "NoteCallback",
     "ParamSpec",
     "SandboxPool",
     "Script",
-    "ScriptEvent",
-    "check",
+    "ScriptNote",
     "check_arguments",
+    "coerce",
     "configure_pool",
+    "diagnose",
+    "docstring_params",
     "first_paragraph",
     "get_pool",
+    "is_optional",
     "load",
     "loads",
+    "parameters_schema",
     "parse_duration",
     "parse_size",
     "probe",
@@ -56,19 +67,9 @@ __all__ = [
     "shutdown",
     "shutdown_sync",
     "to_plain",
+    "to_sandbox",
     "typecheck",
 ]
 
 # grail's name for a loaded script
 GrailScript = Script
-
-
-async def check(script: Script, *, use_monty: bool = True, types: bool = False) -> list[Diagnostic]:
-    """All diagnostics for `script`: the static check's, plus (with `use_monty`) anything Monty's own
-    parser rejects (`probe`), plus (with `types`) Monty's type check against the declarations' stubs."""
-    found = list(script.diagnostics)
-    if use_monty and script.ok:
-        found += await probe(script)
-    if types and not found:
-        found += await typecheck(script)
-    return found

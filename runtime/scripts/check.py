@@ -2,11 +2,12 @@
 
 Monty (pydantic-monty 1.4.0) runs a subset of Python. Its parser rejects some constructs only when the
 code is fed, and missing modules and builtins fail only when reached. This module walks the `ast` once
-and reports each such use with a message that says what to write instead. The facts come from
-../shared/research/monty.md §10 and were re-measured for this module (tests/test_scripts_check.py).
+and reports each such use with a message that says what to write instead. The lists below were measured
+against pydantic-monty 1.4.0 by importing each module and feeding each construct; tests/test_scripts_loader.py
+holds the cases.
 
-`probe(script)` additionally feeds the code to Monty's own parser without running it (wrapped in
-`if False:`), to catch anything this list misses; `sa check` uses it.
+`runtime.scripts.diagnostics.probe(script)` additionally feeds the code to Monty's own parser without
+running it (wrapped in `if False:`), to catch anything this list misses; `sa check` uses it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 __all__ = ["MODULES", "check_subset"]
 
-# Modules a script can import (monty.md §10, verified on 1.4.0).
+# Modules a script can import (each imported in the 1.4.0 sandbox).
 MODULES = frozenset(
     "json re datetime dataclasses math collections itertools functools typing random base64 hashlib decimal "
     "csv tomllib pathlib os sys asyncio time copy bisect binascii unicodedata".split()

@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -49,7 +50,7 @@ _DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "ms": 1e-3, "us":
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def _quantity(value: Any, field: str, units: dict[str, float], kind: str, expected: str, unit_names: str
+def _quantity(value: Any, field: str, units: Mapping[str, float], kind: str, expected: str, unit_names: str
               ) -> float:
     """A positive number times its unit, from a number or a string such as "1.5GB" or "500ms"."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -90,14 +91,14 @@ def _positive_int(value: Any, field: str) -> int:
     return number
 
 
-def _human_size(n: int) -> str:
+def human_size(n: int) -> str:
     for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
         if n >= factor:
             return f"{n / factor:g} {unit}"
     return f"{n} bytes"
 
 
-def _human_duration(s: float) -> str:
+def human_duration(s: float) -> str:
     return f"{s * 1000:g} ms" if s < 1 else f"{s:g} s"
 
 
@@ -167,11 +168,11 @@ class Limits(BaseModel):
         """A new `Limits`: this one with every field `other` sets (non-None) overriding it."""
         if other is None:
             return self
-        return Limits.model_validate({**self.to_dict(), **other.to_dict()})
+        return _validated(_fields({**self.to_dict(), **other.to_dict()}))
 
     def to_dict(self) -> dict[str, int | float]:
         """The set fields as plain numbers: what goes on the wire. `Limits.resolve(d)` reads it back."""
-        return self.model_dump(exclude_none=True)
+        return {k: v for k, v in self.__dict__.items() if v is not None}  # = model_dump(exclude_none=True)
 
     @classmethod
     def resolve(cls, spec: Limits | str | dict[str, Any] | None) -> Limits:
@@ -198,11 +199,11 @@ class Limits(BaseModel):
             )
         if isinstance(spec, dict):
             try:
-                return cls.model_validate(spec)
-            except LimitsError:
-                raise
-            except ValueError as e:  # pydantic's ValidationError wraps our LimitsError messages
-                raise LimitsError(_validation_message(e)) from None
+                key = _fields(spec)
+                hash(key)
+            except TypeError:  # values no valid spec has (lists, ...): validate uncached, for the message
+                return _from_dict(spec)
+            return _validated(key)
         raise LimitsError(f"limits must be a preset name, a dict or a Limits, not {type(spec).__name__}")
 
     # ---- for people and for Monty -----------------------------------------------------------------
@@ -210,20 +211,20 @@ class Limits(BaseModel):
     def describe(self) -> str:
         parts = []
         if self.max_memory is not None:
-            parts.append(f"memory {_human_size(self.max_memory)}")
+            parts.append(f"memory {human_size(self.max_memory)}")
         if self.max_duration is not None:
-            parts.append(f"duration {_human_duration(self.max_duration)}")
+            parts.append(f"duration {human_duration(self.max_duration)}")
         if self.max_recursion is not None:
             parts.append(f"recursion {self.max_recursion}")
         if self.max_suspensions is not None:
             parts.append(f"host calls {self.max_suspensions}")
         if self.max_output is not None:
-            parts.append(f"output {_human_size(self.max_output)}")
+            parts.append(f"output {human_size(self.max_output)}")
         return ", ".join(parts) or "no limits set"
 
     def effective(self) -> Limits:
         """This over `Limits.default()`: every field set, as every run needs."""
-        return _effective(self)
+        return PRESETS["default"].merge(self)
 
     def to_monty(self) -> dict[str, Any]:
         """pydantic-monty's `ResourceLimits` for a checkout (fields filled from the default preset)."""
@@ -238,9 +239,30 @@ class Limits(BaseModel):
         }
 
 
-@functools.lru_cache(maxsize=256)
-def _effective(limits: Limits) -> Limits:
-    return PRESETS["default"].merge(limits)
+_Fields = tuple[tuple[str, type, Any], ...]
+
+
+def _fields(spec: dict[str, Any]) -> _Fields:
+    """A limits dict as a cache key: sorted, and typed (so `True` and `1` stay different keys)."""
+    return tuple(sorted((str(k), type(v), v) for k, v in spec.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _validated(fields: _Fields) -> Limits:
+    """The process's one cache of validated `Limits`, keyed by their fields: `resolve` of a dict, `merge`
+    and `effective` all come through here. A tool worker resolves every job's limits dict and merges it
+    over the tool's own, and validating with pydantic each time costs more than a fast script's run; every
+    job of a tool carries the same dict, so after the first job these are lookups. Errors are not cached."""
+    return _from_dict({name: value for name, _, value in fields})
+
+
+def _from_dict(spec: dict[str, Any]) -> Limits:
+    try:
+        return Limits.model_validate(spec)
+    except LimitsError:
+        raise
+    except ValueError as e:  # pydantic's ValidationError wraps our LimitsError messages
+        raise LimitsError(_validation_message(e)) from None
 
 
 def _unknown_key_message(key: str, allowed: list[str]) -> str:
@@ -261,14 +283,17 @@ def _validation_message(error: ValueError) -> str:
     return str(error)
 
 
-PRESETS: dict[str, Limits] = {
-    "strict": Limits(
-        max_memory="8mb", max_duration="500ms", max_recursion=120, max_suspensions=200, max_output="256kb"
+PRESETS: dict[str, Limits] = {  # human units, so through model_validate (the validators parse them)
+    "strict": Limits.model_validate(
+        {"max_memory": "8mb", "max_duration": "500ms", "max_recursion": 120, "max_suspensions": 200,
+         "max_output": "256kb"}
     ),
-    "default": Limits(
-        max_memory="16mb", max_duration="2s", max_recursion=200, max_suspensions=1000, max_output="1mb"
+    "default": Limits.model_validate(
+        {"max_memory": "16mb", "max_duration": "2s", "max_recursion": 200, "max_suspensions": 1000,
+         "max_output": "1mb"}
     ),
-    "permissive": Limits(
-        max_memory="64mb", max_duration="10s", max_recursion=400, max_suspensions=10_000, max_output="16mb"
+    "permissive": Limits.model_validate(
+        {"max_memory": "64mb", "max_duration": "10s", "max_recursion": 400, "max_suspensions": 10_000,
+         "max_output": "16mb"}
     ),
 }

@@ -5,8 +5,9 @@
 - A crashed worker (`MontyCrashedError`) is replaced by the pool; the run reports kind `crashed` and
   `SandboxPool.crashes` counts it. The host process is never at risk: workers are subprocesses.
 - `AsyncMonty` can abort the host at interpreter exit (SIGABRT, rc 134) when its tokio thread wakes an
-  asyncio loop during finalization (monty.md §10). `shutdown()` closes the pool and then sleeps briefly,
-  which avoids it; an `atexit` hook does the same for processes (pytest, the CLI) that never call it.
+  asyncio loop during finalization (seen with pydantic-monty 1.4.0). `shutdown()` closes the pool and
+  then sleeps briefly, which avoids it; an `atexit` hook does the same for processes (pytest, the CLI)
+  that never call it.
 - The pool is not tied to one event loop: a run may come from any loop (each `asyncio.run` of the CLI,
   each anyio test). After a fork the child starts its own pool.
 """

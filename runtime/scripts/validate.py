@@ -182,8 +182,8 @@ def _check(value: Any, schema: Any, path: str, root: Any, errors: list[str], cap
             errors.append(f"{where}expected {wanted}, got {describe_value(value)}")
             return
     if "enum" in schema and not any(_equal(value, v) for v in schema["enum"]):
-        options = ", ".join(json.dumps(v) for v in schema["enum"])
-        errors.append(f"{where}must be one of {options}, got {describe_value(value)}")
+        allowed_values = ", ".join(json.dumps(v) for v in schema["enum"])
+        errors.append(f"{where}must be one of {allowed_values}, got {describe_value(value)}")
         return
     if "const" in schema and not _equal(value, schema["const"]):
         errors.append(f"{where}must be {json.dumps(schema['const'])}, got {describe_value(value)}")

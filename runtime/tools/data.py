@@ -1,8 +1,9 @@
 """Data in and out of a tool run: `DataProvider` fills a script's virtual files, `ResultHandler` persists
-the writes a script returned (seed 000 §4.3–4.4, §5.3).
+the writes a script returned.
 
-Scripts are pure functions (DESIGN rule 6): they read virtual files under `/data/` and return
-`{"writes": [{"path": ..., "content": ...}], ...}`; nothing is persisted while they run. The worker
+Scripts are pure functions: they read virtual files under `/data/` and return
+`{"writes": [{"path": ..., "content": ...}], ...}`; nothing is persisted while they run, so re-running a
+script after a crash is safe. The worker
 calls, in order: `DataProvider.load_files` -> run -> validate the output -> `ResultHandler.handle` ->
 publish the outcome -> ack the job. A crash anywhere repeats work; the workspace handler makes the
 repetition harmless:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -131,7 +133,7 @@ def path_for_key(key: str) -> str:
     return key
 
 
-def relative_path(path: str, mount: str = DEFAULT_MOUNT) -> str:
+def relative_path(path: object, mount: str = DEFAULT_MOUNT) -> str:
     """`/data/notes/a.txt`, `notes/a.txt` -> `notes/a.txt`; refuses `..`, empty and foreign absolute paths."""
     if not isinstance(path, str) or not path.strip():
         raise WriteError(f"a write needs a non-empty string 'path', got {path!r}")
@@ -190,7 +192,7 @@ class StaticDataProvider:
     """The same files for every call: a dict, or a host folder read once at construction (mounted under
     `mount`). For tests, demos and read-only reference data."""
 
-    def __init__(self, files: Files | None = None, *, folder: str | Path | None = None,
+    def __init__(self, files: Mapping[str, str | bytes] | None = None, *, folder: str | Path | None = None,
                  mount: str = DEFAULT_MOUNT) -> None:
         self.files: Files = dict(files or {})
         if folder is not None:
@@ -322,7 +324,7 @@ class WorkspaceResultHandler:
             msg = await self.js.get_last_msg(f"KV_{bucket}", subject, direct=True)
         except NotFoundError:
             return False
-        return bool(msg.headers) and msg.headers.get(HDR_JOB) == write_id
+        return bool(msg.headers) and msg.headers is not None and msg.headers.get(HDR_JOB) == write_id
 
 
 __all__ = [
