@@ -4,14 +4,20 @@
     sa runs [AGENT]                       the runs index
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
 
-Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the run failed or was cancelled
+Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the task was not stored (`send`: no
+host has created the TASKS stream yet, unless `--wait` outlasts that), the run failed or was cancelled
 (`send --follow`) or did not verify (`replay --verify`); 2 bad usage (no server, unknown run, invalid
 bundle).
+
+`sa send` never creates a stream (the hosts own the topology: a stream made here could have the wrong
+partition count) and never drops a task silently: it prints the run id only once JetStream confirmed the
+task is stored, and it retries under one task id, so a retried publish is stored once.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,23 +43,35 @@ def send(
                                                 help="Idempotency key (default: random).")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="The run's deadline in seconds.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Events as JSON lines (with --follow).")] = False,
+    wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for a host to create the "
+                                                              "TASKS stream (default: exit 1 at once "
+                                                              "if there is none).")] = 0.0,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Publish a task to agents.<agent>.tasks and print its run id (then follow it with --follow)."""
     import anyio
 
     url = resolve_nats(nats_url, "send")
-    code = anyio.run(_send, url, agent, task, follow, instance, task_id, timeout, as_json, backend="asyncio")
+    code = anyio.run(_send, url, agent, task, follow, instance, task_id, timeout, as_json, wait,
+                     backend="asyncio")
     raise typer.Exit(code)
 
 
+NO_STREAM = ("no host has created the TASKS stream yet: start `sa host` or `sa up` (or pass --wait SECONDS); "
+             "the task was not sent")
+RETRY_UNANSWERED_S = 10.0  # how long an existing stream that does not answer (a leader election) is retried
+
+
+class NotSent(Exception):
+    """The task is not stored in TASKS (the message says why and what to do)."""
+
+
 async def _send(url: str, agent: str, task: str, follow: bool, instance: str | None, task_id: str | None,
-                timeout: float | None, as_json: bool) -> int:
+                timeout: float | None, as_json: bool, wait: float) -> int:
     from rich.console import Console
 
     from runtime import bus
     from runtime import events as ev
-    from runtime.host.commands import publish_task
     from runtime.replay import watch
 
     console = Console()
@@ -61,11 +79,14 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
     try:
         js = nc.jetstream()
         try:
-            run_id = await publish_task(js, agent, task, task_id=task_id, instance=instance,
-                                        timeout_s=timeout)
+            run_id = await publish(js, agent, task, task_id=task_id, instance=instance, timeout_s=timeout,
+                                   wait=wait)
         except ValueError as e:
             typer.echo(f"sa send: {e}", err=True)
             return 2
+        except NotSent as e:
+            typer.echo(f"sa send: {e}", err=True)
+            return 1
         if as_json:
             print(json.dumps({"run_id": run_id}), flush=True)
         else:
@@ -77,6 +98,57 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
         return 0 if ok else 1
     finally:
         await bus.close(nc)
+
+
+async def publish(js: Any, agent: str, task: str, *, task_id: str | None, instance: str | None,
+                  timeout_s: float | None, wait: float) -> str:
+    """Publish the task and return its run id once JetStream confirms it is stored; raise `NotSent` if not.
+
+    No TASKS stream: wait up to `wait` seconds for a host to create it (never create it here). A stream
+    that exists but does not answer is retried for `RETRY_UNANSWERED_S`. Every attempt carries the same
+    task id (`Nats-Msg-Id`), so an attempt that was stored after all is not stored twice.
+    """
+    import anyio
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import NoStreamResponseError
+
+    from runtime.host.commands import publish_task
+
+    task_id = task_id or uuid.uuid4().hex
+    start = anyio.current_time()
+    told = False
+    while True:
+        try:
+            return await publish_task(js, agent, task, task_id=task_id, instance=instance,
+                                      timeout_s=timeout_s)
+        except (NoStreamResponseError, NatsTimeoutError) as e:
+            missing = isinstance(e, NoStreamResponseError) and not await _tasks_stream_exists(js)
+            waited = anyio.current_time() - start
+            if missing and waited >= wait:
+                raise NotSent(NO_STREAM) from None
+            if not missing and waited >= max(wait, RETRY_UNANSWERED_S):
+                raise NotSent(f"the task was not confirmed stored ({type(e).__name__}: {e}); re-send it with "
+                              f"--task-id {task_id} (a task id runs once)") from None
+            if missing and not told:
+                typer.echo(f"sa send: no host has created the TASKS stream yet; waiting up to {wait:g} s "
+                           "for one", err=True)
+                told = True
+            await anyio.sleep(0.25)
+
+
+async def _tasks_stream_exists(js: Any) -> bool:
+    """False only when the server says TASKS does not exist (any other answer: assume it does)."""
+    from nats.js.errors import NotFoundError
+
+    from runtime import bus
+
+    try:
+        await js.stream_info(bus.TASKS)
+    except NotFoundError:
+        return False
+    except Exception:  # the server did not answer: the stream may well be there
+        return True
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------
