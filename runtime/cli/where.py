@@ -5,8 +5,8 @@ The NATS server: `--nats`, else `NATS_URL`, else the state file a running `sa up
 it holds the NATS URL, the local model URL, the bundles and the pid, and is removed when `sa up` stops).
 A state file whose pid is gone (an `sa up` that was killed) is ignored.
 
-Bundles: a bundle.yaml file or a folder holding one; with no argument, `bundles/demo` of the current
-directory.
+Bundles: a bundle.yaml file, a folder holding one, or a folder of such folders (`sa up bundles`); with no
+argument, `bundles/demo` of the current directory.
 """
 
 from __future__ import annotations
@@ -58,13 +58,33 @@ def resolve_nats(explicit: str | None, command: str) -> str:
 
 
 def bundle_paths(bundles: list[Path]) -> list[Path]:
-    """The bundles `sa up` / `sa host` serve; `bundles/demo` when none is given."""
+    """The bundles `sa up` / `sa host` serve (see `expand_bundles`); `bundles/demo` when none is given."""
     if bundles:
-        return bundles
+        return expand_bundles(bundles)
     if (DEFAULT_BUNDLE / BUNDLE_FILE).is_file():
         return [DEFAULT_BUNDLE]
     typer.echo("no bundle given (and no bundles/demo here): pass bundle.yaml files or folders", err=True)
     raise typer.Exit(2)
 
 
-__all__ = ["bundle_paths", "read_state", "resolve_nats", "state_file"]
+def expand_bundles(paths: list[Path]) -> list[Path]:
+    """Each path as given, except a folder without a bundle.yaml of its own: it stands for every subfolder
+    that has one (sorted by name). Exit 2 naming the folder if it holds no bundle at all.
+
+    A path that does not exist is kept, so loading it reports "cannot read the bundle" with its name."""
+    out: list[Path] = []
+    for path in paths:
+        if not path.is_dir() or (path / BUNDLE_FILE).is_file():
+            out.append(path)
+            continue
+        found = sorted(sub for sub in path.iterdir() if (sub / BUNDLE_FILE).is_file())
+        if not found:
+            typer.echo(f"error: {path} is a folder with no {BUNDLE_FILE}, and none of its subfolders has "
+                       f"one: pass a bundle folder, a {BUNDLE_FILE} file, or a folder of bundle folders",
+                       err=True)
+            raise typer.Exit(2)
+        out.extend(found)
+    return out
+
+
+__all__ = ["bundle_paths", "expand_bundles", "read_state", "resolve_nats", "state_file"]
