@@ -10,15 +10,18 @@ run, by partition). Nothing here asks a host or a worker anything, so it works w
 on any machines, and with none.
 
 Queue depths, per partition and in all:
-* tasks waiting = the task consumer's ``num_pending`` (in the stream, not yet delivered: this grows when
-  hosts are at their back-pressure bound) + ``num_ack_pending`` (delivered, waiting in a host's mailbox);
-* results waiting = the same for the partition's result consumer;
+* tasks waiting = in TASKS, not yet delivered to any host: the partition consumer's ``num_pending`` (this
+  grows when hosts are at their back-pressure bound); a partition no host has served yet has no consumer,
+  so every message of it in the stream is waiting (counted from the stream's per-subject counts).
+  Tasks held = ``num_ack_pending``: delivered, in a host's mailbox or running, not yet acknowledged;
+* results waiting / held = the same for RESULTS and the partition's result consumer;
 * tool jobs = the ``workers`` consumer's pending and ack-pending (held by workers); DLQ = dead letters.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -53,9 +56,9 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
             in_flight[int(p)] += 1
 
     partitions = []
-    for p in range(n):
-        tasks = await _consumer(js, bus.TASKS, bus.task_consumer_name(p))
-        results = await _consumer(js, bus.RESULTS, bus.result_consumer_name(p))
+    task_queues = await _partition_queues(js, bus.TASKS, bus.task_consumer_name, n)
+    result_queues = await _partition_queues(js, bus.RESULTS, bus.result_consumer_name, n)
+    for p, (tasks, results) in enumerate(zip(task_queues, result_queues, strict=True)):
         partitions.append({"partition": p, "host": holders.get(p), "runs_in_flight": in_flight[p],
                            "tasks_pending": tasks["pending"], "tasks_held": tasks["ack_pending"],
                            "results_pending": results["pending"], "results_held": results["ack_pending"]})
@@ -67,8 +70,9 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
                         "completed": beat.completed, "failed": beat.failed, "tools": beat.tools,
                         "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
 
-    tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER)
     streams = {name: await _messages(js, name) for name in (bus.TASKS, bus.TOOLS, bus.RESULTS, bus.DLQ)}
+    tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER) or {"pending": streams[bus.TOOLS],
+                                                                     "ack_pending": 0}
     return {
         "partitions_total": n,
         "replicas": topo.replicas,
@@ -98,12 +102,41 @@ def _age(now: float, entry: Any) -> float | None:
     return round(max(0.0, now - ts), 1)
 
 
-async def _consumer(js: JetStreamContext, stream: str, name: str) -> dict[str, int]:
+async def _consumer(js: JetStreamContext, stream: str, name: str) -> dict[str, int] | None:
+    """A partition consumer's undelivered and delivered-unacknowledged counts; None if it does not exist."""
     try:
         info = await js.consumer_info(stream, name)
     except NotFoundError:  # a partition no host has served yet
-        return {"pending": 0, "ack_pending": 0}
+        return None
     return {"pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0}
+
+
+async def _partition_queues(js: JetStreamContext, stream: str, consumer_name: Callable[[int], str],
+                            n: int) -> list[dict[str, int]]:
+    """Per partition of `stream`: messages not yet delivered (`pending`) and delivered but not yet
+    acknowledged (`ack_pending`). A partition without its consumer was never delivered from: all of its
+    messages in the stream are pending."""
+    found = [await _consumer(js, stream, consumer_name(p)) for p in range(n)]
+    if all(c is not None for c in found):
+        return [c for c in found if c is not None]
+    in_stream = await _messages_by_partition(js, stream, n)
+    return [c if c is not None else {"pending": in_stream[p], "ack_pending": 0} for p, c in enumerate(found)]
+
+
+async def _messages_by_partition(js: JetStreamContext, stream: str, n: int) -> list[int]:
+    """Messages stored in TASKS or RESULTS per partition (their subjects are `<prefix>.<partition>.…`),
+    from the stream's per-subject counts."""
+    counts = [0] * n
+    prefix = "tasks" if stream == bus.TASKS else "results"
+    try:
+        info = await js.stream_info(stream, subjects_filter=f"{prefix}.>")
+    except NotFoundError:
+        return counts
+    for subject, count in (info.state.subjects or {}).items():
+        token = subject.split(".")[1] if subject.count(".") >= 2 else ""
+        if token.isdigit() and int(token) < n:
+            counts[int(token)] += count
+    return counts
 
 
 async def _messages(js: JetStreamContext, stream: str) -> int:
@@ -131,8 +164,8 @@ def render(status: dict[str, Any]) -> Any:
     for col in ("host", "partitions", "runs", "queued", "bound", "agents", "up", "beat"):
         hosts.add_column(col)
     for h in status["hosts"]:
-        hosts.add_row(h["id"], _ranges(h["partitions"]), str(h["runs"]), str(h["queued"]), str(h["max_runs"]),
-                      ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
+        hosts.add_row(h["id"], partition_ranges(h["partitions"]), str(h["runs"]), str(h["queued"]),
+                      str(h["max_runs"]), ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
 
     parts = Table(title="partitions", title_justify="left")
     for col in ("p", "host", "runs in flight", "tasks waiting (stream/held)",
@@ -164,7 +197,7 @@ def _secs(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}s ago"
 
 
-def _ranges(ps: list[int]) -> str:
+def partition_ranges(ps: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
     spans: list[list[int]] = []
     for p in sorted(ps):
@@ -175,4 +208,4 @@ def _ranges(ps: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "-"
 
 
-__all__ = ["gather", "render"]
+__all__ = ["gather", "partition_ranges", "render"]
