@@ -6,8 +6,10 @@
     sa worker [--tools GLOB] [--bundle B] a tool worker on an existing NATS
     sa status [--json]                    hosts and their partitions, workers, queue depths, runs in flight
 
-Finding the server and the bundles: `runtime.cli.where`. Exit codes: 0 success; 2 bad usage (no server,
-invalid bundle) or, for `sa status`, nothing to read (no streams yet, NATS unreachable).
+Finding the server and the bundles (a bundle folder, its bundle.yaml, or a folder of bundle folders):
+`runtime.cli.where`. Start-up prints one line per process; a host's per-partition log lines start once it
+is ready (all of them with --verbose). Exit codes: 0 success; 2 bad usage (no server, invalid bundle) or,
+for `sa status`, nothing to read (no streams yet, NATS unreachable).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import Annotated, Any
 import typer
 
 from runtime.cli.app import app
-from runtime.cli.where import bundle_paths, read_state, resolve_nats, state_file
+from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats, state_file
+
+VERBOSE_HELP = "Log at INFO from the start (every partition taken, every run resumed)."
 
 # ---------------------------------------------------------------------------------------------------------
 # sa up
@@ -33,15 +37,15 @@ from runtime.cli.where import bundle_paths, read_state, resolve_nats, state_file
 
 @app.command()
 def up(
-    bundles: Annotated[list[Path], typer.Argument(help="bundle.yaml files or folders (default: "
-                                                       "bundles/demo)")] = [],  # noqa: B006
+    bundles: Annotated[list[Path], typer.Argument(help="bundle.yaml files, bundle folders or folders of "
+                                                       "them (default: bundles/demo)")] = [],  # noqa: B006
     workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Tool worker processes.")] = 1,
     concurrency: Annotated[int, typer.Option(help="Jobs per worker process.")] = 8,
     store: Annotated[Path | None, typer.Option(help="JetStream store folder (default: the user data "
                                                     "dir, kept across restarts).")] = None,
     partitions: Annotated[int, typer.Option(help="Task partitions (fixed when the streams are first "
                                                  "created).")] = 16,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
 ) -> None:
     """Start everything on this machine: NATS, the local model (if needed), a host and N workers."""
     import anyio
@@ -59,7 +63,7 @@ def up(
         raise typer.Exit(2) from None
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # one line per process, whatever the width
     server = None
     model = None
     procs: list[subprocess.Popen[bytes]] = []
@@ -99,12 +103,14 @@ def up(
 
             def ready(h: Any) -> None:
                 names = ", ".join(f"agents.{n}.tasks" for n in sorted(agents))
-                console.print(f"[bold]host[/]     serving {names}; resumed {h.stats.runs_recovered} run(s)")
+                console.print(f"[bold]host[/]     serving {names} on {_partitions(h)}; resumed "
+                              f"{h.stats.runs_recovered} run(s)", highlight=False)
                 console.print(f"[green]ready[/]: sa send {sorted(agents)[0]} \"...\" --follow   "
                               "(Ctrl-C stops everything)")
+                _started()
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_until_signal, stop)
+                tg.start_soon(_until_signal, stop, verbose)
                 await serve(url, agents, stop=stop, on_ready=ready, partitions=partitions)
                 tg.cancel_scope.cancel()
 
@@ -146,7 +152,8 @@ def _start_local_model(console: Any) -> tuple[str, Any]:
 
 @app.command()
 def host(
-    bundles: Annotated[list[Path], typer.Argument(help="bundle.yaml files or their folders")] = [],  # noqa: B006
+    bundles: Annotated[list[Path], typer.Argument(help="bundle.yaml files, bundle folders or folders of "
+                                                       "them (default: bundles/demo)")] = [],  # noqa: B006
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
                                                  help="NATS server URL(s), comma-separated.")] = None,
     model_url: Annotated[str | None, typer.Option("--model-url", envvar="SA_LOCAL_MODEL_URL",
@@ -162,7 +169,7 @@ def host(
     max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
                                                       "mailboxes; at the bound this host stops pulling "
                                                       "tasks.")] = 4096,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
 ) -> None:
     """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.
 
@@ -184,13 +191,13 @@ def host(
         stop = anyio.Event()
 
         def ready(h: Any) -> None:
-            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {len(h.partitions)} of "
-                       f"{h.total_partitions} partition(s) {h.partitions} as {h.id}; resumed "
-                       f"{h.stats.runs_recovered} run(s)", err=True)
+            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {_partitions(h)} as {h.id}; "
+                       f"resumed {h.stats.runs_recovered} run(s)", err=True)
+            _started()
 
         config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_until_signal, stop)
+            tg.start_soon(_until_signal, stop, verbose)
             stats = await serve(url, agents, stop=stop, on_ready=ready, config=config, partitions=partitions)
             tg.cancel_scope.cancel()
         ended = ", ".join(f"{v} {k}" for k, v in sorted(stats.runs_ended.items())) or "none ended"
@@ -211,8 +218,8 @@ def worker(
     tools: Annotated[list[str], typer.Option("--tools", "-t",
                                              help="Glob of .pym tool scripts to serve (repeatable).")] = [],  # noqa: B006
     bundle: Annotated[list[str], typer.Option("--bundle", "-b",
-                                              help="bundle.yaml (or its folder) whose tools to serve "
-                                                   "(repeatable).")] = [],  # noqa: B006
+                                              help="bundle.yaml, its folder, or a folder of bundle "
+                                                   "folders, whose tools to serve (repeatable).")] = [],  # noqa: B006
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
                                                  help="NATS server URL(s), comma-separated.")] = None,
 ) -> None:
@@ -236,7 +243,7 @@ def worker(
         typer.echo("sa worker: nothing to serve; pass --tools 'agents/*.pym' and/or --bundle PATH", err=True)
         raise typer.Exit(2)
     try:
-        registry = build_registry(bundles=bundle, tool_globs=tools)
+        registry = build_registry(bundles=expand_bundles([Path(b) for b in bundle]), tool_globs=tools)
     except (BundleError, FileNotFoundError, ValueError) as e:
         typer.echo(f"sa worker: {e}", err=True)
         raise typer.Exit(2) from None
@@ -305,13 +312,33 @@ async def _status(url: str) -> dict[str, Any]:
 
 
 def _setup_logging(verbose: bool) -> None:
+    """Warnings only until the host is ready (`_started`), so start-up is one line per process: a host
+    takes its partitions one by one, and a log line each would bury the line that matters."""
     import logging
 
     from rich.logging import RichHandler
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s",
                         handlers=[RichHandler(show_path=False, rich_tracebacks=False)])
-    logging.getLogger("runtime.host").setLevel(logging.INFO)
+    _host_log(info=verbose)
+
+
+def _started() -> None:
+    """The host is ready: from now on its partition changes (takeovers, hand-overs) are logged."""
+    _host_log(info=True)
+
+
+def _host_log(*, info: bool) -> None:
+    import logging
+
+    logging.getLogger("runtime.host").setLevel(logging.INFO if info else logging.WARNING)
+
+
+def _partitions(h: Any) -> str:
+    """What a ready host serves, in one phrase: "partitions 0-15 (16 of 16)"."""
+    from runtime.status import partition_ranges
+
+    return f"partitions {partition_ranges(h.partitions)} ({len(h.partitions)} of {h.total_partitions})"
 
 
 def _load_agents(bundles: list[Path], model_url: str | None) -> Any:
@@ -325,10 +352,13 @@ def _load_agents(bundles: list[Path], model_url: str | None) -> Any:
         raise typer.Exit(2) from None
 
 
-async def _until_signal(stop: Any) -> None:
+async def _until_signal(stop: Any, verbose: bool = True) -> None:
+    """Set `stop` at SIGINT / SIGTERM. Unless `verbose`, a stopping host's hand-over of each partition is
+    not logged: the process's own "stopped" line says it."""
     import anyio
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
+            _host_log(info=verbose)
             stop.set()
             return
