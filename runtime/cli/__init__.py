@@ -21,4 +21,4 @@ from runtime.cli.app import app
 
 
 def main() -> None:
-    app()
+    app(prog_name="sa")

@@ -12,10 +12,11 @@ from typing import Annotated, Any
 
 import typer
 
-from runtime.cli.app import app
+from runtime.cli.app import PLAIN, app
 from runtime.cli.where import resolve_nats
 
-dlq_app = typer.Typer(help="Dead letters: tool jobs no worker could finish. Without a subcommand: list them.")
+dlq_app = typer.Typer(help="Dead letters: tool jobs no worker could finish. Without a subcommand: list them.",
+                      **PLAIN)
 app.add_typer(dlq_app, name="dlq")
 
 NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
