@@ -1,12 +1,13 @@
 """Shared pieces of the runtime tests: a calculator bundle, a deterministic scripted model, and an
-in-process host + worker on a real nats-server (imported by tests/test_host*.py, test_replay*.py)."""
+in-process host + worker on a real nats-server (`running_fleet`: model, host and worker in one; imported
+by tests/test_host*.py, test_replay*.py and others)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
 from runtime.replay import follow
-from runtime.testing import ScriptedModelServer, last_message
+from runtime.testing import Reply, Responder, ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry
 
 AGENTS = Path(__file__).parents[1] / "agents"
@@ -156,6 +157,20 @@ async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) ->
             stop.set()
     finally:
         await bus.close(nc)
+
+
+@asynccontextmanager
+async def running_fleet(url: str, js: Any, bundle: Path, *, responder: Responder | None = calc_responder,
+                        replies: Iterable[Reply | str] = (), worker: bool = True,
+                        config: HostConfig | None = None) -> AsyncIterator[Env]:
+    """The usual setup of a host test: a scripted model server (`calc_responder` unless told otherwise),
+    one in-process host serving `bundle` and, unless `worker=False`, one tool worker. Yields the `Env`
+    (its `host` has `.seen`, every event it appended); everything stops at exit, the worker first."""
+    with ScriptedModelServer(replies, responder=responder) as server:
+        async with running_host(url, [bundle], server, config=config) as host, AsyncExitStack() as stack:
+            if worker:
+                await stack.enter_async_context(running_worker(url, [bundle]))
+            yield Env(url, js, host, server, [])
 
 
 def kinds(events: list[ev.Event]) -> list[str]:
