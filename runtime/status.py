@@ -168,8 +168,7 @@ def render(status: dict[str, Any]) -> Any:
                       str(h["max_runs"]), ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
 
     parts = Table(title="partitions", title_justify="left")
-    for col in ("p", "host", "runs in flight", "tasks waiting (stream/held)",
-                "results waiting (stream/held)"):
+    for col in ("p", "host", "runs in flight", "tasks (waiting/held)", "results (waiting/held)"):
         parts.add_column(col)
     for p in status["partitions"]:
         parts.add_row(str(p["partition"]), p["host"] or "[red]unserved[/]", str(p["runs_in_flight"]),
