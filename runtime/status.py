@@ -3,87 +3,76 @@
     status = await gather(js)          # a plain dict (the --json output)
     Console().print(render(status))    # tables for people
 
-Everything comes from the buckets and streams the processes already keep (`runtime.nats`): hosts from their
+Everything comes from the buckets and streams the processes already keep (runtime.nats): hosts from their
 heartbeats in ``hosts``, who serves which partition from ``leases``, workers from ``workers``, queue
 depths from stream and consumer state, runs in flight from the ``active`` bucket (one key per unfinished
 run, by partition). Nothing here asks a host or a worker anything, so it works with any number of them,
 on any machines, and with none.
 
 Queue depths, per partition and in all:
-* tasks waiting = the task consumer's ``num_pending`` (in the stream, not yet delivered: this grows when
-  hosts are at their back-pressure bound) + ``num_ack_pending`` (delivered, waiting in a host's mailbox);
-* results waiting = the same for the partition's result consumer;
+* tasks waiting = in TASKS, not yet delivered to any host: the partition consumer's ``num_pending`` (this
+  grows when hosts are at their back-pressure bound); a partition no host has served yet has no consumer,
+  so every message of it in the stream is waiting (counted from the stream's per-subject counts).
+  Tasks held = ``num_ack_pending``: delivered, in a host's mailbox or running, not yet acknowledged;
+* results waiting / held = the same for RESULTS and the partition's result consumer;
 * tool jobs = the ``workers`` consumer's pending and ack-pending (held by workers); DLQ = dead letters.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from runtime.nats.kv import fleet_kv, kv_entries
-from runtime.nats.records import HostBeat, WorkerBeat
-from runtime.nats.subjects import (
-    ACTIVE_BUCKET,
-    DLQ,
-    HOSTS_BUCKET,
-    LEASES_BUCKET,
-    RESULTS,
-    TASKS,
-    TOOLS,
-    WORKERS_BUCKET,
-    WORKERS_CONSUMER,
-    result_consumer_name,
-    task_consumer_name,
-)
-from runtime.nats.topology import read_topology
+from runtime import nats as bus
 
 
 async def gather(js: JetStreamContext) -> dict[str, Any]:
     """One consistent-enough picture of the fleet (each part is read once, in sequence)."""
     now = time.time()
-    topo = await read_topology(js)
+    topo = await bus.read_topology(js)
     n = topo.partitions
-    buckets = {name: await fleet_kv(js, name) for name in
-               (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET)}
+    buckets = {name: await bus.fleet_kv(js, name) for name in
+               (bus.LEASES_BUCKET, bus.HOSTS_BUCKET, bus.WORKERS_BUCKET, bus.ACTIVE_BUCKET)}
 
     holders = {}
-    for key, entry in (await kv_entries(buckets[LEASES_BUCKET])).items():
+    for key, entry in (await bus.kv_entries(buckets[bus.LEASES_BUCKET])).items():
         if key.startswith("p") and key[1:].isdigit():
             holders[int(key[1:])] = entry.value.decode()
     hosts = []
-    for key, entry in sorted((await kv_entries(buckets[HOSTS_BUCKET])).items()):
-        beat = HostBeat.decode(entry.value)
+    for key, entry in sorted((await bus.kv_entries(buckets[bus.HOSTS_BUCKET])).items()):
+        beat = bus.HostBeat.decode(entry.value)
         held = sorted(p for p, holder in holders.items() if holder == key)  # the leases, not the beat's copy
         hosts.append({"id": key, "partitions": held, "runs": beat.runs, "queued": beat.queued,
                       "max_runs": beat.max_runs, "agents": beat.agents, "lease_ttl": beat.ttl,
                       "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
     in_flight = [0] * n
-    for key in await kv_entries(buckets[ACTIVE_BUCKET]):
+    for key in await bus.kv_entries(buckets[bus.ACTIVE_BUCKET]):
         p = key.split(".", 1)[0][1:]
         if p.isdigit() and int(p) < n:
             in_flight[int(p)] += 1
 
     partitions = []
-    for p in range(n):
-        tasks = await _consumer(js, TASKS, task_consumer_name(p))
-        results = await _consumer(js, RESULTS, result_consumer_name(p))
+    task_queues = await _partition_queues(js, bus.TASKS, bus.task_consumer_name, n)
+    result_queues = await _partition_queues(js, bus.RESULTS, bus.result_consumer_name, n)
+    for p, (tasks, results) in enumerate(zip(task_queues, result_queues, strict=True)):
         partitions.append({"partition": p, "host": holders.get(p), "runs_in_flight": in_flight[p],
                            "tasks_pending": tasks["pending"], "tasks_held": tasks["ack_pending"],
                            "results_pending": results["pending"], "results_held": results["ack_pending"]})
 
     workers = []
-    for _, entry in sorted((await kv_entries(buckets[WORKERS_BUCKET])).items()):
-        beat = WorkerBeat.decode(entry.value)
+    for _, entry in sorted((await bus.kv_entries(buckets[bus.WORKERS_BUCKET])).items()):
+        beat = bus.WorkerBeat.decode(entry.value)
         workers.append({"name": beat.name, "concurrency": beat.concurrency, "running": beat.running,
                         "completed": beat.completed, "failed": beat.failed, "tools": beat.tools,
                         "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
 
-    tools = await _consumer(js, TOOLS, WORKERS_CONSUMER)
-    streams = {name: await _messages(js, name) for name in (TASKS, TOOLS, RESULTS, DLQ)}
+    streams = {name: await _messages(js, name) for name in (bus.TASKS, bus.TOOLS, bus.RESULTS, bus.DLQ)}
+    tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER) or {"pending": streams[bus.TOOLS],
+                                                                     "ack_pending": 0}
     return {
         "partitions_total": n,
         "replicas": topo.replicas,
@@ -98,7 +87,7 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
             "results_held": sum(p["results_held"] for p in partitions),
             "tool_jobs_pending": tools["pending"],
             "tool_jobs_held": tools["ack_pending"],
-            "dlq": streams[DLQ],
+            "dlq": streams[bus.DLQ],
             "stream_messages": streams,
         },
         "runs_in_flight": sum(in_flight),
@@ -113,12 +102,41 @@ def _age(now: float, entry: Any) -> float | None:
     return round(max(0.0, now - ts), 1)
 
 
-async def _consumer(js: JetStreamContext, stream: str, name: str) -> dict[str, int]:
+async def _consumer(js: JetStreamContext, stream: str, name: str) -> dict[str, int] | None:
+    """A partition consumer's undelivered and delivered-unacknowledged counts; None if it does not exist."""
     try:
         info = await js.consumer_info(stream, name)
     except NotFoundError:  # a partition no host has served yet
-        return {"pending": 0, "ack_pending": 0}
+        return None
     return {"pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0}
+
+
+async def _partition_queues(js: JetStreamContext, stream: str, consumer_name: Callable[[int], str],
+                            n: int) -> list[dict[str, int]]:
+    """Per partition of `stream`: messages not yet delivered (`pending`) and delivered but not yet
+    acknowledged (`ack_pending`). A partition without its consumer was never delivered from: all of its
+    messages in the stream are pending."""
+    found = [await _consumer(js, stream, consumer_name(p)) for p in range(n)]
+    if all(c is not None for c in found):
+        return [c for c in found if c is not None]
+    in_stream = await _messages_by_partition(js, stream, n)
+    return [c if c is not None else {"pending": in_stream[p], "ack_pending": 0} for p, c in enumerate(found)]
+
+
+async def _messages_by_partition(js: JetStreamContext, stream: str, n: int) -> list[int]:
+    """Messages stored in TASKS or RESULTS per partition (their subjects are `<prefix>.<partition>.…`),
+    from the stream's per-subject counts."""
+    counts = [0] * n
+    prefix = "tasks" if stream == bus.TASKS else "results"
+    try:
+        info = await js.stream_info(stream, subjects_filter=f"{prefix}.>")
+    except NotFoundError:
+        return counts
+    for subject, count in (info.state.subjects or {}).items():
+        token = subject.split(".")[1] if subject.count(".") >= 2 else ""
+        if token.isdigit() and int(token) < n:
+            counts[int(token)] += count
+    return counts
 
 
 async def _messages(js: JetStreamContext, stream: str) -> int:
@@ -146,12 +164,11 @@ def render(status: dict[str, Any]) -> Any:
     for col in ("host", "partitions", "runs", "queued", "bound", "agents", "up", "beat"):
         hosts.add_column(col)
     for h in status["hosts"]:
-        hosts.add_row(h["id"], _ranges(h["partitions"]), str(h["runs"]), str(h["queued"]), str(h["max_runs"]),
-                      ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
+        hosts.add_row(h["id"], partition_ranges(h["partitions"]), str(h["runs"]), str(h["queued"]),
+                      str(h["max_runs"]), ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
 
     parts = Table(title="partitions", title_justify="left")
-    for col in ("p", "host", "runs in flight", "tasks waiting (stream/held)",
-                "results waiting (stream/held)"):
+    for col in ("p", "host", "runs in flight", "tasks (waiting/held)", "results (waiting/held)"):
         parts.add_column(col)
     for p in status["partitions"]:
         parts.add_row(str(p["partition"]), p["host"] or "[red]unserved[/]", str(p["runs_in_flight"]),
@@ -179,7 +196,7 @@ def _secs(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}s ago"
 
 
-def _ranges(ps: list[int]) -> str:
+def partition_ranges(ps: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
     spans: list[list[int]] = []
     for p in sorted(ps):
@@ -190,4 +207,4 @@ def _ranges(ps: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "-"
 
 
-__all__ = ["gather", "render"]
+__all__ = ["gather", "partition_ranges", "render"]

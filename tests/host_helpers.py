@@ -1,12 +1,13 @@
 """Shared pieces of the runtime tests: a calculator bundle, a deterministic scripted model, and an
-in-process host + worker on a real nats-server (imported by tests/test_host*.py, test_replay*.py)."""
+in-process host + worker on a real nats-server (`running_fleet`: model, host and worker in one; imported
+by tests/test_host*.py, test_replay*.py and others)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,12 @@ from typing import Any
 import anyio
 
 from runtime import events as ev
+from runtime import nats as bus
 from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
-from runtime.nats.connection import close, connect
-from runtime.testing import ScriptedModelServer, last_message
+from runtime.testing import Reply, Responder, ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry
 
 AGENTS = Path(__file__).parents[1] / "agents"
@@ -125,7 +126,7 @@ class Env:
 @asynccontextmanager
 async def running_host(url: str, bundles: list[Path], server: ScriptedModelServer, *,
                        config: HostConfig | None = None) -> AsyncIterator[Host]:
-    nc = await connect(url, name="test-host")
+    nc = await bus.connect(url, name="test-host")
     client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
     agents = load_agents(bundles, client=client)
     seen: list[ev.Event] = []
@@ -141,12 +142,12 @@ async def running_host(url: str, bundles: list[Path], server: ScriptedModelServe
             stop.set()
     finally:
         await client.aclose()
-        await close(nc)
+        await bus.close(nc)
 
 
 @asynccontextmanager
 async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) -> AsyncIterator[Worker]:
-    nc = await connect(url, name="test-worker")
+    nc = await bus.connect(url, name="test-worker")
     worker = Worker(nc.jetstream(), build_registry(bundles=bundles), concurrency=concurrency)
     stop = anyio.Event()
     try:
@@ -155,7 +156,21 @@ async def running_worker(url: str, bundles: list[Path], concurrency: int = 8) ->
             yield worker
             stop.set()
     finally:
-        await close(nc)
+        await bus.close(nc)
+
+
+@asynccontextmanager
+async def running_fleet(url: str, js: Any, bundle: Path, *, responder: Responder | None = calc_responder,
+                        replies: Iterable[Reply | str] = (), worker: bool = True,
+                        config: HostConfig | None = None) -> AsyncIterator[Env]:
+    """The usual setup of a host test: a scripted model server (`calc_responder` unless told otherwise),
+    one in-process host serving `bundle` and, unless `worker=False`, one tool worker. Yields the `Env`
+    (its `host` has `.seen`, every event it appended); everything stops at exit, the worker first."""
+    with ScriptedModelServer(replies, responder=responder) as server:
+        async with running_host(url, [bundle], server, config=config) as host, AsyncExitStack() as stack:
+            if worker:
+                await stack.enter_async_context(running_worker(url, [bundle]))
+            yield Env(url, js, host, server, [])
 
 
 def kinds(events: list[ev.Event]) -> list[str]:
@@ -182,7 +197,7 @@ async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: i
     clients: list[ModelClient] = []
     async with anyio.create_task_group() as tg:
         async def serve(i: int, started: anyio.Event) -> None:
-            nc = await connect(url, name=f"host-{i}")
+            nc = await bus.connect(url, name=f"host-{i}")
             client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
             clients.append(client)
             cfg = HostConfig(**{"task_ack_wait": 2.0, "lease": lease or LeaseConfig(), **config})
@@ -192,7 +207,7 @@ async def hosts(url: str, bundles: list[Path], server: ScriptedModelServer, n: i
                 handles.append(HostHandle(host, nc, scope, stop))
                 started.set()
                 await host.run(stop)
-            await close(nc)
+            await bus.close(nc)
 
         for i in range(n):
             started = anyio.Event()

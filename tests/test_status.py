@@ -12,9 +12,8 @@ import pytest
 from host_helpers import Env, calc_responder, hosts, running_worker, wait_until, write_bundle
 from rich.console import Console
 
+from runtime import nats as bus
 from runtime.host.commands import publish_task
-from runtime.nats.subjects import TASKS
-from runtime.nats.topology import ensure_topology
 from runtime.status import gather, render
 from runtime.testing import Reply, ScriptedModelServer
 
@@ -24,7 +23,7 @@ CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 
 @pytest.fixture
 async def topo(js):
-    await ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
     return js
 
 
@@ -76,11 +75,28 @@ async def test_status_shows_hosts_partitions_workers_queues_and_runs_in_flight(n
 
 async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_server, topo):
     js = topo
-    for i in range(5):
-        await publish_task(js, f"calc:w{i}", "compute: 1")  # no host: they wait in the stream
+    agents = [f"calc:w{i}" for i in range(5)]
+    for agent in agents:
+        await publish_task(js, agent, "compute: 1")  # no host: they wait in the stream
+    per_partition = [sum(bus.partition_of(a, 4) == p for a in agents) for p in range(4)]
     status = await gather(js)
     assert status["hosts"] == [] and status["unserved_partitions"] == [0, 1, 2, 3]
-    assert status["queues"]["stream_messages"][TASKS] == 5 and status["runs_in_flight"] == 0
+    assert status["queues"]["stream_messages"][bus.TASKS] == 5 and status["runs_in_flight"] == 0
+    # no partition has a consumer yet: every task in the stream is waiting, none is held
+    assert status["queues"]["tasks_pending"] == 5 and status["queues"]["tasks_held"] == 0
+    assert [p["tasks_pending"] for p in status["partitions"]] == per_partition
+
+    # a consumer on one partition that delivered one task (not acknowledged): that one is held, not waiting
+    busy = next(p for p in range(4) if per_partition[p] >= 1)
+    name, _ = await bus.ensure_partition_consumers(js, busy)
+    sub = await js.pull_subscribe_bind(name, stream=bus.TASKS)
+    (msg,) = await sub.fetch(1, timeout=5)
+    status = await gather(js)
+    row = status["partitions"][busy]
+    assert (row["tasks_pending"], row["tasks_held"]) == (per_partition[busy] - 1, 1)
+    assert status["queues"]["tasks_pending"] == 4 and status["queues"]["tasks_held"] == 1
+    await msg.ack()
+    await sub.unsubscribe()
 
 
 def test_status_without_a_server_says_what_to_do(tmp_path):

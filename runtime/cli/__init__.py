@@ -1,15 +1,24 @@
-"""The `sa` command line. Each concern registers its commands in its own module:
+"""The `sa` command line: one module per group of commands, each registering on the app of `app.py`.
 
-- `tools_cmds`   — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
-- `kernel_cmds`  — `sa constraint` (decoding constraints)
-- `model_cmds`   — `sa model serve` (the embedded CPU model server)
-- `runtime_cmds` — `sa up`, `sa send`, `sa runs`, `sa replay`, `sa host`, `sa worker`, `sa status`
-- `dlq_cmds`     — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
+- `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
+- `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
+- `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
+- `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
+- `model_cmds`      — `sa model serve` (the embedded CPU model server)
+- `dlq_cmds`        — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
+- `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
 """
 
-from runtime.cli import dlq_cmds, kernel_cmds, model_cmds, runtime_cmds, tools_cmds  # noqa: F401  (registers)
+from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)
+    fleet_cmds,
+    run_cmds,
+    tools_cmds,
+    constraint_cmds,
+    model_cmds,
+    dlq_cmds,
+)
 from runtime.cli.app import app
 
 
 def main() -> None:
-    app()
+    app(prog_name="sa")

@@ -12,9 +12,11 @@ from typing import Annotated, Any
 
 import typer
 
-from runtime.cli.app import app
+from runtime.cli.app import PLAIN, app
+from runtime.cli.where import resolve_nats
 
-dlq_app = typer.Typer(help="Dead letters: tool jobs no worker could finish. Without a subcommand: list them.")
+dlq_app = typer.Typer(help="Dead letters: tool jobs no worker could finish. Without a subcommand: list them.",
+                      **PLAIN)
 app.add_typer(dlq_app, name="dlq")
 
 NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
@@ -22,16 +24,8 @@ NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
 
 
 def _servers(explicit: str | None) -> str:
-    """`--nats`/NATS_URL, else whatever `sa up` advertises (`runtime_cmds.resolve_nats`, when present)."""
-    from runtime.cli import runtime_cmds
-
-    resolve = getattr(runtime_cmds, "resolve_nats", None)
-    if resolve is not None:
-        return str(resolve(explicit, "dlq"))
-    if not explicit:
-        typer.echo("sa dlq: no NATS server; set NATS_URL or pass --nats nats://host:4222", err=True)
-        raise typer.Exit(2)
-    return explicit
+    """`--nats`/NATS_URL, else whatever a running `sa up` advertises; exit 2 with what to do otherwise."""
+    return resolve_nats(explicit, "dlq")
 
 
 async def _with_js(servers: str, fn: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Commands registered on the `sa` app (see runtime/cli/__init__.py): `sa constraint`."""
+"""`sa constraint`: print the exact decoding-constraint fields the runtime would send a model for a set of
+tools (from .pym scripts or JSON tool schemas), optionally compiled by xgrammar first."""
 
 from __future__ import annotations
 

@@ -1,0 +1,364 @@
+"""The fleet's processes and what they are doing: `sa up`, `sa host`, `sa worker`, `sa status`.
+
+    sa up [BUNDLES...] [--workers N]      embedded NATS (unless NATS_URL), the local model if a bundle uses
+                                          it, a host and N workers; Ctrl-C stops everything
+    sa host [BUNDLES...]                  an agent host on an existing NATS
+    sa worker [--tools GLOB] [--bundle B] a tool worker on an existing NATS
+    sa status [--json]                    hosts and their partitions, workers, queue depths, runs in flight
+
+Finding the server and the bundles (a bundle folder, its bundle.yaml, or a folder of bundle folders):
+`runtime.cli.where`. Start-up prints one line per process; a host's per-partition log lines start once it
+is ready (all of them with --verbose). Exit codes: 0 success; 2 bad usage (no server, invalid bundle) or,
+for `sa status`, nothing to read (no streams yet, NATS unreachable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from runtime.cli.app import app
+from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats, state_file
+
+VERBOSE_HELP = "Log at INFO from the start (every partition taken, every run resumed)."
+
+# ---------------------------------------------------------------------------------------------------------
+# sa up
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    bundles: Annotated[list[Path], typer.Argument(help="bundle.yaml files, bundle folders or folders of "
+                                                       "them (default: bundles/demo)")] = [],  # noqa: B006
+    workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Tool worker processes.")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Jobs per worker process.")] = 8,
+    store: Annotated[Path | None, typer.Option(help="JetStream store folder (default: the user data "
+                                                    "dir, kept across restarts).")] = None,
+    partitions: Annotated[int, typer.Option(help="Task partitions (fixed when the streams are first "
+                                                 "created).")] = 16,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
+) -> None:
+    """Start everything on this machine: NATS, the local model (if needed), a host and N workers."""
+    import anyio
+
+    from runtime import nats as bus
+
+    paths = bundle_paths(bundles)
+    _setup_logging(verbose)
+    from runtime.bundle import BundleError, load_bundle
+
+    try:
+        loaded = [load_bundle(p) for p in paths]
+    except BundleError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    from rich.console import Console
+
+    console = Console(stderr=True, soft_wrap=True)  # one line per process, whatever the width
+    server = None
+    model = None
+    procs: list[subprocess.Popen[bytes]] = []
+    env_url = bus.servers_from_env()
+    try:
+        if env_url:
+            url = ",".join(env_url)
+            console.print(f"[bold]nats[/]     {url} (NATS_URL)")
+        else:
+            server = bus.EmbeddedNats(store or bus.default_store_dir()).start()
+            url = server.url
+            console.print(f"[bold]nats[/]     {url}  (embedded, store {server.store_dir})")
+        model_url = None
+        if any(b.uses_local_model for b in loaded):
+            model_url = _start_local_model(console)
+            model = model_url[1]
+            model_url = model_url[0]
+            console.print(f"[bold]model[/]    {model_url}/v1  (local SmolLM2)")
+        for _ in range(workers):
+            cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker",
+                   "--concurrency", str(concurrency)]
+            for p in paths:
+                cmd += ["--bundle", str(p)]
+            procs.append(subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url}, stdin=subprocess.DEVNULL))
+        pids = ", ".join(str(p.pid) for p in procs) or "-"
+        console.print(f"[bold]workers[/]  {workers} process(es): {pids}")
+        state_file().parent.mkdir(parents=True, exist_ok=True)
+        state_file().write_text(json.dumps({"nats_url": url, "model_url": model_url, "pid": os.getpid(),
+                                            "bundles": [str(p.resolve()) for p in paths]}, indent=2))
+        console.print(f"[bold]state[/]    {state_file()}")
+        agents = _load_agents(paths, model_url)
+
+        async def main() -> None:
+            from runtime.host import serve
+
+            stop = anyio.Event()
+
+            def ready(h: Any) -> None:
+                names = ", ".join(f"agents.{n}.tasks" for n in sorted(agents))
+                console.print(f"[bold]host[/]     serving {names} on {_partitions(h)}; resumed "
+                              f"{h.stats.runs_recovered} run(s)", highlight=False)
+                console.print(f"[green]ready[/]: sa send {sorted(agents)[0]} \"...\" --follow   "
+                              "(Ctrl-C stops everything)")
+                _started()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_until_signal, stop, verbose)
+                await serve(url, agents, stop=stop, on_ready=ready, partitions=partitions)
+                tg.cancel_scope.cancel()
+
+        anyio.run(main, backend="asyncio")
+    finally:
+        console.print("stopping…")
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if model is not None:
+            model.stop()
+        if server is not None:
+            server.stop()
+        with contextlib.suppress(OSError):
+            if read_state().get("pid") in (os.getpid(), None):
+                state_file().unlink()
+        console.print("stopped")
+
+
+def _start_local_model(console: Any) -> tuple[str, Any]:
+    """Start the embedded model server as a child process (first start converts the weights: minutes)."""
+    from runtime.modelserver import start_model_server
+
+    with console.status("starting the local model server (the first start converts the SmolLM2 weights; "
+                        "this can take a few minutes)…"):
+        handle = start_model_server(timeout=900.0)
+    return handle.base_url, handle
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sa host
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def host(
+    bundles: Annotated[list[Path], typer.Argument(help="bundle.yaml files, bundle folders or folders of "
+                                                       "them (default: bundles/demo)")] = [],  # noqa: B006
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
+                                                 help="NATS server URL(s), comma-separated.")] = None,
+    model_url: Annotated[str | None, typer.Option("--model-url", envvar="SA_LOCAL_MODEL_URL",
+                                                  help="The local model server, for bundles whose model "
+                                                       "is `local`.")] = None,
+    task_ack_wait: Annotated[float, typer.Option(help="Seconds before a task or tool result a host held "
+                                                      "un-acked is delivered again.")] = 30.0,
+    partitions: Annotated[int, typer.Option(min=1, help="Task partitions, used only when the streams are "
+                                                        "first created (then fixed: read from TASKS).")] = 16,
+    lease_ttl: Annotated[float, typer.Option(min=2, help="Seconds a partition lease lives without renewal "
+                                                         "(renewed every TTL/3): a dead host's partitions "
+                                                         "are taken over within TTL + TTL/3.")] = 6.0,
+    max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
+                                                      "mailboxes; at the bound this host stops pulling "
+                                                      "tasks.")] = 4096,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
+) -> None:
+    """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.
+
+    Start one or many, on any machine that reaches NATS: hosts share the task partitions by expiring
+    leases (a fair share each), and take over the partitions, and unfinished runs, of a host that dies.
+    """
+    import anyio
+
+    from runtime.host import HostConfig, serve
+    from runtime.host.leases import LeaseConfig
+
+    url = resolve_nats(nats_url, "host")
+    model_url = model_url or read_state().get("model_url")
+    paths = bundle_paths(bundles)
+    _setup_logging(verbose)
+    agents = _load_agents(paths, model_url)
+
+    async def main() -> None:
+        stop = anyio.Event()
+
+        def ready(h: Any) -> None:
+            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {_partitions(h)} as {h.id}; "
+                       f"resumed {h.stats.runs_recovered} run(s)", err=True)
+            _started()
+
+        config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_until_signal, stop, verbose)
+            stats = await serve(url, agents, stop=stop, on_ready=ready, config=config, partitions=partitions)
+            tg.cancel_scope.cancel()
+        ended = ", ".join(f"{v} {k}" for k, v in sorted(stats.runs_ended.items())) or "none ended"
+        typer.echo(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", err=True)
+
+    anyio.run(main, backend="asyncio")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sa worker
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1,
+                                             help="Jobs run at once by this process.")] = 8,
+    tools: Annotated[list[str], typer.Option("--tools", "-t",
+                                             help="Glob of .pym tool scripts to serve (repeatable).")] = [],  # noqa: B006
+    bundle: Annotated[list[str], typer.Option("--bundle", "-b",
+                                              help="bundle.yaml, its folder, or a folder of bundle "
+                                                   "folders, whose tools to serve (repeatable).")] = [],  # noqa: B006
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
+                                                 help="NATS server URL(s), comma-separated.")] = None,
+) -> None:
+    """Run sandboxed tool jobs from the shared `workers` consumer until Ctrl-C / SIGTERM.
+
+    Start as many as you like, on any machine that reaches NATS: jobs spread across them, and a job a
+    killed worker held is redelivered to another one.
+    """
+    import logging
+
+    import anyio
+
+    from runtime.bundle import BundleError
+    from runtime.worker import build_registry, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not nats_url:
+        typer.echo("sa worker: no NATS server; set NATS_URL or pass --nats nats://host:4222", err=True)
+        raise typer.Exit(2)
+    if not tools and not bundle:
+        typer.echo("sa worker: nothing to serve; pass --tools 'agents/*.pym' and/or --bundle PATH", err=True)
+        raise typer.Exit(2)
+    try:
+        registry = build_registry(bundles=expand_bundles([Path(b) for b in bundle]), tool_globs=tools)
+    except (BundleError, FileNotFoundError, ValueError) as e:
+        typer.echo(f"sa worker: {e}", err=True)
+        raise typer.Exit(2) from None
+
+    async def main() -> None:
+        stop = anyio.Event()
+
+        def ready(w: object) -> None:
+            names = ", ".join(sorted(registry.tools))
+            typer.echo(f"sa worker {getattr(w, 'name', '')}: serving {names} (concurrency {concurrency})",
+                       err=True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_until_signal, stop)
+            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready)
+            tg.cancel_scope.cancel()
+        typer.echo(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", err=True)
+
+    anyio.run(main, backend="asyncio")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sa status
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="The status as one JSON object.")] = False,
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
+) -> None:
+    """The fleet: hosts and their partitions, workers, queue depths, runs in flight."""
+    import anyio
+
+    url = resolve_nats(nats_url, "status")
+    try:
+        report = anyio.run(_status, url, backend="asyncio")
+    except Exception as e:  # no topology yet, or NATS unreachable
+        typer.echo(f"sa status: {type(e).__name__}: {e} (is anything running? `sa up` creates the streams)",
+                   err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    from rich.console import Console
+
+    from runtime.status import render
+
+    Console().print(render(report))
+
+
+async def _status(url: str) -> dict[str, Any]:
+    from runtime import nats as bus
+    from runtime.status import gather
+
+    nc = await bus.connect(url, name="sa-status", max_reconnect_attempts=3)
+    try:
+        return await gather(nc.jetstream())
+    finally:
+        await bus.close(nc)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# shared by the long-running processes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _setup_logging(verbose: bool) -> None:
+    """Warnings only until the host is ready (`_started`), so start-up is one line per process: a host
+    takes its partitions one by one, and a log line each would bury the line that matters."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s",
+                        handlers=[RichHandler(show_path=False, rich_tracebacks=False)])
+    _host_log(info=verbose)
+
+
+def _started() -> None:
+    """The host is ready: from now on its partition changes (takeovers, hand-overs) are logged."""
+    _host_log(info=True)
+
+
+def _host_log(*, info: bool) -> None:
+    import logging
+
+    logging.getLogger("runtime.host").setLevel(logging.INFO if info else logging.WARNING)
+
+
+def _partitions(h: Any) -> str:
+    """What a ready host serves, in one phrase: "partitions 0-15 (16 of 16)"."""
+    from runtime.status import partition_ranges
+
+    return f"partitions {partition_ranges(h.partitions)} ({len(h.partitions)} of {h.total_partitions})"
+
+
+def _load_agents(bundles: list[Path], model_url: str | None) -> Any:
+    from runtime.bundle import BundleError
+    from runtime.host import load_agents
+
+    try:
+        return load_agents(bundles, local_model_url=model_url)
+    except (BundleError, ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+async def _until_signal(stop: Any, verbose: bool = True) -> None:
+    """Set `stop` at SIGINT / SIGTERM. Unless `verbose`, a stopping host's hand-over of each partition is
+    not logged: the process's own "stopped" line says it."""
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            _host_log(info=verbose)
+            stop.set()
+            return

@@ -1,0 +1,296 @@
+"""Working with runs: `sa send`, `sa runs`, `sa replay`.
+
+    sa send AGENT "task" [--follow]       publish a task, print its run id, optionally follow it live
+    sa runs [AGENT]                       the runs index
+    sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
+
+Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the task was not stored (`send`: no
+host has created the TASKS stream yet, unless `--wait` outlasts that), the run failed or was cancelled
+(`send --follow`) or did not verify (`replay --verify`); 2 bad usage (no server, unknown run, invalid
+bundle).
+
+`sa send` never creates a stream (the hosts own the topology: a stream made here could have the wrong
+partition count) and never drops a task silently: it prints the run id only once JetStream confirmed the
+task is stored, and it retries under one task id, so a retried publish is stored once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from runtime.cli.app import app
+from runtime.cli.where import resolve_nats
+
+# ---------------------------------------------------------------------------------------------------------
+# sa send
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def send(
+    agent: Annotated[str, typer.Argument(help="The agent (bundle name, or bundle:instance).")],
+    task: Annotated[str, typer.Argument(help="The task text.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the run's events until it ends; "
+                                                                 "exit 1 if it fails.")] = False,
+    instance: Annotated[str | None, typer.Option("--instance", "-i", help="Run on this instance (its own "
+                                                                          "actor).")] = None,
+    task_id: Annotated[str | None, typer.Option("--task-id",
+                                                help="Idempotency key (default: random).")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="The run's deadline in seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Events as JSON lines (with --follow).")] = False,
+    wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for a host to create the "
+                                                              "TASKS stream (default: exit 1 at once "
+                                                              "if there is none).")] = 0.0,
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
+) -> None:
+    """Publish a task to agents.<agent>.tasks and print its run id (then follow it with --follow)."""
+    import anyio
+
+    url = resolve_nats(nats_url, "send")
+    code = anyio.run(_send, url, agent, task, follow, instance, task_id, timeout, as_json, wait,
+                     backend="asyncio")
+    raise typer.Exit(code)
+
+
+NO_STREAM = ("no host has created the TASKS stream yet: start `sa host` or `sa up` (or pass --wait SECONDS); "
+             "the task was not sent")
+RETRY_UNANSWERED_S = 10.0  # how long an existing stream that does not answer (a leader election) is retried
+
+
+class NotSent(Exception):
+    """The task is not stored in TASKS (the message says why and what to do)."""
+
+
+async def _send(url: str, agent: str, task: str, follow: bool, instance: str | None, task_id: str | None,
+                timeout: float | None, as_json: bool, wait: float) -> int:
+    from rich.console import Console
+
+    from runtime import events as ev
+    from runtime import nats as bus
+    from runtime.replay import watch
+
+    console = Console()
+    nc = await bus.connect(url, name="sa-send", max_reconnect_attempts=3)
+    try:
+        js = nc.jetstream()
+        try:
+            run_id = await publish(js, agent, task, task_id=task_id, instance=instance, timeout_s=timeout,
+                                   wait=wait)
+        except ValueError as e:
+            typer.echo(f"sa send: {e}", err=True)
+            return 2
+        except NotSent as e:
+            typer.echo(f"sa send: {e}", err=True)
+            return 1
+        if as_json:
+            print(json.dumps({"run_id": run_id}), flush=True)
+        else:
+            console.print(f"run [bold]{run_id}[/]")
+        if not follow:
+            return 0
+        last = await watch(js, run_id, console, as_json=as_json)
+        ok = isinstance(last, ev.RunCompleted)
+        return 0 if ok else 1
+    finally:
+        await bus.close(nc)
+
+
+async def publish(js: Any, agent: str, task: str, *, task_id: str | None, instance: str | None,
+                  timeout_s: float | None, wait: float) -> str:
+    """Publish the task and return its run id once JetStream confirms it is stored; raise `NotSent` if not.
+
+    No TASKS stream: wait up to `wait` seconds for a host to create it (never create it here). A stream
+    that exists but does not answer is retried for `RETRY_UNANSWERED_S`. Every attempt carries the same
+    task id (`Nats-Msg-Id`), so an attempt that was stored after all is not stored twice.
+    """
+    import anyio
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import NoStreamResponseError
+
+    from runtime.host.commands import publish_task
+
+    task_id = task_id or uuid.uuid4().hex
+    start = anyio.current_time()
+    told = False
+    while True:
+        try:
+            return await publish_task(js, agent, task, task_id=task_id, instance=instance,
+                                      timeout_s=timeout_s)
+        except (NoStreamResponseError, NatsTimeoutError) as e:
+            missing = isinstance(e, NoStreamResponseError) and not await _tasks_stream_exists(js)
+            waited = anyio.current_time() - start
+            if missing and waited >= wait:
+                raise NotSent(NO_STREAM) from None
+            if not missing and waited >= max(wait, RETRY_UNANSWERED_S):
+                raise NotSent(f"the task was not confirmed stored ({type(e).__name__}: {e}); re-send it with "
+                              f"--task-id {task_id} (a task id runs once)") from None
+            if missing and not told:
+                typer.echo(f"sa send: no host has created the TASKS stream yet; waiting up to {wait:g} s "
+                           "for one", err=True)
+                told = True
+            await anyio.sleep(0.25)
+
+
+async def _tasks_stream_exists(js: Any) -> bool:
+    """False only when the server says TASKS does not exist (any other answer: assume it does)."""
+    from nats.js.errors import NotFoundError
+
+    from runtime import nats as bus
+
+    try:
+        await js.stream_info(bus.TASKS)
+    except NotFoundError:
+        return False
+    except Exception:  # the server did not answer: the stream may well be there
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sa runs
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def runs(
+    agent: Annotated[str | None, typer.Argument(help="Only this agent (bundle or bundle:instance).")] = None,
+    limit: Annotated[int, typer.Option(help="The most recent N runs.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
+) -> None:
+    """List runs from the runs index, newest first."""
+    import anyio
+
+    url = resolve_nats(nats_url, "runs")
+    rows = anyio.run(_list_runs, url, backend="asyncio")
+    if agent:
+        rows = [r for r in rows if r[1].agent == agent or r[1].agent.split(":")[0] == agent]
+    rows = sorted(rows, key=lambda r: r[1].updated, reverse=True)[:limit]
+    if as_json:
+        import msgspec
+
+        print(json.dumps([{"run_id": k, **msgspec.to_builtins(v)} for k, v in rows], indent=2))
+        return
+    import datetime
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    for col in ("run", "agent", "status", "updated"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("task id", overflow="ellipsis", max_width=14, no_wrap=True)
+    table.add_column("last seq", justify="right")
+    colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+    for run_id, ix in rows:
+        when = datetime.datetime.fromtimestamp(ix.updated).strftime("%Y-%m-%d %H:%M:%S") if ix.updated else ""
+        table.add_row(run_id, ix.agent, f"[{colors.get(ix.status, '')}]{ix.status}[/]", when,
+                      ix.task_id or "", str(ix.last_seq))
+    Console().print(table if rows else "no runs yet")
+
+
+async def _list_runs(url: str) -> list[tuple[str, Any]]:
+    from runtime import nats as bus
+
+    nc = await bus.connect(url, name="sa-runs", max_reconnect_attempts=3)
+    try:
+        kv = await bus.runs_kv(nc.jetstream())
+        return [(key, bus.RunIndex.decode(entry.value))
+                for key, entry in (await bus.kv_entries(kv)).items() if entry.value]
+    finally:
+        await bus.close(nc)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sa replay
+# ---------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def replay(
+    run: Annotated[str, typer.Argument(help="The run id (as printed by sa send / sa runs).")],
+    as_json: Annotated[bool, typer.Option("--json", help="The events as JSON lines.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-fold with the kernel and check that decide "
+                                                          "reproduces every recorded effect.")] = False,
+    bundle: Annotated[Path | None, typer.Option("--bundle", help="The run's bundle for --verify (default: "
+                                                                 "the one the runs index names).")] = None,
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
+) -> None:
+    """Show a run's timeline: model requests, tool calls, script start/complete/error, durations, tokens."""
+    import anyio
+
+    from runtime import events as ev
+
+    url = resolve_nats(nats_url, "replay")
+    try:
+        runlog, index = anyio.run(_read, url, run, backend="asyncio")
+    except ValueError as e:
+        typer.echo(f"sa replay: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not runlog.events:
+        typer.echo(f"sa replay: no events for run {run!r} (see `sa runs`)", err=True)
+        raise typer.Exit(2)
+    code = 0
+    if as_json:
+        for e in runlog.events:
+            print(ev.to_json(e))
+    else:
+        from rich.console import Console
+
+        from runtime.replay import timeline
+
+        Console().print(timeline(runlog.events, title=f"run {run} · {runlog.actor}"))
+    if verify:
+        from runtime.bundle import BundleError, load_bundle
+        from runtime.replay import verify as verify_log
+
+        path = bundle or (Path(index.bundle) if index is not None and index.bundle else None)
+        if path is None:
+            typer.echo("sa replay --verify: the run's bundle is unknown; pass --bundle PATH", err=True)
+            raise typer.Exit(2)
+        try:
+            loaded = load_bundle(path)
+        except BundleError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        started = runlog.events[0]
+        if isinstance(started, ev.RunStarted) and started.bundle_digest and \
+                started.bundle_digest != loaded.digest:
+            typer.echo(f"warning: the run was made with bundle version {started.bundle_digest}, {path} is "
+                       f"{loaded.digest}", err=True)
+        report = verify_log(loaded.kernel_config(), runlog.events)
+        if as_json:
+            print(json.dumps({"verified": report.ok, "checked": report.checked, "inputs": report.inputs,
+                              "problems": report.problems}))
+        elif report.ok:
+            typer.echo(f"verified: the kernel reproduces all {report.checked} recorded effects "
+                       f"({report.inputs} inputs folded)")
+        else:
+            typer.echo("NOT verified:\n  " + "\n  ".join(report.problems))
+        code = 0 if report.ok else 1
+    raise typer.Exit(code)
+
+
+async def _read(url: str, run: str) -> tuple[Any, Any]:
+    from nats.js.errors import KeyNotFoundError, NotFoundError
+
+    from runtime import nats as bus
+    from runtime.log import RunLog
+
+    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+    try:
+        js = nc.jetstream()
+        runlog = await RunLog(js).read(run)
+        try:
+            entry = await (await bus.runs_kv(js)).get(run)
+            index = bus.RunIndex.decode(entry.value) if entry.value else None
+        except (KeyNotFoundError, NotFoundError):
+            index = None
+        return runlog, index
+    finally:
+        await bus.close(nc)

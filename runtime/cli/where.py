@@ -1,0 +1,90 @@
+"""Where things are, for every `sa` command that talks to NATS or loads bundles.
+
+The NATS server: `--nats`, else `NATS_URL`, else the state file a running `sa up` writes
+(`<user data dir>/structured-agents/up.json`, e.g. ~/.local/share/structured-agents/up.json on Linux;
+it holds the NATS URL, the local model URL, the bundles and the pid, and is removed when `sa up` stops).
+A state file whose pid is gone (an `sa up` that was killed) is ignored.
+
+Bundles: a bundle.yaml file, a folder holding one, or a folder of such folders (`sa up bundles`); with no
+argument, `bundles/demo` of the current directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+BUNDLE_FILE = "bundle.yaml"
+DEFAULT_BUNDLE = Path("bundles/demo")
+
+
+def state_file() -> Path:
+    """Where `sa up` records its NATS and model URLs while it runs."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("structured-agents")) / "up.json"
+
+
+def read_state() -> dict[str, Any]:
+    """The running `sa up`'s state ({} when there is none, or its process is gone)."""
+    path = state_file()
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    pid = state.get("pid")
+    if isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return {}  # a stale file from an `sa up` that was killed
+        except PermissionError:
+            pass
+    return state
+
+
+def resolve_nats(explicit: str | None, command: str) -> str:
+    """`--nats`/NATS_URL, else the running `sa up`; exit 2 with what to do if there is neither."""
+    url = explicit or read_state().get("nats_url")
+    if not url:
+        typer.echo(f"sa {command}: no NATS server: start one with `sa up`, or set NATS_URL "
+                   "(or pass --nats nats://host:4222)", err=True)
+        raise typer.Exit(2)
+    return str(url)
+
+
+def bundle_paths(bundles: list[Path]) -> list[Path]:
+    """The bundles `sa up` / `sa host` serve (see `expand_bundles`); `bundles/demo` when none is given."""
+    if bundles:
+        return expand_bundles(bundles)
+    if (DEFAULT_BUNDLE / BUNDLE_FILE).is_file():
+        return [DEFAULT_BUNDLE]
+    typer.echo("no bundle given (and no bundles/demo here): pass bundle.yaml files or folders", err=True)
+    raise typer.Exit(2)
+
+
+def expand_bundles(paths: list[Path]) -> list[Path]:
+    """Each path as given, except a folder without a bundle.yaml of its own: it stands for every subfolder
+    that has one (sorted by name). Exit 2 naming the folder if it holds no bundle at all.
+
+    A path that does not exist is kept, so loading it reports "cannot read the bundle" with its name."""
+    out: list[Path] = []
+    for path in paths:
+        if not path.is_dir() or (path / BUNDLE_FILE).is_file():
+            out.append(path)
+            continue
+        found = sorted(sub for sub in path.iterdir() if (sub / BUNDLE_FILE).is_file())
+        if not found:
+            typer.echo(f"error: {path} is a folder with no {BUNDLE_FILE}, and none of its subfolders has "
+                       f"one: pass a bundle folder, a {BUNDLE_FILE} file, or a folder of bundle folders",
+                       err=True)
+            raise typer.Exit(2)
+        out.extend(found)
+    return out
+
+
+__all__ = ["bundle_paths", "expand_bundles", "read_state", "resolve_nats", "state_file"]
