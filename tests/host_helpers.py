@@ -15,9 +15,9 @@ import anyio
 
 from runtime import bus
 from runtime import events as ev
-from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
+from runtime.model.client import ModelClient
 from runtime.replay import follow
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from runtime.models import ADAPTERS, ParsedCall, UnknownAdapterError, get_adapter
-from runtime.models.function_gemma import decode_value, encode_value
+from runtime.model.adapters import ADAPTERS, ParsedCall, UnknownAdapterError, get_adapter
+from runtime.model.adapters.function_gemma import decode_value, encode_value
 from runtime.types import Message, ToolCall, ToolSchema
 
 WEATHER = ToolSchema(
@@ -249,13 +249,8 @@ def test_function_gemma_declares_tools_with_its_control_tokens() -> None:
 
 
 def test_native_rendering_for_openai_and_when_tools_go_to_the_api() -> None:
-    from runtime.constraints import DecodingConstraint
-
-    for adapter, constraint in [
-        (get_adapter("openai"), None),
-        (get_adapter("qwen3"), DecodingConstraint("ebnf", send_tools_to_api=True)),
-    ]:
-        out = adapter.render(HISTORY, TOOLS, constraint)
+    for adapter, via_api in [(get_adapter("openai"), False), (get_adapter("qwen3"), True)]:
+        out = adapter.render(HISTORY, TOOLS, tools_via_api=via_api)
         assert out[0] == {"role": "system", "content": "You are helpful."}
         assert out[2]["tool_calls"][1]["function"] == {
             "name": "get_weather",

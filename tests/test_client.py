@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from runtime.client import Completion, ModelClient, ModelError
-from runtime.constraints import DecodingConstraint
-from runtime.models import get_adapter
+from runtime.model.adapters import get_adapter
+from runtime.model.client import Completion, ModelClient, ModelError
+from runtime.model.constraints import DecodingConstraint, build_constraint
 from runtime.testing import Reply, ScriptedModelServer
 from runtime.types import Message, ToolSchema, Usage
 
@@ -29,7 +29,7 @@ def client_for(server: ScriptedModelServer, **options) -> ModelClient:
 async def test_request_carries_structured_outputs_and_no_guided_keys() -> None:
     adapter = get_adapter("qwen3")
     messages = adapter.render([Message("user", "weather in Oslo?")], [TOOL])
-    extras = adapter.request_extras([TOOL], DecodingConstraint("ebnf"))
+    extras = build_constraint(adapter, [TOOL], DecodingConstraint("ebnf")).request_extras()
     reply = adapter.format_call("get_weather", {"city": "Oslo"})
     with ScriptedModelServer([reply]) as server:
         async with client_for(server) as client:
@@ -109,7 +109,8 @@ async def test_native_tool_calls_come_back_as_dicts() -> None:
     ]
     with ScriptedModelServer(script) as server:
         async with client_for(server) as client:
-            extras = get_adapter("openai").request_extras([TOOL], DecodingConstraint("json_schema", True))
+            built = build_constraint(get_adapter("openai"), [TOOL], DecodingConstraint("json_schema", True))
+            extras = built.request_extras()
             completion = await client.complete(USER, **extras)
         (body,) = server.requests
     assert body["tool_choice"] == "required" and body["tools"][0]["function"]["name"] == "get_weather"

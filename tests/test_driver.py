@@ -13,11 +13,11 @@ from host_helpers import calc_responder, hermes_call, kinds, running_host, runni
 
 from runtime import bus, kernel
 from runtime import events as ev
-from runtime.client import ModelClient
 from runtime.host import load_agents
 from runtime.host.commands import publish_task
 from runtime.host.driver import RunDriver, Superseded, append_event
 from runtime.jobs import ToolJob
+from runtime.model.client import ModelClient
 from runtime.payloads import Payloads
 from runtime.replay import follow, read_run, run_filter
 from runtime.testing import ScriptedModelServer, last_message

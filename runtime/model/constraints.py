@@ -2,7 +2,7 @@
 
     constraint = DecodingConstraint(strategy="ebnf", allow_parallel_calls=False)
     built = build_constraint(get_adapter("qwen3"), tools, constraint)
-    built.extras   # -> {"extra_body": {"structured_outputs": {"grammar": "..."}}}
+    built.request_extras()   # -> {"extra_body": {"structured_outputs": {"grammar": "..."}}}
     compile_constraint(built)   # xgrammar compiles it once; a bad constraint fails here, at startup
 
 Three strategies, named by what the model may write:
@@ -38,20 +38,20 @@ import json
 import re
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 
-from runtime.models.base import ModelAdapter, closed_schema
+from runtime.model.adapters.base import ModelAdapter, closed_schema
 from runtime.types import ToolSchema, digest_of
 
 if TYPE_CHECKING:
     import xgrammar
 
+#: the decoding strategies, the one list of their names (bundle.yaml's `constraint.strategy` uses it too)
 Strategy = Literal["ebnf", "structural_tag", "json_schema"]
-STRATEGIES: tuple[str, ...] = Strategy.__args__  # type: ignore[attr-defined]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-_PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ConstraintError(ValueError):
@@ -90,6 +90,10 @@ class BuiltConstraint(msgspec.Struct, frozen=True):
         """Which `structured_outputs` key the payload uses: grammar, json or structural_tag."""
         return next(iter(self.payload))
 
+    def request_extras(self) -> dict[str, Any]:
+        """Keyword arguments for `ModelClient.complete`: a copy of `extras` that callers may mutate."""
+        return json.loads(json.dumps(self.extras))
+
 
 _built: dict[str, BuiltConstraint] = {}
 _built_lock = threading.Lock()
@@ -126,6 +130,7 @@ def _build(
     _check_names(adapter, tools, where)
     parallel = constraint.allow_parallel_calls
     extras: dict[str, Any] = {}
+    payload: dict[str, Any]
     if adapter.native_tool_calls:
         if constraint.strategy != "json_schema":
             raise ConstraintError(
@@ -189,12 +194,13 @@ def _check_names(adapter: ModelAdapter, tools: list[ToolSchema], where: str) -> 
         seen.add(tool.name)
         if not isinstance(tool.parameters, dict):
             raise ConstraintError(f"{where}: tool {tool.name!r} parameters must be a JSON schema object")
-        if adapter.name in ("qwen3", "function_gemma"):
+        pattern = adapter.parameter_name_pattern
+        if pattern is not None:
             for param in tool.parameters.get("properties") or {}:
-                if not _PARAM.match(param):
+                if not re.match(pattern, param):
                     raise ConstraintError(
                         f"{where}: tool {tool.name!r} parameter {param!r} cannot be written in "
-                        f"{adapter.name}'s call syntax (must match {_PARAM.pattern})"
+                        f"{adapter.name}'s call syntax (must match {pattern})"
                     )
 
 

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from runtime.models.base import ModelAdapter, RawCall, call_from_json, closed_schema
+from runtime.model.adapters.base import ModelAdapter, RawCall, call_from_json, closed_schema
 from runtime.types import Message, ToolSchema
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)

@@ -1,7 +1,8 @@
 """The model client: one chat completion against any OpenAI-compatible server (vLLM in production).
 
     client = ModelClient(base_url="http://gpu:8000/v1", model="Qwen/Qwen3-Coder-30B-A3B-Instruct")
-    completion = await client.complete(messages, **adapter.request_extras(tools, constraint))
+    extras = build_constraint(adapter, tools, constraint).request_extras()
+    completion = await client.complete(messages, **extras)
 
 Why a wrapper over `openai.AsyncOpenAI` rather than the bare client: the runtime needs one result
 type (`Completion`, the same for streaming and not), one failure type (`ModelError`, which the loop
@@ -220,7 +221,7 @@ class ModelClient:
         body.update(rest)
         body.update(extra)
         return await self._client.post(
-            "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[arg-type]
+            "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[call-overload]
             stream=stream, stream_cls=AsyncStream[ChatCompletionChunk],
         )
 
@@ -284,7 +285,7 @@ def _refuse_guided(extras: dict[str, Any]) -> None:
     if stale:
         raise ValueError(
             f"removed vLLM fields {stale}: vLLM ignores them and decodes unconstrained; "
-            'use extra_body={"structured_outputs": {...}} (see runtime.constraints)'
+            'use extra_body={"structured_outputs": {...}} (see runtime.model.constraints)'
         )
 
 

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from runtime.models.base import ModelAdapter, RawCall
+from runtime.model.adapters.base import ModelAdapter, RawCall
 from runtime.types import Message, ToolSchema
 
 ESC = "<escape>"
@@ -267,6 +267,7 @@ class FunctionGemmaAdapter(ModelAdapter):
     name = "function_gemma"
     call_trigger = CALL_START
     call_separator = ""
+    parameter_name_pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"  # bare keys, as `fg_key` in the grammar
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{CALL_START}call:{name}{encode_value(dict(arguments))}{CALL_END}"
