@@ -63,10 +63,18 @@ INVALID = {
 }
 
 
+def strict_arguments(name: str, arguments: dict) -> dict:
+    """The arguments as a model under a strict schema writes them: every property, null if not given."""
+    tool = next((t for t in TOOLS if t.name == name), None)
+    if tool is None:
+        return arguments
+    return {**{p: arguments.get(p) for p in tool.parameters["properties"]}, **arguments}
+
+
 def render(family: str, strategy: str, name: str, arguments: dict) -> str:
     """The text a model would emit for this call under this adapter and strategy."""
     if family == "openai":
-        return json.dumps([{"name": name, "parameters": arguments}])
+        return json.dumps([{"name": name, "parameters": strict_arguments(name, arguments)}])
     if strategy == "json_schema":
         return json.dumps({"name": name, "arguments": arguments})
     return get_adapter(family).format_call(name, arguments)

@@ -143,6 +143,9 @@ class ModelClient:
     ) -> Completion:
         """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
 
+        `max_tokens` (the name bundles use) is sent as `max_completion_tokens`: vLLM's request model
+        marks `max_tokens` deprecated in its favour, and so does OpenAI's API.
+
         With `stream=True` the reply arrives as SSE and `on_text` (sync or async) sees each content
         fragment as it comes; the returned `Completion` is the same as without streaming. If a
         streamed attempt fails and is retried, `on_text` sees the new attempt's fragments from the start.
@@ -153,7 +156,7 @@ class ModelClient:
         params: dict[str, Any] = {"model": name, "messages": messages, **extras}
         for key, value in (
             ("temperature", temperature),
-            ("max_tokens", max_tokens),
+            ("max_completion_tokens", max_tokens),
             ("stop", stop),
             ("seed", seed),
         ):

@@ -25,6 +25,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.model.adapters.base import ModelAdapter
 from runtime.model.constraints import DecodingConstraint, build_constraint
+from runtime.model.schemas import api_tools
 from runtime.types import ToolSchema
 
 if TYPE_CHECKING:  # the client imports openai (~0.7 s): a runner that only folds events never pays for it
@@ -47,7 +48,7 @@ class ModelStep:
             built = build_constraint(adapter, list(tools), constraint)  # a bad constraint fails here
             self.extras, self.constraint_digest = built.request_extras(), built.digest
         elif adapter.native_tool_calls and tools:
-            self.extras = {"tools": [t.to_openai() for t in tools]}
+            self.extras = {"tools": api_tools(tools, strict=True)}  # the server constrains strict tools
 
     def _for(self, effect: kernel.CallModel) -> ModelStep:
         """This step, or the one for the fewer tools the kernel offers on a forced last turn (built once)."""

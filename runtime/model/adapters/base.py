@@ -221,7 +221,7 @@ def _raw_from_api(call: dict[str, Any]) -> RawCall | str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return f"{function['name']}: arguments are not valid JSON ({exc})"
     return RawCall(function["name"], arguments if arguments is not None else {})
 
@@ -233,7 +233,7 @@ def _bare_json_calls(text: str) -> tuple[list[RawCall], list[str], str] | None:
         return None
     try:
         value = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
@@ -247,19 +247,6 @@ def call_from_json(obj: dict[str, Any]) -> RawCall:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     return RawCall(obj["name"], arguments)
-
-
-def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The parameters schema with `additionalProperties: false` unless it says otherwise.
-
-    Why: a grammar built from an open schema lets the model invent arguments; tools declare what
-    they take, so the constraint should admit exactly that.
-    """
-    out = dict(schema) if isinstance(schema, dict) else {}
-    out.setdefault("type", "object")
-    out.setdefault("properties", {})
-    out.setdefault("additionalProperties", False)
-    return out

@@ -19,7 +19,8 @@ import json
 import re
 from typing import Any
 
-from runtime.model.adapters.base import ModelAdapter, RawCall, closed_schema
+from runtime.model.adapters.base import ModelAdapter, RawCall
+from runtime.model.schemas import closed_schema
 from runtime.types import Message, ToolSchema
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
