@@ -19,9 +19,9 @@ from pathlib import Path
 
 import xgrammar as xgr
 
-from runtime import constraints
-from runtime.constraints import STRATEGIES, DecodingConstraint, build_constraint
-from runtime.models import get_adapter
+from runtime.model import constraints
+from runtime.model.adapters import get_adapter
+from runtime.model.constraints import STRATEGIES, DecodingConstraint, build_constraint
 from runtime.types import ToolSchema
 
 

@@ -24,8 +24,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from runtime.modelserver.constraints import Constraint, GrammarCache  # noqa: E402
 from runtime.modelserver.engine import Engine, SamplingParams  # noqa: E402
+from runtime.modelserver.grammar import Constraint, GrammarCache  # noqa: E402
 from runtime.modelserver.weights import CACHE_ENV, load_model  # noqa: E402
 
 

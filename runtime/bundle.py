@@ -6,7 +6,7 @@ worker loads to know the agent's tools::
     name: workspace_agent                     # the agent id: one subject token
     system_prompt: "You are ..."              # or system_prompt_file: prompt.md (relative to the bundle)
     model:
-      adapter: hermes                         # a runtime.models adapter
+      adapter: hermes                         # a runtime.model adapter
       base_url: local                         # `local`: the embedded model server; else a URL
       name: smollm2-135m
       sampling: {temperature: 0.2, max_tokens: 512}
@@ -54,11 +54,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from runtime.model import ADAPTERS, DecodingConstraint, Strategy
 from runtime.scripts import Limits, LimitsError, parse_duration
 from runtime.tools import ScriptTool, discover_tools
 from runtime.types import ToolSchema
 
-_STRATEGIES = ("ebnf", "structural_tag", "json_schema")
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
                   "frequency_penalty", "repetition_penalty")
 _PROVIDERS = ("none", "static", "workspace")
@@ -94,7 +94,7 @@ class ModelSpec(_Strict):
 
 
 class ConstraintSpec(_Strict):
-    strategy: Literal["ebnf", "structural_tag", "json_schema"] = "ebnf"
+    strategy: Strategy = "ebnf"
     parallel_calls: bool = False
     send_tools_to_api: bool = False
 
@@ -192,9 +192,7 @@ class Bundle:
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
             sampling=dict(self.spec.model.sampling))
 
-    def decoding_constraint(self) -> Any:
-        from runtime.constraints import DecodingConstraint
-
+    def decoding_constraint(self) -> DecodingConstraint:
         c = self.spec.constraint
         return DecodingConstraint(strategy=c.strategy, allow_parallel_calls=c.parallel_calls,
                                   send_tools_to_api=c.send_tools_to_api)
@@ -437,8 +435,6 @@ def load_bundle(path: str | Path) -> Bundle:
         problems.append(("name", str(e)))
 
     # model
-    from runtime.models import ADAPTERS
-
     if spec.model.adapter not in ADAPTERS:
         problems.append(("model.adapter", f"unknown adapter {spec.model.adapter!r}; known: "
                                           f"{', '.join(sorted(ADAPTERS))}"))

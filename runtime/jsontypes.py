@@ -1,8 +1,12 @@
 """JSON Schema's type names for plain Python values: the one definition shared by the schema validator
 (`runtime.scripts.validate`, which checks tool arguments and outputs) and the argument coercer
-(`runtime.models.arguments`, which repairs what models send). Both must agree on what "integer" or
+(`runtime.model.adapters.arguments`, which repairs what models send). Both must agree on what "integer" or
 "array" means, or a coerced argument could still fail validation. Dependency-free on purpose: the model
 adapters import it without pulling in the sandbox layer.
+
+Some tool schemas name types the way programming languages do (`"float"`, `"int"`, `"dict"`, `"String"`).
+vLLM's tool parsers read those by name, so both sides here do too: `schema_type_name` maps them to JSON
+Schema's names.
 """
 
 from __future__ import annotations
@@ -31,8 +35,28 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
+# the non-JSON-Schema type names vLLM 0.33's tool parsers accept (`vllm.tool_parsers.utils._TYPE_ALIASES`)
+TYPE_ALIASES: dict[str, str] = {
+    "str": "string", "text": "string", "varchar": "string", "char": "string", "enum": "string",
+    "int": "integer", "int32": "integer", "int64": "integer", "uint": "integer", "uint32": "integer",
+    "uint64": "integer", "long": "integer", "short": "integer", "unsigned": "integer",
+    "float": "number", "float32": "number", "float64": "number", "double": "number",
+    "bool": "boolean", "dict": "object", "arr": "array", "list": "array", "sequence": "array",
+}
+
+
+def schema_type_name(name: str) -> str:
+    """A schema's type name as JSON Schema spells it: `"float"` -> `"number"`, `"String"` -> `"string"`."""
+    key = name.strip().lower()
+    return TYPE_ALIASES.get(key, key)
+
+
 def is_type(value: Any, kind: str) -> bool:
-    """Whether `value` is an instance of JSON Schema type `kind` (a whole float counts as an integer)."""
+    """Whether `value` is an instance of JSON Schema type `kind` (a whole float counts as an integer).
+
+    `kind` may be an alias (`"float"`, `"dict"`, ...: see `schema_type_name`).
+    """
+    kind = schema_type_name(kind) if isinstance(kind, str) else kind
     if kind == "integer":
         return json_type(value) == "integer" or (isinstance(value, float) and value.is_integer())
     if kind == "number":
@@ -41,4 +65,4 @@ def is_type(value: Any, kind: str) -> bool:
 
 
 _NAMES = frozenset({"null", "boolean", "string", "array", "object"})
-__all__ = ["is_type", "json_type"]
+__all__ = ["TYPE_ALIASES", "is_type", "json_type", "schema_type_name"]

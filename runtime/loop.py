@@ -29,15 +29,17 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.modelcall import ModelClientLike, ModelStep
-from runtime.models.base import ModelAdapter
+from runtime.model import ModelAdapter, ModelStep
 from runtime.types import ScriptNote, ToolCall, ToolResult, Usage
+
+if TYPE_CHECKING:
+    from runtime.model.client import ModelClient
 
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
 Approver = Callable[[ToolCall], Awaitable[str | None] | str | None]  # None grants; a string denies with it
@@ -68,7 +70,7 @@ class _Runner:
         run_id: str,
         agent: str,
         *,
-        client: ModelClientLike,
+        client: ModelClient,
         adapter: ModelAdapter,
         tools: Sequence[Any],
         on_event: OnEvent | None,
@@ -207,7 +209,7 @@ async def run_task(
     task: ev.Task,
     config: kernel.KernelConfig,
     *,
-    client: ModelClientLike,
+    client: ModelClient,
     adapter: ModelAdapter,
     tools: Sequence[Any],
     on_event: OnEvent | None = None,
@@ -221,7 +223,7 @@ async def run_task(
 
     `tools` are `runtime.tools.Tool`s; every tool in `config.tools` needs one, except the terminal tool,
     which without an implementation simply returns its arguments as the run's output. `constraint` is a
-    `runtime.constraints.DecodingConstraint` (None: no decoding constraint; the openai family still
+    `runtime.model.DecodingConstraint` (None: no decoding constraint; the openai family still
     gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order.
     """
     runner = _Runner(

@@ -16,10 +16,10 @@ import anyio
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.client import ModelClient
 from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
+from runtime.model.client import ModelClient
 from runtime.testing import Reply, Responder, ScriptedModelServer, last_message
 from runtime.worker import Worker, build_registry
 

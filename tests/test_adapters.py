@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from runtime.models import ADAPTERS, ParsedCall, UnknownAdapterError, get_adapter
-from runtime.models.function_gemma import decode_value, encode_value
+from runtime.model.adapters import ADAPTERS, ParsedCall, UnknownAdapterError, get_adapter
+from runtime.model.adapters.function_gemma import decode_value, encode_value
 from runtime.types import Message, ToolCall, ToolSchema
 
 WEATHER = ToolSchema(
@@ -105,6 +105,76 @@ def test_qwen3_xml_values_are_typed_by_the_schema() -> None:
     }
 
 
+def test_qwen3_reads_an_object_or_array_written_as_a_python_literal() -> None:
+    """Qwen3-Coder sometimes writes an object parameter as a Python literal; vLLM's parser reads it."""
+    text = (
+        "<tool_call>\n<function=add_entry>\n<parameter=title>\nt\n</parameter>\n"
+        "<parameter=tags>\n('a', 'b')\n</parameter>\n"
+        "<parameter=meta>\n{'n': 5, 'ok': True, 'none': None}\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    (call,) = get_adapter("qwen3").parse(text, None, TOOLS).calls
+    assert call.arguments == {"title": "t", "tags": ["a", "b"], "meta": {"n": 5, "ok": True, "none": None}}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "__import__('os').system('true')",  # not a literal: never evaluated
+        "{1: 'a'}",  # no JSON form (key is not a string)
+        "{'a', 'b'}",  # a set
+        "{'n': 1e999}",  # not a finite number
+        "[" * 5000 + "]" * 5000,  # nesting deeper than the parser allows
+    ],
+)
+def test_a_python_literal_that_json_cannot_hold_stays_text(value: str) -> None:
+    call = get_adapter("qwen3").format_call("add_entry", {"title": "t", "meta": value})
+    (parsed,) = get_adapter("qwen3").parse(call, None, TOOLS).calls
+    assert parsed.arguments["meta"] == value  # the tool's input check reports it
+
+
+def test_type_names_that_are_not_json_schema_are_read_as_vllm_reads_them() -> None:
+    tool = ToolSchema(
+        "measure",
+        "",
+        {
+            "type": "object",
+            "properties": {
+                "ratio": {"type": "float"},
+                "count": {"type": "int"},
+                "flag": {"type": "bool"},
+                "opts": {"type": "dict"},
+                "names": {"type": "list"},
+                "label": {"type": "String"},
+            },
+        },
+    )
+    params = {"ratio": "0.5", "count": "3", "flag": "true", "opts": '{"a": 1}', "names": "['x']",
+              "label": "7"}
+    text = get_adapter("qwen3").format_call("measure", params)
+    (call,) = get_adapter("qwen3").parse(text, None, [tool]).calls
+    assert call.arguments == {
+        "ratio": 0.5, "count": 3, "flag": True, "opts": {"a": 1}, "names": ["x"], "label": "7"}
+    # the tool's own input check agrees on what those names mean
+    from runtime.scripts.validate import validate
+
+    assert validate(call.arguments, tool.parameters) == []
+
+
+def test_a_null_for_an_optional_argument_is_dropped_as_not_given() -> None:
+    """Under a strict schema every property is required and optional ones nullable: null means not given."""
+    api = [{"function": {"name": "get_weather", "arguments": '{"city": "X", "days": null, "unit": null}'}}]
+    (call,) = get_adapter("openai").parse("", api, TOOLS).calls
+    assert call.arguments == {"city": "X"}
+    # a required argument keeps its null (the tool's input check reports it), as does a nullable one
+    nullable = ToolSchema("t", "", {"type": "object", "properties": {"a": {"type": ["string", "null"]},
+                                                                     "b": {"type": "string"}},
+                                    "required": ["b"]})
+    api = [{"function": {"name": "t", "arguments": '{"a": null, "b": null}'}}]
+    (call,) = get_adapter("openai").parse("", api, [nullable]).calls
+    assert call.arguments == {"a": None, "b": None}
+
+
 def test_qwen3_keeps_inner_newlines_and_strips_only_the_framing_ones() -> None:
     text = (
         "<tool_call>\n<function=add_entry>\n<parameter=title>\nline 1\n\nline 2\n</parameter>\n"
@@ -156,6 +226,11 @@ def test_function_gemma_value_syntax_round_trips() -> None:
             "bad arguments",
         ),
         ("function_gemma", "<start_function_call>call:fly{}<end_function_call>", "unknown tool 'fly'"),
+        # nesting deeper than Python's parsers recurse is an error value too, never a RecursionError
+        ("hermes", '<tool_call>{"name": "t", "arguments": ' + "[" * 5000 + "]" * 5000 + "}</tool_call>",
+         "invalid JSON"),
+        ("function_gemma", "<start_function_call>call:get_weather{city:" + "[" * 5000 + "]" * 5000
+         + "}<end_function_call>", "bad arguments"),
     ],
 )
 def test_unparseable_calls_are_reported_not_raised(family: str, text: str, fragment: str) -> None:
@@ -249,13 +324,8 @@ def test_function_gemma_declares_tools_with_its_control_tokens() -> None:
 
 
 def test_native_rendering_for_openai_and_when_tools_go_to_the_api() -> None:
-    from runtime.constraints import DecodingConstraint
-
-    for adapter, constraint in [
-        (get_adapter("openai"), None),
-        (get_adapter("qwen3"), DecodingConstraint("ebnf", send_tools_to_api=True)),
-    ]:
-        out = adapter.render(HISTORY, TOOLS, constraint)
+    for adapter, via_api in [(get_adapter("openai"), False), (get_adapter("qwen3"), True)]:
+        out = adapter.render(HISTORY, TOOLS, tools_via_api=via_api)
         assert out[0] == {"role": "system", "content": "You are helpful."}
         assert out[2]["tool_calls"][1]["function"] == {
             "name": "get_weather",

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from runtime.client import Completion, ModelClient, ModelError
-from runtime.constraints import DecodingConstraint
-from runtime.models import get_adapter
+from runtime.model.adapters import get_adapter
+from runtime.model.client import Completion, ModelClient, ModelError
+from runtime.model.constraints import DecodingConstraint, build_constraint
 from runtime.testing import Reply, ScriptedModelServer
 from runtime.types import Message, ToolSchema, Usage
 
@@ -29,7 +29,7 @@ def client_for(server: ScriptedModelServer, **options) -> ModelClient:
 async def test_request_carries_structured_outputs_and_no_guided_keys() -> None:
     adapter = get_adapter("qwen3")
     messages = adapter.render([Message("user", "weather in Oslo?")], [TOOL])
-    extras = adapter.request_extras([TOOL], DecodingConstraint("ebnf"))
+    extras = build_constraint(adapter, [TOOL], DecodingConstraint("ebnf")).request_extras()
     reply = adapter.format_call("get_weather", {"city": "Oslo"})
     with ScriptedModelServer([reply]) as server:
         async with client_for(server) as client:
@@ -39,9 +39,9 @@ async def test_request_carries_structured_outputs_and_no_guided_keys() -> None:
     assert set(body["structured_outputs"]) == {"grammar"} and "::=" in body["structured_outputs"]["grammar"]
     assert not [key for key in body if key.startswith("guided_")]
     assert "extra_body" not in body and "tools" not in body
-    assert (
-        body["model"] == "m" and body["temperature"] == 0.0 and body["max_tokens"] == 64 and body["seed"] == 7
-    )
+    assert body["model"] == "m" and body["temperature"] == 0.0 and body["seed"] == 7
+    # bundles say max_tokens; the wire says max_completion_tokens (max_tokens is deprecated in vLLM)
+    assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
     assert body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
     parsed = adapter.parse(completion.text, completion.tool_calls, [TOOL])
     assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", {"city": "Oslo"})]
@@ -109,7 +109,8 @@ async def test_native_tool_calls_come_back_as_dicts() -> None:
     ]
     with ScriptedModelServer(script) as server:
         async with client_for(server) as client:
-            extras = get_adapter("openai").request_extras([TOOL], DecodingConstraint("json_schema", True))
+            built = build_constraint(get_adapter("openai"), [TOOL], DecodingConstraint("json_schema", True))
+            extras = built.request_extras()
             completion = await client.complete(USER, **extras)
         (body,) = server.requests
     assert body["tool_choice"] == "required" and body["tools"][0]["function"]["name"] == "get_weather"
@@ -182,8 +183,8 @@ async def test_the_body_on_the_wire_is_what_the_sdk_create_sends(stream: bool) -
     with ScriptedModelServer(["a", "b"]) as server:
         async with client_for(server) as client:
             sdk = await client._client.chat.completions.create(
-                model="m", messages=messages, temperature=0.0, max_tokens=5, stop=["</s>"], seed=1,
-                tools=tools, tool_choice="required", extra_body=extra_body,
+                model="m", messages=messages, temperature=0.0, max_completion_tokens=5, stop=["</s>"],
+                seed=1, tools=tools, tool_choice="required", extra_body=extra_body,
                 **({"stream": True, "stream_options": {"include_usage": True}} if stream else {}))
             if stream:
                 async for _ in sdk:

@@ -8,7 +8,8 @@ import pytest
 
 xgr = pytest.importorskip("xgrammar")
 
-from runtime.constraints import (  # noqa: E402
+from runtime.model.adapters import get_adapter  # noqa: E402
+from runtime.model.constraints import (  # noqa: E402
     STRATEGIES,
     BuiltConstraint,
     ConstraintError,
@@ -17,7 +18,6 @@ from runtime.constraints import (  # noqa: E402
     build_constraint,
     compile_constraint,
 )
-from runtime.models import get_adapter  # noqa: E402
 from runtime.types import ToolSchema  # noqa: E402
 
 WEATHER = ToolSchema(
@@ -63,10 +63,18 @@ INVALID = {
 }
 
 
+def strict_arguments(name: str, arguments: dict) -> dict:
+    """The arguments as a model under a strict schema writes them: every property, null if not given."""
+    tool = next((t for t in TOOLS if t.name == name), None)
+    if tool is None:
+        return arguments
+    return {**{p: arguments.get(p) for p in tool.parameters["properties"]}, **arguments}
+
+
 def render(family: str, strategy: str, name: str, arguments: dict) -> str:
     """The text a model would emit for this call under this adapter and strategy."""
     if family == "openai":
-        return json.dumps([{"name": name, "parameters": arguments}])
+        return json.dumps([{"name": name, "parameters": strict_arguments(name, arguments)}])
     if strategy == "json_schema":
         return json.dumps({"name": name, "arguments": arguments})
     return get_adapter(family).format_call(name, arguments)
@@ -166,8 +174,7 @@ def _keys(value: object) -> list[str]:
 
 @pytest.mark.parametrize("family,strategy", COMBOS)
 def test_request_extras_use_structured_outputs_and_never_guided_keys(family: str, strategy: str) -> None:
-    adapter = get_adapter(family)
-    extras = adapter.request_extras(TOOLS, DecodingConstraint(strategy))
+    extras = build_constraint(get_adapter(family), TOOLS, DecodingConstraint(strategy)).request_extras()
     assert not [k for k in _keys(extras) if k.startswith("guided_")]
     if family == "openai":
         # vLLM derives (and would overwrite) the constraint itself from tools + tool_choice=required
@@ -187,9 +194,9 @@ def test_request_extras_use_structured_outputs_and_never_guided_keys(family: str
 
 
 def test_send_tools_to_api_adds_tools_with_auto_choice_next_to_the_grammar() -> None:
-    extras = get_adapter("hermes").request_extras(
-        TOOLS, DecodingConstraint("structural_tag", send_tools_to_api=True)
-    )
+    extras = build_constraint(
+        get_adapter("hermes"), TOOLS, DecodingConstraint("structural_tag", send_tools_to_api=True)
+    ).request_extras()
     assert extras["tool_choice"] == "auto" and [t["function"]["name"] for t in extras["tools"]] == [
         "get_weather",
         "add_entry",

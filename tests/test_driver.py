@@ -13,12 +13,12 @@ from host_helpers import calc_responder, hermes_call, kinds, running_host, runni
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.client import ModelClient
 from runtime.host import load_agents
 from runtime.host.commands import publish_task
 from runtime.host.driver import RunDriver
 from runtime.jobs import ToolJob
 from runtime.log import RunLog, Superseded, run_filter
+from runtime.model.client import ModelClient
 from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET
 from runtime.nats.topology import ensure_topology
 from runtime.payloads import Payloads

@@ -11,10 +11,10 @@ import pytest
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.client import ModelClient
-from runtime.constraints import DecodingConstraint
 from runtime.loop import run_task
-from runtime.models import get_adapter
+from runtime.model.adapters import get_adapter
+from runtime.model.client import ModelClient
+from runtime.model.constraints import DecodingConstraint
 from runtime.testing import Reply, ScriptedModelServer, last_message
 from runtime.tools import PythonTool, ScriptTool
 from runtime.types import ToolSchema

@@ -17,8 +17,8 @@ import pytest
 import xgrammar as xgr
 
 from runtime.modelserver import SERVED_MODEL_NAME, create_app, serve_in_thread
-from runtime.modelserver.constraints import Constraint, GrammarCache, constraint_for
 from runtime.modelserver.engine import Delta, SamplingParams, TextAssembler
+from runtime.modelserver.grammar import Constraint, GrammarCache, constraint_for
 from runtime.modelserver.protocol import RequestError, parse_chat_request
 
 REPLY = "The quick brown fox jumps over the lazy dog"

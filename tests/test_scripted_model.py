@@ -9,7 +9,7 @@ import anyio
 import httpx
 import pytest
 
-from runtime.client import ModelClient
+from runtime.model.client import ModelClient
 from runtime.testing import Reply, ScriptedModelServer, last_message
 
 pytestmark = pytest.mark.anyio

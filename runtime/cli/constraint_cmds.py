@@ -66,8 +66,14 @@ def constraint_cmd(
     `extra_body` is merged into the request body by the openai client, so its keys are shown at the
     top level, exactly as the server receives them.
     """
-    from runtime.constraints import ConstraintError, DecodingConstraint, build_constraint, compile_constraint
-    from runtime.models import UnknownAdapterError, get_adapter
+    from runtime.model import (
+        ConstraintError,
+        DecodingConstraint,
+        UnknownAdapterError,
+        build_constraint,
+        compile_constraint,
+        get_adapter,
+    )
 
     try:
         family = get_adapter(adapter)

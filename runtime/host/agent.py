@@ -8,11 +8,14 @@ each `bundle:instance` — shares it: actors are cheap because all they own is a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.bundle import Bundle
 from runtime.kernel import KernelConfig
-from runtime.modelcall import ModelClientLike, ModelStep
+from runtime.model import ModelStep, get_adapter
+
+if TYPE_CHECKING:  # the client imports openai: loading a bundle to validate it should not
+    from runtime.model.client import ModelClient
 
 
 @dataclass
@@ -20,7 +23,7 @@ class AgentRuntime:
     bundle: Bundle
     config: KernelConfig
     step: ModelStep
-    client: ModelClientLike
+    client: ModelClient
 
     @property
     def name(self) -> str:
@@ -35,13 +38,12 @@ class AgentRuntime:
         return resolved.content_hash if resolved is not None else ""
 
 
-def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: Any = None,
+def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: ModelClient | None = None,
                 api_key: str | None = None) -> AgentRuntime:
     """The runtime of one bundle. `client` overrides the model client (tests, benches); otherwise a
     `ModelClient` for the bundle's `model.base_url` (`local`: `local_model_url`, the embedded server)."""
     import os
 
-    from runtime.models import get_adapter
     from runtime.scripts.limits import parse_duration
 
     spec = bundle.spec.model
@@ -50,7 +52,7 @@ def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: A
     constraint = bundle.decoding_constraint()
     step = ModelStep(adapter, config.tools, constraint)
     if client is None:
-        from runtime.client import ModelClient
+        from runtime.model.client import ModelClient
 
         if bundle.uses_local_model:
             if not local_model_url:

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from runtime.modelserver.constraints import GrammarCache, constraint_for
 from runtime.modelserver.engine import Delta, SamplingParams
+from runtime.modelserver.grammar import GrammarCache, constraint_for
 from runtime.modelserver.protocol import ChatCompletionRequest, RequestError, parse_chat_request
 from runtime.modelserver.worker import GenerationWorker, Job, QueueFull
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.modelserver.constraints import GrammarCache
+from runtime.modelserver.grammar import GrammarCache
 from runtime.modelserver.protocol import RequestError
 from runtime.modelserver.weights import LoadedModel
 

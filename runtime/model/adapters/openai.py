@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.models.base import ModelAdapter, RawCall
+from runtime.model.adapters.base import ModelAdapter, RawCall
 from runtime.types import Message, ToolSchema
 
 
@@ -34,4 +34,4 @@ class OpenAIAdapter(ModelAdapter):
         return text, [], []
 
     def call_tags(self, tools: list[ToolSchema]) -> list[dict[str, Any]]:
-        return []  # the server derives its own constraint from `tools` (see runtime.constraints)
+        return []  # no text syntax: the server turns `tools` into its own constraint

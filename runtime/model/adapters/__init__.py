@@ -4,16 +4,18 @@
     messages = adapter.render(history, tools)
     reply = adapter.parse(completion.text, completion.tool_calls, tools)
 
-Importing this package is cheap: nothing here imports xgrammar or torch.
+`base` holds the contract every family implements, `arguments` the coercion of argument values by the
+tool's schema, and one module per family the rest. Importing this package is cheap: nothing here
+imports xgrammar, torch or openai.
 """
 
 from __future__ import annotations
 
-from runtime.models.base import ModelAdapter, ParsedCall, ParsedReply
-from runtime.models.function_gemma import FunctionGemmaAdapter
-from runtime.models.hermes import HermesAdapter
-from runtime.models.openai import OpenAIAdapter
-from runtime.models.qwen3 import Qwen3Adapter
+from runtime.model.adapters.base import ModelAdapter, ParsedCall, ParsedReply
+from runtime.model.adapters.function_gemma import FunctionGemmaAdapter
+from runtime.model.adapters.hermes import HermesAdapter
+from runtime.model.adapters.openai import OpenAIAdapter
+from runtime.model.adapters.qwen3 import Qwen3Adapter
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {
     cls.name: cls for cls in (Qwen3Adapter, HermesAdapter, FunctionGemmaAdapter, OpenAIAdapter)

@@ -5,8 +5,10 @@ parser for that syntax and the decoding constraint that forces it are four views
 ("this family writes calls like so"). Keeping them together means a new family is one module, and a
 format change can never leave the grammar and the parser disagreeing.
 
-Adapters are pure: no I/O, no clock, no xgrammar import. `runtime.constraints` turns the
-`call_tags` an adapter describes into xgrammar grammars, and `runtime.client` does the HTTP.
+Adapters are pure: no I/O, no clock, no xgrammar import, and they know nothing of constraints. An
+adapter only describes its family as data (`call_trigger`, `call_separator`, `parameter_name_pattern`,
+`native_tool_calls`, `call_tags`); `runtime.model.constraints` turns that description into xgrammar
+grammars, and `runtime.model.client` does the HTTP.
 """
 
 from __future__ import annotations
@@ -14,15 +16,12 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
-from runtime.models.arguments import coerce_arguments, value_from_text
+from runtime.model.adapters.arguments import coerce_arguments, value_from_text
 from runtime.types import Message, ToolSchema
-
-if TYPE_CHECKING:
-    from runtime.constraints import BuiltConstraint, DecodingConstraint
 
 
 class ParsedCall(msgspec.Struct, frozen=True):
@@ -55,8 +54,9 @@ class RawCall(msgspec.Struct, frozen=True):
 class ModelAdapter(ABC):
     """Formats prompts for, and parses replies from, one model family.
 
-    Subclasses set `name`, `call_trigger`, `call_separator` and implement the family hooks
-    (`tools_prompt`, `format_call`, `format_results`, `extract_calls`, `call_tags`).
+    Subclasses set `name`, `call_trigger`, `call_separator` (and `parameter_name_pattern` when their
+    syntax limits parameter names) and implement the family hooks (`tools_prompt`, `format_call`,
+    `format_results`, `extract_calls`, `call_tags`).
     """
 
     name: ClassVar[str]
@@ -66,6 +66,9 @@ class ModelAdapter(ABC):
     call_separator: ClassVar[str] = "\n"
     #: True when calls travel as the API's `tool_calls` field, never as text (the openai family)
     native_tool_calls: ClassVar[bool] = False
+    #: the parameter names the family's call syntax can write (a regular expression), or None for any
+    #: name (JSON keys); a tool with another parameter name cannot be constrained for this family
+    parameter_name_pattern: ClassVar[str | None] = None
 
     # ---- the public surface -------------------------------------------------------------------
 
@@ -73,16 +76,17 @@ class ModelAdapter(ABC):
         self,
         messages: Sequence[Message],
         tools: Sequence[ToolSchema],
-        constraint: DecodingConstraint | None = None,
+        *,
+        tools_via_api: bool = False,
     ) -> list[dict[str, Any]]:
         """The OpenAI chat messages to send.
 
         Text families describe the tools in the system prompt in their native format and write past
-        calls and results the way the model saw them in training. When tools go to the API instead
-        (`constraint.send_tools_to_api`, or the openai family), the server's chat template does that
-        work, so messages are rendered in OpenAI's native shape and the system prompt is left alone.
+        calls and results the way the model saw them in training. When the tools go to the API instead
+        (`tools_via_api`, and always for the openai family), the server's chat template does that work,
+        so messages are rendered in OpenAI's native shape and the system prompt is left alone.
         """
-        if self.native_tool_calls or (constraint is not None and constraint.send_tools_to_api):
+        if self.native_tool_calls or tools_via_api:
             return [_native_message(m) for m in messages]
         out: list[dict[str, Any]] = []
         tools_text = self.tools_prompt(list(tools)) if tools else ""
@@ -114,22 +118,6 @@ class ModelAdapter(ABC):
             out.insert(0, {"role": "system", "content": tools_text})
         return out
 
-    def request_extras(
-        self, tools: Sequence[ToolSchema], constraint: DecodingConstraint | BuiltConstraint
-    ) -> dict[str, Any]:
-        """Keyword arguments for `ModelClient.complete`: the constraint payload, and tools if sent.
-
-        Accepts a `DecodingConstraint` (built and cached on first use) or an already built constraint.
-        """
-        from runtime.constraints import BuiltConstraint, build_constraint
-
-        built = (
-            constraint
-            if isinstance(constraint, BuiltConstraint)
-            else build_constraint(self, tools, constraint)
-        )
-        return json.loads(json.dumps(built.extras))  # a private copy: callers may mutate it
-
     def parse(
         self, text: str, api_tool_calls: list[dict[str, Any]] | None, tools: Sequence[ToolSchema]
     ) -> ParsedReply:
@@ -139,8 +127,8 @@ class ModelAdapter(ABC):
         raw: list[RawCall] = []
         content = text or ""
         if api_tool_calls:
-            for index, call in enumerate(api_tool_calls, 1):
-                found = _raw_from_api(call)
+            for index, api_call in enumerate(api_tool_calls, 1):
+                found = _raw_from_api(api_call)
                 if isinstance(found, str):
                     errors.append(f"call {index}: {found}")
                 else:
@@ -195,8 +183,8 @@ class ModelAdapter(ABC):
     def call_tags(self, tools: list[ToolSchema]) -> list[dict[str, Any]]:
         """xgrammar structural-tag `tag` formats, one per tool, describing a complete native call.
 
-        Each tag's `begin` starts with `call_trigger`. `runtime.constraints` assembles these into an
-        EBNF grammar (calls only) or a triggered structural tag (prose allowed around calls).
+        Each tag's `begin` starts with `call_trigger`. `runtime.model.constraints` assembles these into
+        an EBNF grammar (calls only) or a triggered structural tag (prose allowed around calls).
         """
 
 
@@ -233,7 +221,7 @@ def _raw_from_api(call: dict[str, Any]) -> RawCall | str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return f"{function['name']}: arguments are not valid JSON ({exc})"
     return RawCall(function["name"], arguments if arguments is not None else {})
 
@@ -245,7 +233,7 @@ def _bare_json_calls(text: str) -> tuple[list[RawCall], list[str], str] | None:
         return None
     try:
         value = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
@@ -259,19 +247,6 @@ def call_from_json(obj: dict[str, Any]) -> RawCall:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     return RawCall(obj["name"], arguments)
-
-
-def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The parameters schema with `additionalProperties: false` unless it says otherwise.
-
-    Why: a grammar built from an open schema lets the model invent arguments; tools declare what
-    they take, so the constraint should admit exactly that.
-    """
-    out = dict(schema) if isinstance(schema, dict) else {}
-    out.setdefault("type", "object")
-    out.setdefault("properties", {})
-    out.setdefault("additionalProperties", False)
-    return out

@@ -1,7 +1,8 @@
 """The model client: one chat completion against any OpenAI-compatible server (vLLM in production).
 
     client = ModelClient(base_url="http://gpu:8000/v1", model="Qwen/Qwen3-Coder-30B-A3B-Instruct")
-    completion = await client.complete(messages, **adapter.request_extras(tools, constraint))
+    extras = build_constraint(adapter, tools, constraint).request_extras()
+    completion = await client.complete(messages, **extras)
 
 Why a wrapper over `openai.AsyncOpenAI` rather than the bare client: the runtime needs one result
 type (`Completion`, the same for streaming and not), one failure type (`ModelError`, which the loop
@@ -142,6 +143,9 @@ class ModelClient:
     ) -> Completion:
         """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
 
+        `max_tokens` (the name bundles use) is sent as `max_completion_tokens`: vLLM's request model
+        marks `max_tokens` deprecated in its favour, and so does OpenAI's API.
+
         With `stream=True` the reply arrives as SSE and `on_text` (sync or async) sees each content
         fragment as it comes; the returned `Completion` is the same as without streaming. If a
         streamed attempt fails and is retried, `on_text` sees the new attempt's fragments from the start.
@@ -152,7 +156,7 @@ class ModelClient:
         params: dict[str, Any] = {"model": name, "messages": messages, **extras}
         for key, value in (
             ("temperature", temperature),
-            ("max_tokens", max_tokens),
+            ("max_completion_tokens", max_tokens),
             ("stop", stop),
             ("seed", seed),
         ):
@@ -220,7 +224,7 @@ class ModelClient:
         body.update(rest)
         body.update(extra)
         return await self._client.post(
-            "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[arg-type]
+            "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[call-overload]
             stream=stream, stream_cls=AsyncStream[ChatCompletionChunk],
         )
 
@@ -284,7 +288,7 @@ def _refuse_guided(extras: dict[str, Any]) -> None:
     if stale:
         raise ValueError(
             f"removed vLLM fields {stale}: vLLM ignores them and decodes unconstrained; "
-            'use extra_body={"structured_outputs": {...}} (see runtime.constraints)'
+            'use extra_body={"structured_outputs": {...}} (see runtime.model.constraints)'
         )
 
 

@@ -2,7 +2,7 @@
 
     constraint = DecodingConstraint(strategy="ebnf", allow_parallel_calls=False)
     built = build_constraint(get_adapter("qwen3"), tools, constraint)
-    built.extras   # -> {"extra_body": {"structured_outputs": {"grammar": "..."}}}
+    built.request_extras()   # -> {"extra_body": {"structured_outputs": {"grammar": "..."}}}
     compile_constraint(built)   # xgrammar compiles it once; a bad constraint fails here, at startup
 
 Three strategies, named by what the model may write:
@@ -24,10 +24,17 @@ The payload goes in vLLM's current field, `extra_body={"structured_outputs": {..
 output with HTTP 200: this module never emits them.
 
 With `send_tools_to_api` (and always for the `openai` adapter) the request also carries `tools=`.
-For text families that is `tool_choice="auto"` plus our grammar, so vLLM's tool parser turns the
-native calls into `tool_calls`. For `openai`, `tool_choice="required"` makes vLLM build the constraint
-itself (it would overwrite ours), so no `structured_outputs` is sent; `payload` then holds the
-equivalent schema so the bundle can still be compile-checked.
+
+- Text families send `tool_choice="auto"` plus our grammar, so vLLM's tool parser turns the native
+  calls into `tool_calls`. The tools are not marked strict: our grammar already types every argument,
+  and a strict tool would make vLLM 0.33 offer its own call format beside ours (its tool-call tag OR
+  our grammar), which ignores our one-call limit.
+- The `openai` adapter sends `tool_choice="required"` and no `structured_outputs`: the server builds
+  the constraint from `tools` (vLLM replaces any `structured_outputs` for a forced call). The server
+  enforces the argument schemas only for functions marked `"strict": true` (vLLM 0.33's hermes and
+  qwen3_coder tool parsers otherwise take the arguments as any JSON), so every function is sent strict,
+  with its schema in strict form (`runtime.model.schemas`). `payload` then holds the equivalent JSON
+  schema of the calls, so the bundle can still be compile-checked.
 
 xgrammar (which imports torch, about 2.5 s) is imported only inside the functions that need it.
 """
@@ -38,20 +45,21 @@ import json
 import re
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 
-from runtime.models.base import ModelAdapter, closed_schema
+from runtime.model.adapters.base import ModelAdapter
+from runtime.model.schemas import api_tools, closed_schema, strict_schema
 from runtime.types import ToolSchema, digest_of
 
 if TYPE_CHECKING:
     import xgrammar
 
+#: the decoding strategies, the one list of their names (bundle.yaml's `constraint.strategy` uses it too)
 Strategy = Literal["ebnf", "structural_tag", "json_schema"]
-STRATEGIES: tuple[str, ...] = Strategy.__args__  # type: ignore[attr-defined]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-_PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ConstraintError(ValueError):
@@ -90,6 +98,10 @@ class BuiltConstraint(msgspec.Struct, frozen=True):
         """Which `structured_outputs` key the payload uses: grammar, json or structural_tag."""
         return next(iter(self.payload))
 
+    def request_extras(self) -> dict[str, Any]:
+        """Keyword arguments for `ModelClient.complete`: a copy of `extras` that callers may mutate."""
+        return json.loads(json.dumps(self.extras))
+
 
 _built: dict[str, BuiltConstraint] = {}
 _built_lock = threading.Lock()
@@ -126,6 +138,7 @@ def _build(
     _check_names(adapter, tools, where)
     parallel = constraint.allow_parallel_calls
     extras: dict[str, Any] = {}
+    payload: dict[str, Any]
     if adapter.native_tool_calls:
         if constraint.strategy != "json_schema":
             raise ConstraintError(
@@ -135,7 +148,7 @@ def _build(
             )
         payload = {"json": _api_calls_schema(tools, parallel)}
         extras = {
-            "tools": [t.to_openai() for t in tools],
+            "tools": api_tools(tools, strict=True),
             "tool_choice": "required",
             "parallel_tool_calls": parallel,
         }
@@ -174,7 +187,7 @@ def _build(
             payload = {"grammar": _ebnf_from_tag(fmt, where)}
     extras["extra_body"] = {"structured_outputs": payload}
     if constraint.send_tools_to_api:
-        extras["tools"] = [t.to_openai() for t in tools]
+        extras["tools"] = api_tools(tools, strict=False)
         extras["tool_choice"] = "auto"
     return BuiltConstraint(adapter.name, constraint, tuple(t.name for t in tools), payload, extras, digest)
 
@@ -189,12 +202,13 @@ def _check_names(adapter: ModelAdapter, tools: list[ToolSchema], where: str) -> 
         seen.add(tool.name)
         if not isinstance(tool.parameters, dict):
             raise ConstraintError(f"{where}: tool {tool.name!r} parameters must be a JSON schema object")
-        if adapter.name in ("qwen3", "function_gemma"):
+        pattern = adapter.parameter_name_pattern
+        if pattern is not None:
             for param in tool.parameters.get("properties") or {}:
-                if not _PARAM.match(param):
+                if not re.match(pattern, param):
                     raise ConstraintError(
                         f"{where}: tool {tool.name!r} parameter {param!r} cannot be written in "
-                        f"{adapter.name}'s call syntax (must match {_PARAM.pattern})"
+                        f"{adapter.name}'s call syntax (must match {pattern})"
                     )
 
 
@@ -216,13 +230,14 @@ def _json_calls_schema(tools: list[ToolSchema], parallel: bool) -> dict[str, Any
 
 
 def _api_calls_schema(tools: list[ToolSchema], parallel: bool) -> dict[str, Any]:
-    """The schema vLLM derives for `tool_choice="required"`: an array of `{name, parameters}`."""
+    """The calls a server may return for `tool_choice="required"` and strict tools, as vLLM's JSON form
+    of them: an array of `{name, parameters}`, each `parameters` the tool's strict schema."""
     variants = [
         {
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [t.name]},
-                "parameters": closed_schema(t.parameters),
+                "parameters": strict_schema(t.parameters),
             },
             "required": ["name", "parameters"],
         }

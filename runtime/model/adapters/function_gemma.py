@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from runtime.models.base import ModelAdapter, RawCall
+from runtime.model.adapters.base import ModelAdapter, RawCall
 from runtime.types import Message, ToolSchema
 
 ESC = "<escape>"
@@ -87,7 +87,7 @@ class _Decoder:
             return None
         try:
             return json.loads(word)
-        except ValueError:
+        except (ValueError, RecursionError):
             return word  # a bare word: keep it as text, the schema decides
 
     def object(self) -> dict[str, Any]:
@@ -267,6 +267,7 @@ class FunctionGemmaAdapter(ModelAdapter):
     name = "function_gemma"
     call_trigger = CALL_START
     call_separator = ""
+    parameter_name_pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"  # bare keys, as `fg_key` in the grammar
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{CALL_START}call:{name}{encode_value(dict(arguments))}{CALL_END}"
@@ -285,7 +286,7 @@ class FunctionGemmaAdapter(ModelAdapter):
         for message in results:
             try:
                 value = json.loads(message.content)
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = message.content
             body = value if isinstance(value, dict) else {"result": value}
             parts.append(f"{RESP_START}response:{message.name or 'tool'}{encode_value(body)}{RESP_END}")
@@ -299,7 +300,7 @@ class FunctionGemmaAdapter(ModelAdapter):
             index = len(calls) + len(errors) + 1
             try:
                 arguments = decode_value(body) if body else {}
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 what = "truncated call" if not end else "bad arguments"
                 errors.append(f"call {index} ({name}): {what}: {exc}")
                 continue

@@ -19,7 +19,8 @@ import json
 import re
 from typing import Any
 
-from runtime.models.base import ModelAdapter, RawCall, closed_schema
+from runtime.model.adapters.base import ModelAdapter, RawCall
+from runtime.model.schemas import closed_schema
 from runtime.types import Message, ToolSchema
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -46,6 +47,7 @@ class Qwen3Adapter(ModelAdapter):
     name = "qwen3"
     call_trigger = "<tool_call>"
     call_separator = "\n"
+    parameter_name_pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"  # written raw inside `<parameter=...>`
 
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         params = "".join(f"<parameter={k}>\n{_value_text(v)}\n</parameter>\n" for k, v in arguments.items())

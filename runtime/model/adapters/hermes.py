@@ -10,7 +10,8 @@ import json
 import re
 from typing import Any
 
-from runtime.models.base import ModelAdapter, RawCall, call_from_json, closed_schema
+from runtime.model.adapters.base import ModelAdapter, RawCall, call_from_json
+from runtime.model.schemas import closed_schema
 from runtime.types import Message, ToolSchema
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -53,7 +54,7 @@ class HermesAdapter(ModelAdapter):
             while position < len(body):
                 try:
                     value, end = decoder.raw_decode(body, position)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     what = "truncated call" if not closed else "invalid JSON"
                     errors.append(f"call {len(calls) + len(errors) + 1}: {what} in <tool_call> ({exc})")
                     break

@@ -1,4 +1,6 @@
-"""Turning a request's constraint into an xgrammar `CompiledGrammar`, cached by content.
+"""The server side of decoding constraints: a request's `structured_outputs` or `response_format` turned
+into an xgrammar `CompiledGrammar`, cached by content. (The client side, which builds those fields from a
+model family's call syntax, is `runtime.model.constraints`.)
 
 A constraint is first reduced to a `Constraint` value (kind + canonical text + options) so that two requests
 asking for the same thing in different spellings (`structured_outputs.json` as a dict or as text,

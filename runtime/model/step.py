@@ -16,48 +16,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.models.base import ModelAdapter
-from runtime.types import ToolSchema, Usage
+from runtime.model.adapters.base import ModelAdapter
+from runtime.model.constraints import DecodingConstraint, build_constraint
+from runtime.model.schemas import api_tools
+from runtime.types import ToolSchema
 
-
-class CompletionLike(Protocol):
-    text: str
-    tool_calls: list[dict[str, Any]] | None
-    usage: Usage
-    finish_reason: str
-    latency_ms: float
-
-
-class ModelClientLike(Protocol):
-    """What a runner needs from `runtime.client.ModelClient` (tests may pass any look-alike)."""
-
-    async def complete(self, messages: list[dict[str, Any]], **extras: Any) -> CompletionLike: ...
+if TYPE_CHECKING:  # the client imports openai (~0.7 s): a runner that only folds events never pays for it
+    from runtime.model.client import ModelClient
 
 
 class ModelStep:
     """The adapter, the decoding constraint and the request extras of one agent's tool set."""
 
-    def __init__(self, adapter: ModelAdapter, tools: Sequence[ToolSchema], constraint: Any = None) -> None:
+    def __init__(
+        self, adapter: ModelAdapter, tools: Sequence[ToolSchema], constraint: DecodingConstraint | None = None
+    ) -> None:
         self.adapter = adapter
-        self.constraint: Any = None
+        self.constraint = constraint
         self.extras: dict[str, Any] = {}
         self.constraint_digest = ""
         self.tools = tuple(tools)
         self._narrowed: dict[tuple[str, ...], ModelStep] = {}
         if constraint is not None:
-            from runtime.constraints import build_constraint  # a bad constraint fails here, before any run
-
-            self.constraint = constraint
-            built = build_constraint(adapter, list(tools), constraint)
-            self.extras, self.constraint_digest = adapter.request_extras(list(tools), built), built.digest
+            built = build_constraint(adapter, list(tools), constraint)  # a bad constraint fails here
+            self.extras, self.constraint_digest = built.request_extras(), built.digest
         elif adapter.native_tool_calls and tools:
-            self.extras = {"tools": [t.to_openai() for t in tools]}
+            self.extras = {"tools": api_tools(tools, strict=True)}  # the server constrains strict tools
 
     def _for(self, effect: kernel.CallModel) -> ModelStep:
         """This step, or the one for the fewer tools the kernel offers on a forced last turn (built once)."""
@@ -84,13 +74,14 @@ class ModelStep:
         )
 
     async def call(
-        self, client: ModelClientLike, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None
+        self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None
     ) -> ev.ModelResponded | ev.ModelFailed:
         """Perform the call; return the event recording its outcome (unstamped).
 
         `timeout` is the time left before the task's deadline (None: no deadline).
         """
-        messages = self.adapter.render(list(effect.messages), list(effect.tools), self.constraint)
+        via_api = self.constraint is not None and self.constraint.send_tools_to_api
+        messages = self.adapter.render(list(effect.messages), list(effect.tools), tools_via_api=via_api)
         ids = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
         try:
@@ -115,4 +106,4 @@ class ModelStep:
         )
 
 
-__all__ = ["CompletionLike", "ModelClientLike", "ModelStep"]
+__all__ = ["ModelStep"]

@@ -1,0 +1,68 @@
+"""Calling a model: everything between a kernel's `CallModel` effect and the events that record it.
+
+- `adapters/`   one module per model family (qwen3, hermes, function_gemma, openai): the prompt format,
+                the call syntax, its parser, and the pieces of the decoding constraint, as data
+- `constraints` turns an adapter's description into an xgrammar constraint (strategies `ebnf`,
+                `structural_tag`, `json_schema`) sent in vLLM's `structured_outputs`; compiles it to check it
+- `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
+- `step`        `ModelStep`: render, call, parse; the one model step the host and the in-process loop share
+
+    step = ModelStep(get_adapter("qwen3"), tools, DecodingConstraint("ebnf"))
+    cls, fields = await step.call(ModelClient(base_url=url), effect, run_id)
+
+Importing this package is cheap: xgrammar is imported only when a constraint is built or compiled, and
+openai only when a client name (`ModelClient`, `Completion`, `ModelError`) is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from runtime.model.adapters import ADAPTERS, UnknownAdapterError, get_adapter
+from runtime.model.adapters.base import ModelAdapter, ParsedCall, ParsedReply
+from runtime.model.constraints import (
+    STRATEGIES,
+    BuiltConstraint,
+    ConstraintError,
+    DecodingConstraint,
+    Strategy,
+    accepts,
+    build_constraint,
+    compile_constraint,
+)
+from runtime.model.step import ModelStep
+
+if TYPE_CHECKING:
+    from runtime.model.client import Completion, ModelClient, ModelError
+
+_CLIENT_NAMES = ("Completion", "ModelClient", "ModelError")
+
+
+def __getattr__(name: str) -> Any:
+    """The client's names, imported on first use (the client imports openai, ~0.7 s)."""
+    if name in _CLIENT_NAMES:
+        return getattr(importlib.import_module("runtime.model.client"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "ADAPTERS",
+    "STRATEGIES",
+    "BuiltConstraint",
+    "Completion",
+    "ConstraintError",
+    "DecodingConstraint",
+    "ModelAdapter",
+    "ModelClient",
+    "ModelError",
+    "ModelStep",
+    "ParsedCall",
+    "ParsedReply",
+    "Strategy",
+    "UnknownAdapterError",
+    "accepts",
+    "build_constraint",
+    "compile_constraint",
+    "get_adapter",
+]
