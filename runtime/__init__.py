@@ -1,7 +1,161 @@
 """structured-agents: an event-sourced actor runtime for many concurrent LLM agents on NATS.
 
-Import what you need from the submodules; this package keeps its top level free of heavy imports so
-that `sa run` does not pay for torch or nats when it only needs the sandbox.
+The public API, in one place:
+
+    from runtime import Agent
+    agent = Agent.from_bundle("bundles/demo")                 # a bundle, run in this process
+    result = await agent.run("What is 17 * 23 + 4?")          # RunOutcome: output, status, events
+
+- agents and bundles: `Agent`, `load_bundle`, `Bundle`, `BundleError`, `RunOutcome`
+- the wire schema: `Task`, `Cancel`, `Approve`, `Deny`, `Event` and every event type (`RunStarted`, ...)
+- the kernel: `KernelConfig`, `State`, `evolve`, `decide`, `fold`
+- the run log: `RunLog`, `RunHistory`, `Superseded`, `LogRejected`
+- tools and scripts: `Tool`, `ToolContext`, `ScriptTool`, `PythonTool`, `discover_tools`, `load`, `Script`,
+  `Limits`; the shared vocabulary `ToolCall`, `ToolResult`, `ToolError`, `ToolSchema`, `Message`
+- serving: `Host`, `HostConfig` (`sa host`), `Worker` (`sa worker`)
+
+Everything else (`runtime.nats`, `runtime.host.driver`, `runtime.scripts.pool`, ...) is implementation:
+importable, but free to change. Names load on first use, so `import runtime` stays cheap (`sa run` does
+not pay for nats, torch or xgrammar when it only needs the sandbox).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+_EVENTS = ("Task Cancel Approve Deny Command Event EventDecodeError PayloadRef RunStarted ModelRequested "
+           "ModelResponded ModelFailed ToolCalled ScriptStarted ScriptPrinted ScriptCompleted ScriptFailed "
+           "ToolCompleted ToolFailed ApprovalRequested ApprovalGranted ApprovalDenied TurnCompleted "
+           "RunCompleted RunFailed RunCancelled")
+_LAZY: dict[str, str] = {name: module for module, names in {
+    "runtime.agent": "Agent LocalWorkspace",
+    "runtime.bundle": "Bundle BundleError load_bundle",
+    "runtime.events": _EVENTS,
+    "runtime.kernel": "KernelConfig State evolve decide fold",
+    "runtime.log": "RunLog RunHistory Superseded LogRejected",
+    "runtime.loop": "RunOutcome run_task",
+    "runtime.tools": "Tool ToolContext ScriptTool PythonTool discover_tools",
+    "runtime.scripts": "Limits Script load",
+    "runtime.types": "ToolCall ToolResult ToolError ToolSchema Message Usage",
+    "runtime.host": "Host HostConfig",
+    "runtime.worker": "Worker",
+}.items() for name in names.split()}
+
+if TYPE_CHECKING:
+    from runtime.agent import Agent, LocalWorkspace
+    from runtime.bundle import Bundle, BundleError, load_bundle
+    from runtime.events import (
+        ApprovalDenied,
+        ApprovalGranted,
+        ApprovalRequested,
+        Approve,
+        Cancel,
+        Command,
+        Deny,
+        Event,
+        EventDecodeError,
+        ModelFailed,
+        ModelRequested,
+        ModelResponded,
+        PayloadRef,
+        RunCancelled,
+        RunCompleted,
+        RunFailed,
+        RunStarted,
+        ScriptCompleted,
+        ScriptFailed,
+        ScriptPrinted,
+        ScriptStarted,
+        Task,
+        ToolCalled,
+        ToolCompleted,
+        ToolFailed,
+        TurnCompleted,
+    )
+    from runtime.host import Host, HostConfig
+    from runtime.kernel import KernelConfig, State, decide, evolve, fold
+    from runtime.log import LogRejected, RunHistory, RunLog, Superseded
+    from runtime.loop import RunOutcome, run_task
+    from runtime.scripts import Limits, Script, load
+    from runtime.tools import PythonTool, ScriptTool, Tool, ToolContext, discover_tools
+    from runtime.types import Message, ToolCall, ToolError, ToolResult, ToolSchema, Usage
+    from runtime.worker import Worker
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "Agent",
+    "ApprovalDenied",
+    "ApprovalGranted",
+    "ApprovalRequested",
+    "Approve",
+    "Bundle",
+    "BundleError",
+    "Cancel",
+    "Command",
+    "Deny",
+    "Event",
+    "EventDecodeError",
+    "Host",
+    "HostConfig",
+    "KernelConfig",
+    "Limits",
+    "LocalWorkspace",
+    "LogRejected",
+    "Message",
+    "ModelFailed",
+    "ModelRequested",
+    "ModelResponded",
+    "PayloadRef",
+    "PythonTool",
+    "RunCancelled",
+    "RunCompleted",
+    "RunFailed",
+    "RunHistory",
+    "RunLog",
+    "RunOutcome",
+    "RunStarted",
+    "Script",
+    "ScriptCompleted",
+    "ScriptFailed",
+    "ScriptPrinted",
+    "ScriptStarted",
+    "ScriptTool",
+    "State",
+    "Superseded",
+    "Task",
+    "Tool",
+    "ToolCall",
+    "ToolCalled",
+    "ToolCompleted",
+    "ToolContext",
+    "ToolError",
+    "ToolFailed",
+    "ToolResult",
+    "ToolSchema",
+    "TurnCompleted",
+    "Usage",
+    "Worker",
+    "decide",
+    "discover_tools",
+    "evolve",
+    "fold",
+    "load",
+    "load_bundle",
+    "run_task",
+]

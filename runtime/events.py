@@ -29,6 +29,9 @@ event that still outgrows a NATS message (a long task input, a reply with megaby
 arguments, a big tool output) is stored whole in the object store and the log keeps a stub with its big
 fields shrunk and a `PayloadRef` in `ref` (`PAYLOAD_FIELDS`, `externalize`); `internalize` gives the
 whole event back. The run log does both, so no writer or reader handles payloads by hand.
+
+This module is over 500 lines because it is one concept, the wire schema: the event and command types,
+their encoding, their versions and their stubs must be read (and changed) together.
 """
 
 from __future__ import annotations

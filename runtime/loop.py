@@ -26,10 +26,10 @@ from __future__ import annotations
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -40,6 +40,14 @@ from runtime.types import ScriptNote, ToolCall, ToolResult, Usage
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelClient
+
+class LocalData(Protocol):
+    """Data in and out of a tool call in one process: the files it reads, and what its result writes."""
+
+    def files(self, call: ToolCall) -> Mapping[str, str | bytes]: ...
+
+    def apply(self, call: ToolCall, result: ToolResult) -> ToolResult: ...
+
 
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
 Approver = Callable[[ToolCall], Awaitable[str | None] | str | None]  # None grants; a string denies with it
@@ -77,7 +85,9 @@ class _Runner:
         constraint: Any,
         approver: Approver | None,
         clock: Callable[[], float],
+        data: LocalData | None = None,
     ) -> None:
+        self.data = data
         self.config, self.run_id, self.agent = config, run_id, agent
         self.client, self.adapter, self.on_event, self.approver, self.clock = (
             client,
@@ -156,13 +166,18 @@ class _Runner:
             return ToolResult(output=dict(call.arguments))
         from runtime.tools import ToolContext  # the sandbox layer loads only when a tool actually runs
 
+        files = self.data.files(call) if self.data is not None else {}
         context = ToolContext(
-            run_id=self.run_id, agent=self.agent, call_id=call.id, on_event=self._script_event_sink(call)
+            run_id=self.run_id, agent=self.agent, call_id=call.id, files=dict(files),
+            on_event=self._script_event_sink(call),
         )
         started = time.perf_counter()
         try:
             with self._timeout(deadline):
-                return await tool.execute(dict(call.arguments), context)
+                result = await tool.execute(dict(call.arguments), context)
+            if self.data is not None and result.ok:
+                result = self.data.apply(call, result)
+            return result
         except TimeoutError:
             return ToolResult.failure(
                 "timeout",
@@ -218,13 +233,16 @@ async def run_task(
     run_id: str | None = None,
     bundle_digest: str = "",
     clock: Callable[[], float] = time.time,
+    data: LocalData | None = None,
 ) -> RunOutcome:
     """Run one task to its end in this process and return the outcome with its full event log.
 
     `tools` are `runtime.tools.Tool`s; every tool in `config.tools` needs one, except the terminal tool,
     which without an implementation simply returns its arguments as the run's output. `constraint` is a
     `runtime.model.DecodingConstraint` (None: no decoding constraint; the openai family still
-    gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order.
+    gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order. `data` gives
+    each call its files and persists a successful call's writes (`runtime.agent.LocalData`), as a
+    bundle's data provider and result handler do on a worker.
     """
     runner = _Runner(
         config,
@@ -237,6 +255,7 @@ async def run_task(
         constraint=constraint,
         approver=approver,
         clock=clock,
+        data=data,
     )
     await runner.emit(ev.RunStarted(
         run_id=runner.run_id,

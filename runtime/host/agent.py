@@ -42,29 +42,12 @@ def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: M
                 api_key: str | None = None) -> AgentRuntime:
     """The runtime of one bundle. `client` overrides the model client (tests, benches); otherwise a
     `ModelClient` for the bundle's `model.base_url` (`local`: `local_model_url`, the embedded server)."""
-    import os
+    from runtime.agent import model_client
 
-    from runtime.scripts.limits import parse_duration
-
-    spec = bundle.spec.model
     config = bundle.kernel_config()
-    adapter = get_adapter(spec.adapter)
-    constraint = bundle.decoding_constraint()
-    step = ModelStep(adapter, config.tools, constraint)
+    step = ModelStep(get_adapter(bundle.spec.model.adapter), config.tools, bundle.decoding_constraint())
     if client is None:
-        from runtime.model.client import ModelClient
-
-        if bundle.uses_local_model:
-            if not local_model_url:
-                raise ValueError(f"bundle {bundle.name} uses the local model, but no local model server "
-                                 "is running: start it with `sa up` or set SA_LOCAL_MODEL_URL")
-            base_url, model = local_model_url.rstrip("/") + ("" if local_model_url.rstrip("/").endswith(
-                "/v1") else "/v1"), "local"
-        else:
-            base_url, model = spec.base_url, spec.name
-        key = os.environ.get(spec.api_key_env) if spec.api_key_env else api_key
-        client = ModelClient(base_url=base_url, model=model, api_key=key,
-                             timeout=parse_duration(spec.timeout, field="timeout") or 60.0)
+        client = model_client(bundle, local_model_url, api_key=api_key)
     return AgentRuntime(bundle=bundle, config=config, step=step, client=client)
 
 

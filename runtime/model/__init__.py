@@ -8,7 +8,7 @@
 - `step`        `ModelStep`: render, call, parse; the one model step the host and the in-process loop share
 
     step = ModelStep(get_adapter("qwen3"), tools, DecodingConstraint("ebnf"))
-    cls, fields = await step.call(ModelClient(base_url=url), effect, run_id)
+    event = await step.call(ModelClient(base_url=url), effect, run_id)   # model.responded | .failed
 
 Importing this package is cheap: xgrammar is imported only when a constraint is built or compiled, and
 openai only when a client name (`ModelClient`, `Completion`, `ModelError`) is first used.

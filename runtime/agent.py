@@ -1,0 +1,181 @@
+"""A bundle run in this process: the same kernel, model step and tools a host uses, without NATS.
+
+    agent = Agent.from_bundle("bundles/demo")
+    result = await agent.run("What is 17 * 23 + 4?")
+    result.output, result.status, result.events
+
+Why it exists: the bundle is the one way to describe an agent, so a library user, a notebook or a test
+gets exactly the agent `sa host` would serve (its prompt, tools, limits, policies, decoding constraint,
+terminal tool and model) from the same file, and the same event log comes back (`RunOutcome.events`
+folds with `kernel.fold` and verifies with `replay.verify`).
+
+Data, as the worker does it. A bundle's static data provider mounts its files under `/data/` for every
+call. A workspace bundle gets a workspace of its own in this process (`LocalWorkspace`, in memory unless
+given a folder): each call reads the workspace as it is, and the writes a script returns are applied
+after the call succeeded, all or none; a malformed `writes` fails the call with an `output` error, as on
+a worker. (A workspace shared between processes is what the NATS workspace is for: use `sa host`.)
+
+The model: the bundle's `model.base_url`; `local` means the embedded model server, found at
+`model_url` or `SA_LOCAL_MODEL_URL` (start one with `sa model serve`). Pass `client` to use another
+(tests pass one for `runtime.testing.ScriptedModelServer`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from runtime import events as ev
+from runtime.bundle import Bundle, load_bundle
+from runtime.loop import Approver, OnEvent, RunOutcome, run_task
+from runtime.model import ModelClient, ModelStep, get_adapter
+from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes
+from runtime.types import ToolCall, ToolResult
+
+Files = dict[str, str | bytes]
+
+
+class LocalWorkspace:
+    """A workspace in this process: files in memory (or in `folder`), mounted under `/data/`."""
+
+    def __init__(self, files: Mapping[str, str | bytes] | None = None, *, folder: str | Path | None = None,
+                 static: Mapping[str, str | bytes] | None = None, mount: str = DEFAULT_MOUNT) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.mount = mount.rstrip("/")
+        self.static: Files = dict(static or {})
+        self.entries: dict[str, bytes] = {k: v.encode() if isinstance(v, str) else v
+                                          for k, v in (files or {}).items()}
+        if self.folder is not None and self.folder.is_dir():
+            for f in sorted(self.folder.rglob("*")):
+                if f.is_file():
+                    self.entries[f.relative_to(self.folder).as_posix()] = f.read_bytes()
+
+    def files(self, call: ToolCall) -> Files:
+        """What a call reads: the static files and the workspace, each under the mount."""
+        return {**self.static, **{f"{self.mount}/{k}": _text_or_bytes(v) for k, v in self.entries.items()}}
+
+    def apply(self, call: ToolCall, result: ToolResult) -> ToolResult:
+        """Persist the writes of a successful result, all of them or (a malformed one) none."""
+        try:
+            writes = parse_writes(result.output, self.mount)
+        except WriteError as e:
+            return ToolResult.failure("output", str(e), duration_ms=result.duration_ms)
+        for path, content in writes:
+            self.entries[path] = content
+            if self.folder is not None:
+                target = self.folder / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        return result
+
+
+class StaticFiles:
+    """The bundle's static data, the same for every call; writes are not persisted (as on a worker)."""
+
+    def __init__(self, files: Mapping[str, str | bytes]) -> None:
+        self._files: Files = dict(files)
+
+    def files(self, call: ToolCall) -> Files:
+        return self._files
+
+    def apply(self, call: ToolCall, result: ToolResult) -> ToolResult:
+        return result
+
+
+class Agent:
+    """One bundle, ready to run tasks in this process (see the module docstring)."""
+
+    def __init__(self, bundle: Bundle, *, client: ModelClient | None = None, model_url: str | None = None,
+                 workspace: LocalWorkspace | None = None) -> None:
+        self.bundle = bundle
+        self.config = bundle.kernel_config()
+        self.adapter = get_adapter(bundle.spec.model.adapter)
+        self.constraint = bundle.decoding_constraint()
+        ModelStep(self.adapter, self.config.tools, self.constraint)  # an invalid constraint fails here
+        self._own_client = client is None
+        self.client = client or model_client(bundle, model_url)
+        self.data = workspace or _data_for(bundle)
+
+    @classmethod
+    def from_bundle(cls, path: str | Path, *, client: ModelClient | None = None, model_url: str | None = None,
+                    workspace: LocalWorkspace | None = None) -> Agent:
+        """The agent a bundle describes (`BundleError` says what to fix in an invalid one)."""
+        return cls(load_bundle(path), client=client, model_url=model_url, workspace=workspace)
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+    async def run(self, task: str | ev.Task, *, on_event: OnEvent | None = None,
+                  approver: Approver | None = None, timeout_s: float | None = None,
+                  run_id: str | None = None) -> RunOutcome:
+        """Run one task to its end and return the outcome with its full event log. The deadline is
+        `timeout_s`, else the task's, else the bundle's."""
+        if isinstance(task, str):
+            task = ev.Task(agent=self.bundle.name, input=task)
+        timeout = timeout_s if timeout_s is not None else task.timeout_s
+        if timeout is None:
+            timeout = self.bundle.deadline_s
+        if timeout != task.timeout_s:
+            task = ev.Task(agent=task.agent, input=task.input, instance=task.instance, task_id=task.task_id,
+                           timeout_s=timeout, metadata=task.metadata)
+        return await run_task(task, self.config, client=self.client, adapter=self.adapter,
+                              tools=list(self.bundle.tools.values()), on_event=on_event,
+                              constraint=self.constraint, approver=approver, run_id=run_id,
+                              bundle_digest=self.bundle.digest, data=self.data)
+
+    async def aclose(self) -> None:
+        """Close the model client this agent made (one passed in is the caller's to close)."""
+        if self._own_client:
+            await self.client.aclose()
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+def model_client(bundle: Bundle, model_url: str | None = None, *, api_key: str | None = None) -> ModelClient:
+    """The client for a bundle's model: `model.base_url`, or for `local` the embedded model server at
+    `model_url` (else `SA_LOCAL_MODEL_URL`). The key comes from `model.api_key_env` when the bundle names
+    one. Shared by `Agent` and the host, so both reach the same model the same way."""
+    from runtime.scripts import parse_duration
+
+    spec = bundle.spec.model
+    if bundle.uses_local_model:
+        url = model_url or os.environ.get("SA_LOCAL_MODEL_URL")
+        if not url:
+            raise ValueError(f"bundle {bundle.name} uses the local model, but no local model server is "
+                             "running: start one with `sa up` or `sa model serve` and pass its URL "
+                             "(or set SA_LOCAL_MODEL_URL)")
+        base_url, model = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1"), "local"
+    else:
+        base_url, model = spec.base_url, spec.name
+    key = os.environ.get(spec.api_key_env) if spec.api_key_env else api_key
+    return ModelClient(base_url=base_url, model=model, api_key=key,
+                       timeout=parse_duration(spec.timeout, field="timeout") or 60.0)
+
+
+def _data_for(bundle: Bundle) -> LocalWorkspace | StaticFiles | None:
+    spec = bundle.data_provider
+    static: Files = {}
+    if spec.kind == "static":
+        from runtime.tools.data import StaticDataProvider
+
+        static = dict(StaticDataProvider(spec.files, folder=spec.folder).files)
+    if bundle.workspace is not None or spec.kind == "workspace":
+        return LocalWorkspace(static=static)
+    return StaticFiles(static) if static else None
+
+
+def _text_or_bytes(data: bytes) -> str | bytes:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return data
+
+
+__all__ = ["Agent", "LocalWorkspace", "StaticFiles", "model_client"]
