@@ -10,7 +10,7 @@ A job becomes a dead letter in one of three ways:
   `term()`s it. The run goes on and the model reads why the call failed;
 * it slipped through (the worker holding the last delivery died as well): NATS then leaves the
   message in the WorkQueue stream, invisible to every consumer, and only publishes the advisory
-  ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TOOLS.workers`` (research/nats.md §4).
+  ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TOOLS.workers``.
   `MaxDeliveriesWatch`, run by every worker in one queue group, reads the message by its stream
   sequence, settles it the same way and deletes it from TOOLS.
 

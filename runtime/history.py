@@ -2,7 +2,7 @@
 
 A pure function of the conversation and one number, so the kernel can record the choice as a single
 integer (`context_start` in `model.requested`) and a replay can rebuild the exact prompt without
-storing it (DESIGN rule 5).
+storing it: events stay small and grow linearly with the conversation.
 
 The sliding window keeps, always:
 * the pinned head — the system prompt and the first user message (the task): without them the model

@@ -1,4 +1,4 @@
-"""Tool policies: rules checked before a call runs and updated after its result (seed 002).
+"""Tool policies: rules checked before a call runs and updated after its result.
 
 A policy does not change what a tool does; it decides whether a call may run now, given what earlier
 calls in the same run did ("deploy only after build succeeded", "overwrite a file only after reading
