@@ -35,7 +35,9 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     `limits` is the resolved per-tool `Limits.to_dict()` (bundle global merged with the tool's own), so a
     worker applies exactly what the host decided even if its local bundle copy differs. `deadline` is
     unix time: a job picked up after it is answered with a `timeout` failure without running.
-    `partition` routes the outcome back to the host that owns the run.
+    `partition` routes the outcome back to the host that owns the run. Arguments too big for one message
+    (a model can write megabytes of them) travel in the object store: `arguments` is then empty and
+    `arguments_ref` says where they are; the worker resolves them before running the tool.
     """
 
     run_id: str
@@ -43,6 +45,7 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     call_id: str
     tool: str
     arguments: dict[str, Any] = {}
+    arguments_ref: ev.PayloadRef | None = None
     partition: int = 0
     limits: dict[str, Any] = {}
     workspace: str | None = None

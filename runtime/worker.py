@@ -49,6 +49,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -68,7 +69,7 @@ from runtime.nats.subjects import (
     WORKERS_CONSUMER,
 )
 from runtime.nats.topology import attach_topology
-from runtime.payloads import Payloads
+from runtime.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
 from runtime.tools import ScriptTool, ToolContext, discover_tools
 from runtime.tools.data import (
@@ -381,9 +382,18 @@ class Worker:
 
     async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | None:
         """The job's outcome, or None when NATS trouble means it should be retried later."""
+        fields: dict[str, Any] = {"worker": self.name, "attempt": attempt}
+        if job.arguments_ref is not None:  # arguments too big for the job message: in the object store
+            try:
+                arguments = await self.payloads.resolve(job.arguments_ref)
+            except PayloadError as e:
+                return ToolOutcome.for_job(job, ToolResult.failure("input", str(e)), **fields)
+            except Exception as e:
+                log.warning("worker %s: cannot read the arguments of %s: %s", self.name, job.msg_id, e)
+                return None
+            job = msgspec.structs.replace(job, arguments=arguments, arguments_ref=None)
         provider, handler = self._io(job)
         ctx = JobContext(job)
-        fields: dict[str, Any] = {"worker": self.name, "attempt": attempt}
         try:
             if attempt > 1 and (prior := await handler.recorded(ctx)) is not None:
                 self.stats.replayed += 1

@@ -245,3 +245,49 @@ async def test_an_event_the_log_can_never_take_ends_the_run_instead_of_wedging_i
     assert isinstance(failed, ev.RunFailed) and failed.reason == "log_rejected"
     assert "script.started (seq 1)" in failed.detail and "bytes" in failed.detail
     assert server.requests == []  # the run never went on to call the model
+
+
+SIZE = '''\
+"""Count the characters of a text."""
+from grail import Input
+
+text: str = Input("text")
+
+{"chars": len(text), "tail": text[-8:]}
+'''
+
+
+@pytest.mark.parametrize("n", [1_200_000, 20_000_000], ids=["1.2MB", "20MB"])
+async def test_tool_call_arguments_over_the_message_limit_run_and_replay_byte_exact(nats_server, topo,
+                                                                                    tmp_path: Path, n: int):
+    """A model reply whose tool-call arguments are over NATS's 1 MiB message limit: `model.responded`,
+    `tool.called`, the next `model.requested` and the tool job all carry them by reference, the run
+    completes, and replay gives the arguments back byte for byte."""
+    js = topo
+    bundle = write_bundle(tmp_path)
+    (bundle.parent / "tools" / "size.pym").write_text(SIZE)
+    bundle.write_text(bundle.read_text().replace(
+        "tools:\n", "tools:\n  - path: tools/size.pym\n    limits: {max_memory: 512mb, max_duration: 60s}\n"))
+    text = "0123456789abcdef" * (n // 16) + "THE-END!"
+
+    def responder(body: dict[str, Any]) -> str:
+        last = last_message(body)
+        if "<tool_response>" in last:
+            return hermes_call("submit", {"answer": last.split("<tool_response>")[1].strip()[:60]})
+        return hermes_call("size", {"text": text})
+
+    with ScriptedModelServer(responder=responder, record=False) as server:
+        async with running_host(nats_server.url, [bundle], server), running_worker(nats_server.url, [bundle]):
+            run_id = await publish_task(js, "calc", "how long is it")
+            with anyio.fail_after(120):
+                live = [e async for e in RunLog(js).follow(run_id)]
+    assert kinds(live)[-1] == "run.completed", [(ev.kind_of(e), getattr(e, "detail", "")) for e in live]
+    assert str(len(text)) in live[-1].output["answer"] and "THE-END!" in live[-1].output["answer"]
+    responded = next(e for e in live if isinstance(e, ev.ModelResponded))
+    called = next(e for e in live if isinstance(e, ev.ToolCalled))
+    assert responded.ref is not None and called.ref is not None  # stored by reference...
+    assert called.call.name == "size" and called.call.arguments == {}  # ...the stub still names the call
+    log = await RunLog(js).read(run_id)
+    whole = next(e for e in log.events if isinstance(e, ev.ToolCalled))
+    assert whole.call.arguments["text"] == text  # byte-exact
+    assert next(e for e in log.events if isinstance(e, ev.ModelResponded)).calls[0].arguments["text"] == text

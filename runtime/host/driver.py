@@ -265,8 +265,11 @@ class RunDriver:
             if turn is not None and call.id not in turn.called:
                 await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
                 progressed = True
+            arguments = await self.log.payloads.offload(dict(call.arguments))  # big: a PayloadRef
+            by_ref = isinstance(arguments, ev.PayloadRef)
             jobs.append(ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
-                                arguments=dict(call.arguments), partition=self.partition,
+                                arguments={} if by_ref else arguments,
+                                arguments_ref=arguments if by_ref else None, partition=self.partition,
                                 limits=self._job_limits(call.name), workspace=self.agent.bundle.workspace,
                                 deadline=effect.deadline, tool_digest=self.agent.tool_digest(call.name)))
         if not jobs:
