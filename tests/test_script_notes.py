@@ -21,10 +21,10 @@ def test_each_note_kind_becomes_its_event_with_its_fields():
          {"error": BOOM, "duration_ms": 2.5}),
     ]
     for note, cls, fields in cases:
-        ids = {"call_id": "r1/0.0", "tool": "calc"}
-        assert ev.script_event(note, "r1/0.0", "calc") == (cls, {**ids, **fields})
-    named, fields = ev.script_event(cases[0][0], "r1/0.0", "calc", worker="host-1:77")
-    assert (named, fields["worker"]) == (ev.ScriptStarted, "host-1:77")  # a tool worker names itself
+        ids = {"run_id": "r1", "call_id": "r1/0.0", "tool": "calc", "ts": note.ts}
+        assert ev.script_event(note, "r1", "r1/0.0", "calc") == cls(**ids, **fields)  # unstamped
+    named = ev.script_event(cases[0][0], "r1", "r1/0.0", "calc", worker="host-1:77")
+    assert isinstance(named, ev.ScriptStarted) and named.worker == "host-1:77"  # a tool worker names itself
 
 
 def test_an_outcome_records_its_notes_through_the_same_mapping():
@@ -34,13 +34,9 @@ def test_an_outcome_records_its_notes_through_the_same_mapping():
     outcome = ToolOutcome.for_job(job, ToolResult(error=BOOM), notes=notes, worker="w1", finished=4.0)
     decoded = ToolOutcome.decode(outcome.encode())
     assert decoded.notes == notes  # on the wire exactly as the sandbox made them
-    got = decoded.events(first_seq=5)
-    want = []
-    for seq, note in enumerate(notes, start=5):
-        cls, fields = ev.script_event(note, "r1/0.0", "calc", worker="w1")
-        want.append(cls(run_id="r1", agent="a", seq=seq, ts=note.ts, **fields))
-    assert got[:3] == want
-    assert isinstance(got[3], ev.ToolFailed) and got[3].seq == 8
+    got = decoded.events()
+    assert got[:3] == [ev.script_event(note, "r1", "r1/0.0", "calc", worker="w1") for note in notes]
+    assert isinstance(got[3], ev.ToolFailed) and got[3].ts == 4.0 and got[3].seq == ev.UNSTAMPED
 
 
 def test_notes_written_by_an_older_worker_still_decode_and_new_ones_decode_for_old_readers():
@@ -52,7 +48,7 @@ def test_notes_written_by_an_older_worker_still_decode_and_new_ones_decode_for_o
     })
     outcome = ToolOutcome.decode(old_outcome)
     assert [n.kind for n in outcome.notes] == ["started", "printed", "completed"]
-    assert [ev.kind_of(e) for e in outcome.events(0)] == [
+    assert [ev.kind_of(e) for e in outcome.events()] == [
         "script.started", "script.printed", "script.completed", "tool.completed"]
 
     class OlderNote(msgspec.Struct, frozen=True, omit_defaults=True):  # what an older host decodes into
@@ -72,8 +68,7 @@ async def test_a_real_runs_notes_become_script_events_in_order():
     notes: list[ScriptNote] = []
     result = await loads('print("one")\nprint("two")\n7\n', name="calc").run(on_event=notes.append)
     assert result.output == 7
-    kinds = [ev.kind_of(cls(run_id="r1", seq=i, ts=n.ts, **fields))
-             for i, n in enumerate(notes) for cls, fields in [ev.script_event(n, "r1/0.0", "calc")]]
+    kinds = [ev.kind_of(ev.script_event(n, "r1", "r1/0.0", "calc")) for n in notes]
     assert kinds[0] == "script.started" and kinds[-1] == "script.completed"
     assert set(kinds[1:-1]) == {"script.printed"}
     assert "".join(n.text for n in notes if n.kind == "printed") == "one\ntwo\n"  # in the order printed
