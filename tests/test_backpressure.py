@@ -78,3 +78,37 @@ async def test_a_flood_of_tasks_keeps_the_host_within_its_bound_and_all_complete
     assert max(s[3] for s in samples) <= BOUND  # ...nor un-acked on the server side
     assert max(s[4] for s in samples) <= 2 * CONCURRENCY  # a worker holds running + one buffer of jobs
     assert max(s[0] for s in samples) == BOUND  # and the bound was reached: the flood did push
+
+
+async def test_a_small_budget_shared_by_many_partitions_serves_all_of_them(nats_server, js, tmp_path):
+    """16 partitions share a budget of 32: an idle partition's open pull request may hold only its share,
+    so the tasks of every other partition still flow (before, the first request reserved the whole
+    budget for as long as it was open, re-reserved it first, and the other partitions' tasks never ran)."""
+    await ensure_topology(js, partitions=16, tool_ack_wait=5.0)
+    bundle = write_bundle(tmp_path)
+    n = 48
+    with ScriptedModelServer(responder=submit_at_once, record=False) as server:
+        async with hosts(nats_server.url, [bundle], server, 1, max_runs=32) as (h,), \
+                running_worker(nats_server.url, [bundle], concurrency=CONCURRENCY):
+            host = h.host
+            assert host.budget.sharers == 16 and host.budget.share == 2  # one task consumer per partition
+            for i in range(n):
+                await js.publish(task_subject(f"calc:s{i}"), f'{{"input": "go", "task_id": "s{i}"}}'.encode(),
+                                 headers={HDR_MSG_ID: f"s{i}"})
+            with anyio.fail_after(120):
+                while sum(host.stats.runs_ended.values()) < n:
+                    await anyio.sleep(0.1)
+    assert host.stats.runs_ended == {"completed": n} and host.budget.peak <= 32
+
+
+async def test_a_budget_grants_each_sharer_at_most_its_share():
+    from runtime.nats.pull import Budget
+
+    budget = Budget(10)
+    for _ in range(4):
+        budget.join()
+    assert budget.share == 2
+    assert await budget.reserve(256) == 2 and budget.used == 2  # not the whole budget
+    budget.leave()
+    budget.leave()
+    assert budget.share == 5

@@ -17,6 +17,12 @@ Back-pressure: with a `Budget`, each pull request asks for no more messages than
 handler, which releases it when the message's work is over. So the messages a host holds in memory stay
 within the budget however many wait in the stream, and whatever the number of consumers sharing it.
 
+Fairness: a request also asks for no more than the budget's fair share (`limit // consumers sharing
+it`). A pull request is open for up to `expires` seconds; without the cap, the first consumer to ask
+reserved the whole budget, and if its partition was idle it held every unit for the whole request and
+re-reserved them first when it ended, so the tasks of every other partition waited forever (a host
+with a budget of 256 and 16 partitions stalled with tasks in the stream).
+
 `fetch_batch` is `psub.fetch` for loops that pull a batch at a time (the workers): nats-py's `fetch` signals
 "nothing" three ways (its TimeoutError, ``[]``, a bare asyncio.TimeoutError) and raises 503 while a cluster
 elects a consumer leader; `fetch_batch` folds all of them into ``[]``.
@@ -46,9 +52,10 @@ Handler = Callable[[Msg], Awaitable[None]]
 class Budget:
     """Units of work a host may hold in memory (`limit`), shared by every consumer that pulls with it.
 
-    `reserve(n)` waits until there is room and takes up to `n` units (a pull request's size); units
-    not turned into messages go back with `release`; `take` adds units without waiting (work that must
-    not be refused, e.g. runs recovered at a takeover: the next pulls wait instead)."""
+    `reserve(n)` waits until there is room and takes up to `n` units (a pull request's size), at most the
+    fair share of one of the `sharers` that `join`ed; units not turned into messages go back with
+    `release`; `take` adds units without waiting (work that must not be refused, e.g. runs recovered at a
+    takeover: the next pulls wait instead)."""
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
@@ -56,7 +63,19 @@ class Budget:
         self.limit = limit
         self.used = 0
         self.peak = 0
+        self.sharers = 0
         self._room = anyio.Event()
+
+    @property
+    def share(self) -> int:
+        """The most one request may reserve: an equal part of the budget for each consumer sharing it."""
+        return max(1, self.limit // max(1, self.sharers))
+
+    def join(self) -> None:
+        self.sharers += 1
+
+    def leave(self) -> None:
+        self.sharers -= 1
 
     @property
     def free(self) -> int:
@@ -67,7 +86,7 @@ class Budget:
             if self._room.is_set():
                 self._room = anyio.Event()
             await self._room.wait()
-        granted = min(n, self.limit - self.used)
+        granted = min(n, self.share, self.limit - self.used)
         self.take(granted)
         return granted
 
@@ -95,6 +114,8 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
 
     sub = await nc.subscribe(inbox, cb=on_msg)
     subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+    if budget is not None:
+        budget.join()
     try:
         while not stop.is_set():
             size = batch if budget is None else await budget.reserve(batch)
@@ -128,6 +149,8 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
                 if budget is not None and left:
                     budget.release(left)
     finally:
+        if budget is not None:
+            budget.leave()
         with anyio.CancelScope(shield=True):  # a cancelled owner must not leak the subscription
             await sub.unsubscribe()
 
