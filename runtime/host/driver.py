@@ -67,6 +67,7 @@ from runtime import kernel
 from runtime.host.agent import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
+from runtime.nats.retry import retrying
 from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
@@ -293,15 +294,11 @@ class RunDriver:
         return limits
 
     async def _publish_job(self, job: ToolJob) -> None:
-        while True:
-            try:
-                await self.js.publish(job.subject, job.encode(), headers=job.headers())
-                return
-            except BadRequestError:
-                raise
-            except Exception as e:  # NATS unavailable (leader election, reconnect): same Msg-Id, retry
-                log.warning("run %s: publishing job %s failed (%s); retrying", self.run_id, job.msg_id, e)
-                await anyio.sleep(PUBLISH_RETRY_S)
+        """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same
+        Msg-Id. A rejected job (`BadRequestError`) is not an outage: it propagates."""
+        await retrying(lambda: self.js.publish(job.subject, job.encode(), headers=job.headers()),
+                       what=f"run {self.run_id}: publishing job {job.msg_id}", fatal=BadRequestError,
+                       delay=PUBLISH_RETRY_S, logger=log)
 
     # -- the log -----------------------------------------------------------------------------------------
 
