@@ -1,16 +1,22 @@
-"""The agent host: actors, the run driver (effect runner), recovery, commands. See `runtime.host.host`.
+"""The agent host: partitions, actors, the run driver (effect runner), recovery, commands.
 
     agents = load_agents(["bundles/demo"], local_model_url=url)     # bundle name -> AgentRuntime
     host = Host(nc, agents)
     await host.run(stop)                                              # `sa host`, `sa up`
 
-Modules, one concept each:
+Modules, one concept each (`host` first: its docstring says how a task flows and where it is acked):
 
-- `host`     — the `Host`: consumers per partition, actors and mailboxes, ack points, recovery, bad input
-- `driver`   — `RunDriver`: one run's kernel loop; appends with OCC; model calls; tool jobs; outcomes
-- `commands` — what may be published to `agents.<agent>.tasks` (task, cancel, approve, deny); run ids
-- `agent`    — `AgentRuntime`: one bundle's kernel config, model step and model client
-- `leases`   — which host serves which partition: expiring KV leases, fair shares, fencing
+- `host`       — `Host`, the coordinator: assembles the parts below; starts and drives a task's run
+- `config`     — `HostConfig` (what a host is told) and `HostStats` (what it counts)
+- `partitions` — taking and losing a partition, its consumers; `Guarded` drops acks for a lost one
+- `routing`    — a task-subject message to its actor or run (forwarded if need be), an outcome to its driver
+- `actors`     — actors and their mailboxes: one task at a time per actor, every actor concurrently
+- `recovery`   — folding existing runs from their log at a takeover, or after a lost append race
+- `runs_index` — the ``runs`` KV index and the ``active`` bucket (unfinished runs per partition)
+- `driver`     — `RunDriver`: one run's kernel loop; appends through the run log; model calls; tool jobs
+- `commands`   — what may be published to `agents.<agent>.tasks` (task, cancel, approve, deny); run ids
+- `agent`      — `AgentRuntime`: one bundle's kernel config, model step and model client
+- `leases`     — which host serves which partition: expiring KV leases, fair shares, fencing
 
 The continuous pull consumer and the back-pressure budget are `runtime.nats.pull`.
 """

@@ -6,9 +6,10 @@
            perform them           # model calls here; tool calls as jobs on TOOLS; endings
            nothing to perform? -> wait for the inbox (or the deadline)
 
-Every event goes through the run log (`runtime.log.RunLog.append`): the next `seq`, and the expected
-last stream sequence of the run. So the driver is the single writer of its run: if another host appended
-in between, the append raises `Superseded` and this driver stops instead of writing a second branch.
+Every event is written through the run log (`runtime.log.RunLog.append`, from `_flush`): stamped with the
+run's next `seq` by `RunDriver.append`, written with the expected last stream sequence of the run. So the
+driver is the single writer of its run: if another host appended in between, the log raises `Superseded`
+and this driver stops instead of writing a second branch.
 What `decide` settles by itself (a denial, an approval request, a turn's end, the run's end) arrives as
 an event and is appended as it is; the driver performs only the two effects that need the world.
 
@@ -67,6 +68,7 @@ from runtime import kernel
 from runtime.host.agent import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
+from runtime.nats.retry import retrying
 from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
@@ -83,7 +85,8 @@ class Inbound:
 
 
 class RunDriver:
-    """Drives one run to its end (see the module docstring). Created by an actor; fed by the host."""
+    """Drives one run to its end (see the module docstring). Created when an actor starts a task's run, or
+    when a run is folded from its log (`runtime.host.recovery`); fed by `runtime.host.routing`."""
 
     def __init__(self, js: JetStreamContext, agent: AgentRuntime, actor: str, run_id: str, partition: int,
                  *, state: kernel.State, last_seq: int, on_event: Callable[[ev.Event], Any] | None = None,
@@ -296,15 +299,11 @@ class RunDriver:
         return limits
 
     async def _publish_job(self, job: ToolJob) -> None:
-        while True:
-            try:
-                await self.js.publish(job.subject, job.encode(), headers=job.headers())
-                return
-            except BadRequestError:
-                raise
-            except Exception as e:  # NATS unavailable (leader election, reconnect): same Msg-Id, retry
-                log.warning("run %s: publishing job %s failed (%s); retrying", self.run_id, job.msg_id, e)
-                await anyio.sleep(PUBLISH_RETRY_S)
+        """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same
+        Msg-Id. A rejected job (`BadRequestError`) is not an outage: it propagates."""
+        await retrying(lambda: self.js.publish(job.subject, job.encode(), headers=job.headers()),
+                       what=f"run {self.run_id}: publishing job {job.msg_id}", fatal=BadRequestError,
+                       delay=PUBLISH_RETRY_S, logger=log)
 
     # -- the log -----------------------------------------------------------------------------------------
 

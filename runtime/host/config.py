@@ -1,0 +1,46 @@
+"""What a host is told (`HostConfig`) and what it counts (`HostStats`).
+
+Apart from `runtime.host.host` so that the parts of a host (partitions, actors, routing, recovery) can take
+the configuration and the counters without importing the coordinator that assembles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from runtime.host.leases import LeaseConfig
+
+DEFAULT_MAX_RUNS = 4096
+
+
+@dataclass
+class HostConfig:
+    partitions: Iterable[int] | None = None  # serve exactly these (no leases); None: take a share by lease
+    task_ack_wait: float = 30.0  # a dead host's un-started tasks are redelivered after this (or at takeover)
+    pull_batch: int = 256
+    pull_expires: float = 5.0
+    recovery_concurrency: int = 16
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    max_runs: int = DEFAULT_MAX_RUNS  # back-pressure: runs driven + tasks waiting in mailboxes, at most
+    host_id: str | None = None  # default: `<hostname>-<pid>-<random>`
+
+
+@dataclass
+class HostStats:
+    """Counters for tests, benchmarks and logs."""
+
+    tasks: int = 0
+    runs_started: int = 0
+    runs_resumed: int = 0
+    runs_recovered: int = 0
+    runs_ended: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0  # malformed messages terminated
+    outcomes: int = 0
+    superseded: int = 0
+    handed_over: int = 0  # runs or tasks dropped because their partition went to another host
+    gained: int = 0  # partitions taken (at start or over)
+    lost: int = 0  # partitions given up (released, expired or fenced)
+
+
+__all__ = ["DEFAULT_MAX_RUNS", "HostConfig", "HostStats"]

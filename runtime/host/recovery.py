@@ -1,0 +1,116 @@
+"""Recovery: runs a host did not start itself, folded back from their log and driven on.
+
+At every takeover of a partition (`recover`), before consuming anything: read the partition's unfinished
+runs from the ``active`` bucket (`runtime.host.runs_index`), fold each run's events (`log.RunLog.read`) and
+queue it first in its actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is pending:
+an answered model call is never made again, a job already answered is never re-published, a job still out
+is re-published with the same Msg-Id (deduplicated by TOOLS; the workers' ``applied`` markers make its
+writes exactly-once beyond the window).
+
+Exactly one host drives a run: the one serving its partition. A stale one that still appends is stopped by
+the expected-sequence check (`Superseded`); if the winner of such a race is a host that still serves the
+partition, it re-folds the run and goes on (`refold`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from nats.js import JetStreamContext
+
+from runtime import events as ev
+from runtime import kernel
+from runtime.host.actors import Actors
+from runtime.host.agent import AgentRuntime
+from runtime.host.commands import split_actor
+from runtime.host.config import HostConfig, HostStats
+from runtime.host.driver import RunDriver
+from runtime.host.runs_index import RunsIndex
+from runtime.log import RunLog
+from runtime.nats.kv import kv_entries
+from runtime.nats.retry import retrying
+from runtime.nats.subjects import active_filter
+
+log = logging.getLogger("runtime.host")
+
+RECOVER_RETRY_S = 0.5
+SUPERSEDED_RETRY_S = 1.0  # after losing an append race in a partition it still owns, re-fold this late
+
+
+class Recovery:
+    """Folds existing runs into drivers and hands them to `actors` (`Actors.resume`)."""
+
+    def __init__(self, js: JetStreamContext, run_log: RunLog, agents: dict[str, AgentRuntime],
+                 actors: Actors, index: RunsIndex, config: HostConfig, stats: HostStats, *,
+                 serves: Callable[[int], bool], on_event: Callable[[ev.Event], Any] | None) -> None:
+        self.js, self.log, self.agents, self.actors, self.index = js, run_log, agents, actors, index
+        self.config, self.stats, self.serves, self.on_event = config, stats, serves, on_event
+
+    async def recover(self, p: int) -> None:
+        """Fold every unfinished run of partition `p` (the `active` bucket's `p<N>.*` keys) and queue it
+        first in its actor's mailbox: the single-host recovery, per partition, at every takeover."""
+        entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p)),
+                                 what=f"partition {p}: reading its unfinished runs", delay=RECOVER_RETRY_S,
+                                 logger=log)
+        todo = [(key.split(".", 1)[1], entry.value.decode()) for key, entry in entries.items()]
+        todo = [(run_id, actor) for run_id, actor in todo if run_id not in self.actors.drivers]
+        limiter = anyio.CapacityLimiter(self.config.recovery_concurrency)
+        resumed: list[RunDriver] = []
+
+        async def one(run_id: str, actor: str) -> None:
+            async with limiter:
+                driver = await retrying(lambda: self.fold_existing(run_id, actor, p),
+                                        what=f"run {run_id}: folding it", delay=RECOVER_RETRY_S, logger=log)
+            if driver is not None:
+                resumed.append(driver)
+
+        async with anyio.create_task_group() as tg:
+            for run_id, actor in todo:
+                tg.start_soon(one, run_id, actor)
+        for driver in resumed:
+            self.actors.resume(driver)
+        self.stats.runs_recovered += len(resumed)
+        if todo:
+            log.info("partition %d: recovered %d unfinished run(s)", p, len(resumed))
+
+    async def fold_existing(self, run_id: str, actor: str, partition: int) -> RunDriver | None:
+        """A driver for an existing run from its log, or None if it is over (the index is then fixed)."""
+        agent = self.agents.get(split_actor(actor)[0])
+        if agent is None:
+            log.error("run %s belongs to %s, which no loaded bundle defines: not resumed", run_id, actor)
+            return None
+        history = await self.log.read(run_id, actor)
+        try:
+            state = kernel.fold(agent.config, history.events)
+        except kernel.EvolveError as e:
+            log.error("run %s cannot be folded (%s): not resumed", run_id, e)
+            return None
+        driver = RunDriver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
+                           on_event=self.on_event, log=self.log)
+        if history.events and isinstance(history.events[0], ev.RunStarted):
+            driver.task_id = history.events[0].task_id
+        if state.done:
+            await self.index.record(driver)
+            return None
+        return driver
+
+    async def refold(self, run_id: str, actor: str, p: int) -> None:
+        """Resume a run after losing an append race in a partition this host still serves: the other
+        writer was a stale owner that stops at its next renewal, so fold what it wrote and go on."""
+        await anyio.sleep(SUPERSEDED_RETRY_S)
+        if not self.serves(p) or run_id in self.actors.drivers:
+            return
+        try:
+            driver = await self.fold_existing(run_id, actor, p)
+        except Exception as e:
+            log.error("run %s: re-folding after a lost append race failed (%s); it resumes at the next "
+                      "takeover of partition %d", run_id, e, p)
+            return
+        if driver is not None and self.serves(p) and run_id not in self.actors.drivers:
+            self.actors.resume(driver)
+
+
+__all__ = ["SUPERSEDED_RETRY_S", "Recovery"]

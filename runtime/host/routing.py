@@ -1,0 +1,152 @@
+"""Where a message of a served partition goes: a task to its actor, a command or an outcome to its run.
+
+A task-subject message (`runtime.host.commands`) is one of:
+* a task: queued in its actor's mailbox, its run id derived from it (`commands.run_id_for`); it keeps its
+  unit of the back-pressure budget while it waits;
+* a cancel / approve / deny for a run: handed to the run's driver, or kept beside a task still waiting (a
+  cancel, applied right after the run starts), or acked if the run already ended, or republished to the
+  partition that owns the run (a command sent on the bundle's subject for a run of ``bundle:instance``);
+  a command for a run that does not exist is logged and terminated;
+* not a command at all (`commands.BadCommand`): logged with the reason and terminated — never redelivered,
+  never stopping the host.
+
+A RESULTS message (a tool outcome) goes to the driver of its run; a late or duplicate outcome of a run that
+ended is acked; one for a run nobody drives yet (it is starting, or being resumed) is retried a little
+later, and dropped after 20 deliveries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from runtime import events as ev
+from runtime import kernel
+from runtime.host.actors import Actors, Task
+from runtime.host.commands import BadCommand, decode, run_id_for, split_actor
+from runtime.host.config import HostStats
+from runtime.host.driver import Inbound, ack_quietly
+from runtime.host.partitions import Guarded
+from runtime.host.runs_index import RunsIndex
+from runtime.jobs import JobDecodeError, ToolOutcome
+from runtime.nats.pull import Budget
+from runtime.nats.records import RunIndex
+from runtime.nats.subjects import agent_of_task_subject, partition_of, task_subject
+
+log = logging.getLogger("runtime.host")
+
+OUTCOME_RETRY_S = 1.0  # an outcome for a run nobody drives yet comes again this late
+OUTCOME_MAX_DELIVERIES = 20
+
+
+class Router:
+    """Routes the messages of the partitions `serves` says this host holds; `total_partitions()` is the
+    partition count of the streams (known once the host has read the topology)."""
+
+    def __init__(self, js: JetStreamContext, actors: Actors, index: RunsIndex, budget: Budget,
+                 stats: HostStats, *, serves: Callable[[int], bool],
+                 total_partitions: Callable[[], int]) -> None:
+        self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
+        self.serves, self.total_partitions = serves, total_partitions
+
+    async def on_task(self, p: int, raw: Msg) -> None:
+        """A message of partition `p`'s task consumer; it carries one unit of `self.budget`."""
+        kept = False
+        try:
+            kept = await self.route_command(p, Guarded(raw, self.serves, p))
+        finally:
+            if not kept:
+                self.budget.release()
+
+    async def route_command(self, p: int, msg: Guarded) -> bool:
+        """Route one task-subject message; True if it now waits in a mailbox (keeping its budget unit)."""
+        try:
+            subject_agent = agent_of_task_subject(msg.subject)
+            addressed = decode(subject_agent, msg.data)
+        except (BadCommand, ValueError) as e:
+            self.stats.rejected += 1
+            log.error("rejected a message on %s: %s", msg.subject, e)
+            await _term(msg)
+            return False
+        cmd = addressed.command
+        md = msg.metadata
+        if isinstance(cmd, ev.Task):
+            self.stats.tasks += 1
+            run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=md.sequence.stream)
+            return self.actors.enqueue(addressed.agent, Task(cmd, msg, run_id, p, md.sequence.stream))
+        assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny)
+        driver = self.actors.drivers.get(cmd.run_id)
+        if driver is not None:
+            driver.deliver(Inbound(cmd, msg))
+            return False
+        waiting = self.actors.waiting.get(cmd.run_id)
+        if waiting is not None and isinstance(cmd, ev.Cancel):
+            if waiting.cancel is not None and waiting.cancel.msg is not None:
+                await ack_quietly(waiting.cancel.msg)
+            waiting.cancel = Inbound(cmd, msg)  # applied right after the run starts
+            return False
+        ix = await self.index.get(cmd.run_id)
+        if ix is not None and ix.status in kernel.TERMINAL:
+            log.info("%s for run %s ignored: the run already %s", cmd.__struct_config__.tag, cmd.run_id,
+                     ix.status)
+            await ack_quietly(msg)
+            return False
+        if ix is not None and ix.partition != p and await self._forward(cmd, ix, msg):
+            return False
+        self.stats.rejected += 1
+        log.error("%s for unknown run %s (published on %s): dropped", cmd.__struct_config__.tag, cmd.run_id,
+                  msg.subject)
+        await _term(msg)
+        return False
+
+    async def _forward(self, cmd: ev.Command, ix: RunIndex, msg: Guarded) -> bool:
+        """A command published on another subject than its run's task (say the bundle's, for a run of
+        `bundle:instance`) lands in another partition: republish it where the run's host reads."""
+        for agent in (ix.agent, split_actor(ix.agent)[0]):
+            if partition_of(agent, self.total_partitions()) == ix.partition:
+                await self.js.publish(task_subject(agent), ev.encode_command(cmd))
+                await ack_quietly(msg)
+                log.info("%s for run %s forwarded to partition %d", cmd.__struct_config__.tag, cmd.run_id,
+                         ix.partition)
+                return True
+        return False
+
+    async def on_result(self, p: int, raw: Msg) -> None:
+        """A message of partition `p`'s RESULTS consumer: a tool outcome for one run."""
+        msg = Guarded(raw, self.serves, p)
+        try:
+            outcome = ToolOutcome.decode(msg.data)
+        except JobDecodeError as e:
+            self.stats.rejected += 1
+            log.error("rejected a message on %s: %s", msg.subject, e)
+            await _term(msg)
+            return
+        self.stats.outcomes += 1
+        driver = self.actors.drivers.get(outcome.run_id)
+        if driver is not None:
+            driver.deliver(Inbound(outcome, msg))
+            return
+        ix = await self.index.get(outcome.run_id)
+        if ix is not None and ix.status in kernel.TERMINAL:
+            await ack_quietly(msg)  # a late or duplicate outcome of a finished run
+            return
+        if msg.metadata.num_delivered >= OUTCOME_MAX_DELIVERIES:
+            log.error("outcome of %s for run %s that no host drives: dropped", outcome.call_id,
+                      outcome.run_id)
+            await _term(msg)
+            return
+        await msg.nak(delay=OUTCOME_RETRY_S)  # the run is starting or being resumed: try again soon
+
+
+async def _term(msg: Any) -> None:
+    try:
+        await msg.term()
+    except Exception as e:
+        log.debug("term failed: %s", e)
+
+
+__all__ = ["Router"]
