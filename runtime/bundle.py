@@ -28,6 +28,8 @@ worker loads to know the agent's tools::
       - read_before_write: {read_tools: [read_file], write_tools: [write_file]}
     max_concurrent_tools: 4
     history_window: 40
+    resume: same-version                      # a run resumed after a crash on a changed bundle: fail it
+                                              # (same-version, the default) or go on with it (latest)
 
 Every mapping rejects unknown keys (with a "did you mean" hint). `load_bundle` collects every problem it
 can find, then raises one `BundleError` listing them as `<file>: <yaml path>: <what is wrong; what is
@@ -130,6 +132,9 @@ class BundleSpec(_Strict):
     policies: list[Any] = []
     max_concurrent_tools: int = 4
     history_window: int | None = None
+    # What a host does with a run that started on another version of this bundle (a host restarted or took
+    # over with a changed bundle.yaml or tool): fail it, saying why, or continue it on the loaded version.
+    resume: Literal["same-version", "latest"] = "same-version"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def host(
                                                          "are taken over within TTL + TTL/3.")] = 6.0,
     max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
                                                       "mailboxes; at the bound this host stops pulling "
-                                                      "tasks.")] = 4096,
+                                                      "tasks.")] = 256,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
 ) -> None:
     """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.

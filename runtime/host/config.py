@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from runtime.host.leases import LeaseConfig
 
-DEFAULT_MAX_RUNS = 4096
+DEFAULT_MAX_RUNS = 256
 
 
 @dataclass

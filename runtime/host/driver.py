@@ -117,6 +117,11 @@ class RunDriver:
 
     # -- the loop ----------------------------------------------------------------------------------------
 
+    async def end(self, reason: str, detail: str) -> None:
+        """End the run as failed on the host's own authority (not a kernel decision), durably."""
+        await self.append(ev.RunFailed(run_id=self.run_id, reason=reason, detail=detail))
+        await self._flush()
+
     async def run(self) -> kernel.State:
         """Drive until the run is over; returns the final state. Raises `Superseded` on a lost OCC race."""
         while not self.state.done:

@@ -90,12 +90,27 @@ class Recovery:
             return None
         driver = RunDriver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
                            on_event=self.on_event, log=self.log)
-        if history.events and isinstance(history.events[0], ev.RunStarted):
-            driver.task_id = history.events[0].task_id
-        if state.done:
+        started = history.events[0] if history.events else None
+        if isinstance(started, ev.RunStarted):
+            driver.task_id = started.task_id
+            if not state.done and not self._may_resume(run_id, started, agent):
+                await driver.end("bundle_changed", _changed(started, agent))
+        if driver.state.done:
             await self.index.record(driver)
             return None
         return driver
+
+    @staticmethod
+    def _may_resume(run_id: str, started: ev.RunStarted, agent: AgentRuntime) -> bool:
+        """A run goes on with the bundle it started with; on another version only if the bundle says
+        `resume: latest` (its tools, prompt or limits may have changed under it)."""
+        if not started.bundle_digest or started.bundle_digest == agent.bundle.digest:
+            return True
+        if agent.bundle.spec.resume == "latest":
+            log.warning("run %s started with bundle %s %s; it goes on with %s (resume: latest)", run_id,
+                        agent.bundle.name, started.bundle_digest, agent.bundle.digest)
+            return True
+        return False
 
     async def refold(self, run_id: str, actor: str, p: int) -> None:
         """Resume a run after losing an append race in a partition this host still serves: the other
@@ -111,6 +126,13 @@ class Recovery:
             return
         if driver is not None and self.serves(p) and run_id not in self.actors.drivers:
             self.actors.resume(driver)
+
+
+def _changed(started: ev.RunStarted, agent: AgentRuntime) -> str:
+    return (f"the run started with version {started.bundle_digest} of bundle {agent.bundle.name}; this host "
+            f"has version {agent.bundle.digest} ({agent.bundle.path}), and the bundle resumes runs only on "
+            "their own version (resume: same-version): send the task again to run it on this version, or "
+            "set `resume: latest` in the bundle to let runs go on after a change")
 
 
 __all__ = ["SUPERSEDED_RETRY_S", "Recovery"]
