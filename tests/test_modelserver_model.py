@@ -205,3 +205,20 @@ def test_real_server_rejects_bad_requests_and_keeps_serving(model_server: Server
 
 def _messages_body() -> dict[str, Any]:
     return {"model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": "Say hi."}]}
+
+
+@pytest.mark.anyio
+async def test_the_demo_bundle_runs_in_process_against_sa_model_serve(model_server: ServerProcess):
+    """The three lines of the README against the real CPU model: the demo bundle's constraint and
+    final-turn forcing make the 135M model compute and answer, in this process, without NATS."""
+    from pathlib import Path
+
+    from runtime import Agent
+    from runtime import events as ev
+
+    async with Agent.from_bundle(Path(__file__).parents[1] / "bundles" / "demo",
+                                 model_url=model_server.base_url) as agent:
+        result = await agent.run("What is 17 * 23 + 4?")
+    assert result.status == "completed", result.reason
+    assert any(isinstance(e, ev.ScriptCompleted) and e.tool == "calculator" for e in result.events)
+    assert result.output == {"answer": "395"}
