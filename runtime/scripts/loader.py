@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from runtime.scripts.check import check_subset
 from runtime.scripts.declarations import (
@@ -40,7 +40,9 @@ from runtime.scripts.declarations import (
     read_input,
 )
 from runtime.scripts.script import Script
-from runtime.scripts.specs import Diagnostic
+from runtime.scripts.specs import Diagnostic, ExternalSpec, InputSpec
+
+_Declared = TypeVar("_Declared", InputSpec, ExternalSpec)
 
 __all__ = ["load", "loads"]
 
@@ -123,27 +125,13 @@ class _Loader:
             ):
                 handled.add(index)
                 ext = read_external(stmt, self.check)
-                if ext.name in script.externals:
-                    self.report(
-                        "check",
-                        f"external {ext.name!r} is declared twice (first at line "
-                        f"{script.externals[ext.name].line})",
-                        ext.line,
-                    )
-                script.externals[ext.name] = ext
+                self._declare(script.externals, ext.name, ext, "external")
                 self._blank(stmt, line_owner)
             elif isinstance(stmt, (ast.AnnAssign, ast.Assign)) and is_input_call(stmt.value):
                 handled.add(index)
                 spec = read_input(stmt, arg_docs, self.check)
                 if spec is not None:
-                    if spec.name in script.inputs:
-                        self.report(
-                            "check",
-                            f"input {spec.name!r} is declared twice (first at line "
-                            f"{script.inputs[spec.name].line})",
-                            spec.line,
-                        )
-                    script.inputs[spec.name] = spec
+                    self._declare(script.inputs, spec.name, spec, "input")
                 self._blank(stmt, line_owner)
 
         for index, stmt in enumerate(tree.body):
@@ -210,6 +198,13 @@ class _Loader:
             for line in range(start, (stmt.end_lineno or stmt.lineno) + 1):
                 owners.setdefault(line, []).append(index)
         return owners
+
+    def _declare(self, table: dict[str, _Declared], name: str, spec: _Declared, what: str) -> None:
+        """Record a declaration; a second one of the same name is a `check` problem (the later one wins)."""
+        if name in table:
+            self.report("check", f"{what} {name!r} is declared twice (first at line {table[name].line})",
+                        spec.line)
+        table[name] = spec
 
     def _blank(self, stmt: ast.stmt, owners: dict[int, list[int]]) -> None:
         start = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
