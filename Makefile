@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint conformance clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,5 +33,25 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check runtime tests bench
 
+# Conformance with vLLM (tests/test_vllm_conformance.py): every request body the runtime sends, checked offline
+# by vLLM's own request model, structured-output check and tool parsers. vLLM and what its imports need are
+# installed --no-deps into $(VLLM_VENV), which reuses this project's venv (CPU torch, xgrammar, ...) through a
+# .pth file: vLLM's declared dependencies would pull CUDA torch and nvidia-* packages. Pins: .ci/vllm-conformance.txt.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): .ci/vllm-conformance.txt $(STAMP)
+	$(BIN)/python -m venv --clear $(VLLM_VENV)
+	base=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	own=$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	printf '%s\n%s\n' "$(CURDIR)" "$$base" > "$$own/_project_venv.pth"
+	$(VLLM_VENV)/bin/pip install -q --no-deps --ignore-installed -r .ci/vllm-conformance.txt
+	@if $(VLLM_VENV)/bin/pip list 2>/dev/null | grep -i nvidia; then \
+		echo "nvidia packages ended up in $(VLLM_VENV): refusing to use it" >&2; exit 1; fi
+	touch $(VLLM_STAMP)
+
+conformance: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_conformance.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -14,15 +14,21 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import xgrammar as xgr
+# `python bench/constraints.py` puts bench/ first on sys.path, where bench/runtime.py shadows the package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
-from runtime.model import constraints
-from runtime.model.adapters import get_adapter
-from runtime.model.constraints import STRATEGIES, DecodingConstraint, build_constraint
-from runtime.types import ToolSchema
+import xgrammar as xgr  # noqa: E402
+
+from runtime.model import constraints  # noqa: E402
+from runtime.model.adapters import get_adapter  # noqa: E402
+from runtime.model.constraints import STRATEGIES, DecodingConstraint, build_constraint  # noqa: E402
+from runtime.types import ToolSchema  # noqa: E402
 
 
 def ten_tools(max_length: int | None = None) -> list[ToolSchema]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
+import xgrammar as xgr
 
 from runtime.model.adapters import get_adapter
 from runtime.model.constraints import DecodingConstraint, build_constraint
@@ -98,8 +98,6 @@ def test_text_families_sending_tools_to_the_api_do_not_mark_them_strict() -> Non
     built = build_constraint(get_adapter("hermes"), [PLAN], constraint)
     assert built.request_extras()["tools"] == api_tools([PLAN], strict=False) == [PLAN.to_openai()]
 
-
-xgr = pytest.importorskip("xgrammar")
 
 
 def test_the_strict_schema_compiles_and_admits_calls_with_nulls_for_what_is_not_given() -> None:

@@ -4,6 +4,8 @@
                 the call syntax, its parser, and the pieces of the decoding constraint, as data
 - `constraints` turns an adapter's description into an xgrammar constraint (strategies `ebnf`,
                 `structural_tag`, `json_schema`) sent in vLLM's `structured_outputs`; compiles it to check it
+- `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every
+                function `"strict": true`) for the tools the server constrains itself
 - `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
 - `step`        `ModelStep`: render, call, parse; the one model step the host and the in-process loop share
 
