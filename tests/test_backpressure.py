@@ -112,3 +112,5 @@ async def test_a_budget_grants_each_sharer_at_most_its_share():
     budget.leave()
     budget.leave()
     assert budget.share == 5
+    budget.expected_sharers = 10  # the first of ten consumers to come gets its tenth, not everything
+    assert budget.share == 1

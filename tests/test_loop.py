@@ -212,7 +212,7 @@ async def test_the_deadline_stops_a_hung_tool_and_fails_the_run():
     tools = [PythonTool(hang)]
     with ScriptedModelServer([Reply.tool_call("hang", {})]) as server:
         async with client_for(server) as client:
-            outcome = await run_task(ev.Task(agent="a", input="go", timeout_s=0.3), make_config(tools),
+            outcome = await run_task(ev.Task(agent="a", input="go", timeout_s=3), make_config(tools),
                                      client=client, adapter=get_adapter("openai"), tools=tools)  # fmt: skip
     failed = next(e for e in outcome.events if isinstance(e, ev.ToolFailed))
     assert failed.error.kind == "timeout"

@@ -176,6 +176,7 @@ class Host:
         stop = stop or anyio.Event()
         topology = await attach_topology(self.js)
         total = self.total_partitions = topology.partitions
+        self.budget.expected_sharers = total  # a fair share of the budget per partition it may serve
         self._served.replicas = topology.replicas  # a WorkQueue stream's consumers must match its replicas
         # started during a leader election: wait for NATS rather than fail
         await retrying(self._open_buckets, what=f"host {self.id}: opening its buckets", delay=OPEN_RETRY_S,

@@ -17,11 +17,14 @@ Back-pressure: with a `Budget`, each pull request asks for no more messages than
 handler, which releases it when the message's work is over. So the messages a host holds in memory stay
 within the budget however many wait in the stream, and whatever the number of consumers sharing it.
 
-Fairness: a request also asks for no more than the budget's fair share (`limit // consumers sharing
-it`). A pull request is open for up to `expires` seconds; without the cap, the first consumer to ask
-reserved the whole budget, and if its partition was idle it held every unit for the whole request and
-re-reserved them first when it ended, so the tasks of every other partition waited forever (a host
-with a budget of 256 and 16 partitions stalled with tasks in the stream).
+Fairness: a request also asks for no more than the budget's fair share: `limit // sharers`, where
+sharers is the most consumers that may share it (a host sets it to the stream's partition count, since
+its leases may hand it any of them) or those that joined, if more. A pull request is open for up to
+`expires` seconds; without the cap, the first consumer to ask reserved the whole budget, and if its
+partition was idle it held every unit for the whole request and re-reserved them first when it ended,
+so the tasks of the other partitions waited for whole request periods, or forever (a host with a budget
+of 256 and 16 partitions stalled with tasks in the stream). A cap from the consumers that joined so far
+is not enough: they join one at a time, and the first one alone would have taken everything.
 
 `fetch_batch` is `psub.fetch` for loops that pull a batch at a time (the workers): nats-py's `fetch` signals
 "nothing" three ways (its TimeoutError, ``[]``, a bare asyncio.TimeoutError) and raises 503 while a cluster
@@ -57,19 +60,21 @@ class Budget:
     `release`; `take` adds units without waiting (work that must not be refused, e.g. runs recovered at a
     takeover: the next pulls wait instead)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, expected_sharers: int = 1) -> None:
         if limit < 1:
             raise ValueError("a budget needs room for at least one unit")
         self.limit = limit
         self.used = 0
         self.peak = 0
         self.sharers = 0
+        self.expected_sharers = expected_sharers  # the most consumers that may come to share it
         self._room = anyio.Event()
 
     @property
     def share(self) -> int:
-        """The most one request may reserve: an equal part of the budget for each consumer sharing it."""
-        return max(1, self.limit // max(1, self.sharers))
+        """The most one request may reserve: an equal part of the budget for each consumer that shares
+        it or may come to."""
+        return max(1, self.limit // max(1, self.sharers, self.expected_sharers))
 
     def join(self) -> None:
         self.sharers += 1
