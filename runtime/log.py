@@ -27,7 +27,8 @@ Big payloads. An event whose encoding is over the payload threshold (`runtime.pa
 default, always below the server's max_payload) is stored whole in the object store and the log keeps
 a stub with a `PayloadRef` (`events.externalize`). `read` gives whole events back (digest-checked);
 `follow` yields events as stored unless asked to resolve, because a live view wants to be fast and a
-stub still says what happened. Objects are content-addressed, so a retried offload is a lookup.
+stub still says what happened. Objects are named per run and content-addressed within it
+(`runtime.payloads`), so a retried offload is a lookup and a purged run takes exactly its own objects.
 
 Reading uses an ordered push consumer in callback mode on the run's subjects (about 2.5x faster than
 fetching), bounded by the run's last stream sequence taken first with a direct get, so a read is a
@@ -158,7 +159,7 @@ class RunLog:
         data = ev.encode(event)
         if not self.payloads.is_big(data) or not ev.can_offload(event) or event.ref is not None:
             return data
-        ref = await self.payloads.put_bytes(ev.payload_bytes(event))
+        ref = await self.payloads.put_bytes(ev.payload_bytes(event), run=event.run_id)
         return ev.encode(ev.externalize(event, ref))
 
     async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
