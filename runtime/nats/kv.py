@@ -58,6 +58,7 @@ from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFo
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from runtime.nats.retention import DEFAULT_PAYLOADS_MAX_AGE_S, DEFAULT_PAYLOADS_MAX_BYTES
 from runtime.nats.subjects import (
     APPLIED_BUCKET,
     APPLIED_TTL_S,
@@ -215,12 +216,14 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig, *, atomic: bool = Fa
 
 
 async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectStore:
-    """The object store for payloads too big for an event (created on first use)."""
+    """The object store for payloads too big for an event (created on first use, with the default age
+    bound: `runtime.nats.retention`, which also applies configured bounds to it)."""
     try:
         return await js.object_store(PAYLOADS_BUCKET)
     except (BucketNotFoundError, NotFoundError):
         return await js.create_object_store(PAYLOADS_BUCKET, ObjectStoreConfig(
-            replicas=replicas, storage=StorageType.FILE))
+            replicas=replicas, storage=StorageType.FILE, ttl=DEFAULT_PAYLOADS_MAX_AGE_S or None,
+            max_bytes=DEFAULT_PAYLOADS_MAX_BYTES or -1))
 
 
 __all__ = ["KV_MAX_CONSUMERS", "KvEntry", "allow_atomic_writes", "applied_kv", "fleet_kv", "kv_entries",

@@ -102,6 +102,13 @@ ENV_VARS: dict[str, str] = {
                   "cluster); unset: keep what the streams have, 1 for new ones",
     "SA_PAYLOAD_THRESHOLD": "size above which tool outputs, model responses and task inputs go to the "
                             "object store (default 256kb; runtime.payloads)",
+    "SA_EVENTS_MAX_AGE": "`sa host`/`sa up`: how long EVENTS keeps an event (default 90d; 0: no bound; "
+                         "runtime.nats.retention)",
+    "SA_EVENTS_MAX_BYTES": "`sa host`/`sa up`: EVENTS size bound, oldest events dropped first "
+                           "(default: none)",
+    "SA_PAYLOADS_MAX_AGE": "`sa host`/`sa up`: how long the payloads object store keeps an object "
+                           "(default 90d)",
+    "SA_PAYLOADS_MAX_BYTES": "`sa host`/`sa up`: payloads object store size bound (default: none)",
     "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
     "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
     "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
