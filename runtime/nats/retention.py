@@ -181,7 +181,7 @@ async def ensure_retention(js: JetStreamContext, asked: Retention | None = None)
         if (_same(config.max_age, wanted.max_age) and (config.max_bytes or -1) == wanted.max_bytes
                 and MARKER in (config.metadata or {})):
             continue
-        log.info("%s: keeping messages %s, at most %s", stream, human_age(wanted.max_age or 0),
+        log.debug("%s: keeping messages %s, at most %s", stream, human_age(wanted.max_age or 0),
                  "unbounded" if wanted.max_bytes == -1 else f"{wanted.max_bytes:,} bytes")
         await js.update_stream(wanted)
     return bounds
