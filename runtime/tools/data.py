@@ -20,8 +20,9 @@ repetition harmless:
 * All of one job's writes land or none does: two or more go as one JetStream atomic batch (the bucket's
   stream allows them), and the server checks every write's expected revision at the commit. So a
   conflict on any write leaves every key as it was, and the re-run starts from a consistent workspace.
-  A batch costs one round trip and a disk sync at the commit (about 5 ms on one node, `bench/worker.py`);
-  a single write stays a plain publish. A path written twice in one result keeps its last content.
+  A batch costs one round trip and a disk sync at the commit (5 ms on an idle disk, up to ~30 ms on a
+  busy one, against ~0.5 ms for two plain publishes: `bench/worker.py --writes`); a single write stays a
+  plain publish. A path written twice in one result keeps its last content.
 
 Workspace files live in KV bucket `ws_<workspace>`; the key is the path under the mount (`/data/notes/a.txt`
 -> `notes/a.txt`); a path that is not a valid KV key is stored as `=` + base64url(path).
