@@ -22,7 +22,9 @@ EVENTS     ``events.<agent>.<run>.<kind...>``    Limits     the append-only even
                                                             host is the only writer of a run: each append
                                                             carries ``Nats-Expected-Last-Subject-Sequence``
                                                             plus ``...-Subject: events.<agent>.<run>.>``
-                                                            (`occ_headers`) and a Msg-Id.
+                                                            (`occ_headers`) and a Msg-Id. Bounded by
+                                                            age, 90 days by default
+                                                            (`runtime.nats.retention`).
 TOOLS      ``tools.<tool>``                      WorkQueue  tool jobs (`ToolJob`, Msg-Id ``<run>/<call>``),
                                                             one shared durable pull consumer ``workers``.
 RESULTS    ``results.<p>.<agent>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
