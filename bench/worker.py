@@ -2,6 +2,7 @@
 Monty-alone runs per second measured in the same run (the ratio is what the runtime costs).
 
     .venv/bin/python bench/worker.py [--jobs 3000] [--concurrency 16]
+    .venv/bin/python bench/worker.py --writes [--jobs 300]   # the cost of a job's workspace writes only
 
 End to end = publish `ToolJob`s to TOOLS (acked, with Msg-Id) -> worker process(es) fetch, run the .pym in
 Monty, publish `ToolOutcome`s to RESULTS -> this process consumes every outcome. The clock runs from the
@@ -116,11 +117,60 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait(30)
 
 
+async def workspace_writes(js, jobs: int) -> None:
+    """ms per job spent applying its workspace writes (`WorkspaceResultHandler.handle`, the marker
+    included), one job at a time: 1 write (a plain publish), 2 writes (one atomic batch), beside the same 2
+    writes as 2 plain revision-checked publishes (what a job paid before writes were atomic)."""
+    from runtime.jobs import ToolJob
+    from runtime.nats.kv import workspace_kv
+    from runtime.tools.data import JobContext, WorkspaceResultHandler
+
+    handler = WorkspaceResultHandler(js)
+    kv = await workspace_kv(js, "bench")
+
+    async def handled(n: int, tag: str) -> float:
+        revisions: dict[str, int] = {}
+        t0 = time.perf_counter()
+        for j in range(jobs):
+            job = ToolJob(run_id="r-bench", agent="a", call_id=f"r-bench/{tag}{j}", tool="t",
+                          workspace="bench")
+            ctx = JobContext(job, revisions=dict(revisions), complete=True)
+            await handler.handle("t", {"writes": [{"path": f"{tag}{i}.txt", "content": f"{j}"}
+                                                  for i in range(n)]}, ctx)
+            revisions = ctx.revisions
+        return (time.perf_counter() - t0) / jobs * 1e3
+
+    async def plain(n: int, tag: str) -> float:
+        revisions = {f"{tag}{i}": 0 for i in range(n)}
+        t0 = time.perf_counter()
+        for j in range(jobs):
+            for key in revisions:
+                ack = await js.publish(f"$KV.ws_bench.{key}", str(j).encode(),
+                                       headers={"Nats-Expected-Last-Subject-Sequence": str(revisions[key])})
+                revisions[key] = ack.seq
+        return (time.perf_counter() - t0) / jobs * 1e3
+
+    await kv.put("warm", b"")
+    print(f"workspace writes, {jobs} jobs one at a time        ms/job")
+    print(f"{'1 write (plain publish + marker)':<48}{await handled(1, 'one'):>8.2f}")
+    print(f"{'2 writes, one atomic batch (+ marker)':<48}{await handled(2, 'two'):>8.2f}")
+    print(f"{'baseline: 2 plain publishes, no marker':<48}{await plain(2, 'raw'):>8.2f}")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=16, help="jobs in flight per worker process")
+    ap.add_argument("--writes", action="store_true", help="only measure a job's workspace writes")
     args = ap.parse_args()
+
+    if args.writes:
+        with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
+            nc = await connect(server.url)
+            await ensure_topology(nc.jetstream(), partitions=1)
+            await workspace_writes(nc.jetstream(), min(args.jobs, 1000))
+            await close(nc)
+        return
 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
         tools = Path(tmp) / "add.pym"

@@ -6,6 +6,7 @@
     history = await log.read(run_id)                  # every event back, big payloads resolved
     async for event in log.follow(run_id): ...        # live, from the first event to the last
     copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
+    purged = await log.purge([run_id])                # a finished run deleted: events, payloads, index
 
 Where the events live: the JetStream stream EVENTS, one subject per event,
 `events.<actor>.<run>.<kind>`, msgpack (`runtime.events`). A run's `seq` is its own, 0-based and
@@ -27,7 +28,8 @@ Big payloads. An event whose encoding is over the payload threshold (`runtime.pa
 default, always below the server's max_payload) is stored whole in the object store and the log keeps
 a stub with a `PayloadRef` (`events.externalize`). `read` gives whole events back (digest-checked);
 `follow` yields events as stored unless asked to resolve, because a live view wants to be fast and a
-stub still says what happened. Objects are content-addressed, so a retried offload is a lookup.
+stub still says what happened. Objects are named per run and content-addressed within it
+(`runtime.payloads`), so a retried offload is a lookup and a purged run takes exactly its own objects.
 
 Reading uses an ordered push consumer in callback mode on the run's subjects (about 2.5x faster than
 fetching), bounded by the run's last stream sequence taken first with a direct get, so a read is a
@@ -53,6 +55,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.log_purge import Purged, purge_runs
 from runtime.nats import subjects as names
 from runtime.payloads import Payloads
 from runtime.types import Message, ToolCall
@@ -158,7 +161,7 @@ class RunLog:
         data = ev.encode(event)
         if not self.payloads.is_big(data) or not ev.can_offload(event) or event.ref is not None:
             return data
-        ref = await self.payloads.put_bytes(ev.payload_bytes(event))
+        ref = await self.payloads.put_bytes(ev.payload_bytes(event), run=event.run_id)
         return ev.encode(ev.externalize(event, ref))
 
     async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
@@ -240,6 +243,15 @@ class RunLog:
             await sub.unsubscribe()
             send.close()
 
+    # -- deleting --------------------------------------------------------------------------------------
+
+    async def purge(self, run_ids: list[str], *, dry_run: bool = False) -> list[Purged]:
+        """Delete each finished run of `run_ids`: its events, its payload objects and its `runs` index
+        entry; a run still in flight is skipped with the reason, never touched. With `dry_run`, report
+        what would go and delete nothing. One `Purged` per run, in order (`runtime.log_purge`)."""
+        return await purge_runs(self.js, self.payloads, list(run_ids), dry_run=dry_run,
+                                terminal_kinds=TERMINAL_KINDS)
+
     # -- copying ---------------------------------------------------------------------------------------
 
     async def copy_prefix(self, run_id: str, at_seq: int, new_run: str, *,
@@ -308,4 +320,4 @@ def _stream_seq(msg: Msg) -> int:
         return int(msg.metadata.sequence.stream)
 
 
-__all__ = ["LogRejected", "RunHistory", "RunLog", "Superseded", "rebased", "run_filter"]
+__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Superseded", "rebased", "run_filter"]

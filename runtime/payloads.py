@@ -1,7 +1,7 @@
 """Big payloads: values too large for a message travel through the JetStream object store `payloads`.
 
     payloads = Payloads(js)                       # threshold: SA_PAYLOAD_THRESHOLD or 256 KiB
-    value_or_ref = await payloads.offload(value)  # small: `value` unchanged; big: a PayloadRef
+    value_or_ref = await payloads.offload(value, run=run_id)  # small: unchanged; big: a PayloadRef
     value = await payloads.resolve(ref)           # the value back (digest-checked)
 
 Why: a NATS message is capped by the server's `max_payload` (1 MiB by default), and events stay small
@@ -9,11 +9,14 @@ so a run's history grows linearly and replays fast. So a value over the threshol
 object store (chunked in 128 KiB messages by nats-py) and the message carries a `PayloadRef` (name, size,
 digest) instead.
 
-Objects are content-addressed: the name is ``sha256-<hex>`` of the msgpack bytes. So offloading is
-idempotent (a worker or host that crashes and retries stores the same object under the same name, and
-an existing object is not uploaded again), and a reader can verify what it got against the digest in
-the ref. Objects are never deleted by the runtime: they live as long as the EVENTS stream that
-references them.
+Objects are named per run and content-addressed within it: ``<run>/sha256-<hex>`` of the msgpack bytes.
+So offloading is idempotent (a worker or host that crashes and retries stores the same object under the
+same name, and an existing object is not uploaded again), a reader can verify what it got against the
+digest in the ref, and no object is shared between runs: deleting a run's objects (`delete_run`, used by
+the run log's purge) can never break another run that produced the same bytes. Every writer knows the
+run (the host from the event, the worker from its job). Refs written before objects were named per run
+(``sha256-<hex>``, shared) are still read; a purge never deletes them, the store's age bound does
+(`runtime.nats.retention`).
 
 Who uses it:
 * the run log (`runtime.log`) stores a whole event over the threshold and keeps a stub in EVENTS;
@@ -27,9 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from nats.js import JetStreamContext
@@ -38,8 +42,8 @@ from nats.js.object_store import ObjectStore
 
 from runtime.events import PayloadRef
 from runtime.jobs import ScriptNote, ToolOutcome
-from runtime.nats.kv import payloads_store
-from runtime.nats.subjects import PAYLOADS_BUCKET
+from runtime.nats.kv import last_per_subject, payloads_store
+from runtime.nats.subjects import PAYLOADS_BUCKET, check_token
 from runtime.types import ToolResult
 
 log = logging.getLogger("runtime.payloads")
@@ -66,9 +70,16 @@ def threshold_from_env(env: dict[str, str] | None = None) -> int:
     return parse_size(raw, field=ENV_THRESHOLD)
 
 
-def object_name(data: bytes) -> str:
-    """The content address of `data` (what `PayloadRef.object_name` holds)."""
-    return "sha256-" + hashlib.sha256(data).hexdigest()
+def object_name(data: bytes, run: str) -> str:
+    """The name of `data` stored for `run` (what `PayloadRef.object_name` holds): the run, then the
+    content address of the bytes."""
+    return f"{check_token(run, 'run id')}/sha256-{hashlib.sha256(data).hexdigest()}"
+
+
+def run_of(name: str) -> str | None:
+    """The run an object belongs to (None: a shared object from before objects were named per run)."""
+    run, sep, _ = name.rpartition("/")
+    return run if sep else None
 
 
 def _digest(data: bytes) -> str:
@@ -105,9 +116,10 @@ class Payloads:
     def is_big(self, data: bytes) -> bool:
         return len(data) > self.threshold
 
-    async def put_bytes(self, data: bytes) -> PayloadRef:
-        """Store `data` (whatever its size) and return its ref; a no-op if the same bytes are stored."""
-        name = object_name(data)
+    async def put_bytes(self, data: bytes, *, run: str) -> PayloadRef:
+        """Store `data` (whatever its size) for `run` and return its ref; a no-op if the run stored the
+        same bytes already."""
+        name = object_name(data, run)
         store = await self.store()
         try:
             info = await store.get_info(name)
@@ -118,12 +130,13 @@ class Payloads:
         await store.put(name, data)
         return PayloadRef(object_name=name, size=len(data), digest=_digest(data))
 
-    async def offload(self, value: Any) -> Any:
-        """`value` itself when its msgpack encoding is within the threshold, else a `PayloadRef`."""
+    async def offload(self, value: Any, *, run: str) -> Any:
+        """`value` itself when its msgpack encoding is within the threshold, else a `PayloadRef` to it
+        stored for `run`."""
         data = _enc.encode(value)
         if not self.is_big(data):
             return value
-        return await self.put_bytes(data)
+        return await self.put_bytes(data, run=run)
 
     async def fetch(self, ref: PayloadRef) -> bytes:
         """The stored bytes of `ref`, checked against its size and digest."""
@@ -146,6 +159,34 @@ class Payloads:
             return ref
         return msgspec.msgpack.decode(await self.fetch(ref))
 
+    # -- deleting ------------------------------------------------------------------------------------------
+
+    async def objects_by_run(self) -> dict[str, list[StoredObject]]:
+        """Every stored object named for a run, grouped by run (shared legacy objects are left out). One
+        pass over the store's metadata, however many runs are asked about afterwards."""
+        await self.store()  # the bucket exists
+        stream = f"OBJ_{PAYLOADS_BUCKET}"
+        out: dict[str, list[StoredObject]] = {}
+        for msg in await last_per_subject(self.js, stream, f"$O.{PAYLOADS_BUCKET}.M.>"):
+            try:
+                meta = json.loads(msg.data)
+            except ValueError:
+                continue
+            name = meta.get("name", "")
+            if meta.get("deleted") or (run := run_of(name)) is None:
+                continue
+            size = int(meta.get("size") or 0)
+            out.setdefault(run, []).append(StoredObject(name, size, meta.get("nuid", ""), msg.subject))
+        return out
+
+    async def delete_objects(self, objects: list[StoredObject]) -> None:
+        """Remove `objects` entirely: their chunks and their metadata (no tombstone is left behind)."""
+        stream = f"OBJ_{PAYLOADS_BUCKET}"
+        for obj in objects:
+            if obj.nuid:
+                await self.js.purge_stream(stream, subject=f"$O.{PAYLOADS_BUCKET}.C.{obj.nuid}")
+            await self.js.purge_stream(stream, subject=obj.meta_subject)
+
     # -- tool outcomes ---------------------------------------------------------------------------------
 
     async def offload_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
@@ -156,7 +197,7 @@ class Payloads:
         if outcome.result.error is None and outcome.ref is None:
             data = _enc.encode(outcome.result.output)
             if self.is_big(data):
-                changes["ref"] = await self.put_bytes(data)
+                changes["ref"] = await self.put_bytes(data, run=outcome.run_id)
                 changes["result"] = ToolResult(output=None, duration_ms=outcome.result.duration_ms)
         notes = _cap_notes(outcome.notes, self.threshold)
         if notes is not outcome.notes:
@@ -170,6 +211,15 @@ class Payloads:
         output = msgspec.msgpack.decode(await self.fetch(outcome.ref))
         return msgspec.structs.replace(
             outcome, ref=None, result=ToolResult(output=output, duration_ms=outcome.result.duration_ms))
+
+
+class StoredObject(NamedTuple):
+    """One object of the store as listed: its name, size in bytes, chunk id and metadata subject."""
+
+    name: str
+    size: int
+    nuid: str
+    meta_subject: str
 
 
 def _cap_notes(notes: tuple[ScriptNote, ...], budget: int) -> tuple[ScriptNote, ...]:
@@ -198,5 +248,5 @@ def _cap_notes(notes: tuple[ScriptNote, ...], budget: int) -> tuple[ScriptNote, 
     return tuple(out)
 
 
-__all__ = ["DEFAULT_THRESHOLD", "ENV_THRESHOLD", "PayloadError", "Payloads", "object_name",
-           "threshold_from_env"]
+__all__ = ["DEFAULT_THRESHOLD", "ENV_THRESHOLD", "PayloadError", "Payloads", "StoredObject", "object_name",
+           "run_of", "threshold_from_env"]

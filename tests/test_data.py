@@ -112,3 +112,53 @@ async def test_writes_without_workspace_are_refused(js) -> None:
     with pytest.raises(WriteError, match="no workspace"):
         await WorkspaceResultHandler(js).handle("t", {"writes": [{"path": "a", "content": "x"}]},
                                                 JobContext(job(ws=None)))
+
+
+async def test_a_conflict_on_the_second_write_leaves_the_first_unapplied(js) -> None:
+    """All of one job's writes land or none does: the second write's file changed after the script read
+    it, so the job reports the conflict and the first file keeps its old content; re-run on fresh data,
+    the same job applies both."""
+    await ensure_topology(js)
+    kv = await workspace_kv(js, "w3")
+    await kv.put("a.txt", b"a0")
+    await kv.put("b.txt", b"b0")
+    provider, handler = WorkspaceDataProvider(js), WorkspaceResultHandler(js)
+    result = {"writes": [{"path": "a.txt", "content": "a1"}, {"path": "b.txt", "content": "b1"}]}
+
+    ctx = JobContext(job("3.0", ws="w3"))
+    await provider.load_files("t", {}, ctx)
+    await kv.put("b.txt", b"someone else")  # the second file changes after the script read it
+    with pytest.raises(WorkspaceConflict, match=r"b\.txt changed while t ran \(none of its 2 writes"):
+        await handler.handle("t", result, ctx)
+    assert (await kv.get("a.txt")).value == b"a0"  # the first write did not land either
+    assert (await kv.get("b.txt")).value == b"someone else"
+    assert await handler.recorded(ctx) is None
+    info = await js.stream_info("KV_ws_w3", subjects_filter=">")
+    assert write_count(info, "$KV.ws_w3.a.txt") == 1
+
+    fresh = JobContext(job("3.0", ws="w3"))  # the worker's retry: read again, write again
+    await provider.load_files("t", {}, fresh)
+    await handler.handle("t", result, fresh)
+    assert fresh.writes_applied == 2
+    assert [(await kv.get(k)).value for k in ("a.txt", "b.txt")] == [b"a1", b"b1"]
+    assert fresh.revisions["b.txt"] == fresh.revisions["a.txt"] + 1  # one batch: consecutive revisions
+
+    # the batch landed but its ack was lost (the marker too): the same job again is recognised as done
+    await (await applied_kv(js)).purge(handler._marker_key(fresh))
+    lost = JobContext(job("3.0", ws="w3"), revisions={"a.txt": 1, "b.txt": 3}, complete=True)
+    await handler.handle("t", result, lost)
+    info = await js.stream_info("KV_ws_w3", subjects_filter=">")
+    assert write_count(info, "$KV.ws_w3.a.txt") == 2 and write_count(info, "$KV.ws_w3.b.txt") == 3
+
+
+async def test_a_bucket_made_before_atomic_writes_is_upgraded_on_first_batch(js) -> None:
+    await ensure_topology(js)
+    await workspace_kv(js, "w4")
+    config = (await js.stream_info("KV_ws_w4")).config
+    config.allow_atomic = False  # as an older version created it
+    await js.update_stream(config)
+    assert not (await js.stream_info("KV_ws_w4")).config.allow_atomic
+    ctx = JobContext(job("4.0", ws="w4"), complete=True)
+    await WorkspaceResultHandler(js).handle(
+        "t", {"writes": [{"path": "x", "content": "1"}, {"path": "y", "content": "2"}]}, ctx)
+    assert ctx.writes_applied == 2 and (await js.stream_info("KV_ws_w4")).config.allow_atomic

@@ -44,19 +44,22 @@ async def test_small_values_stay_inline_and_big_ones_round_trip(js) -> None:
     await ensure_topology(js)
     p = Payloads(js)
     assert p.threshold == DEFAULT_THRESHOLD == 256 * 1024
-    assert await p.offload({"a": 1}) == {"a": 1}
+    assert await p.offload({"a": 1}, run="r1") == {"a": 1}
     assert await p.resolve({"a": 1}) == {"a": 1}  # not a ref: returned as is
 
     value = {"rows": [{"i": i, "text": f"row {i} " * 20} for i in range(3000)]}  # ~ 500 KB of msgpack
-    ref = await p.offload(value)
+    ref = await p.offload(value, run="r1")
     data = msgspec.msgpack.encode(value)
     assert isinstance(ref, PayloadRef) and ref.size == len(data) > p.threshold
-    assert ref.object_name == object_name(data) and ref.digest.startswith("sha256:")
+    assert ref.object_name == object_name(data, "r1") and ref.object_name.startswith("r1/sha256-")
+    assert ref.digest.startswith("sha256:")
     assert await p.resolve(ref) == value
 
     stored = await object_count(js)
-    assert await p.offload(value) == ref  # content-addressed: the same bytes are not stored twice
+    assert await p.offload(value, run="r1") == ref  # content-addressed: the same bytes are stored once
     assert await object_count(js) == stored
+    other = await p.offload(value, run="r2")  # ... per run: another run's copy is its own object
+    assert other.object_name.startswith("r2/") and await p.resolve(other) == value
 
     with pytest.raises(PayloadError, match="not in the 'payloads' object store"):
         await p.resolve(PayloadRef(object_name="sha256-" + "0" * 64, size=3, digest="sha256:00"))
@@ -66,8 +69,8 @@ async def test_small_values_stay_inline_and_big_ones_round_trip(js) -> None:
 
 async def test_the_threshold_is_configurable_and_fits_the_server(js, monkeypatch) -> None:
     await ensure_topology(js)
-    assert await Payloads(js, threshold=10).offload("x" * 20) != "x" * 20
-    assert await Payloads(js, threshold=100).offload("x" * 20) == "x" * 20
+    assert await Payloads(js, threshold=10).offload("x" * 20, run="r1") != "x" * 20
+    assert await Payloads(js, threshold=100).offload("x" * 20, run="r1") == "x" * 20
     monkeypatch.setenv("SA_PAYLOAD_THRESHOLD", "1kb")
     assert threshold_from_env() == 1024 and Payloads(js).threshold == 1024
     monkeypatch.setenv("SA_PAYLOAD_THRESHOLD", "lots")

@@ -30,6 +30,23 @@ from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_
 
 VERBOSE_HELP = "Log at INFO from the start (every partition taken, every run resumed)."
 
+# Retention (`runtime.nats.retention`): applied to the existing streams when a host starts. Unset: a stream
+# the runtime already bounded keeps its bounds, one never bounded gets the default.
+EventsMaxAge = Annotated[str | None, typer.Option(
+    "--events-max-age", envvar="SA_EVENTS_MAX_AGE", show_default=False,
+    help="How long EVENTS keeps an event: '90d', '12h', 0 for no bound [default: 90d, or what the stream "
+         "has]. An event older than this is deleted even if its run is still going; delete finished runs "
+         "with `sa runs purge`.")]
+EventsMaxBytes = Annotated[str | None, typer.Option(
+    "--events-max-bytes", envvar="SA_EVENTS_MAX_BYTES", show_default=False,
+    help="EVENTS size bound, '50gb'; the oldest events go first, whatever their run [default: none].")]
+PayloadsMaxAge = Annotated[str | None, typer.Option(
+    "--payloads-max-age", envvar="SA_PAYLOADS_MAX_AGE", show_default=False,
+    help="How long the payloads object store keeps a big payload [default: 90d, or what it has].")]
+PayloadsMaxBytes = Annotated[str | None, typer.Option(
+    "--payloads-max-bytes", envvar="SA_PAYLOADS_MAX_BYTES", show_default=False,
+    help="Payloads object store size bound; when full a new big payload is refused [default: none].")]
+
 # ---------------------------------------------------------------------------------------------------------
 # sa up
 # ---------------------------------------------------------------------------------------------------------
@@ -46,12 +63,21 @@ def up(
     partitions: Annotated[int, typer.Option(help="Task partitions (fixed when the streams are first "
                                                  "created).")] = 16,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
+    events_max_age: EventsMaxAge = None,
+    events_max_bytes: EventsMaxBytes = None,
+    payloads_max_age: PayloadsMaxAge = None,
+    payloads_max_bytes: PayloadsMaxBytes = None,
 ) -> None:
-    """Start everything on this machine: NATS, the local model (if needed), a host and N workers."""
+    """Start everything on this machine: NATS, the local model (if needed), a host and N workers.
+
+    Retention: EVENTS and the payload store keep 90 days by default, with no size bound (see the
+    --events-*/--payloads-* options); `sa runs purge` deletes finished runs.
+    """
     import anyio
 
     from runtime import nats as bus
 
+    retention = _retention(events_max_age, events_max_bytes, payloads_max_age, payloads_max_bytes)
     paths = bundle_paths(bundles)
     _setup_logging(verbose)
     from runtime.bundle import BundleError, load_bundle
@@ -109,6 +135,7 @@ def up(
                               "(Ctrl-C stops everything)")
                 _started()
 
+            await _apply_retention(url, retention, partitions)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_until_signal, stop, verbose)
                 await serve(url, agents, stop=stop, on_ready=ready, partitions=partitions)
@@ -170,11 +197,17 @@ def host(
                                                       "mailboxes; at the bound this host stops pulling "
                                                       "tasks.")] = 256,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
+    events_max_age: EventsMaxAge = None,
+    events_max_bytes: EventsMaxBytes = None,
+    payloads_max_age: PayloadsMaxAge = None,
+    payloads_max_bytes: PayloadsMaxBytes = None,
 ) -> None:
     """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.
 
     Start one or many, on any machine that reaches NATS: hosts share the task partitions by expiring
     leases (a fair share each), and take over the partitions, and unfinished runs, of a host that dies.
+    Retention: EVENTS and the payload store keep 90 days by default, with no size bound (see the
+    --events-*/--payloads-* options); `sa runs purge` deletes finished runs.
     """
     import anyio
 
@@ -182,6 +215,7 @@ def host(
     from runtime.host.leases import LeaseConfig
 
     url = resolve_nats(nats_url, "host")
+    retention = _retention(events_max_age, events_max_bytes, payloads_max_age, payloads_max_bytes)
     model_url = model_url or read_state().get("model_url")
     paths = bundle_paths(bundles)
     _setup_logging(verbose)
@@ -196,6 +230,7 @@ def host(
             _started()
 
         config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
+        await _apply_retention(url, retention, partitions)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop, verbose)
             stats = await serve(url, agents, stop=stop, on_ready=ready, config=config, partitions=partitions)
@@ -309,6 +344,33 @@ async def _status(url: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 # shared by the long-running processes
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _retention(events_max_age: str | None, events_max_bytes: str | None, payloads_max_age: str | None,
+               payloads_max_bytes: str | None) -> Any:
+    """The bounds the options (or their environment variables) ask for; exit 2 on a bad value."""
+    from runtime.nats.retention import Retention
+
+    try:
+        return Retention.parse(events_max_age=events_max_age, events_max_bytes=events_max_bytes,
+                               payloads_max_age=payloads_max_age, payloads_max_bytes=payloads_max_bytes)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+async def _apply_retention(url: str, retention: Any, partitions: int) -> Any:
+    """Create the topology if there is none, then put EVENTS and the payload store under `retention`."""
+    from runtime import nats as bus
+    from runtime.nats.retention import ensure_retention
+
+    nc = await bus.connect(url, name="sa-retention")
+    try:
+        js = nc.jetstream()
+        await bus.attach_topology(js, partitions=partitions, retention=retention)
+        return await ensure_retention(js, retention)
+    finally:
+        await bus.close(nc)
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -2,6 +2,8 @@
 
     sa send AGENT "task" [--follow]       publish a task, print its run id, optionally follow it live
     sa runs [AGENT]                       the runs index
+    sa runs purge --before DATE [--agent A] [--dry-run] [--json]
+                                          delete finished runs (events, payloads, index entries)
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
 
 Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the task was not stored (`send`: no
@@ -22,8 +24,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
-from runtime.cli.app import app
+from runtime.cli.app import PLAIN, app
 from runtime.cli.where import resolve_nats
 
 # ---------------------------------------------------------------------------------------------------------
@@ -156,20 +159,44 @@ async def _tasks_stream_exists(js: Any) -> bool:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@app.command()
+class _RunsGroup(TyperGroup):
+    """`sa runs [AGENT]` lists runs and `sa runs purge ...` purges them: a first word that names a
+    subcommand is that subcommand, not an agent."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:
+            super().parse_args(ctx, [])  # the listing's own parameters keep their defaults
+            ctx._protected_args, ctx.args = args[:1], args[1:]
+            return ctx.args
+        ctx.allow_interspersed_args = True  # the listing: `sa runs calc --json` as well as `--json calc`
+        return super().parse_args(ctx, args)
+
+
+runs_app = typer.Typer(cls=_RunsGroup, help="List runs from the runs index, newest first; `sa runs purge` "
+                                               "deletes finished runs.", **PLAIN)
+app.add_typer(runs_app, name="runs")
+
+
+def _matches(agent: str | None, ix: Any) -> bool:
+    return agent is None or ix.agent == agent or ix.agent.split(":")[0] == agent
+
+
+@runs_app.callback(invoke_without_command=True)
 def runs(
+    ctx: typer.Context,
     agent: Annotated[str | None, typer.Argument(help="Only this agent (bundle or bundle:instance).")] = None,
     limit: Annotated[int, typer.Option(help="The most recent N runs.")] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """List runs from the runs index, newest first."""
+    if ctx.invoked_subcommand is not None:
+        return
     import anyio
 
     url = resolve_nats(nats_url, "runs")
     rows = anyio.run(_list_runs, url, backend="asyncio")
-    if agent:
-        rows = [r for r in rows if r[1].agent == agent or r[1].agent.split(":")[0] == agent]
+    rows = [r for r in rows if _matches(agent, r[1])]
     rows = sorted(rows, key=lambda r: r[1].updated, reverse=True)[:limit]
     if as_json:
         import msgspec
@@ -202,6 +229,92 @@ async def _list_runs(url: str) -> list[tuple[str, Any]]:
         kv = await bus.runs_kv(nc.jetstream())
         return [(key, bus.RunIndex.decode(entry.value))
                 for key, entry in (await bus.kv_entries(kv)).items() if entry.value]
+    finally:
+        await bus.close(nc)
+
+
+@runs_app.command("purge")
+def purge(
+    before: Annotated[str, typer.Option("--before", help="Runs last updated before this: a date or time "
+                                                         "('2025-01-31', '2025-01-31T12:00', local time "
+                                                         "unless it says otherwise) or an age ('30d', "
+                                                         "'12h').")],
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's runs (bundle or "
+                                                              "bundle:instance).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be deleted; delete "
+                                                            "nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+    nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
+) -> None:
+    """Delete finished runs: their events, their big payloads and their index entries.
+
+    A run still in flight (its last event not terminal, its index entry not ended, or an active entry a
+    host would resume) is skipped and listed with the reason, never deleted.
+    """
+    import anyio
+
+    try:
+        cutoff = parse_before(before)
+    except ValueError as e:
+        typer.echo(f"sa runs purge: {e}", err=True)
+        raise typer.Exit(2) from None
+    url = resolve_nats(nats_url, "runs purge")
+    reports = anyio.run(_purge, url, cutoff, agent, dry_run, backend="asyncio")
+    done = [r for r in reports if r.skipped is None]
+    skipped = [r for r in reports if r.skipped is not None]
+    events = sum(r.events for r in done)
+    objects = sum(len(r.objects) for r in done)
+    if as_json:
+        import dataclasses
+
+        print(json.dumps({"before": cutoff, "dry_run": dry_run, "deleted": len(done), "skipped": len(skipped),
+                          "events": events, "objects": objects,
+                          "runs": [dataclasses.asdict(r) for r in reports]}, indent=2))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for r in done:
+        typer.echo(f"{verb} {r.run_id} ({r.actor or '?'}, {r.status or 'no events left'}): {r.events} "
+                   f"event(s), {len(r.objects)} payload object(s) ({r.object_bytes:,} bytes)"
+                   f"{', index entry' if r.index else ''}")
+    for r in skipped:
+        typer.echo(f"skipped {r.run_id} ({r.actor or '?'}): {r.skipped}")
+    typer.echo(f"{'dry run: ' if dry_run else ''}{verb} {len(done)} run(s): {events} event(s), {objects} "
+               f"payload object(s); skipped {len(skipped)} in flight")
+
+
+def parse_before(text: str, now: float | None = None) -> float:
+    """Unix time from an ISO date or time (naive: local time) or an age back from now ('30d', '12h')."""
+    import datetime
+    import time
+
+    from runtime.nats.retention import parse_age
+
+    try:
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        pass
+    try:
+        age = parse_age(text, "--before")
+    except ValueError:
+        raise ValueError(f"--before {text!r}: use a date ('2025-01-31'), a time ('2025-01-31T12:00') or an "
+                         "age ('30d', '12h')") from None
+    return (time.time() if now is None else now) - age
+
+
+async def _purge(url: str, cutoff: float, agent: str | None, dry_run: bool) -> list[Any]:
+    """The runs the index lists as last updated before `cutoff` (of `agent`), oldest first, purged by the
+    run log (which skips any still in flight)."""
+    from runtime import nats as bus
+    from runtime.log import RunLog
+
+    nc = await bus.connect(url, name="sa-runs-purge", max_reconnect_attempts=3)
+    try:
+        js = nc.jetstream()
+        kv = await bus.runs_kv(js)
+        rows = [(key, bus.RunIndex.decode(entry.value)) for key, entry in (await bus.kv_entries(kv)).items()
+                if entry.value]
+        chosen = sorted((ix.updated, key) for key, ix in rows if ix.updated < cutoff and _matches(agent, ix))
+        return await RunLog(js).purge([key for _, key in chosen], dry_run=dry_run)
     finally:
         await bus.close(nc)
 

@@ -273,7 +273,7 @@ class RunDriver:
             if turn is not None and call.id not in turn.called:
                 await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
                 progressed = True
-            arguments = await self.log.payloads.offload(dict(call.arguments))  # big: a PayloadRef
+            arguments = await self.log.payloads.offload(dict(call.arguments), run=self.run_id)  # big: a ref
             by_ref = isinstance(arguments, ev.PayloadRef)
             jobs.append(ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
                                 arguments={} if by_ref else arguments,

@@ -29,18 +29,21 @@ The buckets:
     partition N over scans only that partition's unfinished runs (`active_filter`), never the whole
     ``runs`` index. Removed with a purge whose marker expires (`ACTIVE_PURGE_TTL_S`).
 
-* object store ``payloads``: payloads too big for an event (`runtime.payloads`).
+* object store ``payloads``: payloads too big for an event (`runtime.payloads`), named per run and
+  bounded by age (`runtime.nats.retention`); a purged run's objects are deleted with it (`runtime.log_purge`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import nats
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -56,6 +59,7 @@ from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFo
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from runtime.nats.retention import DEFAULT_PAYLOADS_MAX_AGE_S, DEFAULT_PAYLOADS_MAX_BYTES
 from runtime.nats.subjects import (
     APPLIED_BUCKET,
     APPLIED_TTL_S,
@@ -83,9 +87,18 @@ async def applied_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
 
 
 async def workspace_kv(js: JetStreamContext, workspace: str, *, replicas: int = 1) -> KeyValue:
-    """The bucket of one workspace (created on first use; history 5 so a bad write can be inspected)."""
+    """The bucket of one workspace (created on first use; history 5 so a bad write can be inspected).
+    Its stream allows atomic batches: one tool call's writes to several keys land together or not at all
+    (`allow_atomic_writes` turns it on for a bucket made by an older version)."""
     return await _kv(js, KeyValueConfig(bucket=workspace_bucket(workspace), history=5, replicas=replicas,
-                                        storage=StorageType.FILE, direct=True))
+                                        storage=StorageType.FILE, direct=True), atomic=True)
+
+
+async def allow_atomic_writes(js: JetStreamContext, workspace: str) -> None:
+    """Let the workspace bucket's stream take atomic batches (a no-op if it already does)."""
+    info = await js.stream_info(f"KV_{workspace_bucket(workspace)}")
+    if not info.config.allow_atomic:
+        await js.update_stream(dataclasses.replace(info.config, allow_atomic=True))
 
 
 async def fleet_kv(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> KeyValue:
@@ -141,11 +154,27 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) ->
     """
     js: JetStreamContext = kv._js  # nats-py keeps these on the bucket handle
     stream, prefix = kv._stream, kv._pre
+    out: dict[str, KvEntry] = {}
+    for msg in await last_per_subject(js, stream, prefix + keys):
+        headers = msg.headers or {}
+        op = headers.get("KV-Operation")
+        if op is None and headers.get("Nats-Marker-Reason"):
+            op = "DEL" if headers["Nats-Marker-Reason"] == "Remove" else "PURGE"
+        entry = KvEntry(key=msg.subject[len(prefix):], value=msg.data, operation=op,
+                        revision=msg.metadata.sequence.stream, created=msg.metadata.timestamp)
+        if deleted or op is None:
+            out[entry.key] = entry
+    return out
+
+
+async def last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> list[Msg]:
+    """The last message of every subject of `stream` matching `subjects`, read exactly: an ephemeral pull
+    consumer (last per subject) says at creation how many there are, and exactly that many are read."""
     name = "kvls-" + os.urandom(8).hex()
     info = await js.add_consumer(stream, ConsumerConfig(
-        name=name, filter_subject=prefix + keys, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        name=name, filter_subject=subjects, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
         ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1, inactive_threshold=30.0))
-    out: dict[str, KvEntry] = {}
+    out: list[Msg] = []
     try:
         left = info.num_pending or 0
         if left:
@@ -154,15 +183,7 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) ->
                 while left > 0:
                     for msg in await psub.fetch(batch=min(left, 1000), timeout=5.0):
                         left -= 1
-                        headers = msg.headers or {}
-                        op = headers.get("KV-Operation")
-                        if op is None and headers.get("Nats-Marker-Reason"):
-                            op = "DEL" if headers["Nats-Marker-Reason"] == "Remove" else "PURGE"
-                        entry = KvEntry(key=msg.subject[len(prefix):], value=msg.data, operation=op,
-                                        revision=msg.metadata.sequence.stream,
-                                        created=msg.metadata.timestamp)
-                        if deleted or op is None:
-                            out[entry.key] = entry
+                        out.append(msg)
                         if msg.metadata.num_pending == 0:
                             left = 0
             finally:
@@ -173,7 +194,7 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) ->
     return out
 
 
-async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+async def _kv(js: JetStreamContext, config: KeyValueConfig, *, atomic: bool = False) -> KeyValue:
     """The bucket, created on first use as nats-py's `create_key_value` would, except for `max_consumers`:
     nats-py leaves it at -1, which server 2.15 caps at 1,000, and every `watch`/`history` leaves an
     ordered consumer behind for its inactive threshold (5 min): a busy workspace bucket hit the cap in
@@ -187,7 +208,7 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         allow_rollup_hdrs=True, allow_msg_ttl=True, deny_delete=True, discard=DiscardPolicy.NEW,
         duplicate_window=min(120.0, config.ttl) if config.ttl else 120.0, max_age=config.ttl,
         max_msgs=-1, max_msgs_per_subject=config.history, num_replicas=config.replicas,
-        storage=config.storage, max_consumers=KV_MAX_CONSUMERS)
+        storage=config.storage, max_consumers=KV_MAX_CONSUMERS, allow_atomic=atomic or None)
     try:
         await js.add_stream(stream)
     except nats.js.errors.BadRequestError:
@@ -196,13 +217,15 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
 
 
 async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectStore:
-    """The object store for payloads too big for an event (created on first use)."""
+    """The object store for payloads too big for an event (created on first use, with the default age
+    bound: `runtime.nats.retention`, which also applies configured bounds to it)."""
     try:
         return await js.object_store(PAYLOADS_BUCKET)
     except (BucketNotFoundError, NotFoundError):
         return await js.create_object_store(PAYLOADS_BUCKET, ObjectStoreConfig(
-            replicas=replicas, storage=StorageType.FILE))
+            replicas=replicas, storage=StorageType.FILE, ttl=DEFAULT_PAYLOADS_MAX_AGE_S or None,
+            max_bytes=DEFAULT_PAYLOADS_MAX_BYTES or -1))
 
 
-__all__ = ["KV_MAX_CONSUMERS", "KvEntry", "applied_kv", "fleet_kv", "kv_entries", "payloads_store", "put_kv",
-           "runs_kv", "workspace_kv"]
+__all__ = ["KV_MAX_CONSUMERS", "KvEntry", "allow_atomic_writes", "applied_kv", "fleet_kv", "kv_entries",
+           "last_per_subject", "payloads_store", "put_kv", "runs_kv", "workspace_kv"]

@@ -22,7 +22,9 @@ EVENTS     ``events.<agent>.<run>.<kind...>``    Limits     the append-only even
                                                             host is the only writer of a run: each append
                                                             carries ``Nats-Expected-Last-Subject-Sequence``
                                                             plus ``...-Subject: events.<agent>.<run>.>``
-                                                            (`occ_headers`) and a Msg-Id.
+                                                            (`occ_headers`) and a Msg-Id. Bounded by
+                                                            age, 90 days by default
+                                                            (`runtime.nats.retention`).
 TOOLS      ``tools.<tool>``                      WorkQueue  tool jobs (`ToolJob`, Msg-Id ``<run>/<call>``),
                                                             one shared durable pull consumer ``workers``.
 RESULTS    ``results.<p>.<agent>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
@@ -83,6 +85,14 @@ HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
+# Atomic batch publish (streams with `allow_atomic`): every message of a batch carries the batch id and its
+# 1-based position; the last one also carries the commit marker, and only its reply is a publish ack.
+HDR_BATCH_ID = "Nats-Batch-Id"
+HDR_BATCH_SEQ = "Nats-Batch-Sequence"
+HDR_BATCH_COMMIT = "Nats-Batch-Commit"
+BATCH_MAX_MESSAGES = 1000  # the server's cap on messages in one atomic batch
+ERR_ATOMIC_DISABLED = 10174  # "atomic publish is disabled": the stream lacks `allow_atomic`
+ERR_BATCH_DUPLICATE_MSG_ID = 10201  # a batch message's Msg-Id is stored already: the batch landed before
 
 _BAD_TOKEN_CHARS = frozenset(".*> \t\r\n")
 
@@ -94,6 +104,13 @@ ENV_VARS: dict[str, str] = {
                   "cluster); unset: keep what the streams have, 1 for new ones",
     "SA_PAYLOAD_THRESHOLD": "size above which tool outputs, model responses and task inputs go to the "
                             "object store (default 256kb; runtime.payloads)",
+    "SA_EVENTS_MAX_AGE": "`sa host`/`sa up`: how long EVENTS keeps an event (default 90d; 0: no bound; "
+                         "runtime.nats.retention)",
+    "SA_EVENTS_MAX_BYTES": "`sa host`/`sa up`: EVENTS size bound, oldest events dropped first "
+                           "(default: none)",
+    "SA_PAYLOADS_MAX_AGE": "`sa host`/`sa up`: how long the payloads object store keeps an object "
+                           "(default 90d)",
+    "SA_PAYLOADS_MAX_BYTES": "`sa host`/`sa up`: payloads object store size bound (default: none)",
     "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
     "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
     "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
@@ -236,13 +253,15 @@ def result_consumer_name(partition: int) -> str:
 
 
 __all__ = [
-    "ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "APPLIED_BUCKET", "APPLIED_TTL_S", "DEFAULT_PARTITIONS",
-    "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING", "DEFAULT_TOOL_MAX_DELIVER", "DLQ",
-    "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_WRONG_LAST_SEQUENCE", "EVENTS",
-    "HDR_EXPECTED_SUBJECT_SEQ", "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET",
-    "LEASES_BUCKET", "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "TASKS", "TOOLS", "WORKERS_BUCKET",
-    "WORKERS_CONSUMER", "active_filter", "active_key", "agent_of_task_subject", "check_token", "dlq_subject",
-    "event_subject", "job_msg_id", "lease_key", "occ_headers", "partition_of", "result_consumer_name",
-    "result_filter", "result_subject", "run_events_filter", "task_consumer_name", "task_filter",
-    "task_subject", "tool_subject", "workspace_bucket",
+    "ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "APPLIED_BUCKET", "APPLIED_TTL_S", "BATCH_MAX_MESSAGES",
+    "DEFAULT_PARTITIONS", "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING",
+    "DEFAULT_TOOL_MAX_DELIVER", "DLQ", "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS",
+    "ERR_ATOMIC_DISABLED", "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS",
+    "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
+    "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET", "PAYLOADS_BUCKET",
+    "RESULTS", "RUNS_BUCKET", "TASKS", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "active_filter",
+    "active_key", "agent_of_task_subject", "check_token", "dlq_subject", "event_subject", "job_msg_id",
+    "lease_key", "occ_headers", "partition_of", "result_consumer_name", "result_filter", "result_subject",
+    "run_events_filter", "task_consumer_name", "task_filter", "task_subject", "tool_subject",
+    "workspace_bucket",
 ]

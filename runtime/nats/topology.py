@@ -42,6 +42,13 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime.nats.kv import applied_kv, fleet_kv, payloads_store, runs_kv
+from runtime.nats.retention import (
+    DEFAULT_RETENTION,
+    Retention,
+    bounded,
+    ensure_retention,
+    resolve_retention,
+)
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
     ACTIVE_BUCKET,
@@ -84,8 +91,10 @@ def _tasks_transform(partitions: int) -> SubjectTransform:
     return SubjectTransform(src="agents.*.tasks", dest=dest)
 
 
-def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS) -> list[StreamConfig]:
-    """The five streams of the runtime (pure data: tests and `sa status` compare against it)."""
+def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
+                   retention: Retention = DEFAULT_RETENTION) -> list[StreamConfig]:
+    """The five streams of the runtime (pure data: tests and `sa status` compare against it). EVENTS is
+    bounded by `retention` (`runtime.nats.retention`: 90 days, no size bound, by default)."""
     common: dict[str, Any] = {"storage": StorageType.FILE, "num_replicas": replicas,
                               "duplicate_window": DUPLICATE_WINDOW_S}
     consumers = max(1024, 4 * partitions + 64)  # partitions + replay/ops consumers, never the 1000 default
@@ -93,8 +102,9 @@ def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS) -
         StreamConfig(name=TASKS, subjects=["agents.*.tasks"], retention=RetentionPolicy.WORK_QUEUE,
                      subject_transform=_tasks_transform(partitions), max_consumers=consumers,
                      metadata={"partitions": str(partitions)}, **common),
-        StreamConfig(name=EVENTS, subjects=["events.>"], retention=RetentionPolicy.LIMITS,
-                     allow_direct=True, allow_atomic=True, max_consumers=10_000, **common),
+        bounded(StreamConfig(name=EVENTS, subjects=["events.>"], retention=RetentionPolicy.LIMITS,
+                             allow_direct=True, allow_atomic=True, max_consumers=10_000, **common),
+                retention.events_max_age, retention.events_max_bytes),
         StreamConfig(name=TOOLS, subjects=["tools.*"], retention=RetentionPolicy.WORK_QUEUE,
                      max_consumers=256, **common),
         StreamConfig(name=RESULTS, subjects=["results.>"], retention=RetentionPolicy.WORK_QUEUE,
@@ -154,12 +164,14 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
                           partitions: int = DEFAULT_PARTITIONS,
                           tool_ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
                           tool_max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
-                          tool_max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING) -> Topology:
+                          tool_max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING,
+                          retention: Retention | None = None) -> Topology:
     """Create or update every stream, the `workers` consumer, every KV bucket and the `payloads` store.
 
     Idempotent: every host and worker calls it at start, in any order, concurrently. `replicas=None`
     resolves through `topology_replicas` (SA_REPLICAS, else keep the existing count); an existing TASKS
-    stream keeps its partition count whatever `partitions` says.
+    stream keeps its partition count whatever `partitions` says; EVENTS and the payload store keep the
+    bounds they have unless `retention` asks for others (`runtime.nats.retention`).
     """
     if partitions < 1:
         raise ValueError("partitions must be ≥ 1")
@@ -172,7 +184,8 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
         log.warning("TASKS has %d partitions; keeping them (asked for %d: drain and delete TASKS to change)",
                     existing, partitions)
         partitions = existing
-    for config in stream_configs(replicas=replicas, partitions=partitions):
+    bounds = await resolve_retention(js, retention)  # before any update: never reset a stream's bounds
+    for config in stream_configs(replicas=replicas, partitions=partitions, retention=bounds):
         await _ensure_stream(js, config)
     await ensure_consumer(js, TOOLS, workers_consumer_config(
         ack_wait=tool_ack_wait, max_deliver=tool_max_deliver, max_ack_pending=tool_max_ack_pending,
@@ -182,6 +195,7 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
     for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET):
         await fleet_kv(js, bucket, replicas=replicas)
     await payloads_store(js, replicas=replicas)
+    await ensure_retention(js, bounds)  # the payload store's bounds
     return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
 
 

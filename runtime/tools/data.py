@@ -17,9 +17,12 @@ repetition harmless:
   job finds it and replays that output instead of running again: re-running would read its own writes
   and could answer differently ("entry already exists").
 
-Known limit: several writes of one job are applied one by one, not atomically; a conflict on the second
-after the first landed leaves the first applied (reported in the failure message). Atomic batches
-(server 2.12+) are the upgrade path.
+* All of one job's writes land or none does: two or more go as one JetStream atomic batch (the bucket's
+  stream allows them), and the server checks every write's expected revision at the commit. So a
+  conflict on any write leaves every key as it was, and the re-run starts from a consistent workspace.
+  A batch costs one round trip and a disk sync at the commit (5 ms on an idle disk, up to ~30 ms on a
+  busy one, against ~0.5 ms for two plain publishes: `bench/worker.py --writes`); a single write stays a
+  plain publish. A path written twice in one result keeps its last content.
 
 Workspace files live in KV bucket `ws_<workspace>`; the key is the path under the mount (`/data/notes/a.txt`
 -> `notes/a.txt`); a path that is not a valid KV key is stored as `=` + base64url(path).
@@ -28,7 +31,9 @@ Workspace files live in KV bucket `ws_<workspace>`; the key is the path under th
 from __future__ import annotations
 
 import base64
+import json
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +41,25 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 
 from runtime.events import PayloadRef
 from runtime.jobs import ToolJob
-from runtime.nats.kv import applied_kv, kv_entries, workspace_kv
+from runtime.nats.kv import allow_atomic_writes, applied_kv, kv_entries, workspace_kv
 from runtime.nats.subjects import (
+    BATCH_MAX_MESSAGES,
+    ERR_ATOMIC_DISABLED,
+    ERR_BATCH_DUPLICATE_MSG_ID,
     ERR_WRONG_LAST_SEQUENCE,
+    HDR_BATCH_COMMIT,
+    HDR_BATCH_ID,
+    HDR_BATCH_SEQ,
     HDR_EXPECTED_SUBJECT_SEQ,
     HDR_MSG_ID,
     workspace_bucket,
@@ -51,6 +68,7 @@ from runtime.payloads import Payloads
 
 DEFAULT_MOUNT = "/data"
 HDR_JOB = "Sa-Job"
+BATCH_TIMEOUT_S = 10.0
 
 Files = dict[str, str | bytes]
 
@@ -280,37 +298,23 @@ class WorkspaceResultHandler:
         return self.payloads
 
     async def handle(self, tool_name: str, result: Any, context: JobContext) -> None:
-        writes = parse_writes(result, self.mount)
+        writes = list(dict(parse_writes(result, self.mount)).items())  # a path written twice: its last
         if not writes:
             return
         workspace = context.job.workspace or self.default_workspace
         if workspace is None:
             raise WriteError(f"{tool_name} returned {len(writes)} write(s) but the call has no workspace")
+        if len(writes) > BATCH_MAX_MESSAGES:
+            raise WriteError(f"{tool_name} returned {len(writes)} writes; one call may write at most "
+                             f"{BATCH_MAX_MESSAGES} files (they are applied as one atomic batch)")
         if (prior := await self.recorded(context)) is not None:  # a concurrent or earlier attempt did it
             context.writes_applied = prior.writes
             return
-        bucket = workspace_bucket(workspace)
         await workspace_kv(self.js, workspace)
-        job_id = context.job.msg_id
-        for i, (path, content) in enumerate(writes):
-            subject = f"$KV.{bucket}.{key_for_path(path)}"
-            headers = {HDR_MSG_ID: f"{job_id}#{i}", HDR_JOB: f"{job_id}#{i}"}
-            expected = context.revisions.get(path, 0 if context.complete else None)
-            if expected is not None:
-                headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expected)
-            try:
-                ack = await self.js.publish(subject, content, headers=headers)
-            except BadRequestError as e:
-                if e.err_code != ERR_WRONG_LAST_SEQUENCE:
-                    raise
-                if not await self._written_by(bucket, subject, f"{job_id}#{i}"):
-                    done = f" ({i} earlier write(s) of this call were applied)" if i else ""
-                    raise WorkspaceConflict(f"{path} changed while {tool_name} ran{done}") from None
-            else:
-                context.revisions[path] = ack.seq
+        await self._apply(tool_name, workspace, writes, context)
         context.writes_applied = len(writes)
         applied = await applied_kv(self.js)
-        kept = await self._payloads().offload(result)  # a PayloadRef when too big for a KV value
+        kept = await self._payloads().offload(result, run=context.run_id)  # a PayloadRef if too big for KV
         recorded = Recorded(output=None, writes=len(writes), ref=kept) if isinstance(kept, PayloadRef) \
             else Recorded(output=result, writes=len(writes))
         marker = msgspec.msgpack.encode(recorded)
@@ -318,6 +322,77 @@ class WorkspaceResultHandler:
             await applied.create(self._marker_key(context), marker)
         except KeyWrongLastSequenceError:
             pass  # already there: a concurrent attempt of the same job recorded it
+
+    async def _apply(self, tool_name: str, workspace: str, writes: list[tuple[str, bytes]],
+                     context: JobContext) -> None:
+        """Write every file or none: one publish for one file, one atomic batch for more. Raises
+        `WorkspaceConflict` naming the files that changed since the script read them."""
+        bucket = workspace_bucket(workspace)
+        job_id = context.job.msg_id
+        messages: list[tuple[str, bytes, dict[str, str]]] = []
+        for i, (path, content) in enumerate(writes):
+            headers = {HDR_MSG_ID: f"{job_id}#{i}", HDR_JOB: f"{job_id}#{i}"}
+            expected = context.revisions.get(path, 0 if context.complete else None)
+            if expected is not None:
+                headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expected)
+            messages.append((f"$KV.{bucket}.{key_for_path(path)}", content, headers))
+        try:
+            if len(messages) == 1:
+                subject, content, headers = messages[0]
+                last = (await self.js.publish(subject, content, headers=headers)).seq
+            else:
+                try:
+                    last = await self._publish_batch(messages)
+                except BadRequestError as e:
+                    if e.err_code != ERR_ATOMIC_DISABLED:
+                        raise
+                    await allow_atomic_writes(self.js, workspace)  # a bucket made by an older version
+                    last = await self._publish_batch(messages)
+        except BadRequestError as e:
+            if e.err_code not in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
+                raise
+            # refused as a whole: either an earlier attempt of this job landed it (its ack was lost), or
+            # a file changed since the script read it; all-or-none means one of ours shows the first
+            mine = [await self._written_by(bucket, subject, headers[HDR_JOB])
+                    for subject, _, headers in messages]
+            if e.err_code == ERR_BATCH_DUPLICATE_MSG_ID or any(mine):
+                return
+            changed = [path for (path, _), (subject, _, headers) in zip(writes, messages, strict=True)
+                       if await self._changed(bucket, subject, headers.get(HDR_EXPECTED_SUBJECT_SEQ))]
+            what = ", ".join(changed or [p for p, _ in writes])
+            none = f" (none of its {len(writes)} writes was applied)" if len(writes) > 1 else ""
+            raise WorkspaceConflict(f"{what} changed while {tool_name} ran{none}") from None
+        for i, (path, _) in enumerate(writes):  # a batch's messages have consecutive stream sequences
+            context.revisions[path] = last - len(writes) + 1 + i
+
+    async def _publish_batch(self, messages: list[tuple[str, bytes, dict[str, str]]]) -> int:
+        """Publish `messages` as one atomic batch; the stream sequence of the last. Only the commit asks
+        for a reply: the server answers it with the batch's publish ack or the error that refused it
+        (a failed revision check on any message refuses them all)."""
+        nc = self.js._nc  # nats-py keeps the connection on the context; a batch is plain core publishes
+        batch = uuid.uuid4().hex
+        for n, (subject, content, headers) in enumerate(messages, 1):
+            headers = {**headers, HDR_BATCH_ID: batch, HDR_BATCH_SEQ: str(n)}
+            if n < len(messages):
+                await nc.publish(subject, content, headers=headers)
+                continue
+            headers[HDR_BATCH_COMMIT] = "1"
+            reply = json.loads((await nc.request(subject, content, headers=headers,
+                                                 timeout=BATCH_TIMEOUT_S)).data)
+            if "error" in reply:
+                APIError.from_error(reply["error"])  # raises the error's own class (400: BadRequestError)
+            return int(reply["seq"])
+        raise AssertionError("unreachable: a batch has at least one message")
+
+    async def _changed(self, bucket: str, subject: str, expected: str | None) -> bool:
+        """True if the file's last revision is not the one the script read."""
+        if expected is None:
+            return False
+        try:
+            msg = await self.js.get_last_msg(f"KV_{bucket}", subject, direct=True)
+        except NotFoundError:
+            return expected != "0"
+        return str(msg.seq) != expected
 
     async def _written_by(self, bucket: str, subject: str, write_id: str) -> bool:
         try:
