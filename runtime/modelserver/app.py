@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.modelserver.engine import Delta, SamplingParams
+from runtime.modelserver.generation import GenerationWorker, Job, QueueFull
 from runtime.modelserver.grammar import GrammarCache, constraint_for
 from runtime.modelserver.protocol import ChatCompletionRequest, RequestError, parse_chat_request
-from runtime.modelserver.worker import GenerationWorker, Job, QueueFull
 
 log = logging.getLogger("runtime.modelserver")
 
