@@ -7,7 +7,7 @@ each `bundle:instance` — shares it: actors are cheap because all they own is a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.bundle import Bundle
@@ -24,14 +24,19 @@ class AgentRuntime:
     config: KernelConfig
     step: ModelStep
     client: ModelClient
+    _job_limits: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
         return self.bundle.name
 
     def job_limits(self, tool: str) -> dict[str, Any]:
-        """The resolved per-tool limits a tool job carries (bundle global merged with the tool's own)."""
-        return self.bundle.limits_for(tool).to_dict()
+        """The resolved per-tool limits a tool job carries (bundle global merged with the tool's own),
+        worked out once per tool: every job of the tool carries the same dict."""
+        limits = self._job_limits.get(tool)
+        if limits is None:
+            limits = self._job_limits[tool] = self.bundle.limits_for(tool).to_dict()
+        return limits
 
     def tool_digest(self, tool: str) -> str:
         resolved = self.bundle.tools.get(tool)

@@ -278,8 +278,9 @@ class RunDriver:
             jobs.append(ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
                                 arguments={} if by_ref else arguments,
                                 arguments_ref=arguments if by_ref else None, partition=self.partition,
-                                limits=self._job_limits(call.name), workspace=self.agent.bundle.workspace,
-                                deadline=effect.deadline, tool_digest=self.agent.tool_digest(call.name)))
+                                limits=self.agent.job_limits(call.name),
+                                workspace=self.agent.bundle.workspace, deadline=effect.deadline,
+                                tool_digest=self.agent.tool_digest(call.name)))
         if not jobs:
             return progressed
         await self._flush()
@@ -294,14 +295,6 @@ class RunDriver:
                 raise group.exceptions[0] from None
         self.in_flight.update(job.call_id for job in jobs)
         return progressed
-
-    def _job_limits(self, tool: str) -> dict[str, Any]:
-        """`AgentRuntime.job_limits`, computed once per tool and agent (a pydantic dump per job otherwise)."""
-        cache = _LIMITS.setdefault(id(self.agent), (self.agent, {}))[1]
-        limits = cache.get(tool)
-        if limits is None:
-            limits = cache[tool] = self.agent.job_limits(tool)
-        return limits
 
     async def _publish_job(self, job: ToolJob) -> None:
         """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same
@@ -350,8 +343,6 @@ class RunDriver:
                                               f"{error}"))
 
 
-# job limits per agent runtime (keyed by id, the runtime kept alive beside it) and tool
-_LIMITS: dict[int, tuple[AgentRuntime, dict[str, dict[str, Any]]]] = {}
 _LOGS: weakref.WeakKeyDictionary[JetStreamContext, RunLog] = weakref.WeakKeyDictionary()
 
 
