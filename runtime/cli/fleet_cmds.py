@@ -222,6 +222,10 @@ def worker(
                                                    "folders, whose tools to serve (repeatable).")] = [],  # noqa: B006
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
                                                  help="NATS server URL(s), comma-separated.")] = None,
+    ack_wait: Annotated[float, typer.Option(min=0.5, help="Seconds after its last heartbeat that a job a "
+                                                          "dead worker held is delivered again (set on the "
+                                                          "shared consumer; held jobs are heartbeated "
+                                                          "every AckWait/4).")] = 3.0,
 ) -> None:
     """Run sandboxed tool jobs from the shared `workers` consumer until Ctrl-C / SIGTERM.
 
@@ -258,7 +262,8 @@ def worker(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop)
-            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready)
+            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
+                                ack_wait=ack_wait)
             tg.cancel_scope.cancel()
         typer.echo(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", err=True)
 
