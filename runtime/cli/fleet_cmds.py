@@ -164,8 +164,9 @@ def host(
     partitions: Annotated[int, typer.Option(min=1, help="Task partitions, used only when the streams are "
                                                         "first created (then fixed: read from TASKS).")] = 16,
     lease_ttl: Annotated[float, typer.Option(min=2, help="Seconds a partition lease lives without renewal "
-                                                         "(renewed every TTL/3): a dead host's partitions "
-                                                         "are taken over within TTL + TTL/3.")] = 6.0,
+                                                         "(whole seconds; renewed every TTL/4 from a thread "
+                                                         "of its own): a dead host's partitions are taken "
+                                                         "over about TTL after it dies.")] = 2.0,
     max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
                                                       "mailboxes; at the bound this host stops pulling "
                                                       "tasks.")] = 4096,
