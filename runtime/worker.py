@@ -207,8 +207,9 @@ class Worker:
         topo = await attach_topology(self.js)
         ack_wait = topo.tool_ack_wait
         if self.ack_wait is not None:  # a consumer made with another AckWait (the former 30 s) gets ours
-            ack_wait = await retrying(lambda: sync_ack_wait(self.js, self.ack_wait or ack_wait),
-                                      what="setting the tool AckWait", logger=log)
+            wanted = self.ack_wait
+            ack_wait = await retrying(lambda: sync_ack_wait(self.js, wanted), what="setting the tool AckWait",
+                                      logger=log)
         self.held.set_ack_wait(ack_wait)
         self._max_deliver = topo.tool_max_deliver
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
@@ -356,7 +357,7 @@ class Worker:
         """The last delivery of a job whose earlier deliveries all ended without an outcome: dead-letter
         it and tell the run it crashed, instead of running it again (it may be what kills workers)."""
         reason = (f"each of the {attempt - 1} earlier deliveries ended without a result: the worker was "
-                  f"killed, lost its NATS connection or did not finish within AckWait")
+                  f"killed, lost its NATS connection or stalled: it stopped heartbeating the job")
         try:
             await dlq.settle(self.js, subject=msg.subject, data=msg.data,
                              stream_seq=msg.metadata.sequence.stream, deliveries=attempt, reason=reason,
