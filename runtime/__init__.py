@@ -28,8 +28,8 @@ __version__ = "0.1.0"
 
 _EVENTS = ("Task Cancel Approve Deny Command Event EventDecodeError PayloadRef RunStarted ModelRequested "
            "ModelResponded ModelFailed ToolCalled ScriptStarted ScriptPrinted ScriptCompleted ScriptFailed "
-           "ToolCompleted ToolFailed ApprovalRequested ApprovalGranted ApprovalDenied TurnCompleted "
-           "RunCompleted RunFailed RunCancelled")
+           "ToolRedelivered ToolCompleted ToolFailed ApprovalRequested ApprovalGranted ApprovalDenied "
+           "TurnCompleted RunCompleted RunFailed RunCancelled")
 _LAZY: dict[str, str] = {name: module for module, names in {
     "runtime.agent": "Agent LocalWorkspace",
     "runtime.bundle": "Bundle BundleError load_bundle",
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         ToolCalled,
         ToolCompleted,
         ToolFailed,
+        ToolRedelivered,
         TurnCompleted,
     )
     from runtime.host import Host, HostConfig
@@ -146,6 +147,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolFailed",
+    "ToolRedelivered",
     "ToolResult",
     "ToolSchema",
     "TurnCompleted",

@@ -211,6 +211,20 @@ class ScriptFailed(_Event, kw_only=True, tag="script.failed"):
     duration_ms: float = 0.0
 
 
+class ToolRedelivered(_Event, kw_only=True, tag="tool.redelivered"):
+    """The outcome that follows came from delivery `attempt` (> 1) of the call's tool job, on `worker`:
+    the earlier deliveries ended without an outcome, and `earlier` says why, one line each (a worker that
+    stopped heartbeating: killed, cut off from NATS or stalled; or one that gave the job back after NATS
+    trouble). Stamped at the time that delivery began, so it explains the gap before it in a timeline.
+    It explains a call; the kernel ignores it."""
+
+    call_id: str
+    tool: str
+    attempt: int
+    worker: str = ""
+    earlier: tuple[str, ...] = ()
+
+
 # ── approvals ─────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -239,6 +253,7 @@ Event: TypeAlias = (
     | ScriptPrinted
     | ScriptCompleted
     | ScriptFailed
+    | ToolRedelivered
     | ToolCompleted
     | ToolFailed
     | ApprovalRequested
@@ -564,6 +579,7 @@ __all__ = [
     "ToolCalled",
     "ToolCompleted",
     "ToolFailed",
+    "ToolRedelivered",
     "TurnCompleted",
     "can_offload",
     "command_from_json",

@@ -88,6 +88,8 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     notes: tuple[ScriptNote, ...] = ()
     worker: str = ""
     attempt: int = 1  # the delivery that produced it (> 1: a redelivery after a crash or timeout)
+    earlier: tuple[str, ...] = ()  # why each earlier delivery ended without an outcome (`runtime.attempts`)
+    started: float = 0.0  # unix time the worker began this delivery
     writes: int = 0  # workspace writes the ResultHandler applied for it
     finished: float = 0.0  # unix time the worker finished
     # a big output lives in the object store (runtime.payloads): `result.output` is None, this says where
@@ -122,15 +124,21 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
                    partition=job.partition, result=result, **fields)
 
     def events(self) -> list[ev.Event]:
-        """The events the host appends for this outcome: `script.*` in order, then `tool.completed` or
-        `tool.failed` (unstamped: the run log numbers them). Timestamps are the worker's (when it
-        happened). A big output must be resolved first (`Payloads.resolve_outcome`): the event holds the
-        value, and the run log decides how it is stored."""
+        """The events the host appends for this outcome: `tool.redelivered` first when a redelivery ran
+        (which delivery, on which worker, why the earlier ones ended: `earlier`), `script.*` in order,
+        then `tool.completed` or `tool.failed` (unstamped: the run log numbers them). Timestamps are the
+        worker's (when it happened). A big output must be resolved first (`Payloads.resolve_outcome`): the
+        event holds the value, and the run log decides how it is stored."""
         if self.ref is not None:
             raise ValueError(f"outcome of {self.call_id}: its output is in the object store; "
                              "resolve it first")
         ids = (self.run_id, self.call_id, self.tool)
-        out: list[ev.Event] = [ev.script_event(n, *ids, worker=self.worker) for n in self.notes]
+        out: list[ev.Event] = []
+        if self.attempt > 1 and self.earlier:  # a dead-lettered job's `crashed` failure says it all itself
+            began = self.started or (self.notes[0].ts if self.notes else self.finished)
+            out.append(ev.ToolRedelivered(run_id=self.run_id, ts=began, call_id=self.call_id, tool=self.tool,
+                                          attempt=self.attempt, worker=self.worker, earlier=self.earlier))
+        out.extend(ev.script_event(n, *ids, worker=self.worker) for n in self.notes)
         result = ev.tool_outcome(*ids, self.result)  # the one mapping
         out.append(msgspec.structs.replace(result, ts=self.finished or time.time()))
         return out

@@ -83,6 +83,9 @@ def describe(event: ev.Event) -> str:
             return f"{event.tool} in {event.duration_ms:.1f} ms"
         case ev.ScriptFailed():
             return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 60)}"
+        case ev.ToolRedelivered():
+            why = "; ".join(event.earlier) or "earlier deliveries ended without an outcome"
+            return f"{event.tool} attempt {event.attempt} on {event.worker or 'a worker'}: {why}"
         case ev.ToolCompleted():
             return f"{event.tool} {event.duration_ms:.1f} ms -> {_big(event, event.output, 60)}"
         case ev.ToolFailed():

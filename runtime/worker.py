@@ -4,8 +4,9 @@
     await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
 
 All workers bind the one durable pull consumer `workers` on the TOOLS stream (`runtime.nats.topology`),
-so jobs spread over processes and machines, and a job a dead worker held is redelivered to another after
-AckWait. Per job, in this order (each step's failure mode in brackets):
+so jobs spread over processes and machines. A worker heartbeats every job it holds (`runtime.attempts`),
+so a job a dead worker held is redelivered to another AckWait (3 s by default) after its last heartbeat,
+however long the tool may run. Per job, in this order (each step's failure mode in brackets):
 
 1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
    the last delivery (`num_delivered >= MaxDeliver`) of a job that never produced an outcome is not
@@ -23,9 +24,10 @@ AckWait. Per job, in this order (each step's failure mode in brackets):
 6. ack the job.
 
 A crash anywhere repeats from step 1 on redelivery; every step is idempotent, so the repetition costs
-time, never a duplicate write or a second outcome. While a job runs, `in_progress()` is sent every
-AckWait/3 so a long job is not redelivered to a second worker. NATS trouble after the run (publish or
-KV errors) naks the job with a delay instead of acking a job whose outcome nobody will see.
+time, never a duplicate write or a second outcome. The outcome of a redelivery says which delivery it is
+and why the earlier ones ended (`runtime.attempts.explain`), and the host records that as a
+`tool.redelivered` event. NATS trouble after the run (publish or KV errors) naks the job with a delay,
+recording why, instead of acking a job whose outcome nobody will see.
 
 Each worker also runs a `MaxDeliveriesWatch` (one queue group across workers): a job whose last
 delivery was lost too stays stuck in TOOLS, and the server's MaxDeliver advisory is the only sign.
@@ -54,6 +56,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from runtime import dlq
+from runtime.attempts import JobHeartbeats, deliveries, explain, record_end, retry_delay, sync_ack_wait
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.nats.connection import close, connect
 from runtime.nats.kv import fleet_kv, put_kv
@@ -171,7 +174,8 @@ class Worker:
     def __init__(self, js: JetStreamContext, registry: ToolRegistry, *, concurrency: int = 8,
                  name: str | None = None, max_batch: int = 64,
                  data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None,
-                 payload_threshold: int | None = None) -> None:
+                 payload_threshold: int | None = None,
+                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be ≥ 1")
         self.js = js
@@ -182,8 +186,8 @@ class Worker:
         self.stats = WorkerStats()
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
         self._workspace_writes = result_handler or WorkspaceResultHandler(js)
-        self._heartbeat_s = DEFAULT_TOOL_ACK_WAIT_S / 3
-        self._running: dict[int, tuple[Msg, float]] = {}  # in-flight jobs and their last heartbeat
+        self.ack_wait = ack_wait  # set on the shared consumer at start (None: keep the consumer's)
+        self.held = JobHeartbeats(ack_wait or DEFAULT_TOOL_ACK_WAIT_S)  # jobs running or buffered
         self._max_deliver = DEFAULT_TOOL_MAX_DELIVER
         self.payloads = Payloads(js, threshold=payload_threshold)
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
@@ -201,7 +205,12 @@ class Worker:
         """
         stop = stop or anyio.Event()
         topo = await attach_topology(self.js)
-        self._heartbeat_s = max(0.05, topo.tool_ack_wait / 3)
+        ack_wait = topo.tool_ack_wait
+        if self.ack_wait is not None:  # a consumer made with another AckWait (the former 30 s) gets ours
+            wanted = self.ack_wait
+            ack_wait = await retrying(lambda: sync_ack_wait(self.js, wanted), what="setting the tool AckWait",
+                                      logger=log)
+        self.held.set_ack_wait(ack_wait)
         self._max_deliver = topo.tool_max_deliver
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
@@ -209,7 +218,8 @@ class Worker:
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._heartbeats)
+                tg.start_soon(self.held.run)
+                tg.start_soon(self.held.follow, self.js)
                 tg.start_soon(self._beat)
                 async with anyio.create_task_group() as runners:
                     for _ in range(self.concurrency):
@@ -234,9 +244,8 @@ class Worker:
                             msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
                             for _ in range(taken - len(msgs)):
                                 room.release()
-                            now = time.monotonic()
                             for m in msgs:
-                                self._running[id(m)] = (m, now)
+                                self.held.hold(m)
                                 send.send_nowait(m)
                 tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
         finally:
@@ -262,7 +271,7 @@ class Worker:
             log.debug("workers bucket: %s", e)
         while True:
             beat = WorkerBeat(name=self.name, started=started, concurrency=self.concurrency,
-                                  running=len(self._running), completed=self.stats.completed,
+                                  running=len(self.held), completed=self.stats.completed,
                                   failed=self.stats.failed, tools=tools)
             try:
                 await put_kv(self.js, WORKERS_BUCKET, self._beat_key, beat.encode(), ttl=3 * BEAT_S,
@@ -279,7 +288,7 @@ class Worker:
                 except Exception:  # a bug here must not kill the loop; the job is redelivered after AckWait
                     log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
                 finally:
-                    self._running.pop(id(msg), None)
+                    self.held.settle(msg)
                     room.release()
 
     # -- one job ---------------------------------------------------------------------------------------
@@ -291,14 +300,13 @@ class Worker:
         except JobDecodeError as e:
             await self._dead_letter(msg, str(e))
             return
-        attempt = _deliveries(msg)
+        attempt = deliveries(msg)
         if 1 < self._max_deliver <= attempt and not await self._has_record(job):
             await self._give_up(msg, job, attempt)
             return
         outcome = await self._execute(job, attempt)
-        if outcome is None:  # infrastructure trouble: retry later, later each time (MaxDeliver is finite)
-            self.stats.nacked += 1
-            await msg.nak(delay=_retry_delay(attempt))
+        if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
+            await self._give_back(msg, job, attempt, outcome)
             return
         sending = outcome
 
@@ -313,26 +321,17 @@ class Worker:
         except Exception as e:
             log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
                         self.name, job.msg_id, e)
-            self.stats.nacked += 1
-            await msg.nak(delay=_retry_delay(attempt))
+            await self._give_back(msg, job, attempt, f"its outcome could not be published ({e})")
             return
         self.stats.completed += 1
         self.stats.failed += outcome.result.error is not None
         await msg.ack()
 
-    async def _heartbeats(self) -> None:
-        """One loop for every running job (a task per job costs more than most tool runs): each job
-        older than one interval gets `in_progress()`, which restarts its AckWait on the server."""
-        while True:
-            await anyio.sleep(self._heartbeat_s / 2)
-            due = time.monotonic() - self._heartbeat_s
-            for key, (msg, since) in list(self._running.items()):
-                if since <= due:
-                    self._running[key] = (msg, time.monotonic())
-                    try:
-                        await msg.in_progress()
-                    except Exception as e:  # reconnecting: the next beat may get through
-                        log.debug("in_progress failed: %s", e)
+    async def _give_back(self, msg: Msg, job: ToolJob, attempt: int, reason: str) -> None:
+        """Nak the job with a growing delay, recording why for the delivery that comes next."""
+        self.stats.nacked += 1
+        await record_end(self.js, job.msg_id, attempt, self.name, reason)
+        await msg.nak(delay=retry_delay(attempt))
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, DLQ)
@@ -358,7 +357,7 @@ class Worker:
         """The last delivery of a job whose earlier deliveries all ended without an outcome: dead-letter
         it and tell the run it crashed, instead of running it again (it may be what kills workers)."""
         reason = (f"each of the {attempt - 1} earlier deliveries ended without a result: the worker was "
-                  f"killed, lost its NATS connection or did not finish within AckWait")
+                  f"killed, lost its NATS connection or stalled: it stopped heartbeating the job")
         try:
             await dlq.settle(self.js, subject=msg.subject, data=msg.data,
                              stream_seq=msg.metadata.sequence.stream, deliveries=attempt, reason=reason,
@@ -380,9 +379,10 @@ class Worker:
         bundle = job.agent.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
         return self.registry.providers.get(bundle, NullDataProvider()), NullResultHandler()
 
-    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | None:
-        """The job's outcome, or None when NATS trouble means it should be retried later."""
-        fields: dict[str, Any] = {"worker": self.name, "attempt": attempt}
+    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | str:
+        """The job's outcome, or why NATS trouble means it should be retried later."""
+        fields: dict[str, Any] = {"worker": self.name, "attempt": attempt, "started": time.time(),
+                                  "earlier": await explain(self.js, job.msg_id, attempt, self.held.ack_wait)}
         if job.arguments_ref is not None:  # arguments too big for the job message: in the object store
             try:
                 arguments = await self.payloads.resolve(job.arguments_ref)
@@ -390,7 +390,7 @@ class Worker:
                 return ToolOutcome.for_job(job, ToolResult.failure("input", str(e)), **fields)
             except Exception as e:
                 log.warning("worker %s: cannot read the arguments of %s: %s", self.name, job.msg_id, e)
-                return None
+                return f"its arguments could not be read ({e})"
             job = msgspec.structs.replace(job, arguments=arguments, arguments_ref=None)
         provider, handler = self._io(job)
         ctx = JobContext(job)
@@ -401,7 +401,7 @@ class Worker:
                                            **fields)
         except Exception as e:
             log.warning("worker %s: cannot read the applied marker of %s: %s", self.name, job.msg_id, e)
-            return None
+            return f"its applied-writes marker could not be read ({e})"
 
         tool = self.registry.get(job.tool)
         if tool is None:  # `input`, as the kernel says of a tool it does not know
@@ -432,7 +432,7 @@ class Worker:
                 files = await provider.load_files(job.tool, job.arguments, ctx)
             except Exception as e:
                 log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
-                return None
+                return f"its data files could not be loaded ({e})"
             notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
             result = await tool.execute(job.arguments, ToolContext(
                 run_id=job.run_id, agent=job.agent, call_id=job.call_id, files=files, limits=limits,
@@ -451,30 +451,12 @@ class Worker:
                 continue
             except Exception as e:
                 log.warning("worker %s: cannot persist writes of %s: %s", self.name, job.msg_id, e)
-                return None
+                return f"its workspace writes could not be persisted ({e})"
             self.stats.writes += ctx.writes_applied
             return ToolOutcome.for_job(job, result, notes=tuple(notes), writes=ctx.writes_applied, **fields)
         return ToolOutcome.for_job(job, ToolResult.failure(
             "external", f"{last_conflict} (gave up after {CONFLICT_RETRIES} attempts)", detail="conflict"),
             **fields)
-
-
-def _deliveries(msg: Msg) -> int:
-    """How many times the job was delivered, read straight from the reply subject (`msg.metadata` parses
-    every field and a timestamp per job); 1 for a message without one (tests calling `handle`)."""
-    if not msg.reply:
-        return 1
-    tokens = msg.reply.split(".")
-    try:
-        return int(tokens[4] if len(tokens) == 9 else tokens[Msg.Ack.NumDelivered])
-    except (IndexError, ValueError):
-        return msg.metadata.num_delivered
-
-
-def _retry_delay(attempt: int) -> float:
-    """Redelivery delay after the `attempt`-th delivery failed for infrastructure reasons: 2, 4, 8, 10 s,
-    so MaxDeliver (5) deliveries span more than a cluster leader election (4-6 s)."""
-    return min(10.0, 2.0 ** attempt)
 
 
 def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:
@@ -488,14 +470,15 @@ def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[s
 
 async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, concurrency: int = 8,
                 stop: anyio.Event | None = None, ensure: bool = True,
-                on_ready: Callable[[Worker], Any] | None = None) -> WorkerStats:
+                on_ready: Callable[[Worker], Any] | None = None,
+                ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S) -> WorkerStats:
     """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
     nc = await connect(servers, name="sa-worker")
     try:
         js = nc.jetstream()
         if ensure:
             await attach_topology(js)
-        worker = Worker(js, registry, concurrency=concurrency)
+        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait)
         if on_ready is not None:
             on_ready(worker)
         await worker.run(stop)

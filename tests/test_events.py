@@ -15,8 +15,8 @@ from runtime.types import Message, ToolCall, ToolError, ToolResult, Usage
 
 REQUIRED_KINDS = {
     "run.started", "model.requested", "model.responded", "model.failed", "tool.called", "script.started",
-    "script.printed", "script.completed", "script.failed", "tool.completed", "tool.failed",
-    "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
+    "script.printed", "script.completed", "script.failed", "tool.redelivered", "tool.completed",
+    "tool.failed", "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
     "approval.granted", "approval.denied",
 }  # fmt: skip
 

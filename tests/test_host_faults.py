@@ -1,6 +1,7 @@
 """Fault tests with real OS processes: `sa host` and `sa worker` subprocesses killed with SIGKILL, a
 restarted host resuming a run without repeating recorded model calls, a killed worker's job redelivered
-with its workspace write applied once, and 100 agents running concurrently."""
+to another worker with its workspace write applied once and the dead delivery recorded in the run
+(`tool.redelivered`), and 100 agents running concurrently."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from runtime import events as ev
 from runtime.host.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.kv import workspace_kv
-from runtime.nats.subjects import TOOLS, WORKERS_CONSUMER
+from runtime.nats.subjects import DEFAULT_TOOL_ACK_WAIT_S, TOOLS, WORKERS_CONSUMER
 from runtime.nats.topology import ensure_topology
+from runtime.replay import describe
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -107,6 +109,7 @@ async def test_kill_9_of_a_worker_mid_job_the_run_completes_and_the_write_happen
         async with running_host(nats_server.url, [bundle], server):
             worker_args = ["worker", "--bundle", str(bundle), "--concurrency", "2"]
             with process(worker_args, nats_server.url, tmp_path / "w1.log", "serving") as w1:
+                w1_pid = w1.pid
                 run_id = await publish_task(js, "notes", "note: hello|spin=25000000")
                 with anyio.fail_after(30):  # wait until the worker holds the job
                     while (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending < 1:
@@ -115,15 +118,25 @@ async def test_kill_9_of_a_worker_mid_job_the_run_completes_and_the_write_happen
             with process(worker_args, nats_server.url, tmp_path / "w2.log", "serving") as w2:
                 w2_pid = w2.pid
                 events = await Env(nats_server.url, js, None, server, []).wait_run(run_id, timeout=90)
+    # the killed worker had set the consumer's AckWait to the default: its job moved on that long after the
+    # worker's last heartbeat, however long the tool's max duration (60 s here)
+    assert (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).config.ack_wait == DEFAULT_TOOL_ACK_WAIT_S
     assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "1"}
     kv = await workspace_kv(js, "wsk")
     entry = await kv.get("log.txt")
     assert entry.value == b"hello\n"
     history = await kv.history("log.txt")
     assert len(history) == 1  # written exactly once
-    notes = [e for e in events if isinstance(e, ev.ScriptStarted | ev.ToolCompleted) and e.tool == "note"]
-    assert kinds(notes) == ["script.started", "tool.completed"]  # one outcome recorded, from the 2nd worker
-    assert notes[0].worker.endswith(":" + str(w2_pid))
+    notes = [e for e in events if isinstance(e, ev.ToolRedelivered | ev.ScriptStarted | ev.ToolCompleted)
+             and e.tool == "note"]
+    # one outcome recorded, from the 2nd worker, preceded by the record of the dead first delivery
+    assert kinds(notes) == ["tool.redelivered", "script.started", "tool.completed"]
+    redelivered, started, _ = notes
+    assert started.worker.endswith(":" + str(w2_pid)) and not started.worker.endswith(":" + str(w1_pid))
+    assert redelivered.attempt == 2 and redelivered.worker == started.worker
+    (why,) = redelivered.earlier
+    assert why.startswith("delivery 1 was not acknowledged: its worker stopped heartbeating"), why
+    assert "attempt 2" in describe(redelivered) and "stopped heartbeating" in describe(redelivered)
 
 
 async def test_a_hundred_agents_each_run_a_task_concurrently(nats_server, topo, tmp_path: Path):

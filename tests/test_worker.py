@@ -14,6 +14,14 @@ import anyio
 import pytest
 
 from runtime import events
+from runtime.attempts import (
+    JobHeartbeats,
+    consumer_ack_wait,
+    explain,
+    heartbeat_period,
+    record_end,
+    sync_ack_wait,
+)
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.nats.kv import workspace_kv
 from runtime.nats.pull import fetch_batch
@@ -222,6 +230,8 @@ async def test_kill_9_mid_job_redelivers_and_writes_once(js, nats_server, tools_
     finally:
         assert stop(second) == 0
     assert outcome.result.error is None and outcome.attempt == 2 and outcome.writes == 1
+    (why,) = outcome.earlier  # the dead delivery, explained in the outcome (the host records it)
+    assert why.startswith("delivery 1 was not acknowledged: its worker stopped heartbeating"), why
     info = await js.stream_info("KV_ws_wk", subjects_filter=">")
     assert info.state.subjects == {"$KV.ws_wk.slow.txt": 1}  # the write happened exactly once
     assert (await js.stream_info(TOOLS)).state.messages == 0
@@ -284,3 +294,23 @@ async def test_an_instance_of_a_bundle_gets_the_bundle_static_data(js, tmp_path:
         j = ToolJob(run_id="r1", agent=agent, call_id=f"r1/{n}.0", tool="read", arguments={})
         outcome = await _one_job(js, reg, j)
         assert outcome.result.output == {"fact": "wet"}, (agent, outcome.result)
+
+
+async def test_a_given_back_delivery_is_explained_by_its_reason_a_silent_one_by_missed_heartbeats(js) -> None:
+    await ensure_topology(js)
+    assert await explain(js, "r9/1.0", 1, 3.0) == ()  # a first delivery: nothing to explain, nothing read
+    await record_end(js, "r9/1.0", 2, "w-a", "its data files could not be loaded (timeout)")
+    first, second, third = await explain(js, "r9/1.0", 4, 3.0)
+    assert first.startswith("delivery 1 was not acknowledged: its worker stopped heartbeating")
+    assert second == "delivery 2 was given back by worker w-a: its data files could not be loaded (timeout)"
+    assert third.startswith("delivery 3 was not acknowledged") and "3 s after its last heartbeat" in third
+
+
+async def test_a_worker_gives_the_consumer_its_ack_wait_and_one_started_before_follows_a_change(js) -> None:
+    await ensure_topology(js, tool_ack_wait=30.0)  # a consumer made with the former default
+    assert await sync_ack_wait(js, 3.0) == 3.0
+    assert (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).config.ack_wait == 3.0
+    beats = JobHeartbeats(30.0)
+    beats.set_ack_wait(await consumer_ack_wait(js))
+    assert (beats.ack_wait, beats.period) == (3.0, heartbeat_period(3.0)) and beats.period < 3.0 / 2
+

@@ -191,8 +191,9 @@ def host(
     partitions: Annotated[int, typer.Option(min=1, help="Task partitions, used only when the streams are "
                                                         "first created (then fixed: read from TASKS).")] = 16,
     lease_ttl: Annotated[float, typer.Option(min=2, help="Seconds a partition lease lives without renewal "
-                                                         "(renewed every TTL/3): a dead host's partitions "
-                                                         "are taken over within TTL + TTL/3.")] = 6.0,
+                                                         "(whole seconds; renewed every TTL/4 from a thread "
+                                                         "of its own): a dead host's partitions are taken "
+                                                         "over about TTL after it dies.")] = 2.0,
     max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
                                                       "mailboxes; at the bound this host stops pulling "
                                                       "tasks.")] = 256,
@@ -257,6 +258,10 @@ def worker(
                                                    "folders, whose tools to serve (repeatable).")] = [],  # noqa: B006
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL",
                                                  help="NATS server URL(s), comma-separated.")] = None,
+    ack_wait: Annotated[float, typer.Option(min=0.5, help="Seconds after its last heartbeat that a job a "
+                                                          "dead worker held is delivered again (set on the "
+                                                          "shared consumer; held jobs are heartbeated "
+                                                          "every AckWait/4).")] = 3.0,
 ) -> None:
     """Run sandboxed tool jobs from the shared `workers` consumer until Ctrl-C / SIGTERM.
 
@@ -293,7 +298,8 @@ def worker(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop)
-            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready)
+            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
+                                ack_wait=ack_wait)
             tg.cancel_scope.cancel()
         typer.echo(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", err=True)
 

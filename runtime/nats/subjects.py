@@ -39,8 +39,8 @@ DLQ        ``dlq.<original subject>``            Limits     dead letters: malfor
 
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
 ``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet
-buckets ``leases`` (`lease_key`), ``hosts``, ``workers`` and ``active`` (`active_key`, `active_filter`), and
-the object store ``payloads``.
+buckets ``leases`` (`lease_key`), ``hosts``, ``workers``, ``active`` (`active_key`, `active_filter`) and
+``attempts`` (why a tool job's earlier deliveries ended), and the object store ``payloads``.
 
 Partitions. ``<p>`` is ``fnv32a(agent) % N``, exactly NATS's ``partition(N,1)``; `partition_of()` computes the
 same number client-side (verified against the server in tests), e.g. for the ``runs`` index or for a worker.
@@ -69,13 +69,14 @@ LEASES_BUCKET = "leases"
 HOSTS_BUCKET = "hosts"
 WORKERS_BUCKET = "workers"
 ACTIVE_BUCKET = "active"
+ATTEMPTS_BUCKET = "attempts"  # why a tool job's earlier deliveries ended (`runtime.attempts`)
 ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
 WORKERS_CONSUMER = "workers"
 
 DEFAULT_PARTITIONS = 16
 ENV_REPLICAS = "SA_REPLICAS"
 DUPLICATE_WINDOW_S = 300.0  # ≥ 2 min: covers a restarted publisher retrying with the same Msg-Id
-DEFAULT_TOOL_ACK_WAIT_S = 30.0
+DEFAULT_TOOL_ACK_WAIT_S = 3.0  # workers heartbeat held jobs every AckWait/4 (`runtime.attempts`)
 DEFAULT_TOOL_MAX_DELIVER = 5
 DEFAULT_TOOL_MAX_ACK_PENDING = 1024
 
@@ -253,7 +254,8 @@ def result_consumer_name(partition: int) -> str:
 
 
 __all__ = [
-    "ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "APPLIED_BUCKET", "APPLIED_TTL_S", "BATCH_MAX_MESSAGES",
+    "ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "APPLIED_BUCKET", "APPLIED_TTL_S", "ATTEMPTS_BUCKET",
+    "BATCH_MAX_MESSAGES",
     "DEFAULT_PARTITIONS", "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING",
     "DEFAULT_TOOL_MAX_DELIVER", "DLQ", "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS",
     "ERR_ATOMIC_DISABLED", "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS",

@@ -15,8 +15,10 @@ One consumer per partition is allowed on a WorkQueue stream because partition fi
 (overlapping filters are rejected, err 10100).
 
 Consumers. Every stream sets ``max_consumers`` explicitly (nats-server 2.15 silently caps at 1,000 otherwise,
-and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with AckWait above twice the worker
-heartbeat interval, MaxDeliver 5 and a bounded MaxAckPending (back-pressure).
+and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with a short AckWait (3 s by default:
+workers heartbeat every job they hold four times per AckWait, `runtime.attempts`, so AckWait bounds how
+long a dead worker's job waits, not how long a tool may run), MaxDeliver 5 and a bounded MaxAckPending
+(back-pressure).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from runtime.nats.retention import (
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
     ACTIVE_BUCKET,
+    ATTEMPTS_BUCKET,
     DEFAULT_PARTITIONS,
     DEFAULT_TOOL_ACK_WAIT_S,
     DEFAULT_TOOL_MAX_ACK_PENDING,
@@ -192,7 +195,7 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
         replicas=replicas))
     await runs_kv(js, replicas=replicas)
     await applied_kv(js, replicas=replicas)
-    for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET):
+    for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET, ATTEMPTS_BUCKET):
         await fleet_kv(js, bucket, replicas=replicas)
     await payloads_store(js, replicas=replicas)
     await ensure_retention(js, bounds)  # the payload store's bounds
