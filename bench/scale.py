@@ -62,7 +62,7 @@ Row = tuple[str, str, str]  # label, figure, comparison
 
 def event(run: str, seq: int) -> ev.Event:
     """A typical small event (~300 B of msgpack), as a tool result would append."""
-    return ev.ToolCompleted(run_id=run, seq=seq, ts=time.time(), agent="bench", call_id=f"{run}/{seq}.0",
+    return ev.ToolCompleted(run_id=run, seq=seq, ts=time.time(), actor="bench", call_id=f"{run}/{seq}.0",
                             tool="calculator", output={"value": seq, "text": "the result is " + "x" * 160},
                             duration_ms=1.5)
 

@@ -88,7 +88,7 @@ async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
     async def publish() -> None:
         pending = []
         for i in range(n):
-            j = ToolJob(run_id=f"{tag}", agent="bench", call_id=f"{tag}/{i}.0", tool="add",
+            j = ToolJob(run_id=f"{tag}", actor="bench", call_id=f"{tag}/{i}.0", tool="add",
                         arguments={"a": i, "b": 1})
             pending.append(await js.publish_async(j.subject, j.encode(), headers=j.headers()))
             if len(pending) >= 64:
@@ -132,7 +132,7 @@ async def workspace_writes(js, jobs: int) -> None:
         revisions: dict[str, int] = {}
         t0 = time.perf_counter()
         for j in range(jobs):
-            job = ToolJob(run_id="r-bench", agent="a", call_id=f"r-bench/{tag}{j}", tool="t",
+            job = ToolJob(run_id="r-bench", actor="a", call_id=f"r-bench/{tag}{j}", tool="t",
                           workspace="bench")
             ctx = JobContext(job, revisions=dict(revisions), complete=True)
             await handler.handle("t", {"writes": [{"path": f"{tag}{i}.txt", "content": f"{j}"}

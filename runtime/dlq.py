@@ -213,7 +213,7 @@ class DeadLetter:
             "seq": self.seq, "subject": self.subject, "stream_seq": self.stream_seq,
             "deliveries": self.deliveries, "reason": self.reason, "dead_at": self.dead_at,
             "size": len(self.data),
-            "job": None if job is None else {"run_id": job.run_id, "agent": job.agent, "call_id": job.call_id,
+            "job": None if job is None else {"run_id": job.run_id, "actor": job.actor, "call_id": job.call_id,
                                              "tool": job.tool, "arguments": job.arguments},
         }
 

@@ -423,7 +423,7 @@ def _upcast(ev: Event, data: bytes | str, json: bool) -> Event:
     if ev.v >= SCHEMA_VERSION:
         return ev
     old = (msgspec.json.decode if json else msgspec.msgpack.decode)(data, type=_V1Envelope)
-    return msgspec.structs.replace(ev, actor=old.agent)
+    return msgspec.structs.replace(ev, actor=old.agent) if old.agent else ev
 
 
 def decode(data: bytes) -> Event:

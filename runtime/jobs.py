@@ -8,7 +8,9 @@ events with `ToolOutcome.events()`: the worker never appends to EVENTS, so the h
 writer of each run and a run's sequence stays contiguous: one writer per run is what lets appends use an
 expected sequence.
 
-Both are msgspec Structs in msgpack, versioned like the events: new fields get defaults.
+Both are msgspec Structs in msgpack, versioned like the events: new fields get defaults. Version 2 named
+the actor key (`bundle` or `bundle:instance`) `actor` where version 1 said `agent`; a version-1 message
+still in a stream during an upgrade is read with its `agent` as the actor.
 """
 
 from __future__ import annotations
@@ -22,14 +24,52 @@ from runtime import events as ev
 from runtime.nats.subjects import job_msg_id, result_subject, tool_subject
 from runtime.types import ScriptNote, ToolResult
 
-JOB_VERSION = 1
+JOB_VERSION = 2
 
 
 class JobDecodeError(ValueError):
     """Bytes on TOOLS or RESULTS that are not a job/outcome of this schema (the message says why)."""
 
 
-class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class _V1(msgspec.Struct):
+    """What version 1 called the actor key."""
+
+    agent: str = ""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a job and its outcome share: the run, the actor that owns it, the call, the version, and
+    the Msg-Id that makes a re-sent one a duplicate."""
+
+    run_id: str
+    actor: str = ""
+    call_id: str
+    tool: str
+    v: int = JOB_VERSION
+
+    @property
+    def msg_id(self) -> str:
+        return job_msg_id(self.run_id, self.call_id)
+
+    def headers(self) -> dict[str, str]:
+        return {"Nats-Msg-Id": self.msg_id}
+
+    def encode(self) -> bytes:
+        return _enc.encode(self)
+
+
+def _decoded(data: bytes, decoder: msgspec.msgpack.Decoder[Any], what: str) -> Any:
+    try:
+        message = decoder.decode(data)
+        if message.v < 2:  # now in the current shape
+            old = msgspec.msgpack.decode(data, type=_V1).agent
+            message = msgspec.structs.replace(message, actor=old or message.actor, v=JOB_VERSION)
+        return message
+    except msgspec.DecodeError as e:
+        raise JobDecodeError(f"not a {what}: {e}") from None
+
+
+class ToolJob(_Message, frozen=True, kw_only=True, omit_defaults=True):
     """One tool call to execute. Everything a worker needs travels with it: no lookup in the run's log.
 
     `limits` is the resolved per-tool `Limits.to_dict()` (bundle global merged with the tool's own), so a
@@ -40,10 +80,6 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     `arguments_ref` says where they are; the worker resolves them before running the tool.
     """
 
-    run_id: str
-    agent: str
-    call_id: str
-    tool: str
     arguments: dict[str, Any] = {}
     arguments_ref: ev.PayloadRef | None = None
     partition: int = 0
@@ -51,38 +87,21 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     workspace: str | None = None
     deadline: float | None = None
     tool_digest: str = ""  # the host's view of the tool (content hash); a mismatch is logged
-    v: int = JOB_VERSION
-
-    @property
-    def msg_id(self) -> str:
-        return job_msg_id(self.run_id, self.call_id)
 
     @property
     def subject(self) -> str:
         return tool_subject(self.tool)
 
-    def headers(self) -> dict[str, str]:
-        return {"Nats-Msg-Id": self.msg_id}
-
-    def encode(self) -> bytes:
-        return _enc.encode(self)
-
     @classmethod
     def decode(cls, data: bytes) -> ToolJob:
-        try:
-            return _job_dec.decode(data)
-        except msgspec.DecodeError as e:
-            raise JobDecodeError(f"not a tool job: {e}") from None
+        result: ToolJob = _decoded(data, _job_dec, "tool job")
+        return result
 
 
-class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
     """What became of one `ToolJob`: the final result plus the script notes that explain it (the
     `ScriptNote`s exactly as the sandbox emitted them)."""
 
-    run_id: str
-    agent: str
-    call_id: str
-    tool: str
     partition: int = 0
     result: ToolResult
     notes: tuple[ScriptNote, ...] = ()
@@ -94,33 +113,20 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     finished: float = 0.0  # unix time the worker finished
     # a big output lives in the object store (runtime.payloads): `result.output` is None, this says where
     ref: ev.PayloadRef | None = None
-    v: int = JOB_VERSION
-
-    @property
-    def msg_id(self) -> str:
-        return job_msg_id(self.run_id, self.call_id)
 
     @property
     def subject(self) -> str:
-        return result_subject(self.partition, self.agent, self.run_id)
-
-    def headers(self) -> dict[str, str]:
-        return {"Nats-Msg-Id": self.msg_id}
-
-    def encode(self) -> bytes:
-        return _enc.encode(self)
+        return result_subject(self.partition, self.actor, self.run_id)
 
     @classmethod
     def decode(cls, data: bytes) -> ToolOutcome:
-        try:
-            return _outcome_dec.decode(data)
-        except msgspec.DecodeError as e:
-            raise JobDecodeError(f"not a tool outcome: {e}") from None
+        result: ToolOutcome = _decoded(data, _outcome_dec, "tool outcome")
+        return result
 
     @classmethod
     def for_job(cls, job: ToolJob, result: ToolResult, **fields: Any) -> ToolOutcome:
         fields.setdefault("finished", time.time())
-        return cls(run_id=job.run_id, agent=job.agent, call_id=job.call_id, tool=job.tool,
+        return cls(run_id=job.run_id, actor=job.actor, call_id=job.call_id, tool=job.tool,
                    partition=job.partition, result=result, **fields)
 
     def events(self) -> list[ev.Event]:

@@ -86,7 +86,7 @@ async def purge_runs(js: JetStreamContext, payloads: Payloads, run_ids: list[str
             if kind not in terminal_kinds:
                 report.skipped = f"in flight: its last event is {kind}"
         elif index is not None:
-            report.actor = index.agent
+            report.actor = index.actor
         if report.skipped is None and index is not None and index.status not in TERMINAL_STATUSES:
             report.skipped = f"in flight: the runs index says {index.status}"
         if report.skipped is None and await kv_entries(active, f"*.{run_id}"):

@@ -376,7 +376,7 @@ class Worker:
     def _io(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
         if job.workspace:
             return self._workspace_files, self._workspace_writes
-        bundle = job.agent.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
+        bundle = job.actor.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
         return self.registry.providers.get(bundle, NullDataProvider()), NullResultHandler()
 
     async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | str:
@@ -435,7 +435,7 @@ class Worker:
                 return f"its data files could not be loaded ({e})"
             notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
             result = await tool.execute(job.arguments, ToolContext(
-                run_id=job.run_id, agent=job.agent, call_id=job.call_id, files=files, limits=limits,
+                run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,
                 on_event=notes.append))
             if result.error is not None:
                 return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.anyio
 
 
 def job(call: str = "1.0", ws: str | None = "w1") -> ToolJob:
-    return ToolJob(run_id="r1", agent="a", call_id=f"r1/{call}", tool="t", workspace=ws)
+    return ToolJob(run_id="r1", actor="a", call_id=f"r1/{call}", tool="t", workspace=ws)
 
 
 def write_count(info, key: str) -> int:

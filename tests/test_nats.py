@@ -225,10 +225,12 @@ async def test_workers_consumer_shape_and_workspace_kv(js) -> None:
     kv = await workspace_kv(js, "demo")
     rev = await kv.put("notes/a.txt", b"hello")
     assert (await kv.get("notes/a.txt")).revision == rev
-    idx = RunIndex(agent="a", status="running", partition=1, last_seq=7)
+    idx = RunIndex(actor="a", status="running", partition=1, last_seq=7)
     runs = await runs_kv(js)
     await runs.put("r1", idx.encode())
     assert RunIndex.decode((await runs.get("r1")).value) == idx
+    old = msgspec.msgpack.encode({"agent": "calc:bob", "status": "completed", "partition": 2})  # older
+    assert RunIndex.decode(old).actor == "calc:bob"
     store = await payloads_store(js)
     await store.put("big", b"x" * 300_000)
     assert len((await store.get("big")).data) == 300_000

@@ -152,7 +152,7 @@ async def test_the_applied_marker_of_a_big_output_keeps_a_ref_and_replays_the_va
     await ensure_topology(js)
     handler = WorkspaceResultHandler(js)
     result = {"writes": [{"path": "/data/big.txt", "content": "small"}], "blob": "x" * 2_000_000}
-    job = ToolJob(run_id="r1", agent="a", call_id="r1/1.0", tool="t", workspace="w1")
+    job = ToolJob(run_id="r1", actor="a", call_id="r1/1.0", tool="t", workspace="w1")
     ctx = JobContext(job, complete=True)
     await handler.handle("t", result, ctx)
     assert ctx.writes_applied == 1

@@ -34,7 +34,7 @@ async def write_run(log: RunLog, js, run_id: str, *, actor: str = "calc", end: b
         seq = await log.append(ev.stamp(ev.RunCompleted(run_id=run_id, output={"answer": BIG}), seq=1,
                                         ts=time.time(), actor=actor), expect=seq)
     if index is not None:
-        await (await runs_kv(js)).put(run_id, RunIndex(agent=actor, status=index, partition=0, last_seq=seq,
+        await (await runs_kv(js)).put(run_id, RunIndex(actor=actor, status=index, partition=0, last_seq=seq,
                                                        updated=time.time() - 3600).encode())
     if active:
         await (await fleet_kv(js, ACTIVE_BUCKET)).put(active_key(0, run_id), actor.encode())

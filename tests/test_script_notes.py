@@ -28,7 +28,7 @@ def test_each_note_kind_becomes_its_event_with_its_fields():
 
 
 def test_an_outcome_records_its_notes_through_the_same_mapping():
-    job = ToolJob(run_id="r1", agent="a", call_id="r1/0.0", tool="calc")
+    job = ToolJob(run_id="r1", actor="a", call_id="r1/0.0", tool="calc")
     notes = (ScriptNote(kind="started", ts=1.0, worker_pid=9), ScriptNote(kind="printed", ts=2.0, text="x"),
              ScriptNote(kind="failed", ts=3.0, error=BOOM))
     outcome = ToolOutcome.for_job(job, ToolResult(error=BOOM), notes=notes, worker="w1", finished=4.0)
@@ -39,6 +39,15 @@ def test_an_outcome_records_its_notes_through_the_same_mapping():
     assert isinstance(got[3], ev.ToolFailed) and got[3].ts == 4.0 and got[3].seq == ev.UNSTAMPED
 
 
+def test_a_version_1_job_still_in_the_stream_is_read_with_its_actor():
+    old_job = msgspec.msgpack.encode({"run_id": "r1", "agent": "calc:alice", "call_id": "r1/1.0",
+                                      "tool": "calc", "arguments": {"x": 1}, "v": 1})
+    job = ToolJob.decode(old_job)
+    assert job.actor == "calc:alice" and job.arguments == {"x": 1}
+    again = ToolJob.decode(job.encode())
+    assert again.v == 2 and again.actor == "calc:alice" and b"agent" not in job.encode()
+
+
 def test_notes_written_by_an_older_worker_still_decode_and_new_ones_decode_for_old_readers():
     old_outcome = msgspec.msgpack.encode({
         "run_id": "r1", "agent": "a", "call_id": "r1/0.0", "tool": "calc", "result": {"output": 3},
@@ -47,6 +56,7 @@ def test_notes_written_by_an_older_worker_still_decode_and_new_ones_decode_for_o
         "worker": "w0", "v": 1,
     })
     outcome = ToolOutcome.decode(old_outcome)
+    assert outcome.actor == "a" and outcome.subject == "results.0.a.r1"  # version 1 said `agent`
     assert [n.kind for n in outcome.notes] == ["started", "printed", "completed"]
     assert [ev.kind_of(e) for e in outcome.events()] == [
         "script.started", "script.printed", "script.completed", "tool.completed"]

@@ -81,7 +81,7 @@ def tools_dir(tmp_path: Path) -> Path:
 
 def job(call: str, tool: str, args: dict, **kw) -> ToolJob:
     run = kw.pop("run", "r1")
-    return ToolJob(run_id=run, agent="a", call_id=f"{run}/{call}", tool=tool, arguments=args, **kw)
+    return ToolJob(run_id=run, actor="a", call_id=f"{run}/{call}", tool=tool, arguments=args, **kw)
 
 
 async def collect_outcomes(js, n: int, partition: int = 0, timeout: float = 30.0) -> list[ToolOutcome]:
@@ -291,7 +291,7 @@ async def test_an_instance_of_a_bundle_gets_the_bundle_static_data(js, tmp_path:
         "name: facts\ntools: [read.pym]\ndata_provider: {type: static, files: {/data/fact.txt: wet}}\n")
     reg = build_registry(bundles=[tmp_path])
     for n, agent in enumerate(["facts", "facts:alice"]):
-        j = ToolJob(run_id="r1", agent=agent, call_id=f"r1/{n}.0", tool="read", arguments={})
+        j = ToolJob(run_id="r1", actor=agent, call_id=f"r1/{n}.0", tool="read", arguments={})
         outcome = await _one_job(js, reg, j)
         assert outcome.result.output == {"fact": "wet"}, (agent, outcome.result)
 

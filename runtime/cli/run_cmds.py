@@ -178,7 +178,7 @@ app.add_typer(runs_app, name="runs")
 
 
 def _matches(agent: str | None, ix: Any) -> bool:
-    return agent is None or ix.agent == agent or ix.agent.split(":")[0] == agent
+    return agent is None or ix.actor == agent or ix.actor.split(":")[0] == agent
 
 
 @runs_app.callback(invoke_without_command=True)
@@ -216,7 +216,7 @@ def runs(
     colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
     for run_id, ix in rows:
         when = datetime.datetime.fromtimestamp(ix.updated).strftime("%Y-%m-%d %H:%M:%S") if ix.updated else ""
-        table.add_row(run_id, ix.agent, f"[{colors.get(ix.status, '')}]{ix.status}[/]", when,
+        table.add_row(run_id, ix.actor, f"[{colors.get(ix.status, '')}]{ix.status}[/]", when,
                       ix.task_id or "", str(ix.last_seq))
     Console().print(table if rows else "no runs yet")
 

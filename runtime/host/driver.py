@@ -275,7 +275,7 @@ class RunDriver:
                 progressed = True
             arguments = await self.log.payloads.offload(dict(call.arguments), run=self.run_id)  # big: a ref
             by_ref = isinstance(arguments, ev.PayloadRef)
-            jobs.append(ToolJob(run_id=self.run_id, agent=self.actor, call_id=call.id, tool=call.name,
+            jobs.append(ToolJob(run_id=self.run_id, actor=self.actor, call_id=call.id, tool=call.name,
                                 arguments={} if by_ref else arguments,
                                 arguments_ref=arguments if by_ref else None, partition=self.partition,
                                 limits=self.agent.job_limits(call.name),

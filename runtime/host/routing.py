@@ -106,7 +106,7 @@ class Router:
     async def _forward(self, cmd: ev.Command, ix: RunIndex, msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of
         `bundle:instance`) lands in another partition: republish it where the run's host reads."""
-        for agent in (ix.agent, split_actor(ix.agent)[0]):
+        for agent in (ix.actor, split_actor(ix.actor)[0]):
             if partition_of(agent, self.total_partitions()) == ix.partition:
                 await self.js.publish(task_subject(agent), ev.encode_command(cmd))
                 await ack_quietly(msg)

@@ -48,7 +48,7 @@ class RunsIndex:
         state = driver.state
         status = state.status if state.status != "new" else "running"
         await self.put(driver.run_id, RunIndex(
-            agent=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
+            actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
             updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path)))
         key = active_key(driver.partition, driver.run_id)
         if status in kernel.TERMINAL:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import msgspec
 
 
-class RunIndex(msgspec.Struct, omit_defaults=True):
+class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One entry of the `runs` bucket (key = run id): enough to list runs without scanning EVENTS.
 
     The event stream stays the truth; this is a cache the host rewrites as a run advances. The unfinished
-    runs of a partition are found through the `active` bucket, not this one."""
+    runs of a partition are found through the `active` bucket, not this one. `actor` is the run's actor
+    key (`bundle` or `bundle:instance`); entries written before it had that name said `agent`, and are
+    read the same."""
 
-    agent: str
-    status: str  # e.g. "running" | "completed" | "failed" | "cancelled"
+    status: str
+    actor: str = ""  # e.g. "running" | "completed" | "failed" | "cancelled"
     partition: int
     last_seq: int = 0  # stream sequence of the run's last appended event
     updated: float = 0.0  # unix time of the last update
@@ -30,7 +32,14 @@ class RunIndex(msgspec.Struct, omit_defaults=True):
 
     @classmethod
     def decode(cls, data: bytes) -> RunIndex:
-        return msgspec.msgpack.decode(data, type=cls)
+        entry = msgspec.msgpack.decode(data, type=cls)
+        if not entry.actor:  # written when the field was `agent`
+            entry.actor = msgspec.msgpack.decode(data, type=_OldIndex).agent
+        return entry
+
+
+class _OldIndex(msgspec.Struct):
+    agent: str = ""
 
 
 class HostBeat(msgspec.Struct, omit_defaults=True):

@@ -96,7 +96,7 @@ class JobContext:
 
     @property
     def agent_id(self) -> str:
-        return self.job.agent
+        return self.job.actor
 
     @property
     def run_id(self) -> str:
