@@ -15,19 +15,19 @@ TASKS      published: ``agents.<agent>.tasks``   WorkQueue  task commands; a sub
                                                             (`task_filter(p)`), never one consumer per agent.
                                                             Publishers set ``Nats-Msg-Id`` = task id: the same
                                                             task published twice is stored once.
-EVENTS     ``events.<agent>.<run>.<kind...>``    Limits     the append-only event log. ``<kind>`` is the
+EVENTS     ``events.<actor>.<run>.<kind...>``    Limits     the append-only event log. ``<kind>`` is the
                                                             event kind with its dots kept as tokens
                                                             (``tool.completed`` -> ``<run>.tool.completed``)
                                                             so ``events.*.*.tool.>`` filters a family. The
                                                             host is the only writer of a run: each append
                                                             carries ``Nats-Expected-Last-Subject-Sequence``
-                                                            plus ``...-Subject: events.<agent>.<run>.>``
+                                                            plus ``...-Subject: events.<actor>.<run>.>``
                                                             (`occ_headers`) and a Msg-Id. Bounded by
                                                             age, 90 days by default
                                                             (`runtime.nats.retention`).
 TOOLS      ``tools.<tool>``                      WorkQueue  tool jobs (`ToolJob`, Msg-Id ``<run>/<call>``),
                                                             one shared durable pull consumer ``workers``.
-RESULTS    ``results.<p>.<agent>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
+RESULTS    ``results.<p>.<actor>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
                                                             ``<run>/<call>``) published by workers; the host
                                                             owning partition ``p`` consumes
                                                             `result_filter(p)` and appends the script.* and
@@ -166,19 +166,19 @@ def agent_of_task_subject(subject: str) -> str:
     raise ValueError(f"not a task subject: {subject!r}")
 
 
-def event_subject(agent: str, run: str, kind: str) -> str:
+def event_subject(actor: str, run: str, kind: str) -> str:
     """The subject of one event of `run`; the kind's dots stay tokens (`tool.completed`)."""
     for token in kind.split("."):
         check_token(token, "event kind")
-    return f"events.{check_token(agent, 'agent')}.{check_token(run, 'run id')}.{kind}"
+    return f"events.{check_token(actor, 'actor')}.{check_token(run, 'run id')}.{kind}"
 
 
-def run_events_filter(agent: str, run: str) -> str:
+def run_events_filter(actor: str, run: str) -> str:
     """Every event of one run: the replay filter and the OCC wildcard of its appends."""
-    return f"events.{check_token(agent, 'agent')}.{check_token(run, 'run id')}.>"
+    return f"events.{check_token(actor, 'actor')}.{check_token(run, 'run id')}.>"
 
 
-def occ_headers(agent: str, run: str, last_seq: int, msg_id: str) -> dict[str, str]:
+def occ_headers(actor: str, run: str, last_seq: int, msg_id: str) -> dict[str, str]:
     """Headers for appending to a run whose last stored event has stream sequence `last_seq` (0 = empty).
 
     A stale second writer gets err_code 10071 (`ERR_WRONG_LAST_SEQUENCE`) and must stop: a run has one
@@ -187,7 +187,7 @@ def occ_headers(agent: str, run: str, last_seq: int, msg_id: str) -> dict[str, s
     return {
         HDR_MSG_ID: msg_id,
         HDR_EXPECTED_SUBJECT_SEQ: str(last_seq),
-        HDR_EXPECTED_SUBJECT_SEQ_SUBJECT: run_events_filter(agent, run),
+        HDR_EXPECTED_SUBJECT_SEQ_SUBJECT: run_events_filter(actor, run),
     }
 
 
@@ -196,9 +196,9 @@ def tool_subject(tool: str) -> str:
     return f"tools.{check_token(tool, 'tool name')}"
 
 
-def result_subject(partition: int, agent: str, run: str) -> str:
+def result_subject(partition: int, actor: str, run: str) -> str:
     """Where a worker publishes the outcome of a job of `run` (partition-prefixed for its host)."""
-    return f"results.{partition}.{check_token(agent, 'agent')}.{check_token(run, 'run id')}"
+    return f"results.{partition}.{check_token(actor, 'actor')}.{check_token(run, 'run id')}"
 
 
 def result_filter(partition: int) -> str:
