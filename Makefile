@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/ruff check runtime tests bench
+# ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -32,6 +32,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check runtime tests bench
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
