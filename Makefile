@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/ruff check runtime tests bench
+# ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -32,6 +32,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check runtime tests bench
+	$(BIN)/mypy
 
 # Conformance with vLLM (tests/test_vllm_conformance.py): every request body the runtime sends, checked offline
 # by vLLM's own request model, structured-output check and tool parsers. vLLM and what its imports need are
@@ -54,4 +55,4 @@ conformance: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_conformance.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

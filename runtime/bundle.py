@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -60,6 +60,10 @@ from runtime.model import ADAPTERS, DecodingConstraint, Strategy
 from runtime.scripts import Limits, LimitsError, parse_duration
 from runtime.tools import ScriptTool, discover_tools
 from runtime.types import ToolSchema
+
+if TYPE_CHECKING:
+    from runtime.kernel import KernelConfig
+    from runtime.policies import ToolPolicy
 
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
                   "frequency_penalty", "repetition_penalty")
@@ -163,7 +167,7 @@ class Bundle:
     tools: dict[str, ScriptTool]  # each with its limits (global merged with its own), output model, approval
     data_provider: DataProviderSpec
     deadline_s: float | None
-    policies: tuple[Any, ...]
+    policies: tuple[ToolPolicy, ...]
     digest: str
 
     @property
@@ -183,7 +187,7 @@ class Bundle:
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
         return tuple(t.schema for t in self.tools.values())
 
-    def kernel_config(self) -> Any:
+    def kernel_config(self) -> KernelConfig:
         """The kernel's `KernelConfig` for this bundle (tool schemas, termination, policies, sampling)."""
         from runtime.kernel import KernelConfig
 
@@ -329,7 +333,7 @@ def _output_model(ref: Any, named: dict[str, Any], root: Path, path: str,
     return None
 
 
-def _policy(item: Any, path: str, problems: list[tuple[str, str]]) -> Any:
+def _policy(item: Any, path: str, problems: list[tuple[str, str]]) -> ToolPolicy | None:
     from runtime.policies import ReadBeforeWritePolicy, SequentialDependencyPolicy
 
     if not (isinstance(item, dict) and len(item) == 1):

@@ -170,7 +170,7 @@ class MaxDeliveriesWatch:
         except NotFoundError:
             return False
         reason = f"the server stopped delivering it after {deliveries} deliveries (MaxDeliver advisory)"
-        job = await settle(self.js, subject=raw.subject, data=raw.data or b"", stream_seq=seq,
+        job = await settle(self.js, subject=raw.subject or "", data=raw.data or b"", stream_seq=seq,
                            deliveries=deliveries, reason=reason, worker=self.worker,
                            headers=dict(raw.headers or {}))
         with contextlib.suppress(NotFoundError):
@@ -266,7 +266,7 @@ async def get_dead_letter(js: JetStreamContext, seq: int) -> DeadLetter:
         raw = await js.get_msg(DLQ, seq)
     except NotFoundError:
         raise KeyError(f"no dead letter with sequence {seq}") from None
-    return DeadLetter.from_msg(seq, raw.subject, raw.data or b"", raw.headers)
+    return DeadLetter.from_msg(seq, raw.subject or "", raw.data or b"", raw.headers)
 
 
 async def replay(js: JetStreamContext, seq: int) -> DeadLetter:

@@ -36,7 +36,8 @@ their encoding, their versions and their stubs must be read (and changed) togeth
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias, cast, get_args
 
 import msgspec
 
@@ -76,7 +77,7 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
 # ── run lifecycle ─────────────────────────────────────────────────────────────────────────────────────
 
 
-class RunStarted(_Event, kw_only=True, tag="run.started"):
+class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     """A task was accepted and this run owns it. Carries the task so the log alone can rebuild the run."""
 
     input: str
@@ -87,21 +88,21 @@ class RunStarted(_Event, kw_only=True, tag="run.started"):
     bundle_digest: str = ""
 
 
-class RunCompleted(_Event, kw_only=True, tag="run.completed"):
+class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed"):
     output: Any = None
 
 
-class RunFailed(_Event, kw_only=True, tag="run.failed"):
+class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed"):
     reason: str
     detail: str = ""
 
 
-class RunCancelled(_Event, kw_only=True, tag="run.cancelled"):
+class RunCancelled(_Event, frozen=True, kw_only=True, tag="run.cancelled"):
     reason: str = ""
     by: str = ""
 
 
-class TurnCompleted(_Event, kw_only=True, tag="turn.completed"):
+class TurnCompleted(_Event, frozen=True, kw_only=True, tag="turn.completed"):
     """A model reply and every call it made are resolved; the tool results now join the conversation."""
 
     turn: int
@@ -112,7 +113,7 @@ class TurnCompleted(_Event, kw_only=True, tag="turn.completed"):
 # ── model ─────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class ModelRequested(_Event, kw_only=True, tag="model.requested"):
+class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested"):
     """A model call is about to be made. `messages` holds only what was appended to the conversation since
     the previous request; the prompt sent is `pinned + conversation[context_start:]` (see kernel)."""
 
@@ -126,7 +127,7 @@ class ModelRequested(_Event, kw_only=True, tag="model.requested"):
     tools: tuple[str, ...] = ()  # names offered when fewer than all the agent's tools (a forced last turn)
 
 
-class ModelResponded(_Event, kw_only=True, tag="model.responded"):
+class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):
     """The model answered. `calls` carry the kernel's deterministic ids (`<run>/<turn>.<i>`). A reply
     the adapter could not parse keeps its raw text and sets `parse_error`; the model is told and retries."""
 
@@ -141,7 +142,7 @@ class ModelResponded(_Event, kw_only=True, tag="model.responded"):
     parse_error: str | None = None
 
 
-class ModelFailed(_Event, kw_only=True, tag="model.failed"):
+class ModelFailed(_Event, frozen=True, kw_only=True, tag="model.failed"):
     """The model call produced no reply (after the client's own retries): timeout, HTTP error, ..."""
 
     request_id: str
@@ -153,13 +154,13 @@ class ModelFailed(_Event, kw_only=True, tag="model.failed"):
 # ── tools ─────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class ToolCalled(_Event, kw_only=True, tag="tool.called"):
+class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called"):
     """A call was dispatched for execution (allowed by every policy, approved if it needed approval)."""
 
     call: ToolCall
 
 
-class ToolCompleted(_Event, kw_only=True, tag="tool.completed"):
+class ToolCompleted(_Event, frozen=True, kw_only=True, tag="tool.completed"):
     call_id: str
     tool: str
     output: Any = None
@@ -170,7 +171,7 @@ class ToolCompleted(_Event, kw_only=True, tag="tool.completed"):
         return ToolResult(output=self.output, duration_ms=self.duration_ms)
 
 
-class ToolFailed(_Event, kw_only=True, tag="tool.failed"):
+class ToolFailed(_Event, frozen=True, kw_only=True, tag="tool.failed"):
     """A call ended in an error value: from the tool, a denying policy or approver, or an unknown tool."""
 
     call_id: str
@@ -186,32 +187,32 @@ class ToolFailed(_Event, kw_only=True, tag="tool.failed"):
 # Script events come from the worker running a .pym tool; they explain a call, the kernel ignores them.
 
 
-class ScriptStarted(_Event, kw_only=True, tag="script.started"):
+class ScriptStarted(_Event, frozen=True, kw_only=True, tag="script.started"):
     call_id: str
     tool: str
     worker: str = ""
 
 
-class ScriptPrinted(_Event, kw_only=True, tag="script.printed"):
+class ScriptPrinted(_Event, frozen=True, kw_only=True, tag="script.printed"):
     call_id: str
     tool: str
     text: str
 
 
-class ScriptCompleted(_Event, kw_only=True, tag="script.completed"):
+class ScriptCompleted(_Event, frozen=True, kw_only=True, tag="script.completed"):
     call_id: str
     tool: str
     duration_ms: float = 0.0
 
 
-class ScriptFailed(_Event, kw_only=True, tag="script.failed"):
+class ScriptFailed(_Event, frozen=True, kw_only=True, tag="script.failed"):
     call_id: str
     tool: str
     error: ToolError
     duration_ms: float = 0.0
 
 
-class ToolRedelivered(_Event, kw_only=True, tag="tool.redelivered"):
+class ToolRedelivered(_Event, frozen=True, kw_only=True, tag="tool.redelivered"):
     """The outcome that follows came from delivery `attempt` (> 1) of the call's tool job, on `worker`:
     the earlier deliveries ended without an outcome, and `earlier` says why, one line each (a worker that
     stopped heartbeating: killed, cut off from NATS or stalled; or one that gave the job back after NATS
@@ -228,16 +229,16 @@ class ToolRedelivered(_Event, kw_only=True, tag="tool.redelivered"):
 # ── approvals ─────────────────────────────────────────────────────────────────────────────────────────
 
 
-class ApprovalRequested(_Event, kw_only=True, tag="approval.requested"):
+class ApprovalRequested(_Event, frozen=True, kw_only=True, tag="approval.requested"):
     call: ToolCall
 
 
-class ApprovalGranted(_Event, kw_only=True, tag="approval.granted"):
+class ApprovalGranted(_Event, frozen=True, kw_only=True, tag="approval.granted"):
     call_id: str
     by: str = ""
 
 
-class ApprovalDenied(_Event, kw_only=True, tag="approval.denied"):
+class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="approval.denied"):
     call_id: str
     reason: str = ""
     by: str = ""
@@ -264,13 +265,20 @@ Event: TypeAlias = (
     | RunFailed
     | RunCancelled
 )
-EVENT_TYPES: tuple[type[_Event], ...] = Event.__args__  # type: ignore[attr-defined]
-EVENT_KINDS: dict[str, type[_Event]] = {cls.__struct_config__.tag: cls for cls in EVENT_TYPES}
+EVENT_TYPES: tuple[type[_Event], ...] = get_args(Event)
+
+
+def _tag(cls: type[msgspec.Struct]) -> str:
+    """The tag of one of this module's Structs (always a string here; msgspec also allows int tags)."""
+    return cast(str, cls.__struct_config__.tag)
+
+
+EVENT_KINDS: dict[str, type[_Event]] = {_tag(cls): cls for cls in EVENT_TYPES}
 
 
 def kind_of(ev: Event) -> str:
     """The dotted kind of an event (its tag), e.g. for the subject `events.<agent>.<run>.<kind>`."""
-    return type(ev).__struct_config__.tag  # type: ignore[return-value]
+    return _tag(type(ev))
 
 
 def stamp(ev: Event, *, seq: int, ts: float | None = None, actor: str | None = None) -> Event:
@@ -328,7 +336,7 @@ class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     v: int = SCHEMA_VERSION
 
 
-class Task(_Command, kw_only=True, tag="task"):
+class Task(_Command, frozen=True, kw_only=True, tag="task"):
     """Run `input` on `agent`. `task_id` becomes the Nats-Msg-Id, so a re-sent task is dropped, not re-run.
 
     `timeout_s` is relative: seconds after the run starts (the run.started `ts`). Relative beats an
@@ -344,19 +352,19 @@ class Task(_Command, kw_only=True, tag="task"):
     metadata: dict[str, Any] = {}
 
 
-class Cancel(_Command, kw_only=True, tag="cancel"):
+class Cancel(_Command, frozen=True, kw_only=True, tag="cancel"):
     run_id: str
     reason: str = ""
     by: str = ""
 
 
-class Approve(_Command, kw_only=True, tag="approve"):
+class Approve(_Command, frozen=True, kw_only=True, tag="approve"):
     run_id: str
     call_id: str
     by: str = ""
 
 
-class Deny(_Command, kw_only=True, tag="deny"):
+class Deny(_Command, frozen=True, kw_only=True, tag="deny"):
     run_id: str
     call_id: str
     reason: str = ""
@@ -364,8 +372,8 @@ class Deny(_Command, kw_only=True, tag="deny"):
 
 
 Command: TypeAlias = Task | Cancel | Approve | Deny
-COMMAND_TYPES: tuple[type[_Command], ...] = Command.__args__  # type: ignore[attr-defined]
-COMMAND_KINDS: dict[str, type[_Command]] = {cls.__struct_config__.tag: cls for cls in COMMAND_TYPES}
+COMMAND_TYPES: tuple[type[_Command], ...] = get_args(Command)
+COMMAND_KINDS: dict[str, type[_Command]] = {_tag(cls): cls for cls in COMMAND_TYPES}
 
 
 # ── encoding ──────────────────────────────────────────────────────────────────────────────────────────
@@ -415,14 +423,15 @@ class _V1Envelope(msgspec.Struct):
     agent: str = ""
 
 
-def _upcast(ev: Event, data: bytes | str, json: bool) -> Event:
+def _upcast(ev: Event, envelope: Callable[[], _V1Envelope]) -> Event:
     """An event of an older schema version in the current shape (the one place old logs are adapted).
 
     v1 -> v2: the envelope field `agent` (the actor key) became `actor`. A v2 reader ignores the unknown
-    `agent` key, so it is read again from the same bytes, only for v1 events (new logs pay nothing)."""
+    `agent` key, so `envelope` reads it again from the same bytes, only for v1 events (new logs pay
+    nothing)."""
     if ev.v >= SCHEMA_VERSION:
         return ev
-    old = (msgspec.json.decode if json else msgspec.msgpack.decode)(data, type=_V1Envelope)
+    old = envelope()
     return msgspec.structs.replace(ev, actor=old.agent) if old.agent else ev
 
 
@@ -432,7 +441,9 @@ def decode(data: bytes) -> Event:
     event = _decode(
         data, _event_msgpack, lambda d: msgspec.msgpack.decode(d, type=_Peek), EVENT_KINDS, "event"
     )
-    return event if event.v >= SCHEMA_VERSION else _upcast(event, data, json=False)
+    if event.v >= SCHEMA_VERSION:
+        return event
+    return _upcast(event, lambda: msgspec.msgpack.decode(data, type=_V1Envelope))
 
 
 def to_json(ev: Event | Command, *, indent: int = 0) -> str:
@@ -443,7 +454,9 @@ def to_json(ev: Event | Command, *, indent: int = 0) -> str:
 
 def from_json(data: str | bytes) -> Event:
     event = _decode(data, _event_json, lambda d: msgspec.json.decode(d, type=_Peek), EVENT_KINDS, "event")
-    return event if event.v >= SCHEMA_VERSION else _upcast(event, data, json=True)
+    if event.v >= SCHEMA_VERSION:
+        return event
+    return _upcast(event, lambda: msgspec.json.decode(data, type=_V1Envelope))
 
 
 def encode_command(cmd: Command) -> bytes:

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 from runtime import history
 from runtime.events import (
@@ -182,7 +182,7 @@ Decided: TypeAlias = ToolFailed | ApprovalRequested | TurnCompleted | RunComplet
 Effect: TypeAlias = CallModel | CallTools
 Decision: TypeAlias = Effect | Decided
 
-DECIDED_TYPES: tuple[type, ...] = (ToolFailed, ApprovalRequested, TurnCompleted, RunCompleted, RunFailed)
+DECIDED_TYPES: tuple[type[Decided], ...] = get_args(Decided)
 
 
 def model_request_id(run_id: str, turn: int, attempt: int = 0) -> str:

@@ -170,7 +170,8 @@ class RunLog:
             msg = await self.js.get_last_msg(names.EVENTS, run_filter(run_id, actor), direct=True)
         except NotFoundError:
             return None
-        return msg.seq, (msg.headers or {}).get(names.HDR_MSG_ID, "")
+        # nats-py types `seq` Optional; a message read from the stream always has one
+        return msg.seq, (msg.headers or {}).get(names.HDR_MSG_ID, "")  # type: ignore[return-value]
 
     # -- reading ---------------------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ class RunLog:
             last = await self.js.get_last_msg(names.EVENTS, flt, direct=True)
         except NotFoundError:
             return RunHistory(run_id, actor or "")
-        end = last.seq
+        end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
         out = RunHistory(run_id, actor or (last.subject or "").split(".")[1])
         done = asyncio.get_running_loop().create_future()
         events, seqs = out.events, out.stream_seqs
@@ -272,7 +273,8 @@ class RunLog:
             if out.events:
                 out.stream_seqs.append(await self.append(copy, expect=out.last_seq))
             else:
-                first = await self.create(copy)
+                # the first event of a run is always its run.started
+                first = await self.create(copy)  # type: ignore[arg-type]
                 if first is None:
                     raise Superseded(f"run {new_run} exists already: copy to a new run id")
                 out.stream_seqs.append(first)

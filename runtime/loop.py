@@ -27,7 +27,7 @@ import inspect
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,11 +35,12 @@ import anyio
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.model import ModelAdapter, ModelStep
+from runtime.model import DecodingConstraint, ModelAdapter, ModelStep
 from runtime.types import ScriptNote, ToolCall, ToolResult, Usage
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelClient
+    from runtime.tools import Tool
 
 class LocalData(Protocol):
     """Data in and out of a tool call in one process: the files it reads, and what its result writes."""
@@ -80,9 +81,9 @@ class _Runner:
         *,
         client: ModelClient,
         adapter: ModelAdapter,
-        tools: Sequence[Any],
+        tools: Sequence[Tool],
         on_event: OnEvent | None,
-        constraint: Any,
+        constraint: DecodingConstraint | None,
         approver: Approver | None,
         clock: Callable[[], float],
         data: LocalData | None = None,
@@ -120,7 +121,7 @@ class _Runner:
                     await result
             return event
 
-    def _timeout(self, deadline: float | None) -> Any:
+    def _timeout(self, deadline: float | None) -> AbstractContextManager[object]:
         return anyio.fail_after(max(deadline - self.clock(), 0.0)) if deadline is not None else nullcontext()
 
     async def drive(self) -> None:
@@ -226,9 +227,9 @@ async def run_task(
     *,
     client: ModelClient,
     adapter: ModelAdapter,
-    tools: Sequence[Any],
+    tools: Sequence[Tool],
     on_event: OnEvent | None = None,
-    constraint: Any = None,
+    constraint: DecodingConstraint | None = None,
     approver: Approver | None = None,
     run_id: str | None = None,
     bundle_digest: str = "",

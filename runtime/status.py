@@ -51,9 +51,9 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
                       "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
     in_flight = [0] * n
     for key in await bus.kv_entries(buckets[bus.ACTIVE_BUCKET]):
-        p = key.split(".", 1)[0][1:]
-        if p.isdigit() and int(p) < n:
-            in_flight[int(p)] += 1
+        digits = key.split(".", 1)[0][1:]
+        if digits.isdigit() and int(digits) < n:
+            in_flight[int(digits)] += 1
 
     partitions = []
     task_queues = await _partition_queues(js, bus.TASKS, bus.task_consumer_name, n)
@@ -65,10 +65,10 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
 
     workers = []
     for _, entry in sorted((await bus.kv_entries(buckets[bus.WORKERS_BUCKET])).items()):
-        beat = bus.WorkerBeat.decode(entry.value)
-        workers.append({"name": beat.name, "concurrency": beat.concurrency, "running": beat.running,
-                        "completed": beat.completed, "failed": beat.failed, "tools": beat.tools,
-                        "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
+        wbeat = bus.WorkerBeat.decode(entry.value)
+        workers.append({"name": wbeat.name, "concurrency": wbeat.concurrency, "running": wbeat.running,
+                        "completed": wbeat.completed, "failed": wbeat.failed, "tools": wbeat.tools,
+                        "up_s": round(now - wbeat.started, 1), "beat_age_s": _age(now, entry)})
 
     streams = {name: await _messages(js, name) for name in (bus.TASKS, bus.TOOLS, bus.RESULTS, bus.DLQ)}
     tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER) or {"pending": streams[bus.TOOLS],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -26,7 +26,7 @@ ErrorKind = Literal[
     "policy",  # a ToolPolicy denied the call
     "timeout",  # the call's deadline passed before a result arrived
 ]
-ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
+ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
 LimitKind = Literal["memory", "duration", "recursion", "suspensions", "output"]
 

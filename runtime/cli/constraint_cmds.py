@@ -77,6 +77,7 @@ def constraint_cmd(
 
     try:
         family = get_adapter(adapter)
+        # any string from the command line: DecodingConstraint rejects an unknown one (ConstraintError)
         constraint = DecodingConstraint(strategy, parallel, send_tools)  # type: ignore[arg-type]
         tools = _load_tools(paths)
         built = build_constraint(family, tools, constraint)

@@ -21,12 +21,18 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from runtime.cli.app import app
 from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats, state_file
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from runtime.modelserver.launch import ServerProcess
+    from runtime.nats.server import EmbeddedNats
 
 VERBOSE_HELP = "Log at INFO from the start (every partition taken, every run resumed)."
 
@@ -90,8 +96,8 @@ def up(
     from rich.console import Console
 
     console = Console(stderr=True, soft_wrap=True)  # one line per process, whatever the width
-    server = None
-    model = None
+    server: EmbeddedNats | None = None
+    model: ServerProcess | None = None
     procs: list[subprocess.Popen[bytes]] = []
     env_url = bus.servers_from_env()
     try:
@@ -102,11 +108,10 @@ def up(
             server = bus.EmbeddedNats(store or bus.default_store_dir()).start()
             url = server.url
             console.print(f"[bold]nats[/]     {url}  (embedded, store {server.store_dir})")
-        model_url = None
+        model_url: str | None = None
         if any(b.uses_local_model for b in loaded):
-            model_url = _start_local_model(console)
-            model = model_url[1]
-            model_url = model_url[0]
+            model = _start_local_model(console)
+            model_url = model.base_url
             console.print(f"[bold]model[/]    {model_url}/v1  (local SmolLM2)")
         for _ in range(workers):
             cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker",
@@ -144,14 +149,14 @@ def up(
         anyio.run(main, backend="asyncio")
     finally:
         console.print("stopping…")
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
             try:
-                p.wait(15)
+                proc.wait(15)
             except subprocess.TimeoutExpired:
-                p.kill()
+                proc.kill()
         if model is not None:
             model.stop()
         if server is not None:
@@ -162,14 +167,13 @@ def up(
         console.print("stopped")
 
 
-def _start_local_model(console: Any) -> tuple[str, Any]:
+def _start_local_model(console: Console) -> ServerProcess:
     """Start the embedded model server as a child process (first start converts the weights: minutes)."""
     from runtime.modelserver import start_model_server
 
     with console.status("starting the local model server (the first start converts the SmolLM2 weights; "
                         "this can take a few minutes)…"):
-        handle = start_model_server(timeout=900.0)
-    return handle.base_url, handle
+        return start_model_server(timeout=900.0)
 
 
 # ---------------------------------------------------------------------------------------------------------

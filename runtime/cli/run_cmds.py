@@ -350,7 +350,7 @@ def replay(
         raise typer.Exit(2)
     code = 0
     if as_json:
-        for e in runlog.events:
+        for e in runlog.events:  # type: ignore[misc]  # `e` was the except clause's name above
             print(ev.to_json(e))
     else:
         from rich.console import Console

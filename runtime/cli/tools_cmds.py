@@ -117,7 +117,7 @@ def check_cmd(
             await shutdown()
         return found
 
-    problems = [
+    problems: list[dict[str, Any]] = [
         {"kind": m.error.kind, "message": m.error.message, "line": None, "file": m.path, "column": None}
         for m in missing
     ]

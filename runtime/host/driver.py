@@ -56,10 +56,9 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError
 
@@ -76,12 +75,18 @@ log = logging.getLogger("runtime.host")
 PUBLISH_RETRY_S = 0.25
 
 
+class Ackable(Protocol):
+    """A message that can be acknowledged: a NATS message, or one guarded by partition ownership."""
+
+    async def ack(self) -> None: ...
+
+
 @dataclass
 class Inbound:
     """Something for a run from outside: a tool outcome or a command, with the message to ack after."""
 
     item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny
-    msg: Msg | None = None
+    msg: Ackable | None = None
 
 
 class RunDriver:
@@ -354,7 +359,7 @@ def run_log_for(js: JetStreamContext) -> RunLog:
     return run_log
 
 
-async def ack_quietly(msg: Msg) -> None:
+async def ack_quietly(msg: Ackable) -> None:
     """Ack `msg`; if the connection dropped the message is redelivered and found to be a no-op."""
     try:
         await msg.ack()

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
@@ -105,7 +105,7 @@ class LeaseRenewer:
             with contextlib.suppress(Exception):
                 await nc.close()
 
-    async def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    async def call(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
         """Await `fn(js, *args)` run on the lease thread, from the host's loop."""
         assert self._loop is not None and self.js is not None
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(fn(self.js, *args), self._loop)

@@ -103,7 +103,7 @@ class Router:
         await _term(msg)
         return False
 
-    async def _forward(self, cmd: ev.Command, ix: RunIndex, msg: Guarded) -> bool:
+    async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny, ix: RunIndex, msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of
         `bundle:instance`) lands in another partition: republish it where the run's host reads."""
         for agent in (ix.actor, split_actor(ix.actor)[0]):

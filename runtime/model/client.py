@@ -223,6 +223,7 @@ class ModelClient:
         body = {key: rest.pop(key) for key in _BODY_ORDER if key in rest}
         body.update(rest)
         body.update(extra)
+        # `options` is built key by key, so it is a dict and not openai's `RequestOptions` TypedDict
         return await self._client.post(
             "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[call-overload]
             stream=stream, stream_cls=AsyncStream[ChatCompletionChunk],

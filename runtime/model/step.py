@@ -82,7 +82,7 @@ class ModelStep:
         """
         via_api = self.constraint is not None and self.constraint.send_tools_to_api
         messages = self.adapter.render(list(effect.messages), list(effect.tools), tools_via_api=via_api)
-        ids = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
+        ids: dict[str, Any] = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
         try:
             with scope:

@@ -214,8 +214,11 @@ class Engine:
         cancelled = cancelled or threading.Event()
         stats = DecodeStats(prompt_tokens=len(prompt_ids))
         self.stats = stats
-        matcher = xgr.GrammarMatcher(grammar) if grammar is not None else None
-        bitmask = xgr.allocate_token_bitmask(1, self.tokenizer_info.vocab_size) if matcher else None
+        matcher: xgr.GrammarMatcher | None = None
+        bitmask: torch.Tensor | None = None
+        if grammar is not None:
+            matcher = xgr.GrammarMatcher(grammar)
+            bitmask = xgr.allocate_token_bitmask(1, self.tokenizer_info.vocab_size)
         rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         text = TextAssembler(self.tokenizer, params.stop)
         finish = "length"
@@ -232,7 +235,7 @@ class Engine:
                     return
                 if params.ignore_eos and matcher is None:
                     logits[list(self.stop_token_ids)] = float("-inf")
-                if matcher is not None:
+                if matcher is not None and bitmask is not None:
                     t = time.perf_counter()
                     matcher.fill_next_token_bitmask(bitmask)
                     xgr.apply_token_bitmask_inplace(logits.unsqueeze(0), bitmask)

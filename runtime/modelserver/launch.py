@@ -167,11 +167,12 @@ def start_model_server(
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **(env or {})}
     )
-    assert proc.stdout is not None
+    stdout = proc.stdout
+    assert stdout is not None
     found: list[str] = []
 
     def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
+        for line in stdout:
             m = re.match(re.escape(READY_PREFIX) + r"(\S+)", line)
             if m:
                 found.append(m.group(1))

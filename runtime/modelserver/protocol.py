@@ -142,7 +142,7 @@ class ChatCompletionRequest(BaseModel):
 
     @property
     def stop_strings(self) -> list[str]:
-        return list(self.stop or [])  # type: ignore[arg-type]  # normalised to a list by the validator
+        return list(self.stop or [])  # a str `stop` is normalised to a list by the validator
 
     @property
     def token_limit(self) -> int | None:

@@ -136,7 +136,7 @@ class KvEntry:
     """One key's latest entry, as `kv_entries` reads it (the fields of nats-py's `KeyValue.Entry` used)."""
 
     key: str
-    value: bytes | None
+    value: bytes  # empty for a delete marker
     revision: int
     operation: str | None = None  # None for a value, "DEL" / "PURGE" for a delete marker
     created: datetime.datetime | None = None  # when it was written

@@ -83,8 +83,8 @@ class ServerProcess:
                 [str(find_nats_server()), *args], env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
         finally:
-            if out is not subprocess.DEVNULL:
-                out.close()  # type: ignore[union-attr]
+            if not isinstance(out, int):  # a log file, not subprocess.DEVNULL
+                out.close()
 
     @property
     def pid(self) -> int:

@@ -22,9 +22,12 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from pydantic_monty import ResourceLimits
 
 __all__ = ["PRESETS", "Limits", "LimitsError", "parse_duration", "parse_size"]
 
@@ -226,7 +229,7 @@ class Limits(BaseModel):
         """This over `Limits.default()`: every field set, as every run needs."""
         return PRESETS["default"].merge(self)
 
-    def to_monty(self) -> dict[str, Any]:
+    def to_monty(self) -> ResourceLimits:
         """pydantic-monty's `ResourceLimits` for a checkout (fields filled from the default preset)."""
         full = self.effective()
         return {

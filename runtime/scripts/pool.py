@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic_monty import AsyncMonty, AsyncMontySession
+from pydantic_monty import AsyncMonty, AsyncMontySession, ResourceLimits
 
 __all__ = ["SandboxPool", "configure_pool", "get_pool", "shutdown", "shutdown_sync"]
 
@@ -91,7 +91,7 @@ class SandboxPool:
 
     @contextlib.asynccontextmanager
     async def session(
-        self, *, script_name: str, limits: dict[str, Any], **checkout: Any
+        self, *, script_name: str, limits: ResourceLimits, **checkout: Any
     ) -> AsyncIterator[AsyncMontySession]:
         """A fresh worker session (one per run) with `limits` (pydantic-monty `ResourceLimits`)."""
         if not limits.get("max_memory") or not limits.get("max_feed_duration_secs"):
@@ -100,7 +100,7 @@ class SandboxPool:
             )
         monty = await self.monty()
         self.runs += 1
-        async with monty.checkout(script_name=script_name, limits=limits, **checkout) as s:  # type: ignore[arg-type]
+        async with monty.checkout(script_name=script_name, limits=limits, **checkout) as s:
             yield s
 
     def record_crash(self, detail: str) -> None:
