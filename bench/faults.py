@@ -64,39 +64,13 @@ from runtime.nats.subjects import (  # noqa: E402
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
 from runtime.testing import Reply, ScriptedModelServer  # noqa: E402
+from runtime.testing.scripts import APPEND_LINE, SUBMIT  # noqa: E402
 
 CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 WORKSPACE = "wsbench"
 HOST_STAMPED = (ev.ModelRequested, ev.ToolCalled, ev.TurnCompleted, ev.RunCompleted, ev.RunFailed)
 
-STEP = '''\
-"""Append one line to a file of the workspace after some work."""
-from grail import Input
 
-file: str = Input("file")
-line: str = Input("line")
-spin: int = Input("spin", default=0)
-
-total = 0
-for i in range(spin):
-    total += i
-old = ""
-try:
-    old = open(f"/data/{file}").read()
-except FileNotFoundError:
-    old = ""
-new = old + line + "\\n"
-{"writes": [{"path": f"/data/{file}", "content": new}], "lines": len(new.splitlines())}
-'''
-
-SUBMIT = '''\
-"""Finish the task with its answer."""
-from grail import Input
-
-answer: str = Input("answer")
-
-{"answer": answer}
-'''
 
 TASK = re.compile(r"bench (\d+) steps (\d+) spin (\d+)")
 
@@ -222,7 +196,7 @@ class Bench:
     def _bundle(self, base_url: str) -> Path:
         folder = self.root / "faults"
         (folder / "tools").mkdir(parents=True, exist_ok=True)
-        (folder / "tools" / "step.pym").write_text(STEP)
+        (folder / "tools" / "step.pym").write_text(APPEND_LINE)
         (folder / "tools" / "submit.pym").write_text(SUBMIT)
         (folder / "bundle.yaml").write_text(
             "name: faults\nsystem_prompt: You append lines with tools.\n"

@@ -52,46 +52,20 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import ensure_topology
 from runtime.testing import Reply, ScriptedModelServer
+from runtime.testing.scripts import APPEND_LINE, SUBMIT
 
 pytestmark = pytest.mark.anyio
 CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 PARTITIONS = 8
 WORKSPACE = "wsfaults"
 
-STEP = '''\
-"""Append one line to a file of the workspace (read it, return the write for the host)."""
-from grail import Input
 
-file: str = Input("file")
-line: str = Input("line")
-spin: int = Input("spin", default=0)
-
-total = 0
-for i in range(spin):
-    total += i
-old = ""
-try:
-    old = open(f"/data/{file}").read()
-except FileNotFoundError:
-    old = ""
-new = old + line + "\\n"
-{"writes": [{"path": f"/data/{file}", "content": new}], "lines": len(new.splitlines())}
-'''
-
-SUBMIT = '''\
-"""Finish the task with its answer."""
-from grail import Input
-
-answer: str = Input("answer")
-
-{"answer": answer}
-'''
 
 
 def write_bundle(root: Path, base_url: str) -> Path:
     folder = root / "faults"
     (folder / "tools").mkdir(parents=True)
-    (folder / "tools" / "step.pym").write_text(STEP)
+    (folder / "tools" / "step.pym").write_text(APPEND_LINE)
     (folder / "tools" / "submit.pym").write_text(SUBMIT)
     (folder / "bundle.yaml").write_text(
         "name: faults\nsystem_prompt: You append lines with tools.\n"

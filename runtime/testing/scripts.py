@@ -1,0 +1,37 @@
+"""Tool scripts for tests and benchmarks of a fleet: written into a bundle's `tools/` folder, they give a
+run real sandboxed work with a workspace write per step, so fault tests and benches can count every write.
+
+    (folder / "tools" / "step.pym").write_text(APPEND_LINE)
+    (folder / "tools" / "submit.pym").write_text(SUBMIT)
+"""
+
+APPEND_LINE = '''\
+"""Append one line to a file of the workspace (read it, return the write for the host)."""
+from grail import Input
+
+file: str = Input("file")
+line: str = Input("line")
+spin: int = Input("spin", default=0)
+
+total = 0
+for i in range(spin):
+    total += i
+old = ""
+try:
+    old = open(f"/data/{file}").read()
+except FileNotFoundError:
+    old = ""
+new = old + line + "\\n"
+{"writes": [{"path": f"/data/{file}", "content": new}], "lines": len(new.splitlines())}
+'''
+
+SUBMIT = '''\
+"""Finish the task with its answer."""
+from grail import Input
+
+answer: str = Input("answer")
+
+{"answer": answer}
+'''
+
+__all__ = ["APPEND_LINE", "SUBMIT"]
