@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
+from runtime.nats.retry import retrying
 from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET
 
 log = logging.getLogger("runtime.nats")
@@ -170,7 +171,14 @@ async def resolve_retention(js: JetStreamContext, asked: Retention | None = None
 
 async def ensure_retention(js: JetStreamContext, asked: Retention | None = None) -> Retention:
     """Apply the bounds (`resolve_retention`) to EVENTS and the payload store where they exist and differ;
-    returns the bounds in force. Idempotent; every `sa host` / `sa up` calls it at start-up."""
+    returns the bounds in force. Idempotent; every `sa host` / `sa up` calls it at start-up, so it rides
+    out a NATS leader election (retried until NATS answers) instead of failing the process; a config the
+    server refuses is raised at once."""
+    return await retrying(lambda: _ensure_retention(js, asked), what="applying the retention bounds",
+                          fatal=BadRequestError, logger=log)
+
+
+async def _ensure_retention(js: JetStreamContext, asked: Retention | None) -> Retention:
     bounds = await resolve_retention(js, asked)
     for stream, age, size in ((EVENTS, bounds.events_max_age, bounds.events_max_bytes),
                               (PAYLOADS_STREAM, bounds.payloads_max_age, bounds.payloads_max_bytes)):
