@@ -259,8 +259,8 @@ class RunDriver:
                 tg.cancel_scope.cancel()
         if failed is not None:
             raise failed
-        if not reply:
-            return  # a cancel arrived: the inbox records it
+        if not reply or self.state.done:
+            return  # a cancel arrived (the inbox records it), or the run ended while the call was out
         await self.append(reply[0])
 
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
@@ -289,6 +289,8 @@ class RunDriver:
         if not jobs:
             return progressed
         await self._flush()
+        if self.state.done:  # the log refused what was staged and the run ended: send out nothing more
+            return True
         if len(jobs) == 1:
             await self._publish_job(jobs[0])
         else:
