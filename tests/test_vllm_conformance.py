@@ -38,6 +38,7 @@ from vllm.tool_parsers.structural_tag_registry import (  # noqa: E402
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel  # noqa: E402
 from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar  # noqa: E402
 
+from runtime import events as ev  # noqa: E402
 from runtime import kernel  # noqa: E402
 from runtime.bundle import _SAMPLING_KEYS  # noqa: E402
 from runtime.model import STRATEGIES, DecodingConstraint, ModelStep, accepts, get_adapter  # noqa: E402
@@ -117,8 +118,8 @@ def bodies(family: str, constraint: DecodingConstraint | None) -> dict[str, dict
     async def send() -> list[dict[str, Any]]:
         with ScriptedModelServer(responder=lambda body: "ok") as server:
             async with ModelClient(base_url=server.base_url, model="m", max_retries=0) as client:
-                _, fields = await step.call(client, effect, "r")
-                assert "error" not in fields, fields
+                outcome = await step.call(client, effect, "r")
+                assert not isinstance(outcome, ev.ModelFailed), outcome
                 via_api = constraint is not None and constraint.send_tools_to_api
                 messages = step.adapter.render(list(HISTORY), list(TOOLS), tools_via_api=via_api)
                 await client.complete(messages, **SAMPLING, **step.extras, stream=True)
