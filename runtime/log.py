@@ -25,8 +25,8 @@ stream can never accept (over the server's message size even after offloading, o
 run cannot go on instead (`runtime.host.driver`).
 
 Big payloads. An event whose encoding is over the payload threshold (`runtime.payloads`, 256 KiB by
-default, always below the server's max_payload) is stored whole in the object store and the log keeps
-a stub with a `PayloadRef` (`events.externalize`). `read` gives whole events back (digest-checked);
+default, always below the server's max_payload) has its big fields stored in the object store and the
+log keeps a stub with a `PayloadRef` (`events.externalize`). `read` gives whole events back (digest-checked);
 `follow` yields events as stored unless asked to resolve, because a live view wants to be fast and a
 stub still says what happened. Objects are named per run and content-addressed within it
 (`runtime.payloads`), so a retried offload is a lookup and a purged run takes exactly its own objects.
