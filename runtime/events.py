@@ -166,10 +166,6 @@ class ToolCompleted(_Event, frozen=True, kw_only=True, tag="tool.completed"):
     output: Any = None
     duration_ms: float = 0.0
 
-    @property
-    def result(self) -> ToolResult:
-        return ToolResult(output=self.output, duration_ms=self.duration_ms)
-
 
 class ToolFailed(_Event, frozen=True, kw_only=True, tag="tool.failed"):
     """A call ended in an error value: from the tool, a denying policy or approver, or an unknown tool."""
@@ -178,10 +174,6 @@ class ToolFailed(_Event, frozen=True, kw_only=True, tag="tool.failed"):
     tool: str
     error: ToolError
     duration_ms: float = 0.0
-
-    @property
-    def result(self) -> ToolResult:
-        return ToolResult(error=self.error, duration_ms=self.duration_ms)
 
 
 # Script events come from the worker running a .pym tool; they explain a call, the kernel ignores them.
@@ -310,6 +302,13 @@ def tool_outcome(run_id: str, call_id: str, tool: str, result: ToolResult) -> To
                              duration_ms=result.duration_ms)
     return ToolFailed(run_id=run_id, call_id=call_id, tool=tool, error=result.error,
                       duration_ms=result.duration_ms)
+
+
+def tool_result(ev: ToolCompleted | ToolFailed) -> ToolResult:
+    """The tool result an outcome event records: the inverse of `tool_outcome`."""
+    if isinstance(ev, ToolCompleted):
+        return ToolResult(output=ev.output, duration_ms=ev.duration_ms)
+    return ToolResult(error=ev.error, duration_ms=ev.duration_ms)
 
 
 def script_event(note: ScriptNote, run_id: str, call_id: str, tool: str, *, worker: str = "") -> Event:
@@ -610,4 +609,5 @@ __all__ = [
     "stamp",
     "to_json",
     "tool_outcome",
+    "tool_result",
 ]

@@ -88,6 +88,7 @@ from runtime.events import (
     ToolCompleted,
     ToolFailed,
     TurnCompleted,
+    tool_result,
 )
 from runtime.policies import ToolPolicy, check_all, initial_all, update_all
 from runtime.types import Message, ToolCall, ToolError, ToolResult, ToolSchema, Usage
@@ -339,7 +340,7 @@ def _apply(state: State, ev: Event) -> State:
                 return state
             return replace(state, turn=replace(turn, called=turn.called | {ev.call.id}))
         case ToolCompleted() | ToolFailed():
-            return _result(state, ev.call_id, ev.result)
+            return _result(state, ev.call_id, tool_result(ev))
         case ApprovalRequested():
             turn = state.turn
             if turn is None or turn.call(ev.call.id) is None:

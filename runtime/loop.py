@@ -245,28 +245,12 @@ async def run_task(
     each call its files and persists a successful call's writes (`runtime.agent.LocalData`), as a
     bundle's data provider and result handler do on a worker.
     """
-    runner = _Runner(
-        config,
-        run_id or uuid.uuid4().hex[:12],
-        task.agent,
-        client=client,
-        adapter=adapter,
-        tools=tools,
-        on_event=on_event,
-        constraint=constraint,
-        approver=approver,
-        clock=clock,
-        data=data,
-    )
-    await runner.emit(ev.RunStarted(
-        run_id=runner.run_id,
-        input=task.input,
-        task_id=task.task_id,
-        instance=task.instance,
-        timeout_s=task.timeout_s,
-        metadata=dict(task.metadata),
-        bundle_digest=bundle_digest,
-    ))
+    runner = _Runner(config, run_id or uuid.uuid4().hex[:12], task.agent, client=client, adapter=adapter,
+                     tools=tools, on_event=on_event, constraint=constraint, approver=approver, clock=clock,
+                     data=data)
+    await runner.emit(ev.RunStarted(run_id=runner.run_id, input=task.input, task_id=task.task_id,
+                                    instance=task.instance, timeout_s=task.timeout_s,
+                                    metadata=dict(task.metadata), bundle_digest=bundle_digest))
     try:
         await runner.drive()
     except anyio.get_cancelled_exc_class():
@@ -276,14 +260,8 @@ async def run_task(
                                                   by="loop"))
         raise
     state = runner.state
-    return RunOutcome(
-        run_id=runner.run_id,
-        status=state.status,
-        output=state.output,
-        reason=state.reason,
-        usage=state.usage,
-        events=list(runner.events),
-    )
+    return RunOutcome(run_id=runner.run_id, status=state.status, output=state.output, reason=state.reason,
+                      usage=state.usage, events=list(runner.events))
 
 
 __all__ = ["Approver", "OnEvent", "RunOutcome", "run_task"]

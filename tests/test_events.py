@@ -233,6 +233,9 @@ def test_a_recorded_version_1_run_is_read_and_folds_as_it_did():
 
 def test_tool_outcome_events_expose_a_tool_result():
     done = ev.ToolCompleted(run_id="r", seq=1, ts=1.0, call_id="c", tool="t", output=[1], duration_ms=2.0)
-    assert done.result == ToolResult(output=[1], duration_ms=2.0)
+    assert ev.tool_result(done) == ToolResult(output=[1], duration_ms=2.0)
+    assert ev.tool_result(ev.tool_outcome("r", "c", "t", ToolResult(output=[1], duration_ms=2.0))) == \
+        ToolResult(output=[1], duration_ms=2.0)  # the inverse of tool_outcome
     err = ToolError("policy", "denied")
-    assert ev.ToolFailed(run_id="r", seq=1, ts=1.0, call_id="c", tool="t", error=err).result.error == err
+    failed = ev.ToolFailed(run_id="r", seq=1, ts=1.0, call_id="c", tool="t", error=err)
+    assert ev.tool_result(failed).error == err

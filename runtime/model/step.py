@@ -62,16 +62,10 @@ class ModelStep:
         """The `model.requested` event recording this effect (unstamped)."""
         step = self._for(effect)
         return ev.ModelRequested(
-            run_id=run_id,
-            request_id=effect.id,
-            turn=effect.turn,
-            attempt=effect.attempt,
-            messages=effect.new_messages,
-            context_start=effect.context_start,
-            constraint_digest=step.constraint_digest,
-            sampling=dict(effect.sampling),
-            tools=() if step is self else tuple(t.name for t in step.tools),
-        )
+            run_id=run_id, request_id=effect.id, turn=effect.turn, attempt=effect.attempt,
+            messages=effect.new_messages, context_start=effect.context_start,
+            constraint_digest=step.constraint_digest, sampling=dict(effect.sampling),
+            tools=() if step is self else tuple(t.name for t in step.tools))
 
     async def call(
         self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None

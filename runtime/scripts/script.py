@@ -88,29 +88,15 @@ class Script:
         lines += [f"{ext.signature()}: ..." for ext in self.externals.values()]
         return "\n".join(lines) + ("\n" if lines else "")
 
-    async def run(
-        self,
-        inputs: dict[str, Any] | None = None,
-        *,
-        externals: dict[str, Callable[..., Any]] | None = None,
-        files: dict[str, str | bytes] | None = None,
-        environ: dict[str, str] | None = None,
-        limits: Limits | str | dict[str, Any] | None = None,
-        output_model: Any = None,
-        on_event: NoteCallback | None = None,
-    ) -> ToolResult:
+    async def run(self, inputs: dict[str, Any] | None = None, *,
+                  externals: dict[str, Callable[..., Any]] | None = None,
+                  files: dict[str, str | bytes] | None = None, environ: dict[str, str] | None = None,
+                  limits: Limits | str | dict[str, Any] | None = None, output_model: Any = None,
+                  on_event: NoteCallback | None = None) -> ToolResult:
         """Run in the sandbox; returns a `ToolResult` with the output or a `ToolError` (never raises for
-        script problems). See `runtime.scripts.run.run_script`."""
-        return await run_script(
-            self,
-            inputs,
-            externals=externals,
-            files=files,
-            environ=environ,
-            limits=limits,
-            output_model=output_model,
-            on_event=on_event,
-        )
+        script problems). The same as `runtime.scripts.run.run_script(script, ...)`."""
+        return await run_script(self, inputs, externals=externals, files=files, environ=environ,
+                                limits=limits, output_model=output_model, on_event=on_event)
 
     def __repr__(self) -> str:
         status = "ok" if self.ok else f"{len(self.diagnostics)} diagnostics"
