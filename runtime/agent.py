@@ -31,7 +31,7 @@ from runtime import events as ev
 from runtime.bundle import Bundle, load_bundle
 from runtime.loop import Approver, OnEvent, RunOutcome, run_task
 from runtime.model import ModelClient, ModelStep, get_adapter
-from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes
+from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
 from runtime.types import ToolCall, ToolResult
 
 Files = dict[str, str | bytes]
@@ -54,7 +54,7 @@ class LocalWorkspace:
 
     def files(self, call: ToolCall) -> Files:
         """What a call reads: the static files and the workspace, each under the mount."""
-        return {**self.static, **{f"{self.mount}/{k}": _text_or_bytes(v) for k, v in self.entries.items()}}
+        return {**self.static, **{f"{self.mount}/{k}": text_or_bytes(v) for k, v in self.entries.items()}}
 
     def apply(self, call: ToolCall, result: ToolResult) -> ToolResult:
         """Persist the writes of a successful result, all of them or (a malformed one) none."""
@@ -169,13 +169,6 @@ def _data_for(bundle: Bundle) -> LocalWorkspace | StaticFiles | None:
     if bundle.workspace is not None or spec.kind == "workspace":
         return LocalWorkspace(static=static)
     return StaticFiles(static) if static else None
-
-
-def _text_or_bytes(data: bytes) -> str | bytes:
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return data
 
 
 __all__ = ["Agent", "LocalWorkspace", "StaticFiles", "model_client"]

@@ -167,7 +167,8 @@ def relative_path(path: object, mount: str = DEFAULT_MOUNT) -> str:
     return "/".join(parts)
 
 
-def _text_or_bytes(data: bytes) -> str | bytes:
+def text_or_bytes(data: bytes) -> str | bytes:
+    """A file's content as a script sees it: text when it is UTF-8, else the bytes."""
     try:
         return data.decode()
     except UnicodeDecodeError:
@@ -219,7 +220,7 @@ class StaticDataProvider:
                 raise FileNotFoundError(f"data folder {root} does not exist")
             for f in sorted(root.rglob("*")):
                 if f.is_file():
-                    self.files[f"{mount.rstrip('/')}/{f.relative_to(root).as_posix()}"] = _text_or_bytes(
+                    self.files[f"{mount.rstrip('/')}/{f.relative_to(root).as_posix()}"] = text_or_bytes(
                         f.read_bytes())
 
     async def load_files(self, tool_name: str, arguments: dict[str, Any], context: JobContext) -> Files:
@@ -246,7 +247,7 @@ class WorkspaceDataProvider:
             path = path_for_key(entry.key)
             context.revisions[path] = entry.revision or 0  # a deleted key's revision guards re-creation
             if entry.operation is None and entry.value is not None:
-                files[f"{self.mount}/{path}"] = _text_or_bytes(entry.value)
+                files[f"{self.mount}/{path}"] = text_or_bytes(entry.value)
         context.complete = True
         return files
 
@@ -419,4 +420,5 @@ __all__ = [
     "parse_writes",
     "path_for_key",
     "relative_path",
+    "text_or_bytes",
 ]
