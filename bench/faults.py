@@ -29,16 +29,11 @@ every 2 s), measured in the same run. Figures are printed; nothing asserts.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,39 +58,13 @@ from runtime.nats.subjects import (  # noqa: E402
     workspace_bucket,
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
-from runtime.testing import Reply, ScriptedModelServer  # noqa: E402
+from runtime.testing import ScriptedModelServer  # noqa: E402
+from runtime.testing.fleet import SaProcess, StepModel, step_task  # noqa: E402
 from runtime.testing.scripts import APPEND_LINE, SUBMIT  # noqa: E402
 
-CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 WORKSPACE = "wsbench"
 HOST_STAMPED = (ev.ModelRequested, ev.ToolCalled, ev.TurnCompleted, ev.RunCompleted, ev.RunFailed)
 
-
-
-TASK = re.compile(r"bench (\d+) steps (\d+) spin (\d+)")
-
-
-def call(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-@dataclass
-class Model:
-    """Replies keyed on the conversation; every request recorded with its arrival time."""
-
-    requests: list[tuple[float, int, int]] = field(default_factory=list)  # (arrival, run index, step)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        task = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        i, steps, spin = (int(x) for x in TASK.search(task).groups())
-        done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
-        with self.lock:
-            self.requests.append((time.time(), i, done))
-        if done < steps:
-            return Reply.of_text(call("step", {"file": f"r{i}.txt", "line": f"{i}:{done}", "spin": spin}),
-                                 delay=0.15)
-        return Reply.of_text(call("submit", {"answer": f"{i} wrote {done}"}), delay=0.15)
 
 
 @dataclass
@@ -103,47 +72,6 @@ class Config:
     name: str
     ack_wait: float
     lease_ttl: float
-
-
-class Proc:
-    """A restartable `sa` process logging to one file."""
-
-    def __init__(self, args: list[str], url: str, log: Path, ready: str) -> None:
-        self.args, self.url, self.log, self.ready = args, url, log, ready
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.id = ""
-
-    def start(self) -> None:
-        offset = self.log.stat().st_size if self.log.exists() else 0
-        out = open(self.log, "ab")
-        env = {**os.environ, "NATS_URL": self.url, "SA_SANDBOX_WORKERS": "1"}
-        self.proc = subprocess.Popen([*CLI, *self.args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        out.close()
-        deadline = time.monotonic() + 120
-        while True:
-            text = self.log.read_bytes()[offset:].decode(errors="replace")
-            if self.ready in text:
-                m = re.search(r" as (\S+);", text)
-                self.id = m.group(1) if m else ""
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.args[0]} did not start:\n{text[-2000:]}")
-            time.sleep(0.05)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @dataclass
@@ -161,29 +89,32 @@ class Phase:
 class Bench:
     def __init__(self, cfg: Config, root: Path, runs: int, spin: int) -> None:
         self.cfg, self.root, self.n, self.spin = cfg, root, runs, spin
-        self.model = Model()
+        self.model = StepModel()
         self.next_index = 0
         self.stored_again: float | None = None
 
     async def run(self) -> list[Phase]:
         cluster = await LocalCluster(3, root=self.root / "cluster").astart()
         self.cluster = cluster
-        procs: list[Proc] = []
+        procs: list[SaProcess] = []
         nc = await connect(cluster.urls, name="bench-faults")
         self.js = js = nc.jetstream()
         try:
             await ensure_topology(js, replicas=3, partitions=8, tool_ack_wait=self.cfg.ack_wait)
             with ScriptedModelServer(responder=self.model) as server:
                 bundle = self._bundle(server.base_url)
-                self.hosts = [Proc(["host", str(bundle), "--lease-ttl", f"{self.cfg.lease_ttl:g}",
-                                    "--task-ack-wait", "3"], cluster.url, self.root / f"host{i}.log",
-                                   "sa host: serving") for i in range(2)]
-                self.workers = [Proc(["worker", "--bundle", str(bundle), "--concurrency", "2", "--ack-wait",
-                                      f"{self.cfg.ack_wait:g}"], cluster.url, self.root / f"worker{i}.log",
-                                     "serving") for i in range(2)]
+                host_args = ["host", str(bundle), "--lease-ttl", f"{self.cfg.lease_ttl:g}",
+                             "--task-ack-wait", "3"]
+                worker_args = ["worker", "--bundle", str(bundle), "--concurrency", "2", "--ack-wait",
+                               f"{self.cfg.ack_wait:g}"]
+                self.hosts = [SaProcess(f"host{i}", host_args, cluster.url, self.root / f"host{i}.log",
+                                        "sa host: serving") for i in range(2)]
+                self.workers = [SaProcess(f"worker{i}", worker_args, cluster.url,
+                                          self.root / f"worker{i}.log", "serving") for i in range(2)]
                 procs = self.hosts + self.workers
                 for p in procs:
-                    await anyio.to_thread.run_sync(p.start)
+                    p.start()
+                    await anyio.to_thread.run_sync(lambda p=p: p.wait_ready(120))
                 return [await self.phase("worker kill", self.kill_worker),
                         await self.phase("host kill", self.kill_host),
                         await self.phase("NATS node kill (EVENTS leader)", self.kill_node)]
@@ -212,7 +143,7 @@ class Bench:
         steps = {i: 3 for i in batch}
         runs: dict[int, str] = {}
         for i in batch:  # the load: every run of the batch in flight at once
-            task = f"bench {i} steps {steps[i]} spin {self.spin}"
+            task = step_task(i, steps=steps[i], spin=self.spin, delay_ms=150)
             runs[i] = await publish_task(self.js, f"faults:b{i}", task, task_id=f"bench-{self.cfg.name}-{i}")
         await anyio.sleep(1.5)
         marks = {h.log: h.log.stat().st_size for h in self.hosts}

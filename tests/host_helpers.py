@@ -4,7 +4,6 @@ by tests/test_host*.py, test_replay*.py and others)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -21,6 +20,8 @@ from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
 from runtime.model.client import ModelClient
 from runtime.testing import Reply, Responder, ScriptedModelServer, last_message
+from runtime.testing.fleet import hermes_call
+from runtime.testing.scripts import APPEND_LINE
 from runtime.worker import Worker, build_registry
 
 AGENTS = Path(__file__).parents[1] / "agents"
@@ -34,24 +35,7 @@ answer: str = Input("answer", description="the final answer")
 {"answer": answer}
 '''
 
-NOTE = '''\
-"""Append a line to /data/log.txt in the workspace (read, then return the write for the host)."""
-from grail import Input
-
-line: str = Input("line")
-spin: int = Input("spin", default=0)
-
-total = 0
-for i in range(spin):
-    total += i
-old = ""
-try:
-    old = open("/data/log.txt").read()
-except FileNotFoundError:
-    old = ""
-new = old + line + "\\n"
-{"writes": [{"path": "/data/log.txt", "content": new}], "lines": len(new.splitlines())}
-'''
+NOTE = APPEND_LINE  # as `note.pym`: a line appended to /data/log.txt
 
 
 def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("calculator",),
@@ -76,9 +60,6 @@ def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("c
     path.write_text(text)
     return path
 
-
-def hermes_call(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def calc_responder(body: dict[str, Any]) -> str:

@@ -19,21 +19,14 @@ pace and the kill schedule (order and delays); every run prints its seed. Defaul
 from __future__ import annotations
 
 import json
-import os
 import random
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from host_helpers import hermes_call
 
 from runtime import events as ev
 from runtime.host.commands import publish_task
@@ -51,11 +44,11 @@ from runtime.nats.subjects import (
     workspace_bucket,
 )
 from runtime.nats.topology import ensure_topology
-from runtime.testing import Reply, ScriptedModelServer
+from runtime.testing import ScriptedModelServer
+from runtime.testing.fleet import SaProcess, StepModel, step_task
 from runtime.testing.scripts import APPEND_LINE, SUBMIT
 
 pytestmark = pytest.mark.anyio
-CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 PARTITIONS = 8
 WORKSPACE = "wsfaults"
 
@@ -78,84 +71,6 @@ def write_bundle(root: Path, base_url: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the scripted model: replies keyed on content, every request recorded with its arrival time
-# ---------------------------------------------------------------------------------------------------------
-
-TASK = re.compile(r"fault (\d+) steps (\d+) spin (\d+) delay (\d+)")
-
-
-@dataclass
-class Model:
-    requests: list[tuple[float, int, int]] = field(default_factory=list)  # (arrival, run index, step)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        task = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        i, steps, spin, delay_ms = (int(x) for x in TASK.search(task).groups())
-        done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
-        with self.lock:
-            self.requests.append((time.time(), i, done))
-        if done < steps:
-            text = hermes_call("step", {"file": f"r{i}.txt", "line": f"{i}:{done}", "spin": spin})
-        else:
-            text = hermes_call("submit", {"answer": f"{i} wrote {done}"})
-        return Reply.of_text(text, delay=delay_ms / 1000)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# processes
-# ---------------------------------------------------------------------------------------------------------
-
-
-class Proc:
-    """A restartable `sa` process with one log file across its lives."""
-
-    def __init__(self, name: str, args: list[str], url: str, log: Path, ready: str) -> None:
-        self.name, self.args, self.url, self.log, self.ready = name, args, url, log, ready
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lives = 0
-        self.id = ""  # a host's lease id, from its ready line
-
-    def start(self) -> None:
-        self.lives += 1
-        mark = f"=== life {self.lives} ===\n"
-        with open(self.log, "a") as f:
-            f.write(mark)
-        out = open(self.log, "ab")  # the child keeps its own copy of the descriptor
-        env = {**os.environ, "NATS_URL": self.url, "SA_SANDBOX_WORKERS": "1"}
-        self.proc = subprocess.Popen([*CLI, *self.args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        out.close()
-
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = self.log.read_text(errors="replace")
-            life = text.rsplit(f"=== life {self.lives} ===", 1)[-1]
-            if self.ready in life:
-                m = re.search(r" as (\S+);", life)
-                self.id = m.group(1) if m else ""
-                return
-            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start:\n{life[-3000:]}")
-            time.sleep(0.05)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-# ---------------------------------------------------------------------------------------------------------
 # the scenario
 # ---------------------------------------------------------------------------------------------------------
 
@@ -175,9 +90,9 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
               for i in range(runs)]
     publish_window = 15.0 if runs <= 100 else 30.0  # runs keep starting while the faults happen
     report: dict[str, Any] = {"seed": seed, "runs": runs, "kills": []}
-    model = Model()
+    model = StepModel()
     cluster = await LocalCluster(3, root=tmp_path / "cluster").astart()
-    procs: list[Proc] = []
+    procs: list[SaProcess] = []
     nc = None
     try:
         nc = await connect(cluster.urls, name="faults-test")
@@ -185,9 +100,9 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
         await ensure_topology(js, replicas=3, partitions=PARTITIONS, tool_ack_wait=3.0)
         with ScriptedModelServer(responder=model) as server:
             bundle = write_bundle(tmp_path, server.base_url)
-            hosts = [Proc(f"host{i}", ["host", str(bundle), "--task-ack-wait", "3"], cluster.url,
+            hosts = [SaProcess(f"host{i}", ["host", str(bundle), "--task-ack-wait", "3"], cluster.url,
                           tmp_path / f"host{i}.log", "sa host: serving") for i in range(2)]
-            workers = [Proc(f"worker{i}", ["worker", "--bundle", str(bundle), "--concurrency", "2"],
+            workers = [SaProcess(f"worker{i}", ["worker", "--bundle", str(bundle), "--concurrency", "2"],
                             cluster.url, tmp_path / f"worker{i}.log", "serving") for i in range(3)]
             procs = hosts + workers
             for p in procs:
@@ -198,7 +113,7 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
 
             async def publish() -> None:
                 for s in shapes:
-                    task = f"fault {s.index} steps {s.steps} spin {s.spin} delay {s.delay_ms}"
+                    task = step_task(s.index, steps=s.steps, spin=s.spin, delay_ms=s.delay_ms)
                     while True:  # publishing rides out the leader election too (same task id: stored once)
                         try:
                             s.run_id = await publish_task(js, f"faults:a{s.index}", task,
@@ -254,7 +169,7 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
 
                 restarts.start_soon(node_back, rng.uniform(1.0, 3.0))
 
-            async def restart(proc: Proc, delay: float) -> None:
+            async def restart(proc: SaProcess, delay: float) -> None:
                 await anyio.sleep(delay)
                 proc.start()
                 await anyio.to_thread.run_sync(proc.wait_ready)
@@ -287,7 +202,7 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
     return report
 
 
-async def busiest_host(js: Any, hosts: list[Proc]) -> tuple[Proc, int] | None:
+async def busiest_host(js: Any, hosts: list[SaProcess]) -> tuple[SaProcess, int] | None:
     """The host process serving the most unfinished runs right now (None if none serves any)."""
     leases = await kv_entries(await fleet_kv(js, LEASES_BUCKET))
     holder = {int(k[1:]): e.value.decode() for k, e in leases.items()}
@@ -327,7 +242,7 @@ async def wait_all_terminal(js: Any, shapes: list[Shape], timeout: float) -> Non
         await anyio.sleep(1.0)
 
 
-async def verify(js: Any, shapes: list[Shape], model: Model) -> dict[str, Any]:
+async def verify(js: Any, shapes: list[Shape], model: StepModel) -> dict[str, Any]:
     """Every check of the module docstring; returns the counts for the report."""
     bucket = workspace_bucket(WORKSPACE)
     files = await kv_entries(await workspace_kv(js, WORKSPACE))

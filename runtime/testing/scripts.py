@@ -9,7 +9,7 @@ APPEND_LINE = '''\
 """Append one line to a file of the workspace (read it, return the write for the host)."""
 from grail import Input
 
-file: str = Input("file")
+file: str = Input("file", default="log.txt")
 line: str = Input("line")
 spin: int = Input("spin", default=0)
 
