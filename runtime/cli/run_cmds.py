@@ -19,6 +19,7 @@ task is stored, and it retries under one task id, so a retried publish is stored
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -332,6 +333,8 @@ def replay(
                                                           "reproduces every recorded effect.")] = False,
     bundle: Annotated[Path | None, typer.Option("--bundle", help="The run's bundle for --verify (default: "
                                                                  "the one the runs index names).")] = None,
+    html: Annotated[bool, typer.Option("--html", help="The run as one self-contained HTML file on stdout "
+                                                      "(sa replay RUN --html > run.html).")] = False,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Show a run's timeline: model requests, tool calls, script start/complete/error, durations, tokens."""
@@ -340,6 +343,8 @@ def replay(
     from runtime import events as ev
 
     url = resolve_nats(nats_url, "replay")
+    if html:
+        raise typer.Exit(_replay_html(url, run))
     try:
         runlog, index = anyio.run(_read, url, run, backend="asyncio")
     except ValueError as e:
@@ -387,6 +392,30 @@ def replay(
             typer.echo("NOT verified:\n  " + "\n  ".join(report.problems))
         code = 0 if report.ok else 1
     raise typer.Exit(code)
+
+
+def _replay_html(url: str, run: str) -> int:
+    """`sa replay RUN --html`: print the run's one-file HTML (`runtime.ui.export`); 2 if there is no run."""
+    import anyio
+
+    from runtime import nats as bus
+    from runtime.ui.export import NoSuchRun, export_run
+
+    async def render() -> str:
+        nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+        try:
+            return await export_run(nc.jetstream(), run)
+        finally:
+            await bus.close(nc)
+
+    try:
+        page = anyio.run(render, backend="asyncio")
+    except (ValueError, NoSuchRun) as e:
+        typer.echo(f"sa replay: {e}", err=True)
+        return 2
+    sys.stdout.write(page)
+    sys.stdout.flush()
+    return 0
 
 
 async def _read(url: str, run: str) -> tuple[Any, Any]:

@@ -1,0 +1,88 @@
+// Shared helpers of the inspector's pages. Every piece of data reaches the page through `el` / `text`,
+// which set textContent and attributes only: nothing from a run is ever parsed as HTML.
+"use strict";
+
+// el("div", {class: "x", onclick: f}, child, "text", ...) -> an element; strings become text nodes.
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+  return node;
+}
+
+function showMessage(text, kind) {
+  const box = document.getElementById("message");
+  if (!box) return;
+  box.textContent = text || "";
+  box.className = "message " + (kind || "error");
+  box.hidden = !text;
+}
+
+async function api(path, options) {
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (err) {
+    throw new Error("the inspector did not answer (is `sa ui` still running?): " + err.message);
+  }
+  let body = null;
+  try { body = await response.json(); } catch (err) { body = null; }
+  if (!response.ok) {
+    throw new Error((body && body.error) || ("HTTP " + response.status + " from " + path));
+  }
+  return body;
+}
+
+function fmtTime(ts) {
+  if (!ts) return "";
+  const d = new Date(ts * 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+    pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+}
+
+function fmtMs(ms) {
+  if (ms === null || ms === undefined) return "";
+  if (ms < 1) return ms.toFixed(2) + " ms";
+  if (ms < 1000) return Math.round(ms) + " ms";
+  if (ms < 60000) return (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s";
+  return Math.floor(ms / 60000) + " min " + Math.round((ms % 60000) / 1000) + " s";
+}
+
+function fmtBytes(n) {
+  if (n < 1024) return n + " B";
+  if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1048576).toFixed(1) + " MiB";
+}
+
+// JSON for reading: strings as they are, anything else pretty-printed.
+function pretty(value) {
+  if (typeof value === "string") return value;
+  return JSON.stringify(value, null, 2);
+}
+
+function statusBadge(status) {
+  return el("span", {class: "badge status-" + (status || "unknown")}, status || "unknown");
+}
+
+function runHref(runId) {
+  return "/runs/" + encodeURIComponent(runId);
+}

@@ -1,0 +1,304 @@
+"""What the inspector shows, as plain JSON-able data: one shape for the web app and the HTML export.
+
+The browser renders these dicts; it never sees msgspec types. Keeping the shaping here (and out of the
+routes and the JavaScript) means the live page, the API and the one-file export cannot drift apart: they
+all serialise the same `run_view`. Pure: events in, dicts out, no NATS.
+
+An event's view keeps every field of the event (`data`, as `msgspec.to_builtins` gives it) plus what a
+reader wants at a glance: the one-line `describe` of `sa replay`, the milliseconds since the run began,
+the turn it belongs to and, for a tool call's events, the call (`lane`) so parallel calls can be drawn
+side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from runtime import events as ev
+from runtime.nats.records import RunIndex
+from runtime.nats.retention import parse_age
+from runtime.replay import describe, summarize
+
+FAILED_KINDS = frozenset({"run.failed", "model.failed", "tool.failed", "script.failed", "approval.denied"})
+SEARCH_CHARS = 64_000  # how much of a run's text the index search looks at (inputs, outputs, replies)
+SNIPPET = 160
+
+
+def _builtins(value: Any) -> Any:
+    return msgspec.to_builtins(value, str_keys=True)
+
+
+def _turn_of_id(effect_id: str) -> int | None:
+    """The turn of a kernel id: `<run>/<turn>.<i>` (a call) or `<run>/<turn>[#attempt]` (a request)."""
+    tail = effect_id.rsplit("/", 1)[-1].split("#", 1)[0].split(".", 1)[0]
+    return int(tail) if tail.isdigit() else None
+
+
+def call_of(event: ev.Event) -> str | None:
+    """The tool call an event is about, if any: its lane in the timeline."""
+    if isinstance(event, ev.ToolCalled | ev.ApprovalRequested):
+        return event.call.id
+    call_id = getattr(event, "call_id", None)
+    return call_id if isinstance(call_id, str) else None
+
+
+def turn_of(event: ev.Event) -> int | None:
+    """The turn an event belongs to (None: the run's own events, start and end)."""
+    turn = getattr(event, "turn", None)
+    if isinstance(turn, int):
+        return turn
+    call = call_of(event)
+    return _turn_of_id(call) if call else None
+
+
+def event_view(event: ev.Event, t0: float) -> dict[str, Any]:
+    """One event for the browser: its fields (`data`) and what the timeline shows of it."""
+    kind = ev.kind_of(event)
+    view: dict[str, Any] = {
+        "seq": event.seq, "kind": kind, "ts": event.ts, "offset_ms": round((event.ts - t0) * 1000, 1),
+        "describe": describe(event), "turn": turn_of(event), "lane": call_of(event),
+        "failed": kind in FAILED_KINDS, "data": _builtins(event),
+        "ref": _builtins(event.ref) if event.ref is not None else None,
+    }
+    duration = getattr(event, "latency_ms", None) or getattr(event, "duration_ms", None)
+    if isinstance(duration, int | float) and duration:
+        view["duration_ms"] = round(float(duration), 1)
+    return view
+
+
+def summary_view(events: Sequence[ev.Event]) -> dict[str, Any]:
+    return dataclasses.asdict(summarize(events))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+
+
+def _snippet(value: Any) -> str:
+    text = " ".join(_text(value).split())
+    return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
+
+
+@dataclass
+class Digest:
+    """What the runs index needs to know of one run's events: read once per new `last_seq`, then cached."""
+
+    run_id: str
+    last_seq: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+    status: str = "running"
+    input: str = ""
+    output: str = ""
+    tools: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    turns: int = 0
+    tokens: int = 0
+    forked_from: str | None = None
+    forked_at: int | None = None
+    search: str = ""  # lower-cased text of inputs, outputs and replies, for `q`
+
+
+def digest(run_id: str, events: Sequence[ev.Event], last_seq: int = 0) -> Digest:
+    """The runs-index facts of a run (its events as stored: a payload in the object store is not searched)."""
+    out = Digest(run_id, last_seq=last_seq)
+    if not events:
+        return out
+    s = summarize(events)
+    out.started, out.ended, out.status = events[0].ts, events[-1].ts, s.status
+    out.turns, out.tokens = s.turns, s.prompt_tokens + s.completion_tokens
+    tools: dict[str, None] = {}
+    errors: dict[str, None] = {}
+    texts: list[str] = []
+    for e in events:
+        if isinstance(e, ev.RunStarted):
+            out.input = _snippet(e.input)
+            texts.append(e.input)
+            source = getattr(e, "source_run", None)
+            if isinstance(source, str):
+                out.forked_from, out.forked_at = source, getattr(e, "source_seq", None)
+        elif isinstance(e, ev.ToolCalled):
+            tools[e.call.name] = None
+            texts.append(_text(e.call.arguments))
+        elif isinstance(e, ev.ToolCompleted):
+            texts.append(_text(e.output))
+        elif isinstance(e, ev.ToolFailed | ev.ScriptFailed):
+            errors[e.error.kind] = None
+            texts.append(e.error.message)
+        elif isinstance(e, ev.ModelFailed):
+            errors[f"model:{e.error_kind}"] = None
+            texts.append(e.error)
+        elif isinstance(e, ev.ModelResponded):
+            texts.append(e.content or e.text)
+        elif isinstance(e, ev.RunCompleted):
+            out.output = _snippet(e.output)
+            texts.append(_text(e.output))
+        elif isinstance(e, ev.RunFailed):
+            errors[f"run:{e.reason}"] = None
+            out.output = _snippet(f"{e.reason}: {e.detail}" if e.detail else e.reason)
+            texts.append(e.detail)
+        elif isinstance(e, ev.RunCancelled):
+            out.output = _snippet(f"cancelled: {e.reason}" if e.reason else "cancelled")
+    out.tools, out.errors = list(tools), list(errors)
+    out.search = "\n".join(texts)[:SEARCH_CHARS].lower()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the runs index: filters
+# ---------------------------------------------------------------------------------------------------------
+
+
+class FilterError(ValueError):
+    """A filter the index cannot apply; the message says which parameter and what it accepts."""
+
+
+def parse_time(text: str, what: str, now: float | None = None) -> float | None:
+    """Unix time from an ISO date or time (naive: local time) or an age back from now ('15m', '2h', '7d')."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        pass
+    try:
+        age = parse_age(text, what)
+    except ValueError:
+        raise FilterError(f"{what}={text!r}: use an age ('15m', '2h', '7d'), a date ('2025-01-31') or a time "
+                          "('2025-01-31T12:00')") from None
+    return (time.time() if now is None else now) - age
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """The runs index's filters; empty fields match everything. `agent` matches a bundle or an instance."""
+
+    agent: str = ""
+    status: str = ""
+    tool: str = ""
+    error: str = ""
+    since: float | None = None
+    until: float | None = None
+    q: str = ""
+
+    @classmethod
+    def from_query(cls, params: dict[str, str], now: float | None = None) -> RunFilter:
+        return cls(agent=params.get("agent", "").strip(), status=params.get("status", "").strip(),
+                   tool=params.get("tool", "").strip(), error=params.get("error", "").strip(),
+                   since=parse_time(params.get("since", ""), "since", now),
+                   until=parse_time(params.get("until", ""), "until", now), q=params.get("q", "").strip())
+
+    @property
+    def needs_events(self) -> bool:
+        """True if the filter looks inside runs (their digests), not only at their index entries."""
+        return bool(self.tool or self.error or self.q or self.until is not None or self.since is not None)
+
+    def admits_entry(self, entry: RunIndex) -> bool:
+        """The cheap test on the index entry alone (a run last updated before `since` cannot have started
+        after it)."""
+        if self.agent and entry.actor != self.agent and entry.actor.split(":")[0] != self.agent:
+            return False
+        if self.status and entry.status != self.status:
+            return False
+        return self.since is None or not entry.updated or entry.updated >= self.since
+
+    def admits(self, d: Digest) -> bool:
+        if self.tool and self.tool not in d.tools:
+            return False
+        if self.error and self.error not in d.errors:
+            return False
+        if self.since is not None and d.started < self.since:
+            return False
+        if self.until is not None and d.started > self.until:
+            return False
+        return not self.q or self.q.lower() in d.search
+
+
+def index_row(run_id: str, entry: RunIndex, d: Digest | None) -> dict[str, Any]:
+    """One row of the runs index (the entry, and the digest when it was read)."""
+    row: dict[str, Any] = {"run_id": run_id, "actor": entry.actor, "status": entry.status,
+                           "updated": entry.updated, "task_id": entry.task_id,
+                           "forked_from": getattr(entry, "forked_from", None),
+                           "forked_at": getattr(entry, "forked_at", None)}
+    if d is not None:
+        row.update(started=d.started, ended=d.ended, input=d.input, output=d.output, tools=d.tools,
+                   errors=d.errors, turns=d.turns, tokens=d.tokens)
+        row["forked_from"] = row["forked_from"] or d.forked_from
+        row["forked_at"] = row["forked_at"] if row["forked_at"] is not None else d.forked_at
+    return row
+
+
+def facets(entries: Iterable[RunIndex], digests: Iterable[Digest]) -> dict[str, list[str]]:
+    """The values each filter can take, for the index's drop-downs."""
+    entries = list(entries)
+    digests = list(digests)
+    return {"agents": sorted({e.actor for e in entries if e.actor}),
+            "statuses": sorted({e.status for e in entries if e.status}),
+            "tools": sorted({t for d in digests for t in d.tools}),
+            "errors": sorted({k for d in digests for k in d.errors})}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a run page
+# ---------------------------------------------------------------------------------------------------------
+
+
+def fork_tree(run_id: str, parent: tuple[str, int | None] | None,
+              index: dict[str, RunIndex]) -> dict[str, Any]:
+    """The run's place among forks: the chain of parents up to the root (from the first event's
+    `source_run`, then the index's `forked_from`) and the tree of forks below the root (from the index)."""
+    links: dict[str, tuple[str, int | None]] = {}
+    for rid, entry in index.items():
+        source = getattr(entry, "forked_from", None)
+        if isinstance(source, str) and source:
+            links[rid] = (source, getattr(entry, "forked_at", None))
+    if parent is not None:
+        links[run_id] = parent
+    root, seen = run_id, {run_id}
+    while root in links and links[root][0] not in seen:
+        root = links[root][0]
+        seen.add(root)
+    children: dict[str, list[str]] = {}
+    for rid, (source, _) in sorted(links.items()):
+        children.setdefault(source, []).append(rid)
+
+    def node(rid: str, depth: int) -> dict[str, Any]:
+        entry = index.get(rid)
+        kids = children.get(rid, []) if depth < 50 else []
+        return {"run_id": rid, "at": links[rid][1] if rid in links else None,
+                "status": entry.status if entry else None, "current": rid == run_id,
+                "children": [node(k, depth + 1) for k in kids if k != rid]}
+
+    return node(root, 0)
+
+
+def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunIndex | None = None,
+             index: dict[str, RunIndex] | None = None, fork_points: Sequence[int] | None = None,
+             exported: bool = False) -> dict[str, Any]:
+    """Everything a run page shows: the events' views, the totals, the index entry and the fork tree."""
+    t0 = events[0].ts if events else 0.0
+    first = events[0] if events else None
+    source = getattr(first, "source_run", None)
+    parent = (source, getattr(first, "source_seq", None)) if isinstance(source, str) else None
+    return {
+        "run_id": run_id, "actor": actor, "exported": exported,
+        "events": [event_view(e, t0) for e in events],
+        "summary": summary_view(events),
+        "index": _builtins(entry) if entry is not None else None,
+        "fork_tree": fork_tree(run_id, parent, index or {}),
+        "fork_points": list(fork_points) if fork_points is not None else None,
+    }
+
+
+__all__ = ["Digest", "FilterError", "RunFilter", "call_of", "digest", "event_view", "facets", "fork_tree",
+           "index_row", "parse_time", "run_view", "summary_view", "turn_of"]
