@@ -124,7 +124,11 @@ def plan(source: RunHistory, at_seq: int, new_run: str, edit: ForkEdit | None = 
         raise ForkError(f"run {run!r} has no events: nothing to fork (see `sa runs`)")
     points = fork_points(events)
     if at_seq not in points:
-        raise ForkError(_bad_point(source, at_seq, points))
+        hint = ""
+        if isinstance(edit, OutputEdit):  # say where this call's output can be replaced
+            hint = " (" + _no_pending_call(source, _call_id(edit.call_id, run, new_run).rsplit("/", 1)[-1],
+                                           at_seq).split("; ", 1)[-1] + ")"
+        raise ForkError(_bad_point(source, at_seq, points) + hint)
     first = events[0]
     if not isinstance(first, ev.RunStarted):
         raise ForkError(f"run {run!r} does not start with run.started (seq 0 is {ev.kind_of(first)})")
@@ -163,7 +167,7 @@ def _bad_point(source: RunHistory, at_seq: int, points: list[int]) -> str:
     elif at_seq == n or at_seq > points[-1]:
         why = f"the run ended at seq {n - 1}: a fork that keeps its ending has nothing left to do"
     else:
-        call = getattr(source.events[at_seq - 1], "call_id", "?")
+        call = str(getattr(source.events[at_seq - 1], "call_id", "?")).rsplit("/", 1)[-1]
         why = (f"seq {at_seq} is inside the report of one tool run (call {call}: its script events and "
                "outcome land together)")
     return f"cannot fork at {at_seq}: {why}. {where}; valid seqs: {ranges(points)}"

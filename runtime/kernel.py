@@ -24,6 +24,10 @@ How a run flows:
                  ─▶ turn.completed   (the tool results join the conversation, in call order)
                  ─▶ run.completed | run.failed | the next CallModel
 
+A fork (`runtime.fork`) starts with `run.forked`, a `run.started` that also names its source; it folds
+the same way (with the fork's own system prompt when an edit gave one), so the copied events that follow
+put the kernel exactly where the source was.
+
 A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
