@@ -10,6 +10,8 @@ The public API, in one place:
 - the wire schema: `Task`, `Cancel`, `Approve`, `Deny`, `Event` and every event type (`RunStarted`, ...)
 - the kernel: `KernelConfig`, `State`, `evolve`, `decide`, `fold`
 - the run log: `RunLog`, `RunHistory`, `Superseded`, `LogRejected`
+- fork a run from any past event: `fork`, `Forked`, `ForkError`, the edits (`OutputEdit`, `ReplyEdit`,
+  `EditedCall`, `BundleEdit`, `SystemEdit`) and the fork's first event `RunForked`
 - tools and scripts: `Tool`, `ToolContext`, `ScriptTool`, `PythonTool`, `discover_tools`, `load`, `Script`,
   `Limits`; the shared vocabulary `ToolCall`, `ToolResult`, `ToolError`, `ToolSchema`, `Message`
 - serving: `Host`, `HostConfig` (`sa host`), `Worker` (`sa worker`)
@@ -29,13 +31,15 @@ __version__ = "0.1.0"
 _EVENTS = ("Task Cancel Approve Deny Command Event EventDecodeError PayloadRef RunStarted ModelRequested "
            "ModelResponded ModelFailed ToolCalled ScriptStarted ScriptPrinted ScriptCompleted ScriptFailed "
            "ToolRedelivered ToolCompleted ToolFailed ApprovalRequested ApprovalGranted ApprovalDenied "
-           "TurnCompleted RunCompleted RunFailed RunCancelled")
+           "TurnCompleted RunCompleted RunFailed RunCancelled RunForked OutputEdit ReplyEdit EditedCall "
+           "BundleEdit SystemEdit")
 _LAZY: dict[str, str] = {name: module for module, names in {
     "runtime.agent": "Agent LocalWorkspace",
     "runtime.bundle": "Bundle BundleError load_bundle",
     "runtime.events": _EVENTS,
     "runtime.kernel": "KernelConfig State evolve decide fold",
     "runtime.log": "RunLog RunHistory Superseded LogRejected",
+    "runtime.fork": "fork Forked ForkError",
     "runtime.loop": "RunOutcome run_task",
     "runtime.tools": "Tool ToolContext ScriptTool PythonTool discover_tools",
     "runtime.scripts": "Limits Script load",
@@ -52,23 +56,29 @@ if TYPE_CHECKING:
         ApprovalGranted,
         ApprovalRequested,
         Approve,
+        BundleEdit,
         Cancel,
         Command,
         Deny,
+        EditedCall,
         Event,
         EventDecodeError,
         ModelFailed,
         ModelRequested,
         ModelResponded,
+        OutputEdit,
         PayloadRef,
+        ReplyEdit,
         RunCancelled,
         RunCompleted,
         RunFailed,
+        RunForked,
         RunStarted,
         ScriptCompleted,
         ScriptFailed,
         ScriptPrinted,
         ScriptStarted,
+        SystemEdit,
         Task,
         ToolCalled,
         ToolCompleted,
@@ -76,6 +86,7 @@ if TYPE_CHECKING:
         ToolRedelivered,
         TurnCompleted,
     )
+    from runtime.fork import Forked, ForkError, fork
     from runtime.host import Host, HostConfig
     from runtime.kernel import KernelConfig, State, decide, evolve, fold
     from runtime.log import LogRejected, RunHistory, RunLog, Superseded
@@ -106,12 +117,16 @@ __all__ = [
     "ApprovalRequested",
     "Approve",
     "Bundle",
+    "BundleEdit",
     "BundleError",
     "Cancel",
     "Command",
     "Deny",
+    "EditedCall",
     "Event",
     "EventDecodeError",
+    "ForkError",
+    "Forked",
     "Host",
     "HostConfig",
     "KernelConfig",
@@ -122,11 +137,14 @@ __all__ = [
     "ModelFailed",
     "ModelRequested",
     "ModelResponded",
+    "OutputEdit",
     "PayloadRef",
     "PythonTool",
+    "ReplyEdit",
     "RunCancelled",
     "RunCompleted",
     "RunFailed",
+    "RunForked",
     "RunHistory",
     "RunLog",
     "RunOutcome",
@@ -139,6 +157,7 @@ __all__ = [
     "ScriptTool",
     "State",
     "Superseded",
+    "SystemEdit",
     "Task",
     "Tool",
     "ToolCall",
@@ -157,6 +176,7 @@ __all__ = [
     "discover_tools",
     "evolve",
     "fold",
+    "fork",
     "load",
     "load_bundle",
     "run_task",

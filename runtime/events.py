@@ -88,6 +88,61 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     bundle_digest: str = ""
 
 
+# What a fork changes at its fork point. Each is recorded in the fork's first event; `output` and `reply`
+# are also written as the events they stand for (the call's `tool.completed`, the turn's `model.responded`),
+# so folding a fork needs nothing but its own log.
+
+
+class OutputEdit(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="output"):
+    """The call `call_id` (an id of the fork) returned `output`: recorded instead of running the tool."""
+
+    call_id: str
+    output: Any = None
+
+
+class EditedCall(msgspec.Struct, frozen=True):
+    """One tool call of an edited model reply (the fork gives it the kernel's id for its turn)."""
+
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class ReplyEdit(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="reply"):
+    """The model answered the pending request with this text and these calls instead."""
+
+    content: str = ""
+    calls: tuple[EditedCall, ...] = ()
+
+
+class BundleEdit(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="bundle"):
+    """The fork goes on with another version of the agent's bundle (its digest; `path` where it was read)."""
+
+    digest: str
+    path: str = ""
+
+
+class SystemEdit(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="system"):
+    """The fork goes on with this system prompt in place of the bundle's (the conversation's first one)."""
+
+    system_prompt: str
+
+
+ForkEdit: TypeAlias = OutputEdit | ReplyEdit | BundleEdit | SystemEdit
+
+
+class RunForked(RunStarted, frozen=True, kw_only=True, tag="run.forked"):
+    """The first event of a fork: a `run.started` (the source's task, re-addressed) that also says where the
+    run came from. The fork's events before `source_seq` are the source's, with every id re-derived for
+    this run; the source's recorded model replies and tool results are reused, never made again. Its `ts`
+    is when the fork was made, so its deadline (`timeout_s`) counts from then."""
+
+    source_run: str
+    source_seq: int  # the fork kept the source's events with seq < source_seq
+    edit: ForkEdit | None = None
+    # the system prompt the run uses instead of its bundle's: set by a system edit, kept by forks of a fork
+    system_prompt: str | None = None
+
+
 class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed"):
     output: Any = None
 
@@ -238,6 +293,7 @@ class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="approval.denied"):
 
 Event: TypeAlias = (
     RunStarted
+    | RunForked
     | ModelRequested
     | ModelResponded
     | ModelFailed
@@ -370,7 +426,14 @@ class Deny(_Command, frozen=True, kw_only=True, tag="deny"):
     by: str = ""
 
 
-Command: TypeAlias = Task | Cancel | Approve | Deny
+class Resume(_Command, frozen=True, kw_only=True, tag="resume"):
+    """Drive the existing run `run_id` now: sent to the host serving the run's partition after a run was
+    written by someone else than a host (a fork), so it need not wait for the next takeover."""
+
+    run_id: str
+
+
+Command: TypeAlias = Task | Cancel | Approve | Deny | Resume
 COMMAND_TYPES: tuple[type[_Command], ...] = get_args(Command)
 COMMAND_KINDS: dict[str, type[_Command]] = {_tag(cls): cls for cls in COMMAND_TYPES}
 
@@ -484,6 +547,7 @@ def command_from_json(data: str | bytes) -> Command:
 # bytes, the same content address) is not stored twice.
 PAYLOAD_FIELDS: dict[type[_Event], tuple[str, ...]] = {
     RunStarted: ("input", "metadata"),
+    RunForked: ("input", "metadata", "edit"),
     ModelRequested: ("messages",),
     ModelResponded: ("text", "content", "calls"),
     ModelFailed: ("error",),
@@ -570,23 +634,31 @@ __all__ = [
     "ApprovalGranted",
     "ApprovalRequested",
     "Approve",
+    "BundleEdit",
     "Cancel",
     "Command",
     "Deny",
+    "EditedCall",
     "Event",
     "EventDecodeError",
+    "ForkEdit",
     "ModelFailed",
     "ModelRequested",
     "ModelResponded",
+    "OutputEdit",
     "PayloadRef",
+    "ReplyEdit",
+    "Resume",
     "RunCancelled",
     "RunCompleted",
     "RunFailed",
+    "RunForked",
     "RunStarted",
     "ScriptCompleted",
     "ScriptFailed",
     "ScriptPrinted",
     "ScriptStarted",
+    "SystemEdit",
     "Task",
     "ToolCalled",
     "ToolCompleted",

@@ -24,6 +24,10 @@ How a run flows:
                  ─▶ turn.completed   (the tool results join the conversation, in call order)
                  ─▶ run.completed | run.failed | the next CallModel
 
+A fork (`runtime.fork`) starts with `run.forked`, a `run.started` that also names its source; it folds
+the same way (with the fork's own system prompt when an edit gave one), so the copied events that follow
+put the kernel exactly where the source was.
+
 A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
@@ -83,6 +87,7 @@ from runtime.events import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunForked,
     RunStarted,
     ToolCalled,
     ToolCompleted,
@@ -292,7 +297,7 @@ def evolve(state: State, ev: Event) -> State:
         return state  # redelivered duplicate
     if ev.seq > state.seq:
         raise EvolveError(f"event {ev.seq} arrived but the run expects seq {state.seq}: the log has a gap")
-    if state.status == "new" and not isinstance(ev, RunStarted):
+    if state.status == "new" and not isinstance(ev, RunStarted):  # a fork's run.forked is a run.started
         raise EvolveError(f"{type(ev).__name__} before run.started")
     if state.status != "new" and ev.run_id != state.run_id:
         raise EvolveError(f"event of run {ev.run_id!r} folded into run {state.run_id!r}")
@@ -307,8 +312,10 @@ def _apply(state: State, ev: Event) -> State:
         case RunStarted():
             if state.status != "new":
                 return state
-            cfg = state.config
-            head = (Message("system", cfg.system_prompt),) if cfg.system_prompt else ()
+            system = state.config.system_prompt
+            if isinstance(ev, RunForked) and ev.system_prompt is not None:
+                system = ev.system_prompt  # a fork that goes on with another system prompt
+            head = (Message("system", system),) if system else ()
             deadline = ev.ts + ev.timeout_s if ev.timeout_s is not None else None
             return replace(
                 state,

@@ -262,23 +262,29 @@ class RunLog:
         before event `at_seq`, so a host resuming it re-issues only what was pending there and never
         re-calls the model for a recorded reply. The basis of fork. Raises `Superseded` if `new_run`
         exists, ValueError if the prefix is empty or longer than the run."""
-        names.check_token(new_run, "run id")
         source = source or await self.read(run_id)
         if not 0 < at_seq <= len(source.events):
             raise ValueError(f"run {run_id} has {len(source.events)} event(s): a prefix must keep 1 to "
                              f"{len(source.events)}, not {at_seq}")
-        out = RunHistory(new_run, source.actor)
-        for event in source.events[:at_seq]:
-            copy = ev.stamp(rebased(event, run_id, new_run), seq=event.seq, actor=source.actor)
-            if out.events:
-                out.stream_seqs.append(await self.append(copy, expect=out.last_seq))
-            else:
-                # the first event of a run is always its run.started
-                first = await self.create(copy)  # type: ignore[arg-type]
-                if first is None:
-                    raise Superseded(f"run {new_run} exists already: copy to a new run id")
-                out.stream_seqs.append(first)
-            out.events.append(copy)
+        return await self.write_run([ev.stamp(rebased(e, run_id, new_run), seq=e.seq, actor=source.actor)
+                                     for e in source.events[:at_seq]])
+
+    async def write_run(self, events: list[ev.Event]) -> RunHistory:
+        """Write a whole new run from its stamped events (the first a `run.started`), as its single
+        writer; raises `Superseded` if the run exists. How a fork (`runtime.fork`) is written."""
+        first = events[0] if events else None
+        if not isinstance(first, ev.RunStarted):
+            raise ValueError("a new run's log starts with its run.started (or run.forked)")
+        names.check_token(first.run_id, "run id")
+        out = RunHistory(first.run_id, first.actor)
+        seq = await self.create(first)
+        if seq is None:
+            raise Superseded(f"run {first.run_id} exists already: write to a new run id")
+        out.stream_seqs.append(seq)
+        out.events.append(first)
+        for event in events[1:]:
+            out.stream_seqs.append(await self.append(event, expect=out.last_seq))
+            out.events.append(event)
         return out
 
 

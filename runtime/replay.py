@@ -51,6 +51,9 @@ def _big(event: ev.Event, value: Any, width: int) -> str:
 def describe(event: ev.Event) -> str:
     """One line saying what an event records (the timeline's detail column, `sa send --follow`)."""
     match event:
+        case ev.RunForked():
+            edit = f", {_edit(event.edit)}" if event.edit is not None else ""
+            return f"forked from {event.source_run} at seq {event.source_seq}{edit}"
         case ev.RunStarted():
             deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
             return f"task {_big(event, event.input, 70)}{deadline}  bundle {event.bundle_digest or '-'}"
@@ -105,6 +108,19 @@ def describe(event: ev.Event) -> str:
     return ""
 
 
+def _edit(edit: ev.ForkEdit) -> str:
+    match edit:
+        case ev.OutputEdit():
+            return f"call {edit.call_id.rsplit('/', 1)[-1]} output {_short(edit.output, 50)}"
+        case ev.ReplyEdit():
+            calls = ", ".join(f"{c.name}({_short(c.arguments, 40)})" for c in edit.calls)
+            return f"reply {_short(edit.content, 40) if edit.content else ''}{calls}"
+        case ev.BundleEdit():
+            return f"bundle version {edit.digest}"
+        case ev.SystemEdit():
+            return f"system prompt {_short(edit.system_prompt, 50)}"
+
+
 @dataclass(frozen=True)
 class Summary:
     status: str
@@ -134,7 +150,12 @@ def summarize(events: Sequence[ev.Event]) -> Summary:
         prompt_tokens=sum(e.usage.prompt_tokens for e in responded),
         completion_tokens=sum(e.usage.completion_tokens for e in responded),
         model_ms=sum(e.latency_ms for e in responded), tool_ms=sum(e.duration_ms for e in tools),
-        wall_s=(events[-1].ts - events[0].ts) if events else 0.0)
+        wall_s=(max(e.ts for e in events) - _t0(events)) if events else 0.0)
+
+
+def _t0(events: Sequence[ev.Event]) -> float:
+    """When a run began: its first event, or for a fork the earliest event it kept from its source."""
+    return min(e.ts for e in events) if events else 0.0
 
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
@@ -145,7 +166,7 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption."""
     from rich.table import Table
 
-    t0 = events[0].ts if events else 0.0
+    t0 = _t0(events)
     s = summarize(events)
     table = Table(title=title or None, show_lines=False, header_style="bold", expand=False,
                   caption=(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
@@ -258,12 +279,24 @@ def _name(decision: kernel.Decision) -> str:
     return ev.kind_of(decision)
 
 
+def _copied_under_other_config(events: Sequence[ev.Event]) -> int:
+    """For a fork that goes on with another bundle version or system prompt, the seq its own events start
+    at: the events before it were decided by the source's configuration, so they are folded as inputs
+    (they were checked as the source's). 0 for any other run: every event is checked."""
+    first = events[0] if events else None
+    if isinstance(first, ev.RunForked) and (first.system_prompt is not None
+                                             or isinstance(first.edit, ev.BundleEdit)):
+        return first.source_seq
+    return 0
+
+
 def verify(config: kernel.KernelConfig, events: Sequence[ev.Event]) -> Verification:
     """Re-fold `events` with the kernel; check `decide` predicted every event the runner chose to write."""
     out = Verification()
     state = kernel.initial(config)
+    copied = _copied_under_other_config(events)
     for e in events:
-        if _predicted(state, e):
+        if e.seq >= copied and _predicted(state, e):
             problem = _expected(state, e)
             out.checked += 1
             if problem:

@@ -17,7 +17,7 @@ REQUIRED_KINDS = {
     "run.started", "model.requested", "model.responded", "model.failed", "tool.called", "script.started",
     "script.printed", "script.completed", "script.failed", "tool.redelivered", "tool.completed",
     "tool.failed", "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
-    "approval.granted", "approval.denied",
+    "approval.granted", "approval.denied", "run.forked",
 }  # fmt: skip
 
 # ── a strategy for any event or command, derived from the Struct fields ───────────────────────────────
@@ -67,9 +67,12 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
     if tp in BY_TYPE:
         return BY_TYPE[tp]
     args = typing.get_args(tp)
-    if type(None) in args:  # X | None
-        (inner,) = [a for a in args if a is not type(None)]
-        return st.none() | strategy_for(inner)
+    if args and typing.get_origin(tp) is tuple and args[-1] is Ellipsis:  # tuple[X, ...]
+        return st.lists(strategy_for(args[0]), max_size=2).map(tuple)
+    if type(None) in args or len(args) > 1:  # X | None, or a union of tagged Structs (a fork's edit)
+        return st.one_of(*(st.none() if a is type(None) else strategy_for(a) for a in args))
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return st.deferred(lambda: instances(tp))
     raise AssertionError(f"no strategy for field type {tp!r}: extend BY_TYPE")
 
 
@@ -87,7 +90,7 @@ any_command = st.one_of(*(instances(cls) for cls in ev.COMMAND_TYPES))
 
 def test_the_union_has_every_required_kind():
     assert set(ev.EVENT_KINDS) == REQUIRED_KINDS
-    assert set(ev.COMMAND_KINDS) == {"task", "cancel", "approve", "deny"}
+    assert set(ev.COMMAND_KINDS) == {"task", "cancel", "approve", "deny", "resume"}
 
 
 @settings(max_examples=300, deadline=None)
@@ -170,6 +173,8 @@ BIG_CALL = ToolCall("r/1.0", "write", {"text": BIG})
 BIG_ERROR = ToolError("execution", BIG, 3)
 BIG_EVENTS: dict[type, dict[str, Any]] = {
     ev.RunStarted: {"input": BIG, "metadata": {"note": BIG}},
+    ev.RunForked: {"input": BIG, "metadata": {}, "source_run": "q", "source_seq": 4,
+                   "edit": ev.OutputEdit(call_id="r/1.0", output=BIG)},
     ev.ModelRequested: {"request_id": "r/1", "turn": 1, "messages": (Message("tool", BIG),)},
     ev.ModelResponded: {"request_id": "r/1", "turn": 1, "text": BIG, "content": BIG, "calls": (BIG_CALL,)},
     ev.ModelFailed: {"request_id": "r/1", "turn": 1, "error": BIG},

@@ -148,14 +148,38 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         gate.release()
         await Env(nats_server.url, js, env.host, env.server, []).wait_run(quiet)
 
-        # -- fork: input errors are clear and nothing is written ------------------------------------------
+        # -- fork: input errors are clear and nothing is written; a fork is a new run the tree shows -------
         before = len(await _runs(client))
+        points = view["fork_points"]
+        assert points and 0 not in points and len(view["events"]) not in points
+        off = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": 0})
+        assert off.status_code == 400
+        assert "fork" in off.json()["error"] and str(points[0]) in off.json()["error"]
         plain = await client.post(f"/api/runs/{pair}/fork", content="at_seq=3",
                                   headers={"content-type": "application/x-www-form-urlencoded"})
         assert plain.status_code == 415 and "JSON" in plain.json()["error"]
         wrong = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": "three"})
         assert wrong.status_code == 400 and '"three"' in wrong.json()["error"]
         assert len(await _runs(client)) == before
+        second_turn = next(e["seq"] for e in view["events"]
+                           if e["kind"] == "model.requested" and e["turn"] == 2)
+        made = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": second_turn})
+        assert made.status_code == 200, made.text
+        child = made.json()["run_id"]
+        assert child != pair and made.json()["source_run"] == pair and made.json()["at_seq"] == second_turn
+        done = await Env(nats_server.url, js, env.host, env.server, []).wait_run(child)
+        assert ev.kind_of(done[-1]) == "run.completed"
+        forked = (await client.get(f"/api/runs/{child}")).json()
+        assert forked["events"][0]["kind"] == "run.forked"
+        assert forked["events"][0]["data"]["source_run"] == pair
+        assert min(e["offset_ms"] for e in forked["events"]) == 0
+        assert forked["fork_tree"]["run_id"] == pair and forked["fork_tree"]["current"] is False
+        assert [(c["run_id"], c["at"], c["current"]) for c in forked["fork_tree"]["children"]] == \
+            [(child, second_turn, True)]
+        source_tree = (await client.get(f"/api/runs/{pair}")).json()["fork_tree"]
+        assert [c["run_id"] for c in source_tree["children"]] == [child]
+        listed = {r["run_id"]: r for r in await _runs(client)}
+        assert listed[child]["forked_from"] == pair and listed[child]["forked_at"] == second_turn
 
         # -- the export over HTTP is the same one file ---------------------------------------------------
         exported = await client.get(f"/api/runs/{hostile}/export")

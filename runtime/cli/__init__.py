@@ -2,6 +2,7 @@
 
 - `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
 - `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
+- `fork_cmds`       — `sa fork` (a new run from any past event of a run)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
@@ -13,6 +14,7 @@
 from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)
     fleet_cmds,
     run_cmds,
+    fork_cmds,
     tools_cmds,
     constraint_cmds,
     model_cmds,

@@ -5,6 +5,7 @@
     sa runs purge --before DATE [--agent A] [--dry-run] [--json]
                                           delete finished runs (events, payloads, index entries)
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
+    sa replay RUN --diff OTHER            where two runs (say a fork and its source) diverge
 
 Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the task was not stored (`send`: no
 host has created the TASKS stream yet, unless `--wait` outlasts that), the run failed or was cancelled
@@ -335,6 +336,9 @@ def replay(
                                                                  "the one the runs index names).")] = None,
     html: Annotated[bool, typer.Option("--html", help="The run as one self-contained HTML file on stdout "
                                                       "(sa replay RUN --html > run.html).")] = False,
+    diff: Annotated[str | None, typer.Option("--diff", metavar="OTHER_RUN",
+                                             help="Show where OTHER_RUN diverges from RUN and what "
+                                                  "differs after that point.")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Show a run's timeline: model requests, tool calls, script start/complete/error, durations, tokens."""
@@ -345,6 +349,8 @@ def replay(
     url = resolve_nats(nats_url, "replay")
     if html:
         raise typer.Exit(_replay_html(url, run))
+    if diff is not None:
+        raise typer.Exit(anyio.run(_diff, url, run, diff, as_json, backend="asyncio"))
     try:
         runlog, index = anyio.run(_read, url, run, backend="asyncio")
     except ValueError as e:
@@ -415,6 +421,37 @@ def _replay_html(url: str, run: str) -> int:
         return 2
     sys.stdout.write(page)
     sys.stdout.flush()
+    return 0
+
+
+async def _diff(url: str, a: str, b: str, as_json: bool) -> int:
+    from rich.console import Console
+
+    from runtime import nats as bus
+    from runtime.diff import diverge, fact, render
+    from runtime.log import RunLog
+
+    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+    try:
+        runs = RunLog(nc.jetstream())
+        try:
+            logs = [await runs.read(a), await runs.read(b)]
+        except ValueError as e:
+            typer.echo(f"sa replay: {e}", err=True)
+            return 2
+    finally:
+        await bus.close(nc)
+    for log in logs:
+        if not log.events:
+            typer.echo(f"sa replay --diff: no events for run {log.run_id!r} (see `sa runs`)", err=True)
+            return 2
+    d = diverge(a, logs[0].events, b, logs[1].events)
+    if as_json:
+        print(json.dumps({"a": a, "b": b, "common": d.common, "identical": d.identical,
+                          "a_rest": [fact(e) for e in d.a_rest], "b_rest": [fact(e) for e in d.b_rest]},
+                         default=str))
+    else:
+        Console().print(render(d))
     return 0
 
 

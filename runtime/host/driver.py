@@ -99,6 +99,7 @@ class RunDriver:
         self.js, self.agent, self.actor, self.run_id, self.partition = js, agent, actor, run_id, partition
         self.state, self.last_seq = state, last_seq
         self.task_id: str | None = None  # for the runs index
+        self.forked: tuple[str, int] | None = None  # a fork's source run and seq, for the runs index
         self.on_event, self.clock = on_event, clock
         self.log = log or run_log_for(js)
         self.inbox: deque[Inbound] = deque()

@@ -129,7 +129,7 @@ class Host:
         self.recovery = Recovery(self.js, self.log, agents, self._actors, self.index, self.config, self.stats,
                                  serves=self.serves, on_event=on_event)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
-                             total_partitions=lambda: self.total_partitions)
+                             total_partitions=lambda: self.total_partitions, resume=self.recovery.resume)
         self._served = Partitions(nc, self.js, self.config, self.budget, self.stats, self.id,
                                   spawn=self._spawn, recover=self.recovery.recover,
                                   on_task=self.router.on_task, on_result=self.router.on_result,

@@ -93,6 +93,8 @@ class Recovery:
         started = history.events[0] if history.events else None
         if isinstance(started, ev.RunStarted):
             driver.task_id = started.task_id
+            if isinstance(started, ev.RunForked):
+                driver.forked = (started.source_run, started.source_seq)
             if not state.done and not self._may_resume(run_id, started, agent):
                 await driver.end("bundle_changed", _changed(started, agent))
         if driver.state.done:
@@ -111,6 +113,19 @@ class Recovery:
                         agent.bundle.name, started.bundle_digest, agent.bundle.digest)
             return True
         return False
+
+    async def resume(self, run_id: str, actor: str, p: int) -> bool:
+        """Drive the existing run `run_id` of partition `p` now (an `events.Resume` command: a fork written
+        by a client); False if it has no events. A run already driven here, or over, is left as it is."""
+        if run_id in self.actors.drivers:
+            return True
+        if await self.log.last(run_id, actor) is None:
+            return False
+        driver = await self.fold_existing(run_id, actor, p)
+        if driver is not None and self.serves(p) and run_id not in self.actors.drivers:
+            self.actors.resume(driver)
+            self.stats.runs_resumed += 1
+        return True
 
     async def refold(self, run_id: str, actor: str, p: int) -> None:
         """Resume a run after losing an append race in a partition this host still serves: the other

@@ -3,6 +3,8 @@
 A task-subject message (`runtime.host.commands`) is one of:
 * a task: queued in its actor's mailbox, its run id derived from it (`commands.run_id_for`); it keeps its
   unit of the back-pressure budget while it waits;
+* a resume for a run written by a client (a fork): folded from its log and queued in its actor's mailbox
+  at once (a run with no events is logged and terminated);
 * a cancel / approve / deny for a run: handed to the run's driver, or kept beside a task still waiting (a
   cancel, applied right after the run starts), or acked if the run already ended, or republished to the
   partition that owns the run (a command sent on the bundle's subject for a run of ``bundle:instance``);
@@ -18,7 +20,7 @@ later, and dropped after 20 deliveries.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -49,9 +51,10 @@ class Router:
 
     def __init__(self, js: JetStreamContext, actors: Actors, index: RunsIndex, budget: Budget,
                  stats: HostStats, *, serves: Callable[[int], bool],
-                 total_partitions: Callable[[], int]) -> None:
+                 total_partitions: Callable[[], int],
+                 resume: Callable[[str, str, int], Awaitable[bool]]) -> None:
         self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
-        self.serves, self.total_partitions = serves, total_partitions
+        self.serves, self.total_partitions, self.resume = serves, total_partitions, resume
 
     async def on_task(self, p: int, raw: Msg) -> None:
         """A message of partition `p`'s task consumer; it carries one unit of `self.budget`."""
@@ -78,6 +81,14 @@ class Router:
             self.stats.tasks += 1
             run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=md.sequence.stream)
             return self.actors.enqueue(addressed.agent, Task(cmd, msg, run_id, p, md.sequence.stream))
+        if isinstance(cmd, ev.Resume):
+            if await self.resume(cmd.run_id, addressed.agent, p):
+                await ack_quietly(msg)
+            else:
+                self.stats.rejected += 1
+                log.error("resume of run %s (on %s): the run has no events", cmd.run_id, msg.subject)
+                await _term(msg)
+            return False
         assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny)
         driver = self.actors.drivers.get(cmd.run_id)
         if driver is not None:

@@ -49,7 +49,9 @@ class RunsIndex:
         status = state.status if state.status != "new" else "running"
         await self.put(driver.run_id, RunIndex(
             actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
-            updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path)))
+            updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path),
+            forked_from=driver.forked[0] if driver.forked else None,
+            forked_at=driver.forked[1] if driver.forked else None))
         key = active_key(driver.partition, driver.run_id)
         if status in kernel.TERMINAL:
             await _retrying(f"clearing the active entry of {driver.run_id}",

@@ -26,6 +26,8 @@ class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
     updated: float = 0.0  # unix time of the last update
     task_id: str | None = None
     bundle: str | None = None
+    forked_from: str | None = None  # a fork: the run it was forked from
+    forked_at: int | None = None  # ... and the seq it was forked at (it kept the events before it)
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

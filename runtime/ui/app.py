@@ -34,7 +34,6 @@ allows only the app's own scripts, as a second line behind the pages' escaping (
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,6 +50,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from runtime import events as ev
+from runtime.fork import fork, fork_points
 from runtime.log import RunLog
 from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import RunIndex
@@ -138,7 +138,7 @@ class Inspector:
             raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
         index = await self.index()
         return views.run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
-                              fork_points=_fork_points(history.events))
+                              fork_points=fork_points(history.events))
 
     async def event(self, run_id: str, seq: int) -> dict[str, Any]:
         """One event whole: a stub's big fields are fetched from the object store (digest-checked)."""
@@ -147,8 +147,7 @@ class Inspector:
         match = [e for e in history.events if e.seq == seq]
         if not match:
             raise NotFound(f"run {run_id!r} has no event {seq} (it has {len(history.events)})")
-        t0 = history.events[0].ts
-        return views.event_view(await self.log.resolve(match[0]), t0)
+        return views.event_view(await self.log.resolve(match[0]), views.start_of(history.events))
 
     async def export(self, run_id: str) -> str:
         try:
@@ -158,11 +157,7 @@ class Inspector:
 
     async def fork(self, run_id: str, at_seq: int) -> dict[str, Any]:
         check_token(run_id, "run id")
-        try:
-            fork = importlib.import_module("runtime.fork").fork
-        except ImportError:
-            raise ForkUnavailable("this version of structured-agents cannot fork runs yet") from None
-        forked = await fork(self.js, run_id, at_seq)
+        forked = await fork(self.js, run_id, at_seq)  # ForkError (a ValueError) says what to change
         return {"run_id": forked.run_id, "source_run": forked.source_run, "at_seq": forked.at_seq}
 
     async def pump(self, run_id: str, after: int, emit: Callable[[str], Awaitable[None]]) -> None:
@@ -175,25 +170,13 @@ class Inspector:
                 seen.append(event)
                 if event.seq < after:
                     continue
-                await emit(_sse("event", {"event": views.event_view(event, seen[0].ts),
+                await emit(_sse("event", {"event": views.event_view(event, views.start_of(seen)),
                                           "summary": views.summary_view(seen)}, event.seq))
             await emit(_sse("end", {"summary": views.summary_view(seen)}))
         finally:
             self.followers -= 1
             with anyio.CancelScope(shield=True):
                 await follow.aclose()  # type: ignore[attr-defined]  # an async generator
-
-
-class ForkUnavailable(RuntimeError):
-    """The fork operation is not part of this build."""
-
-
-def _fork_points(events: list[ev.Event]) -> list[int] | None:
-    try:
-        fork_points = importlib.import_module("runtime.fork").fork_points
-    except ImportError:
-        return None
-    return list(fork_points(events))
 
 
 def _sse(kind: str, data: Any, seq: int | None = None) -> str:
@@ -294,8 +277,6 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
             return _error(404, str(e))
         except views.FilterError as e:
             return _error(400, str(e))
-        except ForkUnavailable as e:
-            return _error(501, str(e))
         except ValueError as e:  # a bad run id, a bad number, or the fork's own message (ForkError)
             return _error(400, str(e))
         if isinstance(result, Response):

@@ -73,6 +73,12 @@ def event_view(event: ev.Event, t0: float) -> dict[str, Any]:
     return view
 
 
+def start_of(events: Sequence[ev.Event]) -> float:
+    """Where a run's clock starts: its earliest event (a fork's first event is newer than the events it
+    kept from its source)."""
+    return min((e.ts for e in events), default=0.0)
+
+
 def summary_view(events: Sequence[ev.Event]) -> dict[str, Any]:
     return dataclasses.asdict(summarize(events))
 
@@ -123,9 +129,8 @@ def digest(run_id: str, events: Sequence[ev.Event], last_seq: int = 0) -> Digest
         if isinstance(e, ev.RunStarted):
             out.input = _snippet(e.input)
             texts.append(e.input)
-            source = getattr(e, "source_run", None)
-            if isinstance(source, str):
-                out.forked_from, out.forked_at = source, getattr(e, "source_seq", None)
+            if isinstance(e, ev.RunForked):
+                out.forked_from, out.forked_at = e.source_run, e.source_seq
         elif isinstance(e, ev.ToolCalled):
             tools[e.call.name] = None
             texts.append(_text(e.call.arguments))
@@ -228,8 +233,7 @@ def index_row(run_id: str, entry: RunIndex, d: Digest | None) -> dict[str, Any]:
     """One row of the runs index (the entry, and the digest when it was read)."""
     row: dict[str, Any] = {"run_id": run_id, "actor": entry.actor, "status": entry.status,
                            "updated": entry.updated, "task_id": entry.task_id,
-                           "forked_from": getattr(entry, "forked_from", None),
-                           "forked_at": getattr(entry, "forked_at", None)}
+                           "forked_from": entry.forked_from, "forked_at": entry.forked_at}
     if d is not None:
         row.update(started=d.started, ended=d.ended, input=d.input, output=d.output, tools=d.tools,
                    errors=d.errors, turns=d.turns, tokens=d.tokens)
@@ -255,13 +259,12 @@ def facets(entries: Iterable[RunIndex], digests: Iterable[Digest]) -> dict[str, 
 
 def fork_tree(run_id: str, parent: tuple[str, int | None] | None,
               index: dict[str, RunIndex]) -> dict[str, Any]:
-    """The run's place among forks: the chain of parents up to the root (from the first event's
-    `source_run`, then the index's `forked_from`) and the tree of forks below the root (from the index)."""
+    """The run's place among forks: the chain of parents up to the root (from the first event, a
+    `run.forked`, then the index's `forked_from`) and the tree of forks below the root (from the index)."""
     links: dict[str, tuple[str, int | None]] = {}
     for rid, entry in index.items():
-        source = getattr(entry, "forked_from", None)
-        if isinstance(source, str) and source:
-            links[rid] = (source, getattr(entry, "forked_at", None))
+        if entry.forked_from:
+            links[rid] = (entry.forked_from, entry.forked_at)
     if parent is not None:
         links[run_id] = parent
     root, seen = run_id, {run_id}
@@ -286,10 +289,9 @@ def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunI
              index: dict[str, RunIndex] | None = None, fork_points: Sequence[int] | None = None,
              exported: bool = False) -> dict[str, Any]:
     """Everything a run page shows: the events' views, the totals, the index entry and the fork tree."""
-    t0 = events[0].ts if events else 0.0
+    t0 = start_of(events)
     first = events[0] if events else None
-    source = getattr(first, "source_run", None)
-    parent = (source, getattr(first, "source_seq", None)) if isinstance(source, str) else None
+    parent = (first.source_run, first.source_seq) if isinstance(first, ev.RunForked) else None
     return {
         "run_id": run_id, "actor": actor, "exported": exported,
         "events": [event_view(e, t0) for e in events],
@@ -301,4 +303,4 @@ def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunI
 
 
 __all__ = ["Digest", "FilterError", "RunFilter", "call_of", "digest", "event_view", "facets", "fork_tree",
-           "index_row", "parse_time", "run_view", "summary_view", "turn_of"]
+           "index_row", "parse_time", "run_view", "start_of", "summary_view", "turn_of"]
