@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance clean
+.PHONY: install test demo bench lint conformance clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,8 +20,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The inspector's browser tests (tests/test_ui_browser.py) drive Debian's chromium through Playwright;
+# Playwright's own browser download cannot work offline, so the browser comes from apt when it is missing.
+CHROMIUM := /usr/bin/chromium
+
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+		echo "installing chromium (for the inspector's browser tests)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; fi
+
 # ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

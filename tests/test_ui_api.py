@@ -6,7 +6,9 @@ client goes away, clear errors for bad input, and an export that needs no networ
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -217,7 +219,7 @@ def _check_export(html: str, run_id: str) -> None:
     assert html.count("<script") == 2  # the JSON block and the page's own script
     assert '<script type="application/json" id="run-data">' in html
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
-    assert "<link" not in html and 'src="/static' not in html
+    assert 'rel="stylesheet"' not in html and '"/static' not in html
     assert HOSTILE not in html and "<img" not in html  # the reply is only inside the JSON, escaped
     assert embed_json(HOSTILE) in html
     data = re.search(r'id="run-data">(.*?)</script>', html, re.S)
@@ -234,10 +236,8 @@ async def test_sa_replay_html_prints_one_file(nats_server, js, tmp_path: Path):
         run_id = await publish_task(js, "calc", "hostile: show it")
         await Env(nats_server.url, js, env.host, env.server, []).wait_run(run_id)
     cli = [sys.executable, "-c", "from runtime.cli import main; main()"]
-    env_vars = {"NATS_URL": nats_server.url, "XDG_DATA_HOME": "/nonexistent-sa-test", "PATH": "/usr/bin:/bin"}
-    import os
-
-    env_vars["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    env_vars = {"NATS_URL": nats_server.url, "XDG_DATA_HOME": "/nonexistent-sa-test", "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
 
     def sa(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*cli, *args], env=env_vars, capture_output=True, text=True, timeout=60)
@@ -247,3 +247,45 @@ async def test_sa_replay_html_prints_one_file(nats_server, js, tmp_path: Path):
     _check_export(done.stdout, run_id)
     missing = await anyio.to_thread.run_sync(sa, "replay", "nope", "--html")
     assert missing.returncode == 2 and "no events for run 'nope'" in missing.stderr and missing.stdout == ""
+
+
+async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
+    """`sa ui` as a user starts it: the address on stderr, the app answering there; a taken port or no
+    NATS server is exit 2 with what to do."""
+    env_vars = {"XDG_DATA_HOME": "/nonexistent-sa-test", "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    cli = [sys.executable, "-c", "from runtime.cli import main; main()"]
+    await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    proc = subprocess.Popen([*cli, "ui", "--port", "0", "--nats", nats_server.url], env=env_vars,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = await anyio.to_thread.run_sync(proc.stderr.readline)  # type: ignore[union-attr]
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert match, line
+        base = f"http://127.0.0.1:{match.group(1)}"
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        health = await client.get("/api/health")
+                        break
+                    except httpx.ConnectError:
+                        await anyio.sleep(0.1)
+            assert health.json() == {"ok": True, "followers": 0}
+            assert (await client.get("/api/runs")).json()["runs"] == []
+            index = await client.get("/")
+            assert index.status_code == 200 and 'id="filters"' in index.text
+            assert (await client.get("/static/run.js")).status_code == 200
+
+            with socket.create_server(("127.0.0.1", 0)) as taken:
+                port = str(taken.getsockname()[1])
+                busy = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [*cli, "ui", "--port", port, "--nats", nats_server.url], env=env_vars,
+                    capture_output=True, text=True, timeout=60))
+            assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    alone = await anyio.to_thread.run_sync(lambda: subprocess.run(
+        [*cli, "ui"], env=env_vars, capture_output=True, text=True, timeout=60))
+    assert alone.returncode == 2 and "no NATS server" in alone.stderr

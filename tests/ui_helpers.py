@@ -27,7 +27,7 @@ from runtime.ui.app import create_app
 T = TypeVar("T")
 
 # What a model reply may hold that a page must never run: shown as text, or the page is broken.
-HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><b>bold?</b>'
+HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'><b>bold?</b>"
 
 
 class Gate:

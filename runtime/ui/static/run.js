@@ -74,7 +74,11 @@ function renderOverview() {
   box.appendChild(io);
   const tree = view.fork_tree;
   if (tree && (tree.children.length || !tree.current)) {
-    box.appendChild(el("div", {class: "forks", id: "fork-tree"}, el("h3", {}, "forks"), el("ul", {class: "tree"}, treeNode(tree))));
+    const kept = inheritedUpTo();
+    box.appendChild(el("div", {class: "forks", id: "fork-tree"}, el("h3", {}, "forks"),
+      el("ul", {class: "tree"}, treeNode(tree)),
+      kept > 1 ? el("div", {class: "fork-note"}, "events #1 to #" + (kept - 1) + " are the source run's, kept by " +
+        "the fork (its recorded replies and tool results are reused, not made again)") : null));
   }
 }
 
@@ -149,6 +153,12 @@ function renderTimeline() {
   }
 }
 
+// A fork's events below its fork point are the source's, kept as they were: drawn a little apart.
+function inheritedUpTo() {
+  const first = state.events[0];
+  return first && first.kind === "run.forked" ? first.data.source_seq : 0;
+}
+
 function canFork(e) {
   if (state.exported) return false;
   const points = state.view.fork_points;
@@ -168,8 +178,11 @@ function eventNode(e) {
     e.ref ? el("span", {class: "chip", title: "big fields in the object store"}, fmtBytes(e.ref.size)) : null,
     canFork(e) ? el("button", {class: "fork", title: "start a new run from here: it keeps events 0 to " + (e.seq - 1) +
       " and the host continues from that point", onclick: (ev) => { ev.stopPropagation(); forkAt(e.seq, node); }}, "fork here") : null);
-  const node = el("div", {class: "event kind-" + e.kind.replace(".", "-") + (e.failed ? " failed" : ""),
-    dataset: {seq: e.seq, kind: e.kind}}, head);
+  const kept = inheritedUpTo();
+  const inherited = e.seq > 0 && e.seq < kept;
+  const node = el("div", {class: "event kind-" + e.kind.replace(".", "-") + (e.failed ? " failed" : "") +
+    (inherited ? " inherited" : ""), dataset: {seq: e.seq, kind: e.kind},
+    title: inherited ? "kept from the source run by the fork" : null}, head);
   if (open) node.appendChild(detailNode(state.details.get(e.seq) || e));
   const flip = () => {
     if (state.open.has(e.seq)) state.open.delete(e.seq); else state.open.add(e.seq);

@@ -1,0 +1,296 @@
+"""The inspector in a real headless Chromium (Debian's `chromium`, driven by Playwright): the runs index and
+its filters, a run's timeline with parallel calls side by side, expanding events, following a live run to
+its end, forking from the page, escaping of a model reply full of HTML, and the one-file export opened from
+disk with no network. One fleet (NATS, host, worker, scripted model, `sa ui`'s app) serves the module.
+
+Each step saves a screenshot under tests/artifacts/ui/ (git-ignored). The browser is required: without
+/usr/bin/chromium these tests fail and say how to install it (`make browser`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ui_helpers import HOSTILE, Stack
+
+from runtime.host.commands import publish_task
+from runtime.log import RunLog
+from runtime.ui.export import export_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).parent / "artifacts" / "ui"
+TIMEOUT_MS = 30_000
+# elements that exist only if the page parsed the reply as HTML (the page's own <b>s hold tool names)
+INJECTED = ("document.querySelectorAll('main script, main img').length + "
+            "[...document.querySelectorAll('main b')].filter(b => b.textContent === 'bold?').length")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("ui")).start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"the inspector's browser tests need Chromium at {CHROMIUM}: run `make browser` (it runs "
+                    "`apt-get install -y chromium`), then run the tests again")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        # root in a container: Chromium's sandbox needs user namespaces it may not have
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.sa_errors = errors  # a test that provokes an error on purpose takes it out of here
+    try:
+        yield page
+    finally:
+        context.close()
+    assert not errors, f"the page logged errors: {errors}"
+
+
+def shot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def run_task(stack: Stack, text: str, *, wait: bool = True) -> str:
+    run_id = stack.call(publish_task(stack.js, "calc", text))
+    if wait:
+        stack.call(stack.env.wait_run(run_id))
+    return run_id
+
+
+def wait_for_kind(stack: Stack, run_id: str, kind: str) -> None:
+    async def until() -> None:
+        async for event in RunLog(stack.js).follow(run_id):
+            if event.__struct_config__.tag == kind:
+                return
+    stack.call(until())
+
+
+def visible_runs(page: Any) -> set[str]:
+    return set(page.eval_on_selector_all("#runs tbody tr[data-run]", "rows => rows.map(r => r.dataset.run)"))
+
+
+def wait_reloaded(page: Any, before: str | None) -> None:
+    page.wait_for_function("before => (document.body.dataset.loaded || before) !== before", arg=before)
+
+
+@pytest.fixture(scope="module")
+def runs(stack: Stack) -> dict[str, str]:
+    return {"pair": run_task(stack, "pair: 2 + 3 | 10 * 4"), "hostile": run_task(stack, "hostile: show it"),
+            "failing": run_task(stack, "compute: 1 / 0")}
+
+
+def test_runs_index_filters(stack: Stack, runs: dict[str, str], page: Any):
+    page.goto(stack.base + "/")
+    page.wait_for_selector("#runs tbody tr[data-run]")
+    assert visible_runs(page) >= set(runs.values())
+    assert page.text_content("#count").endswith("run(s)")
+    shot(page, "01-index")
+
+    loaded = page.get_attribute("body", "data-loaded")
+    page.select_option("select[name=tool]", "calculator")
+    wait_reloaded(page, loaded)
+    assert runs["pair"] in visible_runs(page) and runs["hostile"] not in visible_runs(page)
+    assert "tool=calculator" in page.url
+    shot(page, "02-index-tool-filter")
+
+    loaded = page.get_attribute("body", "data-loaded")
+    page.fill("input[name=q]", "10 * 4")
+    page.click("button[type=submit]")
+    wait_reloaded(page, loaded)
+    assert visible_runs(page) == {runs["pair"]}
+    shot(page, "03-index-search")
+
+    loaded = page.get_attribute("body", "data-loaded")
+    page.click("#reset")
+    wait_reloaded(page, loaded)
+    loaded = page.get_attribute("body", "data-loaded")
+    page.select_option("select[name=error]", "execution")
+    wait_reloaded(page, loaded)
+    assert runs["failing"] in visible_runs(page) and runs["pair"] not in visible_runs(page)
+    shot(page, "04-index-error-filter")
+
+    # a shared link restores the filters
+    page.goto(stack.base + "/?q=10+*+4&status=completed")
+    page.wait_for_selector("#runs tbody tr[data-run]")
+    assert visible_runs(page) == {runs["pair"]}
+    assert page.input_value("input[name=q]") == "10 * 4"
+    assert page.input_value("select[name=status]") == "completed"
+
+
+def test_run_page_turns_lanes_and_expanding(stack: Stack, runs: dict[str, str], page: Any):
+    pair = runs["pair"]
+    page.goto(stack.base + "/")
+    page.click(f"#runs a[href='/runs/{pair}']")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.text_content("h1") == pair
+    groups = page.eval_on_selector_all(".group", "gs => gs.map(g => g.dataset.turn)")
+    assert groups == ["run", "1", "2", "run"]
+    lanes = page.eval_on_selector_all(".group[data-turn='1'] .lane", "ls => ls.map(l => l.dataset.call)")
+    assert lanes == [f"{pair}/1.0", f"{pair}/1.1"]
+    # the two lanes sit side by side: same top, different left
+    boxes = [page.locator(".group[data-turn='1'] .lane").nth(i).bounding_box() for i in range(2)]
+    assert boxes[0]["y"] == boxes[1]["y"] and boxes[0]["x"] < boxes[1]["x"]
+    assert "10 * 4" in page.text_content(".group[data-turn='1'] .lane:nth-child(2)")
+
+    completed = page.locator(".group[data-turn='1'] .lane:nth-child(2) .event[data-kind='tool.completed']")
+    completed.locator(".toggle").click()
+    detail = completed.locator(".detail")
+    assert '"value": 40' in detail.text_content()
+    requested = page.locator(".event[data-kind='model.requested']").first
+    requested.locator(".toggle").click()
+    text = requested.locator(".detail").text_content()
+    assert "prompt delta" in text and "pair: 2 + 3 | 10 * 4" in text and "You compute things" in text
+    page.locator(".event[data-kind='model.responded']").first.locator(".toggle").click()
+    assert "calculator" in page.locator(".event[data-kind='model.responded'] .detail").first.text_content()
+    path = shot(page, "05-run-page-expanded")
+    assert path.stat().st_size > 10_000
+
+    failing = runs["failing"]
+    page.goto(f"{stack.base}/runs/{failing}")
+    page.wait_for_selector("body[data-status]")
+    failed = page.locator(".event[data-kind='tool.failed']").first
+    failed.locator(".toggle").click()
+    assert "execution" in failed.locator(".detail").text_content()
+    shot(page, "06-run-page-tool-error")
+
+
+def test_following_a_live_run_to_its_end(stack: Stack, page: Any):
+    stack.gate.reset()
+    held = run_task(stack, "hold: 6 * 7", wait=False)
+    wait_for_kind(stack, held, "tool.completed")  # now it waits for the gate: the page opens mid-run
+    page.goto(f"{stack.base}/runs/{held}")
+    page.wait_for_selector("body[data-status=running]")
+    assert page.is_visible("#live")
+    before = int(page.get_attribute("body", "data-events"))
+    page.evaluate("window.__sameDocument = true")
+    health = httpx.get(stack.base + "/api/health").json()
+    assert health["followers"] == 1
+    shot(page, "07-live-running")
+
+    stack.gate.release()
+    page.wait_for_selector("body[data-status=completed]")
+    after = int(page.get_attribute("body", "data-events"))
+    assert after > before and page.evaluate("window.__sameDocument") is True  # arrived live, no reload
+    assert page.locator(".event[data-kind='run.completed']").count() == 1
+    assert "released" in page.text_content("#run-output")
+    page.wait_for_selector("#live", state="hidden")
+    shot(page, "08-live-completed")
+
+
+def test_page_that_goes_away_releases_its_follower(stack: Stack, browser: Any):
+    stack.gate.reset()
+    held = run_task(stack, "hold: 1 + 2", wait=False)
+    wait_for_kind(stack, held, "tool.completed")
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{stack.base}/runs/{held}")
+    page.wait_for_selector("body[data-status=running]")
+    page.wait_for_function("() => !document.getElementById('live').hidden")
+    with httpx.Client(base_url=stack.base) as client:
+        assert client.get("/api/health").json()["followers"] == 1
+        context.close()
+        for _ in range(400):
+            if client.get("/api/health").json()["followers"] == 0:
+                break
+            stack.call(_sleep(0.05))
+        assert client.get("/api/health").json()["followers"] == 0
+    stack.gate.release()
+    stack.call(stack.env.wait_run(held))
+
+
+async def _sleep(seconds: float) -> None:
+    import anyio
+
+    await anyio.sleep(seconds)
+
+
+def test_fork_from_the_page(stack: Stack, runs: dict[str, str], page: Any):
+    pair = runs["pair"]
+    page.goto(f"{stack.base}/runs/{pair}")
+    page.wait_for_selector("body[data-status=completed]")
+    # a refused fork shows the server's message (the page offers only valid points; ask for seq 0 anyway)
+    page.evaluate("forkAt(0, null)")
+    page.wait_for_selector("#message.error")
+    assert "fork" in page.text_content("#message") and "seq" in page.text_content("#message")
+    assert page.sa_errors == ["Failed to load resource: the server responded with a status of 400 "
+                              "(Bad Request)"]
+    page.sa_errors.clear()
+    shot(page, "09-fork-refused")
+
+    target = page.locator(".group[data-turn='2'] .event[data-kind='model.requested']")
+    seq = int(target.get_attribute("data-seq"))
+    target.hover()
+    target.locator(".fork").click()
+    page.wait_for_url(lambda url: re.search(r"/runs/r[0-9a-f]+$", url) is not None and pair not in url)
+    child = page.url.rsplit("/", 1)[-1]
+    page.wait_for_selector("body[data-status=completed]")
+    first = page.locator(".event").first
+    assert first.get_attribute("data-kind") == "run.forked"
+    tree = page.text_content("#fork-tree")
+    assert pair in tree and child in tree and f"forked at seq {seq}" in tree
+    assert page.locator("#fork-tree a", has_text=pair).count() == 1  # the parent is a link
+    shot(page, "10-forked-run")
+
+
+def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str], page: Any, tmp_path: Path):
+    hostile = runs["hostile"]
+    page.goto(f"{stack.base}/runs/{hostile}")
+    page.wait_for_selector("body[data-status=completed]")
+    for event in page.locator(".event").all():
+        event.locator(".toggle").click()
+    assert HOSTILE in page.text_content("#run-output")
+    reply = page.locator(".event[data-kind='model.responded'] .detail").text_content()
+    assert "<script>window.__pwned = 1</script>" in reply
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.evaluate(INJECTED) == 0
+    shot(page, "11-hostile-reply-as-text")
+
+    page.goto(stack.base + "/?q=pwned")
+    page.wait_for_selector(f"#runs tr[data-run='{hostile}']")
+    assert "<script>" in page.text_content(f"#runs tr[data-run='{hostile}']")
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+
+    # the one-file export: opened from disk, same page, no request leaves the file, nothing runs
+    html = stack.call(export_run(stack.js, hostile))
+    path = tmp_path / "run.html"
+    path.write_text(html)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.text_content("h1") == hostile
+    assert HOSTILE in page.text_content("#run-output")
+    assert page.locator(".event").count() > 3 and page.locator(".fork").count() == 0
+    page.locator(".event[data-kind='model.responded'] .toggle").click()
+    assert "<script>window.__pwned = 1</script>" in page.locator(".detail").first.text_content()
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.evaluate(INJECTED) == 0
+    assert requests == [path.as_uri()], requests
+    shot(page, "12-export-opened-from-disk")
