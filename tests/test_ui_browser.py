@@ -204,6 +204,20 @@ def test_following_a_live_run_to_its_end(stack: Stack, page: Any):
     shot(page, "08-live-completed")
 
 
+def test_index_refreshes_while_a_run_is_running(stack: Stack, page: Any):
+    stack.gate.reset()
+    held = run_task(stack, "hold: 2 * 2", wait=False)
+    wait_for_kind(stack, held, "tool.completed")
+    page.goto(stack.base + "/")
+    badge = f"#runs tr[data-run='{held}'] .badge"
+    page.wait_for_selector(badge)
+    assert page.text_content(badge) == "running"
+    page.evaluate("window.__sameDocument = true")
+    stack.gate.release()
+    page.wait_for_function("badge => document.querySelector(badge).textContent === 'completed'", arg=badge)
+    assert page.evaluate("window.__sameDocument") is True
+
+
 def test_page_that_goes_away_releases_its_follower(stack: Stack, browser: Any):
     stack.gate.reset()
     held = run_task(stack, "hold: 1 + 2", wait=False)

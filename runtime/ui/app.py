@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -330,8 +331,9 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
         async def call() -> Any:
             run_id = request.path_params["run"]
             html = await inspector().export(run_id)
+            safe = re.sub(r"[^A-Za-z0-9_-]", "_", run_id)  # a run id may hold quotes; a header may not
             return Response(html, media_type="text/html", headers={
-                "Content-Disposition": f'attachment; filename="run-{run_id}.html"'})
+                "Content-Disposition": f'attachment; filename="run-{safe}.html"'})
         return await guarded(call)
 
     async def health(request: Request) -> Response:

@@ -4,6 +4,8 @@
 const form = document.getElementById("filters");
 const FIELDS = ["agent", "status", "tool", "error", "since", "q"];
 const FACETS = {agent: "agents", status: "statuses", tool: "tools", error: "errors"};
+const REFRESH_MS = 3000;  // while a listed run is still running, the list refreshes itself
+let refreshTimer = null;
 
 function currentFilters() {
   const params = new URLSearchParams();
@@ -68,6 +70,10 @@ async function load() {
   document.getElementById("count").textContent = data.matched + " of " + data.total + " run(s)" +
     (data.truncated ? " (only the newest " + data.scanned + " were searched)" : "");
   document.body.dataset.loaded = String(Date.now());
+  clearTimeout(refreshTimer);
+  if (data.runs.some((run) => run.status === "running")) {
+    refreshTimer = setTimeout(() => { if (!document.hidden) load(); else refreshTimer = null; }, REFRESH_MS);
+  }
 }
 
 function init() {
@@ -88,6 +94,7 @@ function init() {
     for (const name of FIELDS) form.elements[name].value = "";
     load();
   });
+  document.addEventListener("visibilitychange", () => { if (!document.hidden && refreshTimer === null) load(); });
   load();
 }
 
