@@ -162,6 +162,15 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         assert plain.status_code == 415 and "JSON" in plain.json()["error"]
         wrong = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": "three"})
         assert wrong.status_code == 400 and '"three"' in wrong.json()["error"]
+        disk = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": 5, "edit": {
+            "kind": "bundle", "digest": "x", "path": "/etc/passwd"}})
+        assert disk.status_code == 400 and "output, reply, system" in disk.json()["error"]
+        half = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": 5, "edit": {"kind": "output"}})
+        assert half.status_code == 400 and "the output edit is not valid" in half.json()["error"] and \
+            "call_id" in half.json()["error"]
+        late = await client.post(f"/api/runs/{pair}/fork", json={"at_seq": 12, "edit": {
+            "kind": "output", "call_id": "1.0", "output": {"value": 1}}})
+        assert late.status_code == 400 and "call 1.0 has no pending result" in late.json()["error"]
         assert len(await _runs(client)) == before
         second_turn = next(e["seq"] for e in view["events"]
                            if e["kind"] == "model.requested" and e["turn"] == 2)

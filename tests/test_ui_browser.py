@@ -272,6 +272,26 @@ def test_fork_from_the_page(stack: Stack, runs: dict[str, str], page: Any):
     assert page.locator("#fork-tree a", has_text=pair).count() == 1  # the parent is a link
     shot(page, "10-forked-run")
 
+    # "what if the calculator had said 41": fork with another output for call 1.1
+    page.goto(f"{stack.base}/runs/{pair}")
+    page.wait_for_selector("body[data-status=completed]")
+    outcome = page.locator(f".lane[data-call='{pair}/1.1'] .event[data-kind='tool.completed']")
+    outcome.locator(".toggle").click()
+    outcome.locator(".edit-open").click()
+    outcome.locator(".edit-text").fill("{not json")
+    outcome.locator(".edit-fork").click()
+    assert "not JSON" in outcome.locator(".edit-problem").text_content() and pair in page.url
+    outcome.locator(".edit-text").fill('{"expression": "10 * 4", "value": 41}')
+    shot(page, "11-fork-with-another-output")
+    outcome.locator(".edit-fork").click()
+    page.wait_for_url(lambda url: pair not in url and child not in url and "/runs/r" in url)
+    page.wait_for_selector("body[data-status=completed]")
+    edited = page.locator(".lane[data-call$='/1.1'] .event[data-kind='tool.completed']")
+    assert '"value":41' in edited.locator(".desc").text_content()
+    page.locator(".event[data-kind='run.forked'] .toggle").click()
+    assert '"value": 41' in page.locator(".event[data-kind='run.forked'] .detail").text_content()
+    shot(page, "12-forked-with-edit")
+
 
 def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str], page: Any, tmp_path: Path):
     hostile = runs["hostile"]
@@ -284,7 +304,7 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert "<script>window.__pwned = 1</script>" in reply
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert page.evaluate(INJECTED) == 0
-    shot(page, "11-hostile-reply-as-text")
+    shot(page, "13-hostile-reply-as-text")
 
     page.goto(stack.base + "/?q=pwned")
     page.wait_for_selector(f"#runs tr[data-run='{hostile}']")
@@ -307,4 +327,4 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert page.evaluate(INJECTED) == 0
     assert requests == [path.as_uri()], requests
-    shot(page, "12-export-opened-from-disk")
+    shot(page, "14-export-opened-from-disk")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from nats.js import JetStreamContext
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -156,9 +157,9 @@ class Inspector:
         except NoSuchRun as e:
             raise NotFound(str(e)) from None
 
-    async def fork(self, run_id: str, at_seq: int) -> dict[str, Any]:
+    async def fork(self, run_id: str, at_seq: int, edit: ev.ForkEdit | None = None) -> dict[str, Any]:
         check_token(run_id, "run id")
-        forked = await fork(self.js, run_id, at_seq)  # ForkError (a ValueError) says what to change
+        forked = await fork(self.js, run_id, at_seq, edit)  # ForkError (a ValueError) says what to change
         return {"run_id": forked.run_id, "source_run": forked.source_run, "at_seq": forked.at_seq}
 
     async def pump(self, run_id: str, after: int, emit: Callable[[str], Awaitable[None]]) -> None:
@@ -231,6 +232,26 @@ class FollowResponse(Response):
             tg.start_soon(beat)
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# The edits a page may ask for. Not `bundle`: it names a file on the server's disk to load, which is for the
+# command line (`sa fork --bundle PATH`), not for anyone who can reach the page.
+WEB_EDITS: dict[str, type[ev.OutputEdit | ev.ReplyEdit | ev.SystemEdit]] = {
+    "output": ev.OutputEdit, "reply": ev.ReplyEdit, "system": ev.SystemEdit}
+
+
+def web_edit(raw: Any) -> ev.ForkEdit | None:
+    """The fork edit of a page's request (None for none); ValueError saying what is wrong with it."""
+    if raw is None:
+        return None
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if kind not in WEB_EDITS:
+        raise ValueError(f'"edit" must be an object whose "kind" is one of {", ".join(WEB_EDITS)}, not '
+                         f"{json.dumps(kind if isinstance(raw, dict) else raw)}")
+    try:
+        return msgspec.convert(raw, WEB_EDITS[kind])
+    except msgspec.ValidationError as e:
+        raise ValueError(f"the {kind} edit is not valid: {e}") from None
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -324,7 +345,7 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
             if not isinstance(at, int) or isinstance(at, bool):
                 return _error(400, f'"at_seq" must be a whole number (the seq of the event to fork at), not '
                                    f"{json.dumps(at)}")
-            return await inspector().fork(request.path_params["run"], at)
+            return await inspector().fork(request.path_params["run"], at, web_edit(body.get("edit")))
         return await guarded(call)
 
     async def api_export(request: Request) -> Response:

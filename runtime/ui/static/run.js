@@ -270,8 +270,69 @@ function detailNode(e) {
     parts.unshift(el("div", {class: "field ref"}, "This event's big fields were stored apart (" +
       fmtBytes(e.ref.size) + "). ", state.exported ? null : button));
   }
+  parts.push(editor(e));
   parts.push(el("details", {class: "raw"}, el("summary", {}, "raw event"), el("pre", {class: "text"}, JSON.stringify(d, null, 2))));
   return el("div", {class: "detail"}, parts);
+}
+
+// -- "what if": fork with an edit --------------------------------------------------------------------------
+
+// Where a fork may record another output for `e`'s call: the last valid point after the reply that made
+// the call and no later than its outcome (the kept prefix then has the call but not its result).
+function outputForkPoint(e) {
+  const made = state.events.find((x) => x.kind === "model.responded" && (x.data.calls || []).some((c) => c.id === e.lane));
+  const points = state.view.fork_points || [];
+  const valid = points.filter((p) => made && p > made.seq && p <= e.seq);
+  return valid.length ? valid[valid.length - 1] : null;
+}
+
+// The edit a page offers for an event: another output for a tool's outcome, another reply for a model's
+// answer. Returns [label, at_seq, initial JSON text, text -> edit object] or null.
+function editFor(e) {
+  if (state.exported || !state.view.fork_points) return null;
+  const d = e.data;
+  if ((e.kind === "tool.completed" || e.kind === "tool.failed") && e.lane) {
+    const at = outputForkPoint(e);
+    if (at === null) return null;
+    const call = e.lane.split("/").pop();
+    return ["fork with another output for call " + call, at, JSON.stringify(e.kind === "tool.completed" ? d.output : null, null, 2),
+      (value) => ({kind: "output", call_id: call, output: value})];
+  }
+  if (e.kind === "model.responded" && state.view.fork_points.includes(e.seq)) {
+    const reply = {content: d.content || "", calls: (d.calls || []).map((c) => ({name: c.name, arguments: c.arguments}))};
+    return ["fork with another reply", e.seq, JSON.stringify(reply, null, 2), (value) => ({kind: "reply", ...value})];
+  }
+  return null;
+}
+
+function editor(e) {
+  const spec = editFor(e);
+  if (!spec) return null;
+  const [label, at, initial, toEdit] = spec;
+  const area = el("textarea", {class: "edit-text", rows: Math.min(14, initial.split("\n").length + 1), spellcheck: "false"});
+  area.value = initial;
+  const problem = el("div", {class: "edit-problem", hidden: true});
+  const go = el("button", {class: "edit-fork"}, "fork");
+  const panel = el("div", {class: "edit-panel", hidden: true},
+    el("div", {class: "field-label"}, "JSON for the fork at seq " + at + " (events before it are kept; the host goes on from there)"),
+    area, problem, go);
+  const open = el("button", {class: "edit-open"}, label + "…");
+  open.addEventListener("click", () => { panel.hidden = !panel.hidden; if (!panel.hidden) area.focus(); });
+  area.addEventListener("input", () => { problem.hidden = true; });
+  go.addEventListener("click", async () => {
+    let value;
+    try {
+      value = JSON.parse(area.value);
+    } catch (err) {
+      problem.textContent = "not JSON: " + err.message + ". Nothing was forked.";
+      problem.hidden = false;
+      return;
+    }
+    problem.hidden = true;
+    const message = await forkAt(at, null, toEdit(value));
+    if (message) { problem.textContent = message; problem.hidden = false; }
+  });
+  return el("div", {class: "edit"}, open, panel);
 }
 
 async function loadPayload(seq, button) {
@@ -289,16 +350,21 @@ async function loadPayload(seq, button) {
   }
 }
 
-async function forkAt(seq, node) {
+// Fork at `seq` (with `edit`, if any) and open the new run; on refusal show why and return the message.
+async function forkAt(seq, node, edit) {
   showMessage("forking at seq " + seq + "…", "info");
+  const body = edit ? {at_seq: seq, edit: edit} : {at_seq: seq};
   try {
     const forked = await api("/api/runs/" + encodeURIComponent(state.runId) + "/fork", {
-      method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({at_seq: seq}),
+      method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
     });
     location.href = runHref(forked.run_id);
+    return null;
   } catch (err) {
-    showMessage("fork at seq " + seq + " failed: " + err.message);
+    const message = "fork at seq " + seq + " failed: " + err.message;
+    showMessage(message);
     if (node) node.classList.add("fork-error");
+    return message;
   }
 }
 
