@@ -16,7 +16,8 @@ thing really happened, whoever derives it and whenever.
 Why ids are derived, not drawn: an exporter may see an event twice (redelivery after a crash) and several
 exporters may share the work, so the same span must get the same id every time it is derived. The trace id
 is a hash of the run id; a span's id is a hash of the run id and the seq of the event that starts it (seqs
-are unique within a run and never change). A collector de-duplicating by id then holds each span once.
+are unique within a run and never change; a turn and its first model call start at the same event, so the
+turn's hash also names its role). A collector de-duplicating by id then holds each span once.
 
 Joining a caller's trace: when the task carried a W3C `traceparent` (in its metadata, or as a NATS header
 the host copies into `run.started.metadata`), the run's trace id is the caller's and the run span's parent
@@ -83,9 +84,12 @@ def trace_id_for(run_id: str) -> int:
     return _nonzero(hashlib.blake2b(run_id.encode(), digest_size=16, person=b"sa-trace").digest())
 
 
-def span_id_for(run_id: str, seq: int) -> int:
-    """The id of the span a run's event `seq` starts: 64 bits of a hash of the run id and the seq."""
-    return _nonzero(hashlib.blake2b(f"{run_id}/{seq}".encode(), digest_size=8, person=b"sa-span").digest())
+def span_id_for(run_id: str, seq: int, role: str = "") -> int:
+    """The id of the span a run's event `seq` starts: 64 bits of a hash of the run id and the seq. The
+    one event that starts two spans (a turn's first `model.requested` starts the turn and its first model
+    call) names the outer one's `role` ("turn") to keep the two apart."""
+    key = f"{run_id}/{seq}/{role}" if role else f"{run_id}/{seq}"
+    return _nonzero(hashlib.blake2b(key.encode(), digest_size=8, person=b"sa-span").digest())
 
 
 def _nonzero(digest: bytes) -> int:
@@ -147,7 +151,7 @@ class TraceBuilder:
                 turn = self.turns.get(event.turn)
                 if turn is None:
                     turn = self.turns[event.turn] = self._open(
-                        f"turn {event.turn}", event, self._root_id(), {"sa.turn": event.turn})
+                        f"turn {event.turn}", event, self._root_id(), {"sa.turn": event.turn}, role="turn")
                 attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "chat", "sa.turn": event.turn,
                                                "sa.attempt": event.attempt, "sa.request_id": event.request_id}
                 model = self.models[event.request_id] = self._open("chat", event, turn.span_id, attrs,
@@ -214,8 +218,8 @@ class TraceBuilder:
                          event.seq, attributes=attrs)
 
     def _open(self, name: str, event: ev.Event, parent: int | None, attrs: dict[str, AttrValue], *,
-              kind: str = "internal") -> _Open:
-        return _Open(name, span_id_for(event.run_id, event.seq), parent, event.ts, event.seq, kind,
+              kind: str = "internal", role: str = "") -> _Open:
+        return _Open(name, span_id_for(event.run_id, event.seq, role), parent, event.ts, event.seq, kind,
                      attributes=attrs)
 
     def _close(self, span: _Open, event: ev.Event, error: str | None) -> Span:
@@ -318,6 +322,8 @@ def render_tree(spans: list[Span]) -> str:
 
     def walk(parent: int | None, depth: int) -> None:
         for s in sorted(children.get(parent, []), key=lambda s: (s.start, s.start_seq)):
+            if s.span_id == parent:
+                continue
             mark = f"  ERROR {s.attributes.get('error.type', '')}".rstrip() if s.error else ""
             lines.append(f"{'  ' * depth}{s.name}  +{(s.start - t0) * 1000:.1f}ms "
                          f"{(s.end - s.start) * 1000:.1f}ms{mark}")
