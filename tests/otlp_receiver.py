@@ -50,7 +50,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
@@ -84,7 +84,8 @@ class Receiver:
                 for s in ss.spans:
                     out.append(ReceivedSpan(
                         trace_id=s.trace_id.hex(), span_id=s.span_id.hex(), parent_id=s.parent_span_id.hex(),
-                        name=s.name, start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano, kind=s.kind,
+                        name=s.name, start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
+                        kind=s.kind,
                         status_code=s.status.code, status_message=s.status.message,
                         attributes={a.key: _value(a.value) for a in s.attributes}, service=service))
         return out

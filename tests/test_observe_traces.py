@@ -94,14 +94,16 @@ async def test_a_three_turn_run_is_one_trace_with_its_span_tree_and_real_times(f
         assert chat.attributes["gen_ai.usage.input_tokens"] > 0
         assert chat.end_ns <= tool.start_ns  # the call was made after the reply that asked for it
         expected_tool = "submit" if number == 3 else "calculator"
-        assert tool.name == f"execute_tool {expected_tool}" and tool.attributes["gen_ai.tool.name"] == expected_tool
+        assert tool.name == f"execute_tool {expected_tool}"
+        assert tool.attributes["gen_ai.tool.name"] == expected_tool
         (script,) = children(tool)
         assert script.name == f"script {expected_tool}" and script.attributes["sa.sandbox_ms"] > 0
         for parent, child in ((root, turn), (turn, chat), (turn, tool), (tool, script)):
-            assert parent.start_ns <= child.start_ns <= child.end_ns <= parent.end_ns, (parent.name, child.name)
+            assert parent.start_ns <= child.start_ns <= child.end_ns <= parent.end_ns, child.name
     responded = [e for e in events if isinstance(e, ev.ModelResponded)]
     tokens = sum(e.usage.prompt_tokens for e in responded), sum(e.usage.completion_tokens for e in responded)
-    assert (root.attributes["gen_ai.usage.input_tokens"], root.attributes["gen_ai.usage.output_tokens"]) == tokens
+    usage = root.attributes["gen_ai.usage.input_tokens"], root.attributes["gen_ai.usage.output_tokens"]
+    assert usage == tokens
     assert all(s.status_code == 0 for s in by_id.values())  # UNSET: nothing failed
     tree = render_tree(trace_of(events))
     assert tree.splitlines()[0].startswith("invoke_agent calc") and tree.count("script ") == 3
@@ -121,7 +123,7 @@ async def test_ids_are_the_same_from_every_export_and_without_a_traceparent_from
         assert (a[sid].trace_id, a[sid].parent_id, a[sid].start_ns, a[sid].end_ns, a[sid].name) == \
                (b[sid].trace_id, b[sid].parent_id, b[sid].start_ns, b[sid].end_ns, b[sid].name)
     assert {s.trace_id for s in a.values()} == {f"{trace_id_for(run_id):032x}"}
-    assert [s for s in a.values() if not s.parent_id][0].name == "invoke_agent calc"
+    assert next(s for s in a.values() if not s.parent_id).name == "invoke_agent calc"
 
 
 def sa_otel(url: str, endpoint: str, *extra: str) -> subprocess.Popen[bytes]:
@@ -131,7 +133,8 @@ def sa_otel(url: str, endpoint: str, *extra: str) -> subprocess.Popen[bytes]:
                             env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-async def test_an_exporter_killed_mid_export_and_restarted_sends_every_span_and_no_other(fleet: Env, nats_server):
+async def test_an_exporter_killed_mid_export_and_restarted_sends_every_span_and_no_other(fleet: Env,
+                                                                                         nats_server):
     js = fleet.js
     runs = [await publish_task(js, "calc", f"chain: {1 + i % 2}", task_id=f"crash-{i}") for i in range(4)]
     expected: set[str] = set()
