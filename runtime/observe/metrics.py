@@ -52,14 +52,18 @@ class QueueMetrics:
                            "started; tools: jobs not yet finished)", ["queue"], registry=registry)
         self.dead_letters = Gauge("sa_dead_letters", "Messages in the DLQ stream", registry=registry)
 
+    async def poll_once(self, js: JetStreamContext) -> None:
+        """Read the TASKS, TOOLS and DLQ message counts (three stream info requests)."""
+        for stream, queue in ((TASKS, "tasks"), (TOOLS, "tools")):
+            self.depth.labels(queue).set((await js.stream_info(stream)).state.messages)
+        self.dead_letters.set((await js.stream_info(DLQ)).state.messages)
+
     async def poll(self, js: JetStreamContext, stop: anyio.Event, every: float = QUEUE_POLL_S) -> None:
-        """Read the three streams' message counts every `every` seconds until `stop` (best effort)."""
+        """`poll_once` every `every` seconds until `stop` (best effort: NATS trouble keeps the last values)."""
         while not stop.is_set():
             try:
-                for stream, queue in ((TASKS, "tasks"), (TOOLS, "tools")):
-                    self.depth.labels(queue).set((await js.stream_info(stream)).state.messages)
-                self.dead_letters.set((await js.stream_info(DLQ)).state.messages)
-            except Exception as e:  # NATS trouble: the last values stay; the next poll tries again
+                await self.poll_once(js)
+            except Exception as e:
                 log.debug("polling queue depths: %s", e)
             with anyio.move_on_after(every):
                 await stop.wait()
