@@ -184,7 +184,8 @@ def test_k8s_scrapes_the_metrics_port_each_process_serves(manifests: list[dict[s
                 continue
             port = c["args"][c["args"].index("--metrics-port") + 1]
             notes = template["metadata"].get("annotations", {})
-            assert (notes.get("prometheus.io/scrape"), notes.get("prometheus.io/port")) == ("true", port), name
+            scrape = notes.get("prometheus.io/scrape"), notes.get("prometheus.io/port")
+            assert scrape == ("true", port), name
             assert {"name": "metrics", "containerPort": int(port)} in c["ports"], name
             scraped.add(name)
     assert {"sa-host", "sa-worker"} <= scraped

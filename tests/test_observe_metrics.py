@@ -89,7 +89,8 @@ async def test_metrics_after_runs_hold_the_counts_the_runs_imply(nats_server, js
         await bus.close(wnc)
 
     def count(kind: type, **match: Any) -> int:
-        return sum(1 for e in events if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items()))
+        return sum(1 for e in events
+                   if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items()))
 
     h = host_samples
     assert value(h, "sa_runs_started_total", agent="calc") == 2 == count(ev.RunStarted)
@@ -165,5 +166,6 @@ async def test_json_log_lines_carry_the_run_and_call_they_belong_to():
     assert (lines[0]["run_id"], lines[0]["agent"], lines[0]["logger"]) == ("r-1", "calc", "runtime.test-json")
     assert "call_id" not in lines[0] and "time" in lines[0]
     jobs = sorted(lines[1:3], key=lambda d: d["call_id"])
-    assert [(d["call_id"], d["run_id"], d["seq"]) for d in jobs] == [("r-1/1.0", "r-1", 7), ("r-1/1.1", "r-1", 7)]
+    got = [(d["call_id"], d["run_id"], d["seq"]) for d in jobs]
+    assert got == [("r-1/1.0", "r-1", 7), ("r-1/1.1", "r-1", 7)]
     assert "run_id" not in lines[3]

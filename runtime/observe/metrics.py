@@ -59,7 +59,7 @@ class QueueMetrics:
         self.dead_letters.set((await js.stream_info(DLQ)).state.messages)
 
     async def poll(self, js: JetStreamContext, stop: anyio.Event, every: float = QUEUE_POLL_S) -> None:
-        """`poll_once` every `every` seconds until `stop` (best effort: NATS trouble keeps the last values)."""
+        """`poll_once` every `every` seconds until `stop` (NATS trouble keeps the last values)."""
         while not stop.is_set():
             try:
                 await self.poll_once(js)
