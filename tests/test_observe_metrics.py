@@ -169,3 +169,37 @@ async def test_json_log_lines_carry_the_run_and_call_they_belong_to():
     got = [(d["call_id"], d["run_id"], d["seq"]) for d in jobs]
     assert got == [("r-1/1.0", "r-1", 7), ("r-1/1.1", "r-1", 7)]
     assert "run_id" not in lines[3]
+
+
+def test_every_long_running_command_takes_log_format_and_metrics_port():
+    from test_deploy import parse_sa
+
+    parse_sa(["host", "b", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["worker", "--bundle", "b", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["up", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["otel", "--endpoint", "http://collector:4318", "--log-format", "json"])
+    with pytest.raises(AssertionError, match="log-format"):
+        parse_sa(["host", "--log-format", "xml"])
+    with pytest.raises(AssertionError, match="metrics-port"):
+        parse_sa(["worker", "--metrics-port", "99999"])
+
+
+def test_a_worker_with_json_logs_writes_nothing_but_json_lines(nats_server):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "from runtime.cli import main; main()", "worker", "--nats",
+                             nats_server.url, "--tools", str(ROOT / "agents" / "calculator.pym"),
+                             "--log-format", "json"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the start-up line: the worker is serving
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, first + rest
+    records = [json.loads(line) for line in (first + rest).splitlines() if line.strip()]
+    assert "serving calculator" in records[0]["message"] and records[0]["logger"] == "runtime.cli"
+    assert any(r["message"].startswith("sa worker: stopped after 0 job(s)") for r in records)
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)

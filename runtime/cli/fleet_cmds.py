@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from runtime.cli.app import app
-from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, start_metrics
+from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, announce, start_metrics
 from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats, state_file
 from runtime.observe.logs import LogFormat
 
@@ -245,8 +245,8 @@ def host(
         def ready(h: Any) -> None:
             if metrics is not None:
                 metrics.watch_host(h)
-            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {_partitions(h)} as {h.id}; "
-                       f"resumed {h.stats.runs_recovered} run(s)", err=True)
+            announce(f"sa host: serving {', '.join(sorted(agents))} on {_partitions(h)} as {h.id}; "
+                     f"resumed {h.stats.runs_recovered} run(s)", log_format)
             _started()
 
         config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
@@ -259,7 +259,7 @@ def host(
                                 on_event=metrics.observe if metrics is not None else None)
             tg.cancel_scope.cancel()
         ended = ", ".join(f"{v} {k}" for k, v in sorted(stats.runs_ended.items())) or "none ended"
-        typer.echo(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", err=True)
+        announce(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", log_format)
 
     anyio.run(main, backend="asyncio")
 
@@ -328,8 +328,8 @@ def worker(
             if metrics is not None:
                 metrics.watch_worker(w)
             names = ", ".join(sorted(registry.tools))
-            typer.echo(f"sa worker {getattr(w, 'name', '')}: serving {names} (concurrency {concurrency})",
-                       err=True)
+            announce(f"sa worker {getattr(w, 'name', '')}: serving {names} (concurrency {concurrency})",
+                     log_format)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop)
@@ -339,7 +339,7 @@ def worker(
             stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
                                 ack_wait=ack_wait, on_outcome=on_outcome)
             tg.cancel_scope.cancel()
-        typer.echo(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", err=True)
+        announce(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", log_format)
 
     anyio.run(main, backend="asyncio")
 

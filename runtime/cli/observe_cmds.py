@@ -27,6 +27,17 @@ MetricsPortOption = Annotated[int | None, typer.Option(
     help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics [default: no metrics].")]
 
 
+def announce(text: str, log_format: LogFormat) -> None:
+    """A process's start and stop line: plain on stderr, or a JSON log record when logs are JSON (so a log
+    shipper reading stderr sees nothing but JSON)."""
+    if log_format is LogFormat.json:
+        cli_log = logging.getLogger("runtime.cli")
+        cli_log.setLevel(logging.INFO)
+        cli_log.info(text)
+    else:
+        typer.echo(text, err=True)
+
+
 def json_logs(log_format: LogFormat, level: int) -> bool:
     """Set up JSON logging when asked; True if it was (the caller sets up its text logs otherwise)."""
     if log_format is not LogFormat.json:
@@ -84,19 +95,19 @@ def otel(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_until_signal, stop)
 
-                async def announce() -> None:
+                async def ready() -> None:
                     await exporter.ready.wait()
                     logging.getLogger("runtime.observe").info(
                         "sa otel: exporting traces to %s (durable %s)", endpoint, durable)
 
-                tg.start_soon(announce)
+                tg.start_soon(ready)
                 await exporter.run(stop)
                 tg.cancel_scope.cancel()
         finally:
             await bus.close(nc)
             exporter.shutdown()
         s = exporter.stats
-        typer.echo(f"sa otel: stopped ({s.spans} span(s) from {s.events} event(s))", err=True)
+        announce(f"sa otel: stopped ({s.spans} span(s) from {s.events} event(s))", log_format)
 
     anyio.run(main, backend="asyncio")
 
