@@ -195,3 +195,60 @@ async def test_a_run_read_after_a_gap_gives_the_same_spans_as_one_followed_in_or
     assert exporter.stats.log_reads == 1  # the run was forgotten at its end; from seq 0 there is no gap
     history = await RunLog(js).read(run_id)
     assert trace_of(history.events) == trace_of(events)
+
+
+async def test_exporters_sharing_one_durable_split_the_events_and_send_every_span(fleet: Env):
+    js = fleet.js
+    runs = [await publish_task(js, "calc", "chain: 1", task_id=f"shared-{i}") for i in range(3)]
+    expected: set[str] = set()
+    total = 0
+    for run_id in runs:
+        events = await fleet.wait_run(run_id)
+        total += len(events)
+        expected |= {f"{s.span_id:016x}" for s in trace_of(events)}
+    with Receiver() as receiver:
+        exporters = [TraceExporter(js, otlp_exporter(receiver.url), durable="otel-shared", batch=4)
+                     for _ in range(2)]
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            for exporter in exporters:
+                tg.start_soon(exporter.run, stop)
+            await wait_until(lambda: expected <= set(receiver.unique()), 60, "every span exported")
+            stop.set()
+        final = receiver.unique()
+    assert set(final) == expected
+    assert sum(e.stats.events for e in exporters) >= total  # every event handled (and acked) by one of them
+
+
+def _stamped(events: list[ev.Event]) -> list[ev.Event]:
+    return [ev.stamp(e, seq=i, ts=100.0 + i, actor="calc") for i, e in enumerate(events)]
+
+
+def test_a_run_that_fails_mid_turn_ends_its_open_spans_as_errors_and_a_refused_call_is_an_instant_span():
+    from runtime.types import ToolCall, ToolError
+
+    run = "r-fail"
+    calls = (ToolCall(f"{run}/1.0", "calculator", {}), ToolCall(f"{run}/1.1", "shell", {}))
+    events = _stamped([
+        ev.RunStarted(run_id=run, input="x", metadata={"traceparent": "00-bad-header-01"}),
+        ev.ModelRequested(run_id=run, request_id=f"{run}/m1", turn=1),
+        ev.ModelResponded(run_id=run, request_id=f"{run}/m1", turn=1, calls=calls),
+        ev.ToolFailed(run_id=run, call_id=f"{run}/1.1", tool="shell",
+                      error=ToolError("policy", "shell is not allowed")),
+        ev.ToolCalled(run_id=run, call=calls[0]),
+        ev.RunFailed(run_id=run, reason="deadline", detail="the task's deadline passed"),
+    ])
+    spans = {s.name: s for s in trace_of(events)}
+    assert set(spans) == {"invoke_agent calc", "turn 1", "chat", "execute_tool shell",
+                          "execute_tool calculator"}
+    root = spans["invoke_agent calc"]
+    assert root.parent_id is None and root.trace_id == trace_id_for(run)  # a malformed traceparent is ignored
+    assert root.attributes["error.type"] == "deadline" and root.error.startswith("deadline")
+    refused = spans["execute_tool shell"]
+    assert (refused.start, refused.end, refused.start_seq) == (103.0, 103.0, 3)
+    assert refused.attributes["error.type"] == "policy" and refused.parent_id == spans["turn 1"].span_id
+    for name in ("turn 1", "execute_tool calculator"):  # open when the run ended: ended there, as errors
+        assert spans[name].end == 105.0 and spans[name].end_seq == 5 and "run.failed" in spans[name].error
+    assert spans["chat"].error is None and spans["chat"].end_seq == 2
+    assert len({s.span_id for s in spans.values()}) == 5
+    assert trace_of(events) == trace_of(list(events))  # derived twice: equal, ids included
