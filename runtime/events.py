@@ -195,6 +195,7 @@ class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):
     finish_reason: str = ""
     latency_ms: float = 0.0
     parse_error: str | None = None
+    model: str = ""  # the model that answered, as the server named it (traces: `gen_ai.response.model`)
 
 
 class ModelFailed(_Event, frozen=True, kw_only=True, tag="model.failed"):

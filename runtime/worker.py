@@ -72,6 +72,7 @@ from runtime.nats.subjects import (
     WORKERS_CONSUMER,
 )
 from runtime.nats.topology import attach_topology
+from runtime.observe.logs import log_context
 from runtime.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
 from runtime.tools import ScriptTool, ToolContext, discover_tools
@@ -175,7 +176,8 @@ class Worker:
                  name: str | None = None, max_batch: int = 64,
                  data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None,
                  payload_threshold: int | None = None,
-                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S) -> None:
+                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
+                 on_outcome: Callable[[ToolOutcome], Any] | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be ≥ 1")
         self.js = js
@@ -184,6 +186,7 @@ class Worker:
         self.max_batch = max_batch
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
+        self.on_outcome = on_outcome  # each published outcome (metrics: `runtime.observe.metrics`)
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
         self._workspace_writes = result_handler or WorkspaceResultHandler(js)
         self.ack_wait = ack_wait  # set on the shared consumer at start (None: keep the consumer's)
@@ -300,6 +303,10 @@ class Worker:
         except JobDecodeError as e:
             await self._dead_letter(msg, str(e))
             return
+        with log_context(run_id=job.run_id, agent=job.actor, call_id=job.call_id):
+            await self._handle(msg, job)
+
+    async def _handle(self, msg: Msg, job: ToolJob) -> None:
         attempt = deliveries(msg)
         if 1 < self._max_deliver <= attempt and not await self._has_record(job):
             await self._give_up(msg, job, attempt)
@@ -325,6 +332,8 @@ class Worker:
             return
         self.stats.completed += 1
         self.stats.failed += outcome.result.error is not None
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
         await msg.ack()
 
     async def _give_back(self, msg: Msg, job: ToolJob, attempt: int, reason: str) -> None:
@@ -471,14 +480,15 @@ def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[s
 async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, concurrency: int = 8,
                 stop: anyio.Event | None = None, ensure: bool = True,
                 on_ready: Callable[[Worker], Any] | None = None,
-                ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S) -> WorkerStats:
+                ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
+                on_outcome: Callable[[ToolOutcome], Any] | None = None) -> WorkerStats:
     """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
     nc = await connect(servers, name="sa-worker")
     try:
         js = nc.jetstream()
         if ensure:
             await attach_topology(js)
-        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait)
+        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome)
         if on_ready is not None:
             on_ready(worker)
         await worker.run(stop)

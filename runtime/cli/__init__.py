@@ -7,6 +7,7 @@
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
 - `dlq_cmds`        — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
+- `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
 """
 
@@ -18,6 +19,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     constraint_cmds,
     model_cmds,
     dlq_cmds,
+    observe_cmds,
 )
 from runtime.cli.app import app
 
