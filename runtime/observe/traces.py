@@ -138,9 +138,15 @@ class TraceBuilder:
         self._turn_of_call: dict[str, int] = {}
         self.tokens = [0, 0]
         self.done = False
+        self._copied = 0  # a fork: its events below this seq are its source's, exported with the source
 
     def add(self, event: ev.Event) -> list[Span]:
-        """Fold `event`; the spans it ends (often none)."""
+        """Fold `event`; the spans it ends (often none). A fork's copied events are folded (a span they
+        open may end in the fork) but end no span: the work they record was done, and exported, once."""
+        spans = self._add(event)
+        return spans if event.seq >= self._copied else []
+
+    def _add(self, event: ev.Event) -> list[Span]:
         if self.done:
             return []
         match event:
@@ -204,7 +210,9 @@ class TraceBuilder:
 
     def _started(self, event: ev.RunStarted) -> None:
         self.run_id, self.agent = event.run_id, event.actor.partition(":")[0]
-        self._parent = parent_context(event.metadata)
+        forked = isinstance(event, ev.RunForked)
+        # a fork is its own trace (an operator's "what if", not the publisher's request)
+        self._parent = None if forked else parent_context(event.metadata)
         self.trace_id = self._parent.trace_id if self._parent else trace_id_for(event.run_id)
         attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "invoke_agent",
                                        "gen_ai.agent.name": self.agent, "sa.run_id": event.run_id,
@@ -213,6 +221,9 @@ class TraceBuilder:
             attrs["sa.task_id"] = event.task_id
         if event.bundle_digest:
             attrs["sa.bundle_digest"] = event.bundle_digest
+        if isinstance(event, ev.RunForked):
+            attrs["sa.forked_from"], attrs["sa.forked_at"] = event.source_run, event.source_seq
+            self._copied = event.source_seq
         parent = self._parent.span_id if self._parent else None
         self.run = _Open(f"invoke_agent {self.agent}", span_id_for(event.run_id, event.seq), parent, event.ts,
                          event.seq, attributes=attrs)
