@@ -100,8 +100,12 @@ def describe(event: ev.Event) -> str:
             return f"{event.reason}{' by ' + event.by if event.by else ''}"
         case ev.ApprovalRequested():
             return f"{event.call.name}({_short(event.call.arguments, 60)}) waits for approval"
-        case ev.ApprovalGranted() | ev.ApprovalDenied():
-            return f"{event.call_id}{' by ' + event.by if event.by else ''}"
+        case ev.ApprovalGranted():
+            edited = f" with arguments {_short(event.arguments, 50)}" if event.arguments is not None else ""
+            note = f": {_short(event.note, 50)}" if event.note else ""
+            return f"{event.call_id}{' by ' + event.by if event.by else ''}{edited}{note}"
+        case ev.ApprovalDenied():
+            return f"{event.call_id}{' by ' + event.by if event.by else ''}: {_short(event.reason, 60)}"
     return ""
 
 
@@ -229,6 +233,8 @@ def _predicted(state: kernel.State, e: ev.Event) -> bool:
         return e.reason not in _HOST_VERDICTS
     if isinstance(e, ev.ToolFailed):  # a denial, unless the call was dispatched (its own failure/timeout)
         return state.turn is None or e.call_id not in state.turn.called
+    if isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied):  # a person's verdict is an input
+        return e.by == "timeout"
     return False
 
 
@@ -244,6 +250,9 @@ def _expected(state: kernel.State, e: ev.Event) -> str | None:
                     return None
         case ev.ToolCalled():
             if any(isinstance(d, kernel.CallTools) and e.call in d.calls for d in decisions):
+                return None
+        case ev.ApprovalGranted() | ev.ApprovalDenied():  # a timeout verdict: due at the time it carries
+            if any(ev.same_fact(d, e) for d in kernel.expire(state, e.ts)):
                 return None
         case _:
             if any(isinstance(d, kernel.DECIDED_TYPES) and ev.same_fact(d, e) for d in decisions):

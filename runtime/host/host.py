@@ -250,6 +250,7 @@ class Host:
 
     async def _drive(self, driver: RunDriver) -> None:
         self.drivers[driver.run_id] = driver
+        driver.on_status = self.index.record
         try:
             state = await driver.run()
         finally:
