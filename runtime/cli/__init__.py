@@ -2,6 +2,7 @@
 
 - `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
 - `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
+- `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
@@ -12,6 +13,7 @@
 from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)
     fleet_cmds,
     run_cmds,
+    control_cmds,
     tools_cmds,
     constraint_cmds,
     model_cmds,
