@@ -209,6 +209,11 @@ class Worker:
 
     # -- cancels ---------------------------------------------------------------------------------------
 
+    @property
+    def running_runs(self) -> frozenset[str]:
+        """The runs whose jobs this worker is running in the sandbox now."""
+        return frozenset(self._running)
+
     def _on_cancelled(self, event: ev.RunCancelled) -> None:
         """A run was cancelled: stop its jobs running here, and do not start the ones still to come."""
         why = f"the run was cancelled{' by ' + event.by if event.by else ''}"
@@ -515,10 +520,15 @@ class Worker:
 
     def _cancelled_outcome(self, job: ToolJob, notes: list[ScriptNote],
                            fields: dict[str, Any]) -> ToolOutcome:
+        """A job of a cancelled run: `cancelled`, and a `failed` note closing the sandbox run it stopped."""
         why = self._cancelled.get(job.run_id, "the run was cancelled")
         stopped = "stopped while it ran" if notes else "not started"
-        return ToolOutcome.for_job(job, ToolResult.failure("cancelled", f"{job.tool} {stopped}: {why}"),
-                                   notes=tuple(notes), **fields)
+        failure = ToolResult.failure("cancelled", f"{job.tool} {stopped}: {why}")
+        if notes:
+            ran = round((time.time() - notes[0].ts) * 1000, 3)
+            notes.append(ScriptNote(kind="failed", ts=time.time(), error=failure.error, duration_ms=ran,
+                                    script=notes[0].script, call_id=notes[0].call_id))
+        return ToolOutcome.for_job(job, failure, notes=tuple(notes), **fields)
 
 
 def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:
