@@ -19,7 +19,8 @@ needs the world, it returns one of the two I/O effects, and the runner records w
 How a run flows:
 
     run.started ─▶ CallModel ─▶ per call: tool.failed            (unknown tool, policy, approval denied)
-                                          approval.requested      (then a person: granted | denied)
+                                          approval.requested      (then a person: granted | denied,
+                                                                   or the rule's timeout verdict)
                                           CallTools
                  ─▶ turn.completed   (the tool results join the conversation, in call order)
                  ─▶ run.completed | run.failed | the next CallModel
@@ -28,6 +29,13 @@ A run ends on: a successful call of the configured terminal tool (its output is 
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
 (a failed model call, an unparseable reply, or a turn whose calls all failed), or `run.cancelled`.
+
+Approvals: a call waits for a person when its tool's rule applies (`KernelConfig.approval_rule`: the
+bundle's `approval` rules, `runtime.approval_policy`, or `requires_approval`). An approver may grant it with
+edited arguments, and the call then runs (and is checked by the policies) with those. A rule with a
+timeout has its verdict decided from timestamps like the deadline: `decide` returns it once an event's
+`ts` is past `approval.requested.ts + timeout_s`; since time passing appends nothing, a runner with nothing
+else to do wakes at `next_timer(state)` and appends what `expire(state, now)` returns.
 
 Final-turn forcing: with a terminal tool configured (and `force_terminal_on_last_turn`, the default),
 the request for the last turn `max_turns` allows offers only the terminal tool (`CallModel.tools`), so
