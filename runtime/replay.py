@@ -102,8 +102,8 @@ def describe(event: ev.Event) -> str:
             why = f" ({event.condition})" if event.condition else ""
             role = f" by {event.role}" if event.role else ""
             until = f", {event.on_timeout} after {event.timeout_s:g}s" if event.timeout_s is not None else ""
-            call = f"{event.call.name}({_short(event.call.arguments, 60)})"
-            return f"{call} waits for approval{role}{why}{until}"
+            asked = f"{event.call.name}({_short(event.call.arguments, 60)})"
+            return f"{asked} waits for approval{role}{why}{until}"
         case ev.ApprovalGranted():
             edited = f" with arguments {_short(event.arguments, 50)}" if event.arguments is not None else ""
             note = f": {_short(event.note, 50)}" if event.note else ""
