@@ -6,6 +6,7 @@
     history = await log.read(run_id)                  # every event back, big payloads resolved
     async for event in log.follow(run_id): ...        # live, from the first event to the last
     tail = await log.tail("sa-otel")                  # every run's events, acked as handled (durable)
+    sub = await log.watch_cancels(on_cancelled)       # every run cancelled from now on (tool workers)
     copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
     purged = await log.purge([run_id])                # a finished run deleted: events, payloads, index
 
@@ -47,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,7 @@ log = logging.getLogger("runtime.log")
 
 APPEND_RETRY_S = 0.25
 TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+CANCELLED_FILTER = "events.*.*.run.cancelled"  # the `run.cancelled` event of every run
 
 
 class Superseded(RuntimeError):
@@ -260,6 +262,27 @@ class RunLog:
                                 ack_wait=ack_wait, max_ack_pending=max_pending)
         await self.js.add_consumer(names.EVENTS, config)  # an update when it exists (same filter)
         return Tail(await self.js.pull_subscribe_bind(durable=durable, stream=names.EVENTS))
+
+    async def watch_cancels(self, on_cancelled: Callable[[ev.RunCancelled], None]) -> Any:
+        """Call `on_cancelled` with every `run.cancelled` appended from now on, of any run: how a tool
+        worker learns that the job it runs is for a run that ended, to stop its sandbox at once.
+
+        A plain subscription on the events' subjects (`events.*.*.run.cancelled`), not a consumer: an
+        append is also delivered to whoever listens on its subject, so this costs the log nothing and
+        the hot path nothing. Missed while disconnected, which is harmless: the job then runs to its
+        end and its outcome is dropped as that of an ended run. Returns the subscription (unsubscribe
+        it when done)."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                event = ev.decode(msg.data)
+            except ev.EventDecodeError as e:
+                log.warning("ignoring an undecodable event on %s: %s", msg.subject, e)
+                return
+            if isinstance(event, ev.RunCancelled):
+                on_cancelled(event)
+
+        return await self.js._nc.subscribe(CANCELLED_FILTER, cb=on_msg)
 
     # -- deleting --------------------------------------------------------------------------------------
 

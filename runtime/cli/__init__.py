@@ -3,6 +3,7 @@
 - `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
 - `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
+- `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
@@ -15,6 +16,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     fleet_cmds,
     run_cmds,
     fork_cmds,
+    control_cmds,
     tools_cmds,
     constraint_cmds,
     model_cmds,

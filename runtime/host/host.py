@@ -253,6 +253,7 @@ class Host:
 
     async def _drive(self, driver: RunDriver) -> None:
         self.drivers[driver.run_id] = driver
+        driver.on_status = self.index.record
         try:
             with log_context(run_id=driver.run_id, agent=driver.actor):
                 state = await driver.run()
