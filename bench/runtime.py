@@ -1,7 +1,7 @@
 """The runtime's own cost: per-step overhead of the agent host with a zero-latency scripted model, and
 sandboxed tool calls per second through host + NATS + `sa worker` processes beside Monty-alone runs/s.
 
-    .venv/bin/python bench/runtime.py [--runs 40] [--agents 32] [--chain 10] [--fan 4x8]
+    .venv/bin/python bench/runtime.py [--runs 40] [--agents 32] [--chain 10] [--fan 4x8] [--only-observe]
 
 Per-step overhead. Agents run `chain: N` tasks: N turns of one calculator call each, then a submit. For
 every turn, from `model.requested` of turn k to that of turn k+1 (both stamped by the host), the
@@ -19,6 +19,12 @@ pays a model round trip and a turn) and `fan` (`T x C`: T turns of C parallel ca
 measures the runtime's tool path). Beside them, the same calculator script run directly in this
 process with `bench/worker.py`'s Monty-alone loop, in the same run (the ratio is what the runtime costs),
 and the host's CPU per call. Numbers only; nothing asserts a time.
+
+What observation costs (`runtime.observe`). The same workload (`--obs-agents` agents of `chain:
+--obs-chain`) through a fresh `sa host` with metrics off, then on (`--metrics-port`), alternating for
+`--obs-rounds` rounds in the same run: the host's CPU per turn each way and their ratio (the target is
+within 3%). Meanwhile an `sa otel` process exports every run's trace to a local OTLP/HTTP sink that
+accepts and drops them: its own CPU per exported event, measured from a drained start to a drained end.
 """
 
 from __future__ import annotations
@@ -108,8 +114,8 @@ def bundle(root: Path, model_url: str) -> Path:
     return path
 
 
-def start_host(url: str, path: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "host", str(path)]
+def start_host(url: str, path: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "host", str(path), *extra]
     proc = subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url}, stdout=subprocess.DEVNULL,
                             stderr=open(log, "wb"))
     while b"serving" not in log.read_bytes():
@@ -185,6 +191,98 @@ async def run_tasks(js: Any, tasks: list[tuple[str, str]]) -> list[list[ev.Event
     return results
 
 
+class _Sink:
+    """A local OTLP/HTTP endpoint that accepts every export and keeps nothing (the exporter's cost only)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+async def drained(js: Any, durable: str) -> None:
+    """Until the exporter's durable consumer has nothing pending and nothing unacked."""
+    from runtime.nats.subjects import EVENTS
+
+    while True:
+        info = await js.consumer_info(EVENTS, durable)
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            return
+        await anyio.sleep(0.1)
+
+
+async def observation(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any, args: Any) -> None:
+    from runtime.nats.subjects import EVENTS
+
+    sink = _Sink()
+    exporter = subprocess.Popen([sys.executable, "-c", "from runtime.cli import main; main()", "otel",
+                                 "--nats", url, "--endpoint", sink.url, "--durable", "bench-otel"],
+                                stdout=subprocess.DEVNULL, stderr=open(tmp / "otel.log", "wb"))
+    procs = worker_bench.start_workers(url, path.parent, 1, 16, tmp)
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    turns: dict[str, int] = {"off": 0, "on": 0}
+    try:
+        await drained_when_ready(js, exporter)
+        ex_cpu0, events0 = cpu_seconds(exporter.pid), (await js.stream_info(EVENTS)).state.messages
+        for r in range(args.obs_rounds):
+            for mode in ("off", "on"):
+                extra = ("--metrics-port", "0") if mode == "on" else ()
+                host = start_host(url, path, tmp / f"host-{mode}-{r}.log", *extra)
+                try:
+                    await run_tasks(js, [(f"bench:o{mode}{r}-{i}", "chain: 2") for i in range(4)])  # warm
+                    c0 = cpu_seconds(host.pid)
+                    results = await run_tasks(js, [(f"bench:o{mode}{r}-{i}", f"chain: {args.obs_chain}")
+                                                   for i in range(args.obs_agents)])
+                    cpu[mode].append(cpu_seconds(host.pid) - c0)
+                    turns[mode] += sum(isinstance(e, ev.TurnCompleted) for res in results for e in res)
+                finally:
+                    host.terminate()
+                    host.wait(20)
+        await drained(js, "bench-otel")
+        ex_cpu = cpu_seconds(exporter.pid) - ex_cpu0
+        exported = (await js.stream_info(EVENTS)).state.messages - events0
+    finally:
+        worker_bench.stop(procs)
+        exporter.terminate()
+        exporter.wait(20)
+        sink.server.shutdown()
+    off, on = sum(cpu["off"]) / turns["off"] * 1000, sum(cpu["on"]) / turns["on"] * 1000
+    print(f"\nobservation cost ({args.obs_rounds} rounds x {args.obs_agents} agents x chain "
+          f"{args.obs_chain}; host CPU per turn, same run)")
+    print(f"{'host, metrics off':<44}{off:>9.3f} ms/turn   ({turns['off']} turns)")
+    print(f"{'host, metrics on (--metrics-port)':<44}{on:>9.3f} ms/turn   ({turns['on']} turns)")
+    print(f"{'on / off':<44}{on / off:>9.3f}x")
+    print(f"{'sa otel: its own CPU per exported event':<44}{ex_cpu / exported * 1e6:>9.1f} us/event "
+          f"({exported} events, {ex_cpu:.2f} s CPU)")
+
+
+async def drained_when_ready(js: Any, exporter: subprocess.Popen[bytes]) -> None:
+    """Until `sa otel` made its consumer and exported the backlog (its start-up is not charged)."""
+    from nats.js.errors import NotFoundError
+
+    while True:
+        if exporter.poll() is not None:
+            raise RuntimeError("sa otel exited")
+        try:
+            await drained(js, "bench-otel")
+            return
+        except NotFoundError:
+            await anyio.sleep(0.1)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40, help="sequential runs for the step overhead")
@@ -192,6 +290,10 @@ async def main() -> None:
     ap.add_argument("--agents", type=int, default=32, help="concurrent agents for calls/s")
     ap.add_argument("--chain", type=int, default=10, help="tool turns (one call each) per agent, chained")
     ap.add_argument("--fan", default="4x8", help="TxC: turns x parallel calls per agent, fan-out")
+    ap.add_argument("--obs-agents", type=int, default=16, help="agents per round of the observation cost")
+    ap.add_argument("--obs-chain", type=int, default=10, help="tool turns per agent there")
+    ap.add_argument("--obs-rounds", type=int, default=3, help="metrics off/on rounds, alternating")
+    ap.add_argument("--only-observe", action="store_true", help="only the observation cost")
     args = ap.parse_args()
 
     import importlib.util
@@ -207,6 +309,10 @@ async def main() -> None:
         nc = await connect(server.url)
         js = nc.jetstream()
         await ensure_topology(js, partitions=4)
+        if args.only_observe:
+            await observation(js, server.url, path, Path(tmp), worker_bench, args)
+            await close(nc)
+            return
         host = start_host(server.url, path, Path(tmp) / "host.log")
         print(f"cores: {os.cpu_count()}   scripted model: zero latency over HTTP (this process)   "
               "host: an `sa host` process")
@@ -269,6 +375,7 @@ async def main() -> None:
         finally:
             host.terminate()
             host.wait(20)
+        await observation(js, server.url, path, Path(tmp), worker_bench, args)
         await close(nc)
 
 

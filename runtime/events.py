@@ -195,6 +195,7 @@ class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):
     finish_reason: str = ""
     latency_ms: float = 0.0
     parse_error: str | None = None
+    model: str = ""  # the model that answered, as the server named it (traces: `gen_ai.response.model`)
 
 
 class ModelFailed(_Event, frozen=True, kw_only=True, tag="model.failed"):
@@ -277,12 +278,28 @@ class ToolRedelivered(_Event, frozen=True, kw_only=True, tag="tool.redelivered")
 
 
 class ApprovalRequested(_Event, frozen=True, kw_only=True, tag="approval.requested"):
+    """A call waits for a person (its tool's approval rule applies, `runtime.approval_policy`). The rest
+    is what an operator needs, from the log alone: which `condition` made it wait, the tool's argument
+    schema (`parameters`, what edited arguments are checked against), who may decide (`role`), and, with
+    `timeout_s`, the verdict that applies once `ts + timeout_s` passes without a decision (`on_timeout`:
+    the kernel decides it from event timestamps, as it does the run's deadline)."""
+
     call: ToolCall
+    condition: str = ""
+    parameters: dict[str, Any] = {}
+    role: str = ""
+    timeout_s: float | None = None
+    on_timeout: str = "deny"
 
 
 class ApprovalGranted(_Event, frozen=True, kw_only=True, tag="approval.granted"):
+    """The call may run; with `arguments`, it runs with these (an operator's edit, checked against the
+    tool's schema) instead of the model's. `by` is the deciding operator, or `timeout`."""
+
     call_id: str
     by: str = ""
+    arguments: dict[str, Any] | None = None
+    note: str = ""
 
 
 class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="approval.denied"):
@@ -414,9 +431,13 @@ class Cancel(_Command, frozen=True, kw_only=True, tag="cancel"):
 
 
 class Approve(_Command, frozen=True, kw_only=True, tag="approve"):
+    """Let a waiting call run; with `arguments`, with these instead of the model's (`runtime.control`)."""
+
     run_id: str
     call_id: str
     by: str = ""
+    arguments: dict[str, Any] | None = None
+    note: str = ""
 
 
 class Deny(_Command, frozen=True, kw_only=True, tag="deny"):
@@ -557,6 +578,7 @@ PAYLOAD_FIELDS: dict[type[_Event], tuple[str, ...]] = {
     ScriptPrinted: ("text",),
     ScriptFailed: ("error",),
     ApprovalRequested: ("call",),
+    ApprovalGranted: ("arguments",),
     ApprovalDenied: ("reason",),
     RunCompleted: ("output",),
     RunFailed: ("detail",),

@@ -19,7 +19,8 @@ needs the world, it returns one of the two I/O effects, and the runner records w
 How a run flows:
 
     run.started ─▶ CallModel ─▶ per call: tool.failed            (unknown tool, policy, approval denied)
-                                          approval.requested      (then a person: granted | denied)
+                                          approval.requested      (then a person: granted | denied,
+                                                                   or the rule's timeout verdict)
                                           CallTools
                  ─▶ turn.completed   (the tool results join the conversation, in call order)
                  ─▶ run.completed | run.failed | the next CallModel
@@ -32,6 +33,13 @@ A run ends on: a successful call of the configured terminal tool (its output is 
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
 (a failed model call, an unparseable reply, or a turn whose calls all failed), or `run.cancelled`.
+
+Approvals: a call waits for a person when its tool's rule applies (`KernelConfig.approval_rule`: the
+bundle's `approval` rules, `runtime.approval_policy`, or `requires_approval`). An approver may grant it with
+edited arguments, and the call then runs (and is checked by the policies) with those. A rule with a
+timeout has its verdict decided from timestamps like the deadline: `decide` returns it once an event's
+`ts` is past `approval.requested.ts + timeout_s`; since time passing appends nothing, a runner with nothing
+else to do wakes at `next_timer(state)` and appends what `expire(state, now)` returns.
 
 Final-turn forcing: with a terminal tool configured (and `force_terminal_on_last_turn`, the default),
 the request for the last turn `max_turns` allows offers only the terminal tool (`CallModel.tools`), so
@@ -76,6 +84,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias, get_args
 
 from runtime import history
+from runtime.approval_policy import ApprovalRule, rule_for
 from runtime.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -118,7 +127,8 @@ class KernelConfig:
     max_concurrent_tools: int = 4
     history_window: int | None = None  # non-pinned messages per request; None sends the whole history
     policies: tuple[ToolPolicy, ...] = ()
-    requires_approval: frozenset[str] = frozenset()
+    requires_approval: frozenset[str] = frozenset()  # tools whose every call waits for an approver
+    approvals: tuple[ApprovalRule, ...] = ()  # conditional rules, timeouts, roles (runtime.approval_policy)
     sampling: Mapping[str, Any] = field(default_factory=dict)  # temperature, max_tokens, ... (sent as is)
     # The last turn `max_turns` allows offers only the terminal tool: a run that used its budget on other
     # calls ends with an answer instead of `max_turns`. No effect without a terminal tool.
@@ -128,6 +138,7 @@ class KernelConfig:
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "policies", tuple(self.policies))
         object.__setattr__(self, "requires_approval", frozenset(self.requires_approval))
+        object.__setattr__(self, "approvals", tuple(self.approvals))
         for name in ("max_turns", "max_consecutive_errors", "max_concurrent_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KernelConfig.{name} must be at least 1, got {getattr(self, name)}")
@@ -144,6 +155,14 @@ class KernelConfig:
     @property
     def tool_names(self) -> frozenset[str]:
         return frozenset(t.name for t in self.tools)
+
+    def approval_rule(self, call: ToolCall) -> ApprovalRule | None:
+        """The rule that makes `call` wait for an approver, or None: a matching rule of `approvals`
+        first, else an unconditional one for a tool in `requires_approval`."""
+        rule = rule_for(self.approvals, call)
+        if rule is None and call.name in self.requires_approval:
+            rule = ApprovalRule(call.name)
+        return rule
 
     def offered(self, turn: int) -> tuple[ToolSchema, ...]:
         """The tools the model may call in `turn`: all of them, except on a forced last turn, where only
@@ -184,7 +203,9 @@ class CallTools:
 
 
 # The facts `decide` settles on its own: the runner appends them as they are (the log stamps them).
-Decided: TypeAlias = ToolFailed | ApprovalRequested | TurnCompleted | RunCompleted | RunFailed
+# An approval verdict is one only when its approval's timeout passed (`expire`); a person's is an input.
+Decided: TypeAlias = (ToolFailed | ApprovalRequested | ApprovalGranted | ApprovalDenied | TurnCompleted
+                      | RunCompleted | RunFailed)
 Effect: TypeAlias = CallModel | CallTools
 Decision: TypeAlias = Effect | Decided
 
@@ -236,6 +257,9 @@ class Turn:
     results: Mapping[str, ToolResult] = field(default_factory=dict)  # call id -> result (copy on write)
     approvals_requested: frozenset[str] = frozenset()
     approvals: Mapping[str, str | None] = field(default_factory=dict)  # call id -> None granted | reason
+    # call id -> (when its approval times out, the verdict then, the timeout): from `approval.requested`
+    approval_timeouts: Mapping[str, tuple[float, str, float]] = field(default_factory=dict)
+    edited: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # call id -> approved arguments
     policy_snapshot: tuple[Any, ...] = ()  # policy states when the model replied
 
     def call(self, call_id: str) -> ToolCall | None:
@@ -352,15 +376,22 @@ def _apply(state: State, ev: Event) -> State:
             turn = state.turn
             if turn is None or turn.call(ev.call.id) is None:
                 return state
-            return replace(
-                state, turn=replace(turn, approvals_requested=turn.approvals_requested | {ev.call.id})
-            )
+            timeouts = turn.approval_timeouts
+            if ev.timeout_s is not None:
+                timeouts = {**timeouts, ev.call.id: (ev.ts + ev.timeout_s, ev.on_timeout, ev.timeout_s)}
+            requested = turn.approvals_requested | {ev.call.id}
+            turn = replace(turn, approvals_requested=requested, approval_timeouts=timeouts)
+            return replace(state, turn=turn)
         case ApprovalGranted() | ApprovalDenied():
             turn = state.turn
             if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.approvals:
                 return state
             verdict = None if isinstance(ev, ApprovalGranted) else (ev.reason or "no reason given")
-            return replace(state, turn=replace(turn, approvals={**turn.approvals, ev.call_id: verdict}))
+            edited = turn.edited
+            if isinstance(ev, ApprovalGranted) and ev.arguments is not None:
+                edited = {**edited, ev.call_id: dict(ev.arguments)}
+            return replace(state, turn=replace(turn, approvals={**turn.approvals, ev.call_id: verdict},
+                                               edited=edited))
         case TurnCompleted():
             return _turn_completed(state, ev)
         case RunCompleted():
@@ -509,12 +540,17 @@ def _decide_calls(state: State, turn: Turn) -> list[Decision]:
     decisions: list[Decision] = []
     dispatch: list[ToolCall] = []
     for call in pending:
+        if call.id in turn.edited:  # an approver edited the arguments: the call runs (and is checked) so
+            call = ToolCall(call.id, call.name, dict(turn.edited[call.id]))
         denial = _denial(cfg, turn, policy_states, call)
+        rule = cfg.approval_rule(call) if denial is None and call.id not in turn.approvals else None
         if denial is not None:
             decisions.append(ToolFailed(run_id=run, call_id=call.id, tool=call.name, error=denial))
-        elif call.name in cfg.requires_approval and call.id not in turn.approvals:
+        elif rule is not None:
             if call.id not in turn.approvals_requested:
-                decisions.append(ApprovalRequested(run_id=run, call=call))
+                decisions.append(_approval_request(cfg, run, call, rule))
+            elif (verdict := _timed_out(run, turn, call.id, state.ts)) is not None:
+                decisions.append(verdict)
         else:
             dispatch.append(call)
     if dispatch:
@@ -527,6 +563,59 @@ def _decide_calls(state: State, turn: Turn) -> list[Decision]:
             )
         )
     return decisions
+
+
+def _approval_request(cfg: KernelConfig, run: str, call: ToolCall, rule: ApprovalRule) -> ApprovalRequested:
+    schema = next((t for t in cfg.tools if t.name == call.name), None)
+    return ApprovalRequested(
+        run_id=run, call=call, condition=rule.when.describe() if rule.when is not None else "",
+        parameters=dict(schema.parameters) if schema is not None else {}, role=rule.role,
+        timeout_s=rule.timeout_s, on_timeout=rule.on_timeout)
+
+
+def _timed_out(run: str, turn: Turn, call_id: str, now: float) -> ApprovalGranted | ApprovalDenied | None:
+    """The verdict of `call_id`'s approval if its timeout has passed at `now` and nobody decided."""
+    if call_id in turn.approvals or call_id in turn.results or call_id not in turn.approval_timeouts:
+        return None
+    at, verdict, timeout = turn.approval_timeouts[call_id]
+    if now < at:
+        return None
+    if verdict == "approve":
+        return ApprovalGranted(run_id=run, call_id=call_id, by="timeout",
+                               note=f"no decision within {timeout:g} s: approved by the approval policy")
+    return ApprovalDenied(run_id=run, call_id=call_id, by="timeout",
+                          reason=f"no decision within {timeout:g} s: denied by the approval policy")
+
+
+def pending_approvals(state: State) -> tuple[ToolCall, ...]:
+    """The calls of the open turn that wait for a person: approval requested, no verdict, no result."""
+    turn = state.turn
+    if state.status != "running" or turn is None:
+        return ()
+    return tuple(c for c in turn.calls if c.id in turn.approvals_requested and c.id not in turn.approvals
+                 and c.id not in turn.results)
+
+
+def next_timer(state: State) -> float | None:
+    """When time alone next settles something: the run's deadline or the first approval timeout (an
+    event timestamp, or None). A runner with nothing else to do wakes then and asks `expire`."""
+    times = [state.deadline] if state.deadline is not None else []
+    turn = state.turn
+    if turn is not None:
+        times += [turn.approval_timeouts[c.id][0] for c in pending_approvals(state)
+                  if c.id in turn.approval_timeouts]
+    return min(times, default=None)
+
+
+def expire(state: State, now: float) -> list[ApprovalGranted | ApprovalDenied]:
+    """The verdicts whose approval timed out by `now` (a time the runner read from its clock, since no
+    event arrived to carry it): what the runner appends, stamped with that time, when it wakes at
+    `next_timer`. Pure: the same verdicts `decide` returns once an event's `ts` is past the timeout."""
+    turn = state.turn
+    if turn is None or state.status != "running":
+        return []
+    verdicts = (_timed_out(state.run_id, turn, c.id, now) for c in pending_approvals(state))
+    return [v for v in verdicts if v is not None]
 
 
 def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: ToolCall) -> ToolError | None:
@@ -564,9 +653,12 @@ __all__ = [
     "Turn",
     "decide",
     "evolve",
+    "expire",
     "fold",
     "initial",
     "model_request_id",
+    "next_timer",
+    "pending_approvals",
     "rebase_id",
     "tool_call_id",
     "tool_calls",

@@ -5,6 +5,8 @@
     seq = await log.append(event, expect=seq)         # one more, as the run's single writer
     history = await log.read(run_id)                  # every event back, big payloads resolved
     async for event in log.follow(run_id): ...        # live, from the first event to the last
+    tail = await log.tail("sa-otel")                  # every run's events, acked as handled (durable)
+    sub = await log.watch_cancels(on_cancelled)       # every run cancelled from now on (tool workers)
     copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
     purged = await log.purge([run_id])                # a finished run deleted: events, payloads, index
 
@@ -31,6 +33,11 @@ log keeps a stub with a `PayloadRef` (`events.externalize`). `read` gives whole 
 stub still says what happened. Objects are named per run and content-addressed within it
 (`runtime.payloads`), so a retried offload is a lookup and a purged run takes exactly its own objects.
 
+Reading every run (`tail`): a durable pull consumer on all of EVENTS, for a reader that derives something
+from the log and must neither miss an event nor lose its place (the trace exporter): it acks what it has
+handled, resumes after a crash where it stopped, and several processes sharing one durable split the
+events between them. It never writes.
+
 Reading uses an ordered push consumer in callback mode on the run's subjects (about 2.5x faster than
 fetching), bounded by the run's last stream sequence taken first with a direct get, so a read is a
 consistent snapshot even while the run is being appended to. A run id is found without knowing its
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,13 +57,14 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime import events as ev
 from runtime import kernel
 from runtime.log_purge import Purged, purge_runs
 from runtime.nats import subjects as names
+from runtime.nats.pull import fetch_batch
 from runtime.payloads import Payloads
 from runtime.types import Message, ToolCall
 
@@ -64,6 +72,7 @@ log = logging.getLogger("runtime.log")
 
 APPEND_RETRY_S = 0.25
 TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+CANCELLED_FILTER = "events.*.*.run.cancelled"  # the `run.cancelled` event of every run
 
 
 class Superseded(RuntimeError):
@@ -244,6 +253,37 @@ class RunLog:
             await sub.unsubscribe()
             send.close()
 
+    async def tail(self, durable: str, *, ack_wait: float = 30.0, max_pending: int = 1024) -> Tail:
+        """Every run's events through the durable consumer `durable` (made if missing, its AckWait and
+        MaxAckPending set to these), from the first event it has not acked (see the module docstring)."""
+        names.check_token(durable, "consumer name")
+        config = ConsumerConfig(durable_name=durable, filter_subject="events.>",
+                                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                                ack_wait=ack_wait, max_ack_pending=max_pending)
+        await self.js.add_consumer(names.EVENTS, config)  # an update when it exists (same filter)
+        return Tail(await self.js.pull_subscribe_bind(durable=durable, stream=names.EVENTS))
+
+    async def watch_cancels(self, on_cancelled: Callable[[ev.RunCancelled], None]) -> Any:
+        """Call `on_cancelled` with every `run.cancelled` appended from now on, of any run: how a tool
+        worker learns that the job it runs is for a run that ended, to stop its sandbox at once.
+
+        A plain subscription on the events' subjects (`events.*.*.run.cancelled`), not a consumer: an
+        append is also delivered to whoever listens on its subject, so this costs the log nothing and
+        the hot path nothing. Missed while disconnected, which is harmless: the job then runs to its
+        end and its outcome is dropped as that of an ended run. Returns the subscription (unsubscribe
+        it when done)."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                event = ev.decode(msg.data)
+            except ev.EventDecodeError as e:
+                log.warning("ignoring an undecodable event on %s: %s", msg.subject, e)
+                return
+            if isinstance(event, ev.RunCancelled):
+                on_cancelled(event)
+
+        return await self.js._nc.subscribe(CANCELLED_FILTER, cb=on_msg)
+
     # -- deleting --------------------------------------------------------------------------------------
 
     async def purge(self, run_ids: list[str], *, dry_run: bool = False) -> list[Purged]:
@@ -288,6 +328,45 @@ class RunLog:
         return out
 
 
+@dataclass
+class Tailed:
+    """One event from a `Tail`, or why it could not be decoded (`event` None); ack it once handled."""
+
+    event: ev.Event | None
+    error: str
+    msg: Msg
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        await self.msg.nak(delay=delay)
+
+    async def term(self) -> None:
+        await self.msg.term()
+
+
+class Tail:
+    """A durable reader of every run's events (`RunLog.tail`); events come as stored (stubs unresolved)."""
+
+    def __init__(self, psub: JetStreamContext.PullSubscription) -> None:
+        self.psub = psub
+
+    async def fetch(self, batch: int, timeout: float = 1.0) -> list[Tailed]:
+        """Up to `batch` events not yet acked, in stream order (redeliveries may come later than newer
+        events); `[]` after `timeout` with none, or during NATS trouble."""
+        out: list[Tailed] = []
+        for msg in await fetch_batch(self.psub, batch, timeout):
+            try:
+                out.append(Tailed(ev.decode(msg.data), "", msg))
+            except ev.EventDecodeError as e:
+                out.append(Tailed(None, str(e), msg))
+        return out
+
+    async def close(self) -> None:
+        await self.psub.unsubscribe()
+
+
 def rebased(event: ev.Event, old_run: str, new_run: str) -> ev.Event:
     """`event` re-addressed from `old_run` to `new_run`, with every id it carries re-derived."""
     changes: dict[str, Any] = {"run_id": new_run, "ref": None}
@@ -328,4 +407,5 @@ def _stream_seq(msg: Msg) -> int:
         return int(msg.metadata.sequence.stream)
 
 
-__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Superseded", "rebased", "run_filter"]
+__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Superseded", "Tail", "Tailed", "rebased",
+           "run_filter"]

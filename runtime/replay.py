@@ -102,9 +102,17 @@ def describe(event: ev.Event) -> str:
         case ev.RunCancelled():
             return f"{event.reason}{' by ' + event.by if event.by else ''}"
         case ev.ApprovalRequested():
-            return f"{event.call.name}({_short(event.call.arguments, 60)}) waits for approval"
-        case ev.ApprovalGranted() | ev.ApprovalDenied():
-            return f"{event.call_id}{' by ' + event.by if event.by else ''}"
+            why = f" ({event.condition})" if event.condition else ""
+            role = f" by {event.role}" if event.role else ""
+            until = f", {event.on_timeout} after {event.timeout_s:g}s" if event.timeout_s is not None else ""
+            asked = f"{event.call.name}({_short(event.call.arguments, 60)})"
+            return f"{asked} waits for approval{role}{why}{until}"
+        case ev.ApprovalGranted():
+            edited = f" with arguments {_short(event.arguments, 50)}" if event.arguments is not None else ""
+            note = f": {_short(event.note, 50)}" if event.note else ""
+            return f"{event.call_id}{' by ' + event.by if event.by else ''}{edited}{note}"
+        case ev.ApprovalDenied():
+            return f"{event.call_id}{' by ' + event.by if event.by else ''}: {_short(event.reason, 60)}"
     return ""
 
 
@@ -250,6 +258,8 @@ def _predicted(state: kernel.State, e: ev.Event) -> bool:
         return e.reason not in _HOST_VERDICTS
     if isinstance(e, ev.ToolFailed):  # a denial, unless the call was dispatched (its own failure/timeout)
         return state.turn is None or e.call_id not in state.turn.called
+    if isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied):  # a person's verdict is an input
+        return e.by == "timeout"
     return False
 
 
@@ -266,11 +276,22 @@ def _expected(state: kernel.State, e: ev.Event) -> str | None:
         case ev.ToolCalled():
             if any(isinstance(d, kernel.CallTools) and e.call in d.calls for d in decisions):
                 return None
+        case ev.ApprovalGranted() | ev.ApprovalDenied():  # a timeout verdict: due at the time it carries
+            if any(ev.same_fact(d, e) for d in kernel.expire(state, e.ts)):
+                return None
+        case ev.ApprovalRequested() if _before_rules(e):  # written before requests recorded their rule
+            if any(isinstance(d, ev.ApprovalRequested) and d.call == e.call for d in decisions):
+                return None
         case _:
             if any(isinstance(d, kernel.DECIDED_TYPES) and ev.same_fact(d, e) for d in decisions):
                 return None
     wanted = ", ".join(_name(d) for d in decisions) or "nothing"
     return f"seq {e.seq} {ev.kind_of(e)}: the kernel asked for {wanted}"
+
+
+def _before_rules(e: ev.ApprovalRequested) -> bool:
+    """True for an approval request as logs recorded it before approval rules: the call alone."""
+    return not e.condition and not e.parameters and not e.role and e.timeout_s is None
 
 
 def _name(decision: kernel.Decision) -> str:

@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "crashed",  # the sandbox worker died or a job exhausted its deliveries
     "policy",  # a ToolPolicy denied the call
     "timeout",  # the call's deadline passed before a result arrived
+    "cancelled",  # the run was cancelled while the call ran: its sandbox run was stopped
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 

@@ -29,6 +29,12 @@ and why the earlier ones ended (`runtime.attempts.explain`), and the host record
 `tool.redelivered` event. NATS trouble after the run (publish or KV errors) naks the job with a delay,
 recording why, instead of acking a job whose outcome nobody will see.
 
+Cancel reaches the sandbox: a worker follows every `run.cancelled` appended (`RunLog.watch_cancels`). A job
+of that run it is running is stopped at once (the sandbox run is cancelled, which kills its Monty process;
+the pool starts a fresh one), a job of it that arrives later is not run, and either way the outcome is a
+`cancelled` failure, published and acked as usual, and the worker takes its next job. The host records
+that outcome after `run.cancelled` (it waits briefly for it), so the log shows the tool really stopped.
+
 Each worker also runs a `MaxDeliveriesWatch` (one queue group across workers): a job whose last
 delivery was lost too stays stuck in TOOLS, and the server's MaxDeliver advisory is the only sign.
 
@@ -44,7 +50,9 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +64,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from runtime import dlq
+from runtime import events as ev
 from runtime.attempts import JobHeartbeats, deliveries, explain, record_end, retry_delay, sync_ack_wait
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
+from runtime.log import RunLog
 from runtime.nats.connection import close, connect
 from runtime.nats.kv import fleet_kv, put_kv
 from runtime.nats.pull import fetch_batch
@@ -72,6 +82,7 @@ from runtime.nats.subjects import (
     WORKERS_CONSUMER,
 )
 from runtime.nats.topology import attach_topology
+from runtime.observe.logs import log_context
 from runtime.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
 from runtime.tools import ScriptTool, ToolContext, discover_tools
@@ -95,6 +106,7 @@ CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress
 COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
 PUBLISH_PATIENCE_S = 30.0  # keep retrying an outcome's publish this long (heartbeats hold the job meanwhile)
 BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa status`), living 3x as long
+CANCELLED_KEPT = 4096  # recently cancelled runs remembered, so their queued jobs are not run
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -166,6 +178,7 @@ class WorkerStats:
     dead_lettered: int = 0
     nacked: int = 0
     writes: int = 0
+    cancelled: int = 0  # jobs stopped (or not started) because their run was cancelled
 
 
 class Worker:
@@ -175,7 +188,8 @@ class Worker:
                  name: str | None = None, max_batch: int = 64,
                  data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None,
                  payload_threshold: int | None = None,
-                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S) -> None:
+                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
+                 on_outcome: Callable[[ToolOutcome], Any] | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be ≥ 1")
         self.js = js
@@ -184,6 +198,7 @@ class Worker:
         self.max_batch = max_batch
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
+        self.on_outcome = on_outcome  # each published outcome (metrics: `runtime.observe.metrics`)
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
         self._workspace_writes = result_handler or WorkspaceResultHandler(js)
         self.ack_wait = ack_wait  # set on the shared consumer at start (None: keep the consumer's)
@@ -192,6 +207,41 @@ class Worker:
         self.payloads = Payloads(js, threshold=payload_threshold)
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
+        self._running: dict[str, set[anyio.CancelScope]] = {}  # run id -> the scopes of its jobs here
+        self._cancelled: OrderedDict[str, str] = OrderedDict()  # run id -> why, the most recent ones
+
+    # -- cancels ---------------------------------------------------------------------------------------
+
+    @property
+    def running_runs(self) -> frozenset[str]:
+        """The runs whose jobs this worker is running in the sandbox now."""
+        return frozenset(self._running)
+
+    def _on_cancelled(self, event: ev.RunCancelled) -> None:
+        """A run was cancelled: stop its jobs running here, and do not start the ones still to come."""
+        why = f"the run was cancelled{' by ' + event.by if event.by else ''}"
+        why += f": {event.reason}" if event.reason else ""
+        self._cancelled[event.run_id] = why
+        self._cancelled.move_to_end(event.run_id)
+        while len(self._cancelled) > CANCELLED_KEPT:
+            self._cancelled.popitem(last=False)
+        for scope in self._running.get(event.run_id, ()):
+            log.info("worker %s: stopping a job of run %s (%s)", self.name, event.run_id, why)
+            scope.cancel()
+
+    @contextmanager
+    def _stoppable(self, run_id: str) -> Iterator[anyio.CancelScope]:
+        """A scope a cancel of `run_id` cancels (which stops the sandbox run inside it)."""
+        with anyio.CancelScope() as scope:
+            self._running.setdefault(run_id, set()).add(scope)
+            try:
+                yield scope
+            finally:
+                scopes = self._running.get(run_id)
+                if scopes is not None:
+                    scopes.discard(scope)
+                    if not scopes:
+                        del self._running[run_id]
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -214,6 +264,7 @@ class Worker:
         self._max_deliver = topo.tool_max_deliver
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
+        cancels = await RunLog(self.js).watch_cancels(self._on_cancelled)
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
         try:
@@ -251,6 +302,11 @@ class Worker:
         finally:
             await self._watch.stop()
             await psub.unsubscribe()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                try:
+                    await cancels.unsubscribe()
+                except Exception as e:  # the connection is closing: nothing left to stop
+                    log.debug("cancel watch unsubscribe: %s", e)
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 try:
                     await (await fleet_kv(self.js, WORKERS_BUCKET)).delete(self._beat_key)
@@ -300,6 +356,10 @@ class Worker:
         except JobDecodeError as e:
             await self._dead_letter(msg, str(e))
             return
+        with log_context(run_id=job.run_id, agent=job.actor, call_id=job.call_id):
+            await self._handle(msg, job)
+
+    async def _handle(self, msg: Msg, job: ToolJob) -> None:
         attempt = deliveries(msg)
         if 1 < self._max_deliver <= attempt and not await self._has_record(job):
             await self._give_up(msg, job, attempt)
@@ -325,6 +385,9 @@ class Worker:
             return
         self.stats.completed += 1
         self.stats.failed += outcome.result.error is not None
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+        self.stats.cancelled += outcome.result.error is not None and outcome.result.error.kind == "cancelled"
         await msg.ack()
 
     async def _give_back(self, msg: Msg, job: ToolJob, attempt: int, reason: str) -> None:
@@ -434,9 +497,14 @@ class Worker:
                 log.warning("worker %s: cannot load files for %s: %s", self.name, job.msg_id, e)
                 return f"its data files could not be loaded ({e})"
             notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
-            result = await tool.execute(job.arguments, ToolContext(
-                run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,
-                on_event=notes.append))
+            if job.run_id in self._cancelled:
+                return self._cancelled_outcome(job, notes, fields)
+            with self._stoppable(job.run_id) as scope:
+                result = await tool.execute(job.arguments, ToolContext(
+                    run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,
+                    on_event=notes.append))
+            if scope.cancelled_caught:
+                return self._cancelled_outcome(job, notes, fields)
             if result.error is not None:
                 return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)
             try:
@@ -459,6 +527,19 @@ class Worker:
             **fields)
 
 
+    def _cancelled_outcome(self, job: ToolJob, notes: list[ScriptNote],
+                           fields: dict[str, Any]) -> ToolOutcome:
+        """A job of a cancelled run: `cancelled`, and a `failed` note closing the sandbox run it stopped."""
+        why = self._cancelled.get(job.run_id, "the run was cancelled")
+        stopped = "stopped while it ran" if notes else "not started"
+        failure = ToolResult.failure("cancelled", f"{job.tool} {stopped}: {why}")
+        if notes:
+            ran = round((time.time() - notes[0].ts) * 1000, 3)
+            notes.append(ScriptNote(kind="failed", ts=time.time(), error=failure.error, duration_ms=ran,
+                                    script=notes[0].script, call_id=notes[0].call_id))
+        return ToolOutcome.for_job(job, failure, notes=tuple(notes), **fields)
+
+
 def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:
     """The registry `sa worker` serves: every bundle's tools, then every glob's scripts."""
     reg = ToolRegistry()
@@ -471,14 +552,15 @@ def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[s
 async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, concurrency: int = 8,
                 stop: anyio.Event | None = None, ensure: bool = True,
                 on_ready: Callable[[Worker], Any] | None = None,
-                ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S) -> WorkerStats:
+                ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
+                on_outcome: Callable[[ToolOutcome], Any] | None = None) -> WorkerStats:
     """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
     nc = await connect(servers, name="sa-worker")
     try:
         js = nc.jetstream()
         if ensure:
             await attach_topology(js)
-        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait)
+        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome)
         if on_ready is not None:
             on_ready(worker)
         await worker.run(stop)

@@ -174,6 +174,25 @@ def test_k8s_deployments_use_real_commands_flags_and_env(manifests: list[dict[st
             assert threshold_from_env(cm["data"]) > 0  # a value the runtime accepts
 
 
+def test_k8s_scrapes_the_metrics_port_each_process_serves(manifests: list[dict[str, Any]]) -> None:
+    deployments = by_kind(manifests, "Deployment")
+    scraped = set()
+    for name, dep in deployments.items():
+        template = dep["spec"]["template"]
+        for c in template["spec"]["containers"]:
+            if "--metrics-port" not in c["args"]:
+                continue
+            port = c["args"][c["args"].index("--metrics-port") + 1]
+            notes = template["metadata"].get("annotations", {})
+            scrape = notes.get("prometheus.io/scrape"), notes.get("prometheus.io/port")
+            assert scrape == ("true", port), name
+            assert {"name": "metrics", "containerPort": int(port)} in c["ports"], name
+            scraped.add(name)
+    assert {"sa-host", "sa-worker"} <= scraped
+    (otel,) = deployments["sa-otel"]["spec"]["template"]["spec"]["containers"]
+    assert otel["args"][0] == "otel" and "--endpoint" in otel["args"]  # traces leave through `sa otel`
+
+
 def test_keda_scales_the_workers_on_the_shared_consumer(manifests: list[dict[str, Any]]) -> None:
     (scaled,) = by_kind(manifests, "ScaledObject").values()
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"

@@ -184,6 +184,7 @@ BIG_EVENTS: dict[type, dict[str, Any]] = {
     ev.ScriptPrinted: {"call_id": "r/1.0", "tool": "t", "text": BIG},
     ev.ScriptFailed: {"call_id": "r/1.0", "tool": "t", "error": BIG_ERROR},
     ev.ApprovalRequested: {"call": BIG_CALL},
+    ev.ApprovalGranted: {"call_id": "r/1.0", "arguments": {"text": BIG}},
     ev.ApprovalDenied: {"call_id": "r/1.0", "reason": BIG},
     ev.RunCompleted: {"output": ["v" * 1000] * 300},
     ev.RunFailed: {"reason": "x", "detail": BIG},

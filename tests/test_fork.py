@@ -22,6 +22,7 @@ from runtime.fork import ForkError, fork, fork_points, plan, ranges
 from runtime.host.commands import publish_task
 from runtime.log import RunHistory, RunLog
 from runtime.nats.topology import ensure_topology
+from runtime.observe.traces import trace_of
 from runtime.replay import verify
 from runtime.testing import ScriptedModelServer
 
@@ -102,6 +103,13 @@ async def test_edits_at_the_fork_point_replace_an_output_a_reply_or_the_system_p
             assert head.edit.call_id == f"{forked.run_id}/1.0" and head.edit.output["value"] == 41
             d = diverge(run_id, source_events, forked.run_id, events)
             assert d.common == replied + 1 and isinstance(d.b_rest[0], ev.ToolCompleted)
+            # its trace: its own, naming the source; no span for work it copied (the source exported it)
+            spans = trace_of(events)
+            root = next(s for s in spans if s.parent_id is None)
+            assert root.attributes["sa.forked_from"] == run_id and root.trace_id != trace_of(
+                source_events)[0].trace_id
+            assert spans and all(s.end_seq >= replied + 1 for s in spans)
+            assert {s.name for s in spans} >= {"turn 1", "turn 2"}  # turn 1 ended in the fork
 
             # another reply to turn 1's request: other arguments; the model is not asked for turn 1
             requests, jobs = server.served, worker.stats.completed

@@ -40,7 +40,7 @@ def call(name: str, **args) -> tuple[str, dict]:
 
 # ── purity ────────────────────────────────────────────────────────────────────────────────────────────
 
-PURE_MODULES = ["kernel", "events", "policies", "history", "types"]
+PURE_MODULES = ["kernel", "events", "policies", "history", "types", "approval_policy"]
 FORBIDDEN = {
     "nats",
     "openai",

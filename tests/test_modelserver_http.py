@@ -191,10 +191,10 @@ def test_every_constraint_kind_compiles_and_enforces() -> None:
     cases = [
         (
             {"json": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
-            '{"n": 3}',
+            '{"n":3}',
             "{}",
         ),
-        ({"json_object": True}, '{"x": [1]}', "[1]"),
+        ({"json_object": True}, '{"x":[1]}', "[1]"),
         ({"regex": "(yes|no)"}, "yes", "maybe"),
         ({"choice": ['say "hi"', "bye"]}, 'say "hi"', "hi"),
         ({"grammar": 'root ::= "a" [0-9]+'}, "a42", "b"),
@@ -210,6 +210,26 @@ def test_every_constraint_kind_compiles_and_enforces() -> None:
     assert cache.misses == len(cases)
     cache.compile(Constraint("regex", "(yes|no)"))
     assert cache.hits == 1
+
+
+def test_json_constraints_allow_no_free_whitespace_unless_the_server_says_so() -> None:
+    """vLLM's rule, set server-wide: with free whitespace a small model ran away in it until max_tokens
+    (`"name"\n\n:\n\n...`); without it, JSON has vLLM's separators and nothing between tokens."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["name", "n"]}
+    c = constraint_for(parse_chat_request(json.dumps(body(structured_outputs={"json": schema})).encode()))
+    assert c is not None
+    strict = GrammarCache(xgr.TokenizerInfo([])).compile(c)
+    assert _accepts(strict, '{"name":"x","n":1}')
+    for loose in ('{"name"\n\n:\n\n"x","n":1}', '{ "name":"x","n":1}', '{"name":"x","n":1}\n'):
+        assert not _accepts(strict, loose), loose
+    free = GrammarCache(xgr.TokenizerInfo([]), any_whitespace=True)
+    assert _accepts(free.compile(c), '{"name"\n\n:\n\n"x", "n": 1}')
+    # a request can tighten a server that allows free whitespace, with vLLM's own option
+    tight = constraint_for(parse_chat_request(json.dumps(body(structured_outputs={
+        "json": schema, "disable_any_whitespace": True})).encode()))
+    assert tight is not None and not _accepts(free.compile(tight), '{"name"\n:"x","n":1}')
+    assert _accepts(free.compile(tight), '{"name":"x","n":1}')
 
 
 def test_grammar_that_does_not_compile_is_a_400_without_cpp_noise() -> None:
@@ -425,5 +445,5 @@ def test_json_schema_property_order_is_kept() -> None:
     c = constraint_for(parse_chat_request(json.dumps(body(structured_outputs={"json": schema})).encode()))
     assert c is not None
     compiled = GrammarCache(xgr.TokenizerInfo([])).compile(c)
-    assert _accepts(compiled, '{"name": "x", "arguments": 1}')
-    assert not _accepts(compiled, '{"arguments": 1, "name": "x"}')
+    assert _accepts(compiled, '{"name":"x","arguments":1}')
+    assert not _accepts(compiled, '{"arguments":1,"name":"x"}')

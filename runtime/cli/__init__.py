@@ -3,10 +3,12 @@
 - `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
 - `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
+- `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
 - `dlq_cmds`        — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
+- `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `ui_cmds`         — `sa ui` (the run inspector in a browser)
 - `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
 """
@@ -15,10 +17,12 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     fleet_cmds,
     run_cmds,
     fork_cmds,
+    control_cmds,
     tools_cmds,
     constraint_cmds,
     model_cmds,
     dlq_cmds,
+    observe_cmds,
     ui_cmds,
 )
 from runtime.cli.app import app

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from runtime.cli.app import app
+from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, announce, start_metrics
 from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats, state_file
+from runtime.observe.logs import LogFormat
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,6 +75,8 @@ def up(
     events_max_bytes: EventsMaxBytes = None,
     payloads_max_age: PayloadsMaxAge = None,
     payloads_max_bytes: PayloadsMaxBytes = None,
+    metrics_port: MetricsPortOption = None,
+    log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Start everything on this machine: NATS, the local model (if needed), a host and N workers.
 
@@ -85,7 +89,8 @@ def up(
 
     retention = _retention(events_max_age, events_max_bytes, payloads_max_age, payloads_max_bytes)
     paths = bundle_paths(bundles)
-    _setup_logging(verbose)
+    _setup_logging(verbose, log_format)
+    metrics = _host_metrics(metrics_port)
     from runtime.bundle import BundleError, load_bundle
 
     try:
@@ -115,7 +120,7 @@ def up(
             console.print(f"[bold]model[/]    {model_url}/v1  (local SmolLM2)")
         for _ in range(workers):
             cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker",
-                   "--concurrency", str(concurrency)]
+                   "--concurrency", str(concurrency), "--log-format", log_format.value]
             for p in paths:
                 cmd += ["--bundle", str(p)]
             procs.append(subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url}, stdin=subprocess.DEVNULL))
@@ -133,6 +138,8 @@ def up(
             stop = anyio.Event()
 
             def ready(h: Any) -> None:
+                if metrics is not None:
+                    metrics.watch_host(h)
                 names = ", ".join(f"agents.{n}.tasks" for n in sorted(agents))
                 console.print(f"[bold]host[/]     serving {names} on {_partitions(h)}; resumed "
                               f"{h.stats.runs_recovered} run(s)", highlight=False)
@@ -143,7 +150,10 @@ def up(
             await _apply_retention(url, retention, partitions)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_until_signal, stop, verbose)
-                await serve(url, agents, stop=stop, on_ready=ready, partitions=partitions)
+                if metrics is not None:
+                    tg.start_soon(_poll_queues, url, metrics, stop)
+                await serve(url, agents, stop=stop, on_ready=ready, partitions=partitions,
+                            on_event=metrics.observe if metrics is not None else None)
                 tg.cancel_scope.cancel()
 
         anyio.run(main, backend="asyncio")
@@ -206,6 +216,8 @@ def host(
     events_max_bytes: EventsMaxBytes = None,
     payloads_max_age: PayloadsMaxAge = None,
     payloads_max_bytes: PayloadsMaxBytes = None,
+    metrics_port: MetricsPortOption = None,
+    log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.
 
@@ -223,25 +235,31 @@ def host(
     retention = _retention(events_max_age, events_max_bytes, payloads_max_age, payloads_max_bytes)
     model_url = model_url or read_state().get("model_url")
     paths = bundle_paths(bundles)
-    _setup_logging(verbose)
+    _setup_logging(verbose, log_format)
     agents = _load_agents(paths, model_url)
+    metrics = _host_metrics(metrics_port)
 
     async def main() -> None:
         stop = anyio.Event()
 
         def ready(h: Any) -> None:
-            typer.echo(f"sa host: serving {', '.join(sorted(agents))} on {_partitions(h)} as {h.id}; "
-                       f"resumed {h.stats.runs_recovered} run(s)", err=True)
+            if metrics is not None:
+                metrics.watch_host(h)
+            announce(f"sa host: serving {', '.join(sorted(agents))} on {_partitions(h)} as {h.id}; "
+                     f"resumed {h.stats.runs_recovered} run(s)", log_format)
             _started()
 
         config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
         await _apply_retention(url, retention, partitions)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop, verbose)
-            stats = await serve(url, agents, stop=stop, on_ready=ready, config=config, partitions=partitions)
+            if metrics is not None:
+                tg.start_soon(_poll_queues, url, metrics, stop)
+            stats = await serve(url, agents, stop=stop, on_ready=ready, config=config, partitions=partitions,
+                                on_event=metrics.observe if metrics is not None else None)
             tg.cancel_scope.cancel()
         ended = ", ".join(f"{v} {k}" for k, v in sorted(stats.runs_ended.items())) or "none ended"
-        typer.echo(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", err=True)
+        announce(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", log_format)
 
     anyio.run(main, backend="asyncio")
 
@@ -266,6 +284,8 @@ def worker(
                                                           "dead worker held is delivered again (set on the "
                                                           "shared consumer; held jobs are heartbeated "
                                                           "every AckWait/4).")] = 3.0,
+    metrics_port: MetricsPortOption = None,
+    log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Run sandboxed tool jobs from the shared `workers` consumer until Ctrl-C / SIGTERM.
 
@@ -277,9 +297,11 @@ def worker(
     import anyio
 
     from runtime.bundle import BundleError
+    from runtime.cli.observe_cmds import json_logs
     from runtime.worker import build_registry, serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not json_logs(log_format, logging.INFO):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not nats_url:
         typer.echo("sa worker: no NATS server; set NATS_URL or pass --nats nats://host:4222", err=True)
         raise typer.Exit(2)
@@ -292,20 +314,32 @@ def worker(
         typer.echo(f"sa worker: {e}", err=True)
         raise typer.Exit(2) from None
 
+    metrics = None
+    if metrics_port is not None:
+        from runtime.observe.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics()
+        start_metrics(metrics_port, metrics)
+
     async def main() -> None:
         stop = anyio.Event()
 
         def ready(w: object) -> None:
+            if metrics is not None:
+                metrics.watch_worker(w)
             names = ", ".join(sorted(registry.tools))
-            typer.echo(f"sa worker {getattr(w, 'name', '')}: serving {names} (concurrency {concurrency})",
-                       err=True)
+            announce(f"sa worker {getattr(w, 'name', '')}: serving {names} (concurrency {concurrency})",
+                     log_format)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_until_signal, stop)
+            if metrics is not None:
+                tg.start_soon(_poll_queues, nats_url, metrics, stop)
+            on_outcome = metrics.on_outcome if metrics is not None else None
             stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
-                                ack_wait=ack_wait)
+                                ack_wait=ack_wait, on_outcome=on_outcome)
             tg.cancel_scope.cancel()
-        typer.echo(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", err=True)
+        announce(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", log_format)
 
     anyio.run(main, backend="asyncio")
 
@@ -383,16 +417,44 @@ async def _apply_retention(url: str, retention: Any, partitions: int) -> Any:
         await bus.close(nc)
 
 
-def _setup_logging(verbose: bool) -> None:
+def _setup_logging(verbose: bool, log_format: LogFormat = LogFormat.text) -> None:
     """Warnings only until the host is ready (`_started`), so start-up is one line per process: a host
     takes its partitions one by one, and a log line each would bury the line that matters."""
     import logging
 
     from rich.logging import RichHandler
 
+    from runtime.cli.observe_cmds import json_logs
+
+    if json_logs(log_format, logging.INFO if verbose else logging.WARNING):
+        _host_log(info=verbose)
+        return
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s",
                         handlers=[RichHandler(show_path=False, rich_tracebacks=False)])
     _host_log(info=verbose)
+
+
+def _host_metrics(port: int | None) -> Any:
+    """A host's metrics, served on `port` (None: no metrics, and nothing added to the host's events)."""
+    if port is None:
+        return None
+    from runtime.observe.metrics import HostMetrics
+
+    metrics = HostMetrics()
+    start_metrics(port, metrics)
+    return metrics
+
+
+async def _poll_queues(url: str, metrics: Any, stop: Any) -> None:
+    """Queue depths and dead letters for the metrics, on a connection of its own (off the work's)."""
+    from runtime import nats as bus
+
+    nc = await bus.connect(url, name="sa-metrics")
+    try:
+        await metrics.queues.poll(nc.jetstream(), stop)
+    finally:
+        await bus.close(nc)
 
 
 def _started() -> None:

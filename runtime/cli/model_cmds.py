@@ -22,6 +22,9 @@ def serve(
     ] = None,
     served_model_name: Annotated[str, typer.Option(help="The model id clients ask for.")] = SERVED_MODEL_NAME,
     default_max_tokens: Annotated[int, typer.Option(help="max_tokens when a request gives none.")] = 512,
+    any_whitespace: Annotated[bool, typer.Option(
+        "--any-whitespace", help="Let JSON constraints allow free whitespace (vLLM's default; off here, as "
+                                 "vLLM with --structured-outputs-config.disable_any_whitespace).")] = False,
 ) -> None:
     """Serve an OpenAI-compatible API that enforces vLLM's `structured_outputs` with xgrammar, on CPU."""
     from runtime.modelserver.launch import serve as run_server
@@ -32,4 +35,5 @@ def serve(
         model_path=model,
         model_name=served_model_name,
         default_max_tokens=default_max_tokens,
+        any_whitespace=any_whitespace,
     )

@@ -215,7 +215,8 @@ def runs(
         table.add_column(col, no_wrap=True)
     table.add_column("task id", overflow="ellipsis", max_width=14, no_wrap=True)
     table.add_column("last seq", justify="right")
-    colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+    colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
+              "waiting for approval": "magenta"}  # `sa approvals` lists what such a run waits for
     for run_id, ix in rows:
         when = datetime.datetime.fromtimestamp(ix.updated).strftime("%Y-%m-%d %H:%M:%S") if ix.updated else ""
         table.add_row(run_id, ix.actor, f"[{colors.get(ix.status, '')}]{ix.status}[/]", when,

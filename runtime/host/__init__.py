@@ -68,13 +68,14 @@ async def close_agents(agents: dict[str, AgentRuntime]) -> None:
 async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime], *,
                 stop: anyio.Event | None = None, config: HostConfig | None = None,
                 on_ready: Callable[[Host], Any] | None = None, partitions: int = DEFAULT_PARTITIONS,
-                **topology: Any) -> HostStats:
-    """Connect, make sure the topology exists, run a host until `stop`; return its counters."""
+                on_event: Callable[[Any], Any] | None = None, **topology: Any) -> HostStats:
+    """Connect, make sure the topology exists, run a host until `stop`; return its counters. `on_event`
+    sees every event the host appends (`runtime.observe.metrics.HostMetrics.observe`)."""
     nc = await connect(servers, name="sa-host")
     try:
         js = nc.jetstream()
         await attach_topology(js, partitions=partitions, **topology)
-        host = Host(nc, agents, config=config)
+        host = Host(nc, agents, config=config, on_event=on_event)
         stop = stop or anyio.Event()
         async with anyio.create_task_group() as tg:
             async def announce() -> None:

@@ -117,8 +117,10 @@ def decode(subject_agent: str, data: bytes) -> Addressed:
 
 async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None = None,
                        instance: str | None = None, timeout_s: float | None = None,
-                       metadata: dict[str, Any] | None = None) -> str:
-    """Publish a task for `agent` (`bundle` or `bundle:instance`); return the run id it becomes.
+                       metadata: dict[str, Any] | None = None,
+                       headers: dict[str, str] | None = None) -> str:
+    """Publish a task for `agent` (`bundle` or `bundle:instance`); return the run id it becomes. `headers`
+    go with the message (a W3C `traceparent` there makes the run's trace part of the caller's).
 
     A task id is generated when none is given, so the run id is known at once and the publish is
     idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice.
@@ -129,7 +131,8 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     task = ev.Task(agent=bundle, input=input, instance=instance, task_id=task_id, timeout_s=timeout_s,
                    metadata=dict(metadata or {}))
     actor = actor_key(bundle, instance)
-    await js.publish(task_subject(actor), ev.encode_command(task), headers={HDR_MSG_ID: task_id})
+    await js.publish(task_subject(actor), ev.encode_command(task),
+                     headers={**(headers or {}), HDR_MSG_ID: task_id})
     return run_id_for(actor, task_id)
 
 

@@ -54,7 +54,7 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,11 +68,13 @@ from runtime.host.agent import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.nats.retry import retrying
+from runtime.scripts.validate import validate
 from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
 
 PUBLISH_RETRY_S = 0.25
+CANCEL_GRACE_S = 5.0  # how long a cancelled run waits for its stopped jobs' reports before it lets go
 
 
 class Ackable(Protocol):
@@ -110,6 +112,9 @@ class RunDriver:
         # folded, not yet in the log (see "Staged appends"), each with the state before it
         self._staged: deque[tuple[ev.Event, kernel.State]] = deque()
         self._acks: list[Any] = []  # messages to ack once everything staged before them is in the log
+        # called when the run starts or stops waiting for an approver (the host rewrites its index entry)
+        self.on_status: Callable[[RunDriver], Awaitable[None]] | None = None
+        self._waiting_indexed = False
 
     # -- fed by the host ---------------------------------------------------------------------------------
 
@@ -142,23 +147,53 @@ class RunDriver:
             if not progressed and not self.state.done and not self._cancelling:
                 await self._wait()
         await self._drain_inbox()  # ack whatever arrived for a run that is over
+        await self._stopped_jobs()
         await self._flush()
         return self.state
 
-    async def _wait(self) -> None:
-        """Block until something arrives; at the deadline, record why the pending work timed out."""
+    async def _stopped_jobs(self) -> None:
+        """A cancelled run with jobs out: the workers stop them (they follow `run.cancelled`) and report
+        each as cancelled; record those reports, so the log says the tool really stopped, for a short
+        while (a job no worker holds never reports), then let the actor go on."""
+        if self.state.status != "cancelled" or not self.in_flight:
+            return
         await self._flush()
+        with anyio.move_on_after(CANCEL_GRACE_S):
+            while self.in_flight:
+                if not self.inbox:
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                await self._drain_inbox()
+                await self._flush()
+
+    async def _wait(self) -> None:
+        """Block until something arrives; when time alone settles something (an approval's timeout, the
+        task's deadline: `kernel.next_timer`), wake then and record it."""
+        await self._flush()
+        await self._index_waiting()
         if self.inbox:
             return
         self._wake = anyio.Event()
+        timer = kernel.next_timer(self.state)
+        if timer is None:
+            await self._wake.wait()
+            return
+        with anyio.move_on_after(max(timer - self.clock(), 0.0)):
+            await self._wake.wait()
+            return
+        verdicts = kernel.expire(self.state, self.clock())
+        for verdict in verdicts:  # an approval timed out: the verdict its rule names
+            await self.append(verdict)
         deadline = self.state.deadline
-        if deadline is None:
-            await self._wake.wait()
-            return
-        with anyio.move_on_after(max(deadline - self.clock(), 0.0)):
-            await self._wake.wait()
-            return
-        await self._deadline_passed()
+        if not verdicts and deadline is not None and self.clock() >= deadline:
+            await self._deadline_passed()
+
+    async def _index_waiting(self) -> None:
+        """Tell the host when the run starts or stops waiting for an approver (`sa runs` shows it)."""
+        waiting = bool(kernel.pending_approvals(self.state))
+        if waiting != self._waiting_indexed and self.on_status is not None:
+            self._waiting_indexed = waiting
+            await self.on_status(self)
 
     async def _deadline_passed(self) -> None:
         """Give the kernel an event past the deadline: the calls still out fail with `timeout`; a call
@@ -190,8 +225,14 @@ class RunDriver:
     async def _apply(self, item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny) -> None:
         state = self.state
         if isinstance(item, ToolOutcome):
+            was_out = item.call_id in self.in_flight
             self.in_flight.discard(item.call_id)
             turn = state.turn
+            if state.status == "cancelled" and was_out and turn is not None and \
+                    turn.call(item.call_id) is not None and item.call_id not in turn.results:
+                for event in item.events():  # a stopped job's report: it explains, it changes nothing
+                    await self.append(event)
+                return
             if state.done or turn is None or turn.call(item.call_id) is None or item.call_id in turn.results:
                 log.debug("run %s: outcome of %s changes nothing (duplicate or stale)", self.run_id,
                           item.call_id)
@@ -202,8 +243,12 @@ class RunDriver:
         elif isinstance(item, ev.Cancel):
             self._cancelling = False
             if not state.done:
+                by = item.by or "command"
+                for call in kernel.pending_approvals(state):  # a cancel closes what waits for a person
+                    await self.append(ev.ApprovalDenied(run_id=self.run_id, call_id=call.id, by=by,
+                                                        reason="the run was cancelled"))
                 await self.append(ev.RunCancelled(run_id=self.run_id, reason=item.reason or "cancelled",
-                                                  by=item.by or "command"))
+                                                  by=by))
         elif isinstance(item, ev.Approve | ev.Deny):
             turn = state.turn
             if state.done or turn is None or item.call_id not in turn.approvals_requested or \
@@ -211,10 +256,25 @@ class RunDriver:
                 log.info("run %s: %s for %s changes nothing", self.run_id, type(item).__name__, item.call_id)
                 return
             if isinstance(item, ev.Approve):
-                await self.append(ev.ApprovalGranted(run_id=self.run_id, call_id=item.call_id, by=item.by))
+                if item.arguments is not None and (problem := self._bad_arguments(item)) is not None:
+                    log.warning("run %s: approval of %s refused: %s", self.run_id, item.call_id, problem)
+                    return
+                await self.append(ev.ApprovalGranted(run_id=self.run_id, call_id=item.call_id, by=item.by,
+                                                     arguments=item.arguments, note=item.note))
             else:
                 await self.append(ev.ApprovalDenied(run_id=self.run_id, call_id=item.call_id,
                                                     reason=item.reason, by=item.by))
+
+    def _bad_arguments(self, item: ev.Approve) -> str | None:
+        """Why an approver's edited arguments cannot replace the model's (they fail the tool's schema),
+        or None. `sa approve` checks the same before it publishes; this guards any other publisher."""
+        turn = self.state.turn
+        call = turn.call(item.call_id) if turn is not None else None
+        schema = next((t.parameters for t in self.state.config.tools if call and t.name == call.name), None)
+        if schema is None:
+            return None
+        errors = validate(item.arguments, schema)
+        return "; ".join(errors) if errors else None
 
     # -- effects -----------------------------------------------------------------------------------------
 

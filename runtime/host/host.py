@@ -98,6 +98,8 @@ from runtime.nats.records import HostBeat, RunIndex
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
 from runtime.nats.topology import attach_topology
+from runtime.observe.logs import log_context
+from runtime.observe.traces import TRACEPARENT, TRACESTATE
 
 log = logging.getLogger("runtime.host")
 
@@ -221,7 +223,8 @@ class Host:
         timeout = task.timeout_s if task.timeout_s is not None else agent.bundle.deadline_s
         started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=task.input,
                                 task_id=task.task_id, instance=split_actor(actor)[1], timeout_s=timeout,
-                                metadata=dict(task.metadata), bundle_digest=agent.bundle.digest)
+                                metadata=_with_trace_context(task.metadata, item.msg),
+                                bundle_digest=agent.bundle.digest)
         seq = await self.log.create(started)
         if seq is not None:
             self.stats.runs_started += 1
@@ -250,8 +253,10 @@ class Host:
 
     async def _drive(self, driver: RunDriver) -> None:
         self.drivers[driver.run_id] = driver
+        driver.on_status = self.index.record
         try:
-            state = await driver.run()
+            with log_context(run_id=driver.run_id, agent=driver.actor):
+                state = await driver.run()
         finally:
             if self.drivers.get(driver.run_id) is driver:
                 del self.drivers[driver.run_id]
@@ -282,6 +287,18 @@ class Host:
         self.stats.runs_ended["failed"] = self.stats.runs_ended.get("failed", 0) + 1
         if item.msg is not None:
             await ack_quietly(item.msg)
+
+
+def _with_trace_context(metadata: dict[str, Any], msg: Any) -> dict[str, Any]:
+    """The task's metadata, plus the W3C trace context its publisher sent as NATS headers (`traceparent`,
+    `tracestate`) unless the metadata has its own: recorded in `run.started`, it makes the run's trace a
+    child of the publisher's span (`runtime.observe.traces`)."""
+    out = dict(metadata)
+    headers = getattr(msg, "headers", None) if msg is not None else None
+    for key in (TRACEPARENT, TRACESTATE):
+        if headers and isinstance(headers.get(key), str) and key not in out:
+            out[key] = headers[key]
+    return out
 
 
 async def _first(*events: anyio.Event) -> None:

@@ -4,7 +4,8 @@
 the inspector and a command for a run read it, and the host answers a late outcome or command of a run that
 already ended from it. ``active`` holds one key per unfinished run, ``p<N>.<run>`` -> actor: a host taking a
 partition over lists its keys only, not the whole index. An entry is written when a run starts (``running``)
-and when it ends (its status; its ``active`` key is then purged).
+when it starts or stops waiting for an approver (``waiting for approval``, `RunDriver.on_status`) and when it
+ends (its status; its ``active`` key is then purged).
 
 Index writes are retried until NATS answers (a leader election lasts a few seconds): an index that skipped
 a write would hide a running run from its next owner.
@@ -29,6 +30,7 @@ from runtime.nats.subjects import ACTIVE_BUCKET, ACTIVE_PURGE_TTL_S, active_key
 log = logging.getLogger("runtime.host")
 
 WRITE_RETRY_S = 0.25
+WAITING_FOR_APPROVAL = "waiting for approval"  # a running run that waits for an operator (`sa approvals`)
 
 
 class RunsIndex:
@@ -46,7 +48,9 @@ class RunsIndex:
     async def record(self, driver: RunDriver) -> None:
         """The `runs` entry of the run, and its `active` key: set while it runs, purged once it ended."""
         state = driver.state
-        status = state.status if state.status != "new" else "running"
+        status: str = state.status if state.status != "new" else "running"
+        if status == "running" and kernel.pending_approvals(state):
+            status = WAITING_FOR_APPROVAL
         await self.put(driver.run_id, RunIndex(
             actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
             updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path),
@@ -75,4 +79,4 @@ async def _retrying(what: str, op: Any) -> None:
     await retrying(op, what=what, delay=WRITE_RETRY_S, logger=log)
 
 
-__all__ = ["RunsIndex"]
+__all__ = ["WAITING_FOR_APPROVAL", "RunsIndex"]

@@ -97,6 +97,7 @@ class ModelStep:
             finish_reason=completion.finish_reason or "",
             latency_ms=completion.latency_ms,
             parse_error="; ".join(reply.errors) if reply.errors else None,
+            model=completion.model,
         )
 
 

@@ -144,7 +144,8 @@ class Engine:
     `compile` are safe from any thread.
     """
 
-    def __init__(self, loaded: LoadedModel, *, default_max_tokens: int = 512) -> None:
+    def __init__(self, loaded: LoadedModel, *, default_max_tokens: int = 512,
+                 any_whitespace: bool = False) -> None:
         import xgrammar as xgr
 
         self.loaded = loaded
@@ -153,7 +154,7 @@ class Engine:
         self.context_length = loaded.context_length
         self.default_max_tokens = default_max_tokens
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=loaded.vocab_size)
-        self.grammars = GrammarCache(self.tokenizer_info)
+        self.grammars = GrammarCache(self.tokenizer_info, any_whitespace=any_whitespace)
         self.stop_token_ids = set(self.tokenizer_info.stop_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.stop_token_ids.add(int(self.tokenizer.eos_token_id))

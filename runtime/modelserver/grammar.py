@@ -127,10 +127,17 @@ class GrammarCache:
     Thread-safe: HTTP handlers compile in worker threads while the generation thread decodes.
     """
 
-    def __init__(self, tokenizer_info: Any, *, max_entries: int = 64, max_threads: int = 2) -> None:
+    def __init__(self, tokenizer_info: Any, *, max_entries: int = 64, max_threads: int = 2,
+                 any_whitespace: bool = False) -> None:
+        """`any_whitespace` is the server-wide rule for JSON constraints, as vLLM's engine-level
+        `structured_outputs_config.disable_any_whitespace` (inverted) is for its xgrammar backend: off by
+        default here, because with free whitespace a small model can run away in it (`"name"\n\n:\n\n`
+        until `max_tokens`). Off means JSON with no whitespace between tokens, vLLM's separators `,` and
+        `:`; a request's `structured_outputs.disable_any_whitespace` can only tighten the rule."""
         import xgrammar as xgr
 
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=max_threads, cache_enabled=False)
+        self.any_whitespace = any_whitespace
         self._entries: OrderedDict[str, Any] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
@@ -166,10 +173,12 @@ class GrammarCache:
         import xgrammar as xgr
 
         comp = self._compiler
+        free = c.any_whitespace and self.any_whitespace
+        separators = None if free else (",", ":")  # as vLLM with disable_any_whitespace
         if c.kind == "json":
-            return comp.compile_json_schema(c.text, any_whitespace=c.any_whitespace)
+            return comp.compile_json_schema(c.text, any_whitespace=free, separators=separators)
         if c.kind == "json_object":  # as vLLM: any JSON *object*, not any JSON value
-            return comp.compile_json_schema('{"type": "object"}', any_whitespace=c.any_whitespace)
+            return comp.compile_json_schema('{"type": "object"}', any_whitespace=free, separators=separators)
         if c.kind == "regex":
             return comp.compile_regex(c.text)
         if c.kind == "grammar":

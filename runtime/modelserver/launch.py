@@ -28,13 +28,15 @@ READY_PREFIX = "sa-model-server ready at "
 
 
 def build_engine(
-    model_path: Path | None = None, *, threads: int | None = None, default_max_tokens: int = 512
+    model_path: Path | None = None, *, threads: int | None = None, default_max_tokens: int = 512,
+    any_whitespace: bool = False,
 ) -> Any:
     """Load the model (converting the GGUF on first use) and wrap it in an `Engine`."""
     from runtime.modelserver.engine import Engine
     from runtime.modelserver.weights import load_model
 
-    return Engine(load_model(model_path, threads=threads), default_max_tokens=default_max_tokens)
+    return Engine(load_model(model_path, threads=threads), default_max_tokens=default_max_tokens,
+                  any_whitespace=any_whitespace)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -59,6 +61,7 @@ def serve(
     model_path: Path | None = None,
     model_name: str = SERVED_MODEL_NAME,
     default_max_tokens: int = 512,
+    any_whitespace: bool = False,
 ) -> None:
     """Load the model and serve until interrupted. Prints `READY_PREFIX + url` on stdout once listening."""
     import uvicorn
@@ -67,7 +70,7 @@ def serve(
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     sock = _bind(host, port)
-    engine = build_engine(model_path, default_max_tokens=default_max_tokens)
+    engine = build_engine(model_path, default_max_tokens=default_max_tokens, any_whitespace=any_whitespace)
     app = create_app(engine, model_name=model_name)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
 

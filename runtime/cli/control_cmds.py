@@ -1,0 +1,174 @@
+"""Run control for operators: `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (`runtime.control`).
+
+    sa cancel RUN [--reason R]                    end a run; a tool it is running stops at once
+    sa approvals [AGENT] [--json]                 calls waiting for a person: arguments, run, age, deadline
+    sa approve RUN CALL [--args JSON] [--note N]  let a call run, optionally with edited arguments
+    sa deny RUN CALL --reason R                   refuse it; the model reads the reason as the tool's error
+
+CALL is the call id as `sa approvals` prints it (`1.0`) or in full (`<run>/1.0`). Each command checks its
+input against the run's log before it sends anything, and then waits until the host has recorded the
+outcome, which it prints. Exit codes: 0 done; 1 bad input or not recorded (unknown run or call, a call
+already decided, arguments that fail the tool's schema, a run that already ended: the message says
+which, and nothing was sent); 2 no NATS server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from runtime.cli.app import app
+from runtime.cli.where import resolve_nats
+
+NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")]
+
+
+def _run(command: str, url: str, op: Any) -> Any:
+    """Run `op(control)` on a fresh connection; a `ControlError` exits 1 with its message."""
+    import anyio
+
+    from runtime.control import Control, ControlError
+
+    async def main() -> Any:
+        from runtime import nats as bus
+
+        nc = await bus.connect(url, name=f"sa-{command}", max_reconnect_attempts=3)
+        try:
+            return await op(Control(nc.jetstream()))
+        finally:
+            await bus.close(nc)
+
+    try:
+        return anyio.run(main, backend="asyncio")
+    except ControlError as e:
+        typer.echo(f"sa {command}: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@app.command()
+def cancel(
+    run: Annotated[str, typer.Argument(help="The run id.")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why (recorded in run.cancelled).")] = "",
+    nats_url: NatsOption = None,
+) -> None:
+    """Cancel a run: it ends at once, a pending approval is closed, a running tool is stopped."""
+    from runtime import events as ev
+
+    url = resolve_nats(nats_url, "cancel")
+    event = _run("cancel", url, lambda c: c.cancel(run, reason=reason))
+    if isinstance(event, ev.RunCancelled):
+        typer.echo(f"cancelled {run}{' by ' + event.by if event.by else ''}")
+        return
+    ended = ev.kind_of(event).split(".", 1)[1]
+    typer.echo(f"sa cancel: run {run} {ended} before the cancel arrived", err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def approvals(
+    agent: Annotated[str | None, typer.Argument(help="Only this agent (bundle or bundle:instance).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
+    nats_url: NatsOption = None,
+) -> None:
+    """List the tool calls waiting for an operator: tool, arguments, run, age, when they time out."""
+    url = resolve_nats(nats_url, "approvals")
+    pending = _run("approvals", url, lambda c: c.pending(agent))
+    now = time.time()
+    if as_json:
+        print(json.dumps([p.to_json(now) for p in pending], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    if not pending:
+        Console().print("no calls are waiting for approval")
+        return
+    table = Table(header_style="bold")
+    for col in ("run", "agent", "call", "tool", "arguments", "age", "times out", "role"):
+        table.add_column(col, overflow="fold" if col == "arguments" else "ellipsis",
+                         no_wrap=col != "arguments")
+    for p in pending:
+        at = p.times_out_at
+        if at is not None:
+            times_out = f"in {_ago(at - now)}: {p.on_timeout}"
+        elif p.run_deadline is not None:
+            times_out = f"in {_ago(p.run_deadline - now)}: deny (run deadline)"
+        else:
+            times_out = "never"
+        table.add_row(p.run_id, p.actor, p.call_id.rsplit("/", 1)[-1], p.tool, _short(p.arguments),
+                      _ago(now - p.requested_at), times_out, p.role or "-")
+    Console().print(table)
+
+
+@app.command()
+def approve(
+    run: Annotated[str, typer.Argument(help="The run id.")],
+    call: Annotated[str, typer.Argument(help="The call id (`1.0`, as `sa approvals` shows it).")],
+    args: Annotated[str | None, typer.Option("--args", help="Run the call with these arguments instead "
+                                                            "(a JSON object, checked against the tool's "
+                                                            "schema).")] = None,
+    note: Annotated[str, typer.Option("--note", help="A note recorded with the approval.")] = "",
+    nats_url: NatsOption = None,
+) -> None:
+    """Approve a waiting tool call, optionally with edited arguments."""
+    from runtime import events as ev
+
+    arguments = None
+    if args is not None:
+        try:
+            arguments = json.loads(args)
+        except ValueError as e:
+            typer.echo(f"sa approve: --args is not valid JSON ({e}); give an object such as "
+                       "'{\"amount\": 90}'", err=True)
+            raise typer.Exit(1) from None
+        if not isinstance(arguments, dict):
+            typer.echo(f"sa approve: --args must be a JSON object of arguments, got {args}", err=True)
+            raise typer.Exit(1)
+    url = resolve_nats(nats_url, "approve")
+    event = _run("approve", url, lambda c: c.approve(run, call, arguments=arguments, note=note))
+    if isinstance(event, ev.ApprovalGranted) and event.by != "timeout":
+        edited = f" with arguments {_short(event.arguments, 80)}" if event.arguments is not None else ""
+        typer.echo(f"approved {event.call_id}{edited} by {event.by}")
+        return
+    typer.echo(f"sa approve: {event.call_id} was decided otherwise first: {ev.to_json(event)}", err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def deny(
+    run: Annotated[str, typer.Argument(help="The run id.")],
+    call: Annotated[str, typer.Argument(help="The call id (`1.0`, as `sa approvals` shows it).")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why: the model reads it as the tool's "
+                                                               "error.")],
+    nats_url: NatsOption = None,
+) -> None:
+    """Deny a waiting tool call; the model is told the reason."""
+    from runtime import events as ev
+
+    url = resolve_nats(nats_url, "deny")
+    event = _run("deny", url, lambda c: c.deny(run, call, reason=reason))
+    if isinstance(event, ev.ApprovalDenied) and event.by != "timeout":
+        typer.echo(f"denied {event.call_id} by {event.by}: {event.reason}")
+        return
+    typer.echo(f"sa deny: {event.call_id} was decided otherwise first: {ev.to_json(event)}", err=True)
+    raise typer.Exit(1)
+
+
+__all__ = ["approvals", "approve", "cancel", "deny"]

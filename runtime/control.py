@@ -1,0 +1,255 @@
+"""Run control for operators: cancel a run, list the calls waiting for a person, approve or deny them.
+
+    control = Control(js)
+    waiting = await control.pending("payments")                    # [Pending(run, call, tool, args, ...)]
+    granted = await control.approve(run, call, arguments={"amount": 90}, note="capped")
+    denied = await control.deny(run, call, reason="not this account")   # the model reads the reason
+    cancelled = await control.cancel(run, reason="wrong customer")      # the running tool stops too
+
+Every operation checks its input against the run's log first (read through `runtime.log.RunLog`): an
+unknown run, an unknown call, a call already decided, edited arguments that fail the tool's schema, a
+run that already ended: each is a `ControlError` whose message says what was wrong and what to do, and
+nothing is published, so nothing is appended. Otherwise the command is published where the run's host
+reads it (`runtime.host.commands.publish_command`) and the operation waits until the host has recorded
+the verdict in the log, returning that event: an operator learns what happened, not only what was
+asked (a timeout verdict or the run's end may have come first).
+
+Who decides. Every command carries `by`, the operator's identity. It is made in one place, `operator`,
+so that authenticated deployments replace it with the identity their credentials prove; the role a rule
+names (`Pending.role`) is recorded in the log for the authorization layer to enforce.
+
+The runs waiting for a person are found through the runs index, which a host marks
+`waiting for approval` (`runtime.host.runs_index`); their pending calls come from their logs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from nats.js import JetStreamContext
+
+from runtime import events as ev
+from runtime.host.commands import publish_command
+from runtime.host.runs_index import WAITING_FOR_APPROVAL
+from runtime.log import RunLog
+from runtime.nats.kv import kv_entries, runs_kv
+from runtime.nats.records import RunIndex
+from runtime.nats.subjects import check_token
+from runtime.scripts.validate import validate
+
+RECORD_WAIT_S = 30.0  # how long an operation waits for a host to record its verdict
+
+
+class ControlError(ValueError):
+    """An operator command that cannot be carried out; the message says what was wrong and how to fix it.
+    Nothing was published."""
+
+
+def operator(explicit: str | None = None) -> str:
+    """The identity recorded as `by` in a command: the one given, else `user@host` of this process.
+    The one place an authenticated identity takes over."""
+    if explicit:
+        return explicit
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A call waiting for a person, as its `approval.requested` recorded it."""
+
+    run_id: str
+    actor: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    requested_at: float  # the approval.requested timestamp
+    condition: str = ""  # why it waits (empty: the tool always waits)
+    role: str = ""  # the operator role that may decide
+    timeout_s: float | None = None
+    on_timeout: str = "deny"
+    parameters: dict[str, Any] | None = None  # the tool's argument schema (what edits are checked against)
+    run_deadline: float | None = None
+
+    @property
+    def times_out_at(self) -> float | None:
+        return self.requested_at + self.timeout_s if self.timeout_s is not None else None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {"run_id": self.run_id, "agent": self.actor, "call_id": self.call_id, "tool": self.tool,
+                "arguments": self.arguments, "requested_at": self.requested_at,
+                "age_s": round(now - self.requested_at, 3), "condition": self.condition, "role": self.role,
+                "timeout_s": self.timeout_s, "times_out_at": self.times_out_at, "on_timeout": self.on_timeout,
+                "run_deadline": self.run_deadline}
+
+
+@dataclass(frozen=True)
+class _Run:
+    run_id: str
+    actor: str
+    events: list[ev.Event]
+
+    @property
+    def ending(self) -> ev.Event | None:
+        ends = (e for e in self.events if isinstance(e, ev.RunCompleted | ev.RunFailed | ev.RunCancelled))
+        return next(ends, None)
+
+
+def pending_in(run_id: str, actor: str, events: Sequence[ev.Event]) -> list[Pending]:
+    """The calls of a run's log that wait for a person: requested, with no verdict and no result, in a
+    run that has not ended."""
+    waiting: dict[str, Pending] = {}
+    deadline: float | None = None
+    for e in events:
+        match e:
+            case ev.RunStarted():
+                deadline = e.ts + e.timeout_s if e.timeout_s is not None else None
+            case ev.ApprovalRequested():
+                waiting[e.call.id] = Pending(
+                    run_id=run_id, actor=actor, call_id=e.call.id, tool=e.call.name,
+                    arguments=dict(e.call.arguments), requested_at=e.ts, condition=e.condition, role=e.role,
+                    timeout_s=e.timeout_s, on_timeout=e.on_timeout, parameters=e.parameters or None,
+                    run_deadline=deadline)
+            case ev.ApprovalGranted() | ev.ApprovalDenied() | ev.ToolCompleted() | ev.ToolFailed():
+                waiting.pop(e.call_id, None)
+            case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
+                return []
+    return list(waiting.values())
+
+
+def _ended(event: ev.Event) -> str:
+    return ev.kind_of(event).split(".", 1)[1]
+
+
+class Control:
+    """Operator commands on runs over one JetStream context (see the module docstring)."""
+
+    def __init__(self, js: JetStreamContext, *, record_wait: float = RECORD_WAIT_S) -> None:
+        self.js = js
+        self.log = RunLog(js)
+        self.record_wait = record_wait
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    async def _run(self, run_id: str) -> _Run:
+        try:
+            check_token(run_id, "run id")
+        except ValueError as e:
+            raise ControlError(str(e)) from None
+        history = await self.log.read(run_id)
+        if not history.events:
+            raise ControlError(f"unknown run {run_id!r}: it has no events (list runs with `sa runs`)")
+        return _Run(run_id, history.actor, history.events)
+
+    async def pending(self, agent: str | None = None) -> list[Pending]:
+        """Every call waiting for a person, oldest first; only `agent`'s (a bundle or bundle:instance)."""
+        kv = await runs_kv(self.js)
+        runs = []
+        for run_id, entry in (await kv_entries(kv)).items():
+            if not entry.value:
+                continue
+            ix = RunIndex.decode(entry.value)
+            mine = agent is None or agent in (ix.actor, ix.actor.split(":")[0])
+            if ix.status == WAITING_FOR_APPROVAL and mine:
+                runs.append(run_id)
+        out: list[Pending] = []
+        for run_id in runs:
+            history = await self.log.read(run_id)
+            out.extend(pending_in(run_id, history.actor, history.events))
+        return sorted(out, key=lambda p: p.requested_at)
+
+    async def _waiting_call(self, run_id: str, call_id: str) -> tuple[_Run, Pending]:
+        run = await self._run(run_id)
+        ending = run.ending
+        if ending is not None:
+            raise ControlError(f"run {run_id} already {_ended(ending)}: there is nothing left to decide")
+        call_id = _full_call_id(run_id, call_id)
+        pending = {p.call_id: p for p in pending_in(run_id, run.actor, run.events)}
+        if call_id in pending:
+            return run, pending[call_id]
+        for e in run.events:
+            if isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied) and e.call_id == call_id:
+                verdict = "approved" if isinstance(e, ev.ApprovalGranted) else "denied"
+                raise ControlError(f"call {call_id} was already {verdict}{' by ' + e.by if e.by else ''}: "
+                                   "a decision is final")
+        waiting = ", ".join(sorted(pending)) or "none"
+        raise ControlError(f"run {run_id} has no call {call_id} waiting for approval; waiting: {waiting} "
+                           "(see `sa approvals`)")
+
+    # -- commands --------------------------------------------------------------------------------------
+
+    async def approve(self, run_id: str, call_id: str, *, arguments: dict[str, Any] | None = None,
+                      note: str = "", by: str | None = None) -> ev.ApprovalGranted | ev.ApprovalDenied:
+        """Let a waiting call run, with `arguments` instead of the model's when given (checked against
+        the tool's schema first). Returns the verdict the host recorded."""
+        run, pending = await self._waiting_call(run_id, call_id)
+        if arguments is not None:
+            if not isinstance(arguments, dict):
+                raise ControlError(f"the edited arguments must be a JSON object, got {arguments!r}")
+            errors = validate(arguments, pending.parameters) if pending.parameters else []
+            if errors:
+                raise ControlError(f"the edited arguments do not fit {pending.tool}'s schema: "
+                                   + "; ".join(errors) + f" (the model asked for {pending.arguments})")
+        cmd = ev.Approve(run_id=run_id, call_id=pending.call_id, by=operator(by), arguments=arguments,
+                         note=note)
+        return await self._send(run, cmd, pending.call_id)
+
+    async def deny(self, run_id: str, call_id: str, *, reason: str,
+                   by: str | None = None) -> ev.ApprovalGranted | ev.ApprovalDenied:
+        """Refuse a waiting call; the model reads `reason` as the tool's error. Returns the verdict."""
+        if not reason.strip():
+            raise ControlError("a denial needs a reason: the model reads it to decide what to do instead")
+        run, pending = await self._waiting_call(run_id, call_id)
+        cmd = ev.Deny(run_id=run_id, call_id=pending.call_id, reason=reason, by=operator(by))
+        return await self._send(run, cmd, pending.call_id)
+
+    async def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> ev.Event:
+        """End a run: `run.cancelled` (any approval it waits for is closed, any tool it runs is stopped).
+        Returns the run's ending as recorded (another ending, if the run ended first)."""
+        run = await self._run(run_id)
+        ending = run.ending
+        if ending is not None:
+            raise ControlError(f"run {run_id} already {_ended(ending)}: nothing to cancel, nothing changed")
+        await publish_command(self.js, run.actor, ev.Cancel(run_id=run_id, reason=reason, by=operator(by)))
+        return await self._recorded(run, lambda e: ev.kind_of(e) in ("run.completed", "run.failed",
+                                                                      "run.cancelled"))
+
+    async def _send(self, run: _Run, cmd: ev.Approve | ev.Deny,
+                    call_id: str) -> ev.ApprovalGranted | ev.ApprovalDenied:
+        await publish_command(self.js, run.actor, cmd)
+        event = await self._recorded(run, lambda e: isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied)
+                                     and e.call_id == call_id, stop_at_end=True)
+        assert isinstance(event, ev.ApprovalGranted | ev.ApprovalDenied)
+        return event
+
+    async def _recorded(self, run: _Run, wanted: Any, *, stop_at_end: bool = False) -> ev.Event:
+        """The first event of the run's log that `wanted` accepts, waiting for the host to write it."""
+        ending: ev.Event | None = None
+        with anyio.move_on_after(self.record_wait):
+            async for event in self.log.follow(run.run_id, run.actor, resolve=True):
+                if wanted(event):
+                    return event
+                ending = event
+        if stop_at_end and ending is not None and ev.kind_of(ending) in ("run.completed", "run.failed",
+                                                                          "run.cancelled"):
+            raise ControlError(f"run {run.run_id} {_ended(ending)} before the decision was recorded")
+        raise ControlError(f"the command for run {run.run_id} was sent, but no host recorded it within "
+                           f"{self.record_wait:g} s: is a host serving agent {run.actor!r}? (`sa status`); "
+                           "the command stays queued for it")
+
+
+def _full_call_id(run_id: str, call_id: str) -> str:
+    """A call id as given, or completed from its short form (`1.0` for `<run>/1.0`, as `sa approvals`
+    prints it)."""
+    return call_id if "/" in call_id else f"{run_id}/{call_id}"
+
+
+__all__ = ["RECORD_WAIT_S", "Control", "ControlError", "Pending", "operator", "pending_in"]

@@ -1,0 +1,205 @@
+"""Prometheus metrics and JSON logs: `/metrics` of a real host and worker after real runs holds the counts
+their logs imply; the Grafana dashboard and the Kubernetes manifests use exactly the names the code
+exposes; JSON log lines carry the run id, agent, seq and call id where known."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from host_helpers import calc_responder, write_bundle
+from prometheus_client.parser import text_string_to_metric_families
+
+from runtime import events as ev
+from runtime import nats as bus
+from runtime.host import Host, HostConfig, load_agents
+from runtime.host.commands import publish_task
+from runtime.log import RunLog
+from runtime.model.client import ModelClient
+from runtime.observe.logs import json_handler, log_context
+from runtime.observe.metrics import HostMetrics, WorkerMetrics, metric_names, serve_metrics
+from runtime.testing import ScriptedModelServer
+from runtime.worker import Worker, build_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "deploy" / "grafana" / "structured-agents.json"
+
+
+def scrape(server: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of `/metrics`: (name, labels) -> value."""
+    text = httpx.get(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.mark.anyio
+async def test_metrics_after_runs_hold_the_counts_the_runs_imply(nats_server, js, tmp_path: Path):
+    await bus.ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    bundle = write_bundle(tmp_path)
+    host_metrics, worker_metrics = HostMetrics(), WorkerMetrics()
+    host_http = serve_metrics(0, host_metrics.registry, addr="127.0.0.1")
+    worker_http = serve_metrics(0, worker_metrics.registry, addr="127.0.0.1")
+    nc = await bus.connect(nats_server.url, name="metrics-host")
+    wnc = await bus.connect(nats_server.url, name="metrics-worker")
+    events: list[ev.Event] = []
+    try:
+        with ScriptedModelServer(responder=calc_responder) as server:
+            client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+            host = Host(nc, load_agents([bundle], client=client), config=HostConfig(task_ack_wait=2.0),
+                        on_event=host_metrics.observe)
+            host_metrics.watch_host(host)
+            worker = Worker(wnc.jetstream(), build_registry(bundles=[bundle]), concurrency=2,
+                            on_outcome=worker_metrics.on_outcome)
+            worker_metrics.watch_worker(worker)
+            stop = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(host.run, stop)
+                tg.start_soon(worker.run, stop)
+                with anyio.fail_after(30):
+                    await host.ready.wait()
+                runs = [await publish_task(js, "calc", "chain: 2", task_id="m-chain"),
+                        await publish_task(js, "calc", "compute: 2 +", task_id="m-bad")]
+                with anyio.fail_after(60):
+                    for run_id in runs:
+                        async for e in RunLog(js).follow(run_id):
+                            events.append(e)
+                    while host.drivers:  # the last run's driver lets go after its end is in the log
+                        await anyio.sleep(0.02)
+                await host_metrics.queues.poll_once(js)
+                await worker_metrics.queues.poll_once(js)
+                host_samples, worker_samples = scrape(host_http), scrape(worker_http)
+                stop.set()
+            await client.aclose()
+    finally:
+        for s in (host_http, worker_http):
+            s.shutdown()
+            s.server_close()
+        await bus.close(nc)
+        await bus.close(wnc)
+
+    def count(kind: type, **match: Any) -> int:
+        return sum(1 for e in events
+                   if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items()))
+
+    h = host_samples
+    assert value(h, "sa_runs_started_total", agent="calc") == 2 == count(ev.RunStarted)
+    assert value(h, "sa_runs_completed_total", agent="calc") == count(ev.RunCompleted) == 2
+    assert value(h, "sa_turn_duration_seconds_count", agent="calc") == count(ev.TurnCompleted) == 5
+    assert value(h, "sa_model_call_duration_seconds_count", agent="calc") == count(ev.ModelResponded)
+    responded = [e for e in events if isinstance(e, ev.ModelResponded)]
+    assert value(h, "sa_model_tokens_total", agent="calc", type="input") == \
+        sum(e.usage.prompt_tokens for e in responded) > 0
+    assert value(h, "sa_model_tokens_total", agent="calc", type="output") == \
+        sum(e.usage.completion_tokens for e in responded) > 0
+    (failed,) = [e for e in events if isinstance(e, ev.ToolFailed)]  # `2 +` does not parse
+    assert failed.tool == "calculator"
+    assert value(h, "sa_tool_calls_failed_total", tool="calculator", error_kind=failed.error.kind) == 1
+    for tool in ("calculator", "submit"):
+        outcomes = count(ev.ToolCompleted, tool=tool) + count(ev.ToolFailed, tool=tool)
+        assert value(h, "sa_tool_call_duration_seconds_count", tool=tool) == outcomes > 0
+        sandbox = count(ev.ScriptCompleted, tool=tool) + count(ev.ScriptFailed, tool=tool)
+        assert value(h, "sa_sandbox_duration_seconds_count", tool=tool) == sandbox > 0
+    assert value(h, "sa_host_partitions_owned") == 2
+    assert value(h, "sa_host_runs_in_flight") == 0 and value(h, "sa_host_tasks_waiting") == 0
+    assert value(h, "sa_queue_depth", queue="tasks") == 0 and value(h, "sa_queue_depth", queue="tools") == 0
+    assert value(h, "sa_dead_letters") == 0
+
+    w = worker_samples
+    ok_calls = count(ev.ToolCompleted, tool="calculator")
+    assert value(w, "sa_worker_jobs_total", tool="calculator", outcome="ok") == ok_calls == 2
+    assert value(w, "sa_worker_jobs_total", tool="calculator", outcome="failed") == 1
+    assert value(w, "sa_worker_tool_failures_total", tool="calculator", error_kind=failed.error.kind) == 1
+    assert value(w, "sa_worker_outcomes_total") == count(ev.ToolCompleted) + count(ev.ToolFailed) == 5
+    assert value(w, "sa_worker_sandbox_duration_seconds_count", tool="submit") == 2
+    assert value(w, "sa_worker_jobs_in_flight") == 0 and value(w, "sa_worker_concurrency") == 2
+    assert value(w, "sa_worker_dead_lettered_total") == 0
+
+
+def dashboard_names() -> set[str]:
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert exprs, "the dashboard has no queries"
+    found = {n for e in exprs for n in re.findall(r"\bsa_[a-z_]+", e)}
+    return {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in found}
+
+
+def test_the_dashboard_uses_exactly_the_metric_names_the_code_exposes():
+    exposed = metric_names()
+    assert "sa_runs_started" in exposed and "sa_worker_jobs_in_flight" in exposed
+    used = dashboard_names()
+    assert used - exposed == set(), "the dashboard queries metrics nobody exposes"
+    assert exposed - used == set(), "metrics the dashboard does not show"
+
+
+@pytest.mark.anyio
+async def test_json_log_lines_carry_the_run_and_call_they_belong_to():
+    out = io.StringIO()
+    logger = logging.getLogger("runtime.test-json")
+    logger.propagate = False
+    logger.addHandler(json_handler(out))
+    logger.setLevel(logging.INFO)
+
+    async def job(call_id: str) -> None:
+        with log_context(call_id=call_id):
+            await anyio.sleep(0)
+            logger.info("job %s done", call_id, extra={"seq": 7})
+
+    with log_context(run_id="r-1", agent="calc"):
+        logger.warning("driving")
+        async with anyio.create_task_group() as tg:  # tasks inherit the context, each adds its own
+            tg.start_soon(job, "r-1/1.0")
+            tg.start_soon(job, "r-1/1.1")
+    logger.info("outside")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["message"] == "driving" and lines[0]["level"] == "WARNING"
+    assert (lines[0]["run_id"], lines[0]["agent"], lines[0]["logger"]) == ("r-1", "calc", "runtime.test-json")
+    assert "call_id" not in lines[0] and "time" in lines[0]
+    jobs = sorted(lines[1:3], key=lambda d: d["call_id"])
+    got = [(d["call_id"], d["run_id"], d["seq"]) for d in jobs]
+    assert got == [("r-1/1.0", "r-1", 7), ("r-1/1.1", "r-1", 7)]
+    assert "run_id" not in lines[3]
+
+
+def test_every_long_running_command_takes_log_format_and_metrics_port():
+    from test_deploy import parse_sa
+
+    parse_sa(["host", "b", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["worker", "--bundle", "b", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["up", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["otel", "--endpoint", "http://collector:4318", "--log-format", "json"])
+    with pytest.raises(AssertionError, match="log-format"):
+        parse_sa(["host", "--log-format", "xml"])
+    with pytest.raises(AssertionError, match="metrics-port"):
+        parse_sa(["worker", "--metrics-port", "99999"])
+
+
+def test_a_worker_with_json_logs_writes_nothing_but_json_lines(nats_server):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "from runtime.cli import main; main()", "worker", "--nats",
+                             nats_server.url, "--tools", str(ROOT / "agents" / "calculator.pym"),
+                             "--log-format", "json"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the start-up line: the worker is serving
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, first + rest
+    records = [json.loads(line) for line in (first + rest).splitlines() if line.strip()]
+    assert "serving calculator" in records[0]["message"] and records[0]["logger"] == "runtime.cli"
+    assert any(r["message"].startswith("sa worker: stopped after 0 job(s)") for r in records)
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
