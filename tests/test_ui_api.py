@@ -192,6 +192,17 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         listed = {r["run_id"]: r for r in await _runs(client)}
         assert listed[child]["forked_from"] == pair and listed[child]["forked_at"] == second_turn
 
+        # -- run control: the same checks as the command line, as clear errors ----------------------------
+        form = await client.post(f"/api/runs/{pair}/cancel", content="reason=x",
+                                 headers={"content-type": "application/x-www-form-urlencoded"})
+        assert form.status_code == 415
+        ended = await client.post(f"/api/runs/{pair}/cancel", json={"reason": "late"})
+        assert ended.status_code == 400 and "already completed" in ended.json()["error"]
+        nocall = await client.post(f"/api/runs/{pair}/approve", json={})
+        assert nocall.status_code == 400 and '"call_id" must be a non-empty string' in nocall.json()["error"]
+        decided = await client.post(f"/api/runs/{pair}/deny", json={"call_id": "1.0", "reason": "no"})
+        assert decided.status_code == 400 and "already completed" in decided.json()["error"]
+
         # -- the export over HTTP is the same one file ---------------------------------------------------
         exported = await client.get(f"/api/runs/{hostile}/export")
         assert exported.status_code == 200 and "attachment" in exported.headers["content-disposition"]

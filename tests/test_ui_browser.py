@@ -293,6 +293,53 @@ def test_fork_from_the_page(stack: Stack, runs: dict[str, str], page: Any):
     shot(page, "12-forked-with-edit")
 
 
+def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
+    paid = run_task(stack, "pay: 250", wait=False)
+    wait_for_kind(stack, paid, "approval.requested")
+    page.goto(f"{stack.base}/runs/{paid}")
+    box = page.locator(".approval")
+    box.wait_for()
+    assert "waits for approval" in box.text_content() and "finance" in box.text_content()
+    assert '"amount": 250' in box.locator(".approval-args").input_value()
+    box.locator(".approval-args").fill('{"amount": 90}')
+    box.locator(".approval-note").fill("capped at 90")
+    shot(page, "15-approval-waiting")
+    box.locator(".approve").click()
+    page.wait_for_selector("body[data-status=completed]")
+    assert '\\"sent\\": 90' in page.text_content("#run-output")
+    granted = page.locator(".event[data-kind='approval.granted']")
+    granted.locator(".toggle").click()
+    assert "capped at 90" in granted.locator(".detail").text_content()
+    assert "sa ui (" in granted.locator(".detail").text_content()  # who: the inspector, and as whom
+
+    refused = run_task(stack, "pay: 500", wait=False)
+    wait_for_kind(stack, refused, "approval.requested")
+    page.goto(f"{stack.base}/runs/{refused}")
+    box = page.locator(".approval")
+    box.locator(".deny").click()  # no reason: refused with what to do, nothing sent
+    box.locator(".edit-problem").wait_for()
+    assert "needs a reason" in box.locator(".edit-problem").text_content()
+    page.sa_errors.clear()  # the 400 of that refusal
+    box.locator(".deny-reason").fill("not this account")
+    box.locator(".deny").click()
+    page.wait_for_selector("body[data-status=completed]")
+    assert "not this account" in page.text_content("#run-output")
+
+    stack.gate.reset()
+    held = run_task(stack, "hold: 3 * 3", wait=False)
+    wait_for_kind(stack, held, "tool.completed")
+    page.goto(f"{stack.base}/runs/{held}")
+    page.wait_for_selector("body[data-status=running]")
+    page.click(".cancel-open")
+    page.fill(".cancel-reason", "wrong numbers")
+    page.click(".cancel-confirm")
+    page.wait_for_selector("body[data-status=cancelled]")
+    assert "wrong numbers" in page.text_content("#run-output")
+    assert page.locator(".cancel-open").count() == 0
+    shot(page, "16-cancelled")
+    stack.gate.release()
+
+
 def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str], page: Any, tmp_path: Path):
     hostile = runs["hostile"]
     page.goto(f"{stack.base}/runs/{hostile}")

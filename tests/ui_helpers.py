@@ -30,6 +30,26 @@ T = TypeVar("T")
 HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'><b>bold?</b>"
 
 
+TRANSFER = '''"""Send money to an account."""
+from grail import Input
+
+amount: int = Input("amount", description="how much")
+
+{"sent": amount}
+'''
+
+
+def write_ui_bundle(root: Path) -> Path:
+    """`write_bundle`'s calc agent plus `transfer`, which waits for an operator above 100."""
+    path = write_bundle(root)
+    (path.parent / "tools" / "transfer.pym").write_text(TRANSFER)
+    entry = ("  - path: tools/transfer.pym\n"
+             "    approval: {when: {arg: amount, op: '>', value: 100}, role: finance}\n")
+    text = path.read_text().replace("termination:", entry + "termination:", 1)
+    path.write_text(text)
+    return path
+
+
 class Gate:
     """Holds every `hold:` task's second model call until `release()` (a run that stays running)."""
 
@@ -45,7 +65,8 @@ class Gate:
 
 def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], str]:
     """`calc_responder`, plus: `pair: A | B` makes two calculator calls in one reply (parallel lanes);
-    `hostile:` submits `HOSTILE`; `hold: EXPR` calls the calculator, then waits for the gate to submit."""
+    `hostile:` submits `HOSTILE`; `hold: EXPR` calls the calculator, then waits for the gate to submit;
+    `pay: N` calls `transfer` (over 100 it waits for approval), then submits what the tool said."""
 
     def respond(body: dict[str, Any]) -> str:
         task = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
@@ -56,6 +77,10 @@ def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], str]:
             left, right = task.split(":", 1)[1].split("|")
             return (hermes_call("calculator", {"expression": left.strip()}) + "\n" +
                     hermes_call("calculator", {"expression": right.strip()}))
+        if task.startswith("pay:"):
+            if answered:
+                return hermes_call("submit", {"answer": last_message(body)[-120:]})
+            return hermes_call("transfer", {"amount": int(task.split(":", 1)[1])})
         if task.startswith("hostile:"):
             return hermes_call("submit", {"answer": HOSTILE})
         if task.startswith("hold:"):
@@ -125,7 +150,7 @@ class Stack:
         try:
             self.js = nc.jetstream()
             await ensure_topology(self.js, partitions=2, tool_ack_wait=2.0)
-            bundle = write_bundle(self.root)
+            bundle = write_ui_bundle(self.root)
             responder = ui_responder(self.gate)
             async with running_fleet(self.nats.url, self.js, bundle, responder=responder) as env:
                 self.env = env

@@ -12,7 +12,10 @@ Routes (pages are static files shipped in `runtime/ui/static`; everything they s
     GET  /api/runs/{run}                    the run's view (`views.run_view`), events as stored
     GET  /api/runs/{run}/events/{seq}       one event with its big fields fetched from the object store
     GET  /api/runs/{run}/follow?after=N     server-sent events: each new event from seq N on, then `end`
-    POST /api/runs/{run}/fork               {"at_seq": N} -> {"run_id": new run}; a clear error otherwise
+    POST /api/runs/{run}/fork               {"at_seq": N, "edit": {...}?} -> {"run_id": new run}
+    POST /api/runs/{run}/cancel             {"reason": "..."} -> {"event": the run's ending as recorded}
+    POST /api/runs/{run}/approve            {"call_id": "1.0", "arguments": {...}?, "note": ""} -> the verdict
+    POST /api/runs/{run}/deny               {"call_id": "1.0", "reason": "..."} -> the verdict
     GET  /api/runs/{run}/export             the run as one self-contained HTML file (`runtime.ui.export`)
     GET  /api/health                        {"ok": true, "followers": open live views}
 
@@ -25,7 +28,11 @@ Live following uses one ordered consumer per open page (`RunLog.follow`). The re
 client going away itself (rather than waiting for the next write to fail), so the consumer is released as
 soon as the page closes, even on a run that is quiet for hours.
 
-Safety: the app binds to loopback by default; the fork POST must be JSON, which a cross-site form cannot
+Commands (fork, cancel, approve, deny) go through the same functions as `sa fork` and `sa cancel` /
+`sa approve` / `sa deny` (`runtime.fork`, `runtime.control`), so they are checked the same way, and their
+errors come back as the same messages with status 400.
+
+Safety: the app binds to loopback by default; a command must be a JSON POST, which a cross-site form cannot
 send without a CORS preflight this app never answers; every page carries a Content-Security-Policy that
 allows only the app's own scripts, as a second line behind the pages' escaping (they build the DOM with
 `textContent`, never HTML strings of data).
@@ -52,6 +59,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from runtime import events as ev
+from runtime.control import Control, operator
 from runtime.fork import fork, fork_points
 from runtime.log import RunLog
 from runtime.nats.kv import kv_entries, runs_kv
@@ -254,6 +262,42 @@ def web_edit(raw: Any) -> ev.ForkEdit | None:
         raise ValueError(f"the {kind} edit is not valid: {e}") from None
 
 
+def web_operator() -> str:
+    """The `by` of a command sent from a page: the inspector has no login, so it names itself and the
+    account it runs as, never a person it cannot know."""
+    return f"sa ui ({operator()})"
+
+
+class BadBody(ValueError):
+    """A request body the app cannot take; `status` is 415 (not JSON) or 400."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _json_body(request: Request, shape: str) -> dict[str, Any]:
+    """The request's JSON object. Only JSON is taken: a cross-site form cannot send it without a CORS
+    preflight, which this app never answers, so a page elsewhere cannot fork, cancel or approve."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise BadBody(415, f"send JSON: {shape} with Content-Type application/json")
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise BadBody(400, f"the body is not JSON: send {shape}") from None
+    if not isinstance(body, dict):
+        raise BadBody(400, f"the body must be a JSON object: {shape}")
+    return body
+
+
+def _text(body: dict[str, Any], name: str, *, required: bool = False) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str) or (required and not value):
+        kind = "a non-empty string" if required else "a string"
+        raise BadBody(400, f'"{name}" must be {kind}, not {json.dumps(value)}')
+    return value
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -295,6 +339,8 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
     async def guarded(call: Callable[[], Awaitable[Any]]) -> Response:
         try:
             result = await call()
+        except BadBody as e:
+            return _error(e.status, str(e))
         except NotFound as e:
             return _error(404, str(e))
         except views.FilterError as e:
@@ -335,17 +381,42 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
 
     async def api_fork(request: Request) -> Response:
         async def call() -> Any:
-            if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-                return _error(415, 'send the fork as JSON: {"at_seq": N} with Content-Type application/json')
-            try:
-                body = json.loads(await request.body())
-            except ValueError:
-                return _error(400, 'the body is not JSON: send {"at_seq": N}')
-            at = body.get("at_seq") if isinstance(body, dict) else None
+            body = await _json_body(request, '{"at_seq": N}')
+            at = body.get("at_seq")
             if not isinstance(at, int) or isinstance(at, bool):
                 return _error(400, f'"at_seq" must be a whole number (the seq of the event to fork at), not '
                                    f"{json.dumps(at)}")
             return await inspector().fork(request.path_params["run"], at, web_edit(body.get("edit")))
+        return await guarded(call)
+
+    async def api_cancel(request: Request) -> Response:
+        async def call() -> Any:
+            body = await _json_body(request, '{"reason": "why"}')
+            ended = await Control(inspector().js).cancel(request.path_params["run"], by=web_operator(),
+                                                         reason=_text(body, "reason"))
+            return {"event": views.event_view(ended, ended.ts)}
+        return await guarded(call)
+
+    async def api_approve(request: Request) -> Response:
+        async def call() -> Any:
+            body = await _json_body(request, '{"call_id": "1.0"}')
+            arguments = body.get("arguments")
+            if arguments is not None and not isinstance(arguments, dict):
+                raise ValueError(f'"arguments" must be a JSON object (the call\'s arguments), not '
+                                 f"{json.dumps(arguments)}")
+            verdict = await Control(inspector().js).approve(
+                request.path_params["run"], _text(body, "call_id", required=True), arguments=arguments,
+                note=_text(body, "note"), by=web_operator())
+            return {"event": views.event_view(verdict, verdict.ts)}
+        return await guarded(call)
+
+    async def api_deny(request: Request) -> Response:
+        async def call() -> Any:
+            body = await _json_body(request, '{"call_id": "1.0", "reason": "why"}')
+            verdict = await Control(inspector().js).deny(
+                request.path_params["run"], _text(body, "call_id", required=True),
+                reason=_text(body, "reason"), by=web_operator())
+            return {"event": views.event_view(verdict, verdict.ts)}
         return await guarded(call)
 
     async def api_export(request: Request) -> Response:
@@ -369,6 +440,9 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
         Route("/api/runs/{run}/events/{seq}", api_event),
         Route("/api/runs/{run}/follow", api_follow),
         Route("/api/runs/{run}/fork", api_fork, methods=["POST"]),
+        Route("/api/runs/{run}/cancel", api_cancel, methods=["POST"]),
+        Route("/api/runs/{run}/approve", api_approve, methods=["POST"]),
+        Route("/api/runs/{run}/deny", api_deny, methods=["POST"]),
         Route("/api/runs/{run}/export", api_export),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ], lifespan=lifespan)

@@ -80,7 +80,7 @@ function pretty(value) {
 }
 
 function statusBadge(status) {
-  return el("span", {class: "badge status-" + (status || "unknown")}, status || "unknown");
+  return el("span", {class: "badge status-" + (status || "unknown").replace(/[^a-z0-9]+/gi, "-")}, status || "unknown");
 }
 
 function runHref(runId) {

@@ -28,7 +28,7 @@ function fillSelect(select, values, chosen) {
 function row(run) {
   const took = run.ended && run.started ? fmtMs((run.ended - run.started) * 1000) : "";
   const forked = run.forked_from
-    ? el("div", {class: "forked"}, "⑂ from ", el("a", {href: runHref(run.forked_from)}, run.forked_from),
+    ? el("div", {class: "forked"}, "↳ forked from ", el("a", {href: runHref(run.forked_from)}, run.forked_from),
       run.forked_at !== null && run.forked_at !== undefined ? " @" + run.forked_at : "")
     : null;
   const errors = (run.errors || []).map((e) => el("span", {class: "chip error-chip"}, e));

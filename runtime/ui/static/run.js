@@ -44,6 +44,7 @@ function renderOverview() {
   const started = state.events[0];
   const ending = state.events.find((e) => ["run.completed", "run.failed", "run.cancelled"].includes(e.kind));
   const buttons = [];
+  if (!state.exported && !ending) buttons.push(cancelControl());
   if (!state.exported) {
     buttons.push(el("a", {class: "button", id: "export", href: "/api/runs/" + encodeURIComponent(state.runId) +
       "/export", download: "run-" + state.runId + ".html"}, "export HTML"));
@@ -130,7 +131,10 @@ function laneTitle(lane, evs) {
   const called = evs.find((e) => e.kind === "tool.called" || e.kind === "approval.requested");
   const name = called ? called.data.call.name : (evs.find((e) => e.data.tool) || {data: {}}).data.tool;
   const outcome = evs.find((e) => e.kind === "tool.completed" || e.kind === "tool.failed");
-  const took = called && outcome ? fmtMs((outcome.ts - called.ts) * 1000) : outcome ? "" : "running…";
+  const asked = evs.some((e) => e.kind === "approval.requested");
+  const decided = evs.some((e) => e.kind === "approval.granted" || e.kind === "approval.denied");
+  const took = called && outcome ? fmtMs((outcome.ts - called.ts) * 1000) : outcome ? "" :
+    asked && !decided ? "waiting for approval" : "running…";
   return el("div", {class: "lane-head"}, el("span", {class: "mono"}, lane.split("/").pop()), " ",
     el("b", {}, name || "call"), " ", el("span", {class: "muted"}, took),
     outcome ? " " : null, outcome ? statusBadge(outcome.kind === "tool.completed" ? "ok" : "failed") : null);
@@ -144,8 +148,10 @@ function renderTimeline() {
     for (const item of group.items) {
       if (item.event) { section.appendChild(eventNode(item.event)); continue; }
       const lanes = el("div", {class: "lanes"});
+      const waiting = pendingApprovals();
       for (const [lane, evs] of item.lanes) {
-        lanes.appendChild(el("div", {class: "lane", dataset: {call: lane}}, laneTitle(lane, evs), evs.map(eventNode)));
+        lanes.appendChild(el("div", {class: "lane", dataset: {call: lane}}, laneTitle(lane, evs), evs.map(eventNode),
+          waiting.has(lane) ? approvalBox(waiting.get(lane)) : null));
       }
       section.appendChild(lanes);
     }
@@ -273,6 +279,83 @@ function detailNode(e) {
   parts.push(editor(e));
   parts.push(el("details", {class: "raw"}, el("summary", {}, "raw event"), el("pre", {class: "text"}, JSON.stringify(d, null, 2))));
   return el("div", {class: "detail"}, parts);
+}
+
+// -- run control: cancel, approve, deny (the same checks as `sa cancel` / `sa approve` / `sa deny`) ---------
+
+async function command(path, body) {
+  return api("/api/runs/" + encodeURIComponent(state.runId) + "/" + path, {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+  });
+}
+
+function cancelControl() {
+  const reason = el("input", {type: "text", class: "cancel-reason", placeholder: "why (recorded in the log)"});
+  const confirm = el("button", {class: "cancel-confirm danger"}, "cancel the run");
+  const form = el("span", {class: "cancel-form", hidden: true}, reason, confirm);
+  const open = el("button", {class: "cancel-open"}, "cancel run…");
+  open.addEventListener("click", () => { form.hidden = !form.hidden; if (!form.hidden) reason.focus(); });
+  confirm.addEventListener("click", async () => {
+    confirm.disabled = true;
+    showMessage("cancelling…", "info");
+    try {
+      const done = await command("cancel", {reason: reason.value});
+      showMessage("the run ended: " + done.event.describe, "info");
+      await reload();
+    } catch (err) {
+      confirm.disabled = false;
+      showMessage("cancel failed: " + err.message);
+    }
+  });
+  return el("span", {class: "cancel"}, open, form);
+}
+
+// Calls that wait for a person: requested, with no verdict and no outcome, in a run that has not ended.
+function pendingApprovals() {
+  const waiting = new Map();
+  if (state.exported) return waiting;
+  for (const e of state.events) {
+    if (e.kind === "approval.requested") waiting.set(e.data.call.id, e);
+    else if (["approval.granted", "approval.denied", "tool.completed", "tool.failed"].includes(e.kind)) waiting.delete(e.data.call_id);
+    else if (["run.completed", "run.failed", "run.cancelled"].includes(e.kind)) return new Map();
+  }
+  return waiting;
+}
+
+function approvalBox(requested) {
+  const d = requested.data;
+  const call = d.call.id.split("/").pop();
+  const args = el("textarea", {class: "edit-text approval-args", rows: Math.min(10, JSON.stringify(d.call.arguments, null, 2).split("\n").length + 1), spellcheck: "false"});
+  args.value = JSON.stringify(d.call.arguments, null, 2);
+  const note = el("input", {type: "text", class: "approval-note", placeholder: "note (optional)"});
+  const reason = el("input", {type: "text", class: "deny-reason", placeholder: "reason (the model reads it)"});
+  const problem = el("div", {class: "edit-problem", hidden: true});
+  const approve = el("button", {class: "approve"}, "approve");
+  const deny = el("button", {class: "deny danger"}, "deny");
+  const fail = (message) => { problem.textContent = message; problem.hidden = false; approve.disabled = deny.disabled = false; };
+  approve.addEventListener("click", async () => {
+    let edited;
+    try { edited = JSON.parse(args.value); } catch (err) { fail("the arguments are not JSON: " + err.message + ". Nothing was sent."); return; }
+    const changed = JSON.stringify(edited) !== JSON.stringify(d.call.arguments);
+    approve.disabled = deny.disabled = true;
+    try {
+      await command("approve", changed ? {call_id: call, arguments: edited, note: note.value} : {call_id: call, note: note.value});
+      await reload();
+    } catch (err) { fail("approve failed: " + err.message); }
+  });
+  deny.addEventListener("click", async () => {
+    approve.disabled = deny.disabled = true;
+    try {
+      await command("deny", {call_id: call, reason: reason.value});
+      await reload();
+    } catch (err) { fail("deny failed: " + err.message); }
+  });
+  const why = [d.condition ? "because " + d.condition : "", d.role ? "role " + d.role : "",
+    d.timeout_s ? "after " + d.timeout_s + " s: " + (d.on_timeout || "deny") : ""].filter(Boolean).join(" · ");
+  return el("div", {class: "approval", dataset: {call: d.call.id}},
+    el("div", {class: "approval-head"}, "waits for approval", why ? el("span", {class: "muted"}, " · " + why) : null),
+    el("div", {class: "field-label"}, "arguments (edit them to approve something else; checked against the tool's schema)"),
+    args, el("div", {class: "approval-row"}, note, approve), el("div", {class: "approval-row"}, reason, deny), problem);
 }
 
 // -- "what if": fork with an edit --------------------------------------------------------------------------
