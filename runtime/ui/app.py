@@ -59,6 +59,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from runtime import events as ev
+from runtime import kernel
 from runtime.control import Control, operator
 from runtime.fork import fork, fork_points
 from runtime.log import RunLog
@@ -99,8 +100,10 @@ class Inspector:
         return {key: RunIndex.decode(e.value) for key, e in (await kv_entries(kv)).items() if e.value}
 
     async def _digest(self, run_id: str, entry: RunIndex) -> views.Digest:
+        """The run's digest: cached once it ended (a host rewrites a run's index entry when it starts and
+        when it ends, not at every event, so an unfinished run is read again each time)."""
         cached = self.digests.get(run_id)
-        if cached is not None and cached.last_seq == entry.last_seq and entry.status != "running":
+        if cached is not None and cached.last_seq == entry.last_seq and entry.status in kernel.TERMINAL:
             return cached
         async with self._reads:
             history = await self.log.read(run_id, entry.actor or None, resolve=False)
@@ -125,6 +128,8 @@ class Inspector:
     async def runs(self, flt: views.RunFilter, limit: int) -> dict[str, Any]:
         """The index rows matching `flt`, newest first (at most `limit`), and the filters' values."""
         index = await self.index()
+        for gone in [run_id for run_id in self.digests if run_id not in index]:  # purged since
+            del self.digests[gone]
         ordered = sorted(index.items(), key=lambda kv: kv[1].updated, reverse=True)
         candidates = [(k, e) for k, e in ordered if flt.admits_entry(e)]
         scan = candidates[:MAX_SCAN] if flt.needs_events else candidates[:limit]
