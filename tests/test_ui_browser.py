@@ -190,8 +190,7 @@ def test_following_a_live_run_to_its_end(stack: Stack, page: Any):
     assert page.is_visible("#live")
     before = int(page.get_attribute("body", "data-events"))
     page.evaluate("window.__sameDocument = true")
-    health = httpx.get(stack.base + "/api/health").json()
-    assert health["followers"] == 1
+    wait_followers(stack, 1)  # the page's live view is connected
     shot(page, "07-live-running")
 
     stack.gate.release()
@@ -226,23 +225,23 @@ def test_page_that_goes_away_releases_its_follower(stack: Stack, browser: Any):
     page = context.new_page()
     page.goto(f"{stack.base}/runs/{held}")
     page.wait_for_selector("body[data-status=running]")
-    page.wait_for_function("() => !document.getElementById('live').hidden")
-    with httpx.Client(base_url=stack.base) as client:
-        assert client.get("/api/health").json()["followers"] == 1
-        context.close()
-        for _ in range(400):
-            if client.get("/api/health").json()["followers"] == 0:
-                break
-            stack.call(_sleep(0.05))
-        assert client.get("/api/health").json()["followers"] == 0
+    wait_followers(stack, 1)
+    context.close()
+    wait_followers(stack, 0)  # the server saw the page go and closed its consumer
     stack.gate.release()
     stack.call(stack.env.wait_run(held))
 
 
-async def _sleep(seconds: float) -> None:
+def wait_followers(stack: Stack, n: int, timeout: float = 20.0) -> None:
+    """Until the inspector has `n` live views open (fails the test after `timeout`)."""
     import anyio
 
-    await anyio.sleep(seconds)
+    async def until() -> None:
+        async with httpx.AsyncClient(base_url=stack.base) as client:
+            with anyio.fail_after(timeout):
+                while (await client.get("/api/health")).json()["followers"] != n:
+                    await anyio.sleep(0.05)
+    stack.call(until())
 
 
 def test_fork_from_the_page(stack: Stack, runs: dict[str, str], page: Any):
