@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,9 @@ async def export_run(js: Any, run_id: str) -> str:
         raise NoSuchRun(f"no events for run {run_id!r} (see `sa runs`)")
     kv = await runs_kv(js)
     index = {key: RunIndex.decode(e.value) for key, e in (await kv_entries(kv)).items() if e.value}
-    return render_html(run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
-                                exported=True))
+    view = run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
+                    exported=True)
+    return render_html({**view, "exported_at": time.time()})
 
 
 def render_html(view: dict[str, Any]) -> str:

@@ -49,7 +49,8 @@ function renderOverview() {
     buttons.push(el("a", {class: "button", id: "export", href: "/api/runs/" + encodeURIComponent(state.runId) +
       "/export", download: "run-" + state.runId + ".html"}, "export HTML"));
   } else {
-    buttons.push(el("span", {class: "muted"}, "exported file · " + fmtTime(Date.now() / 1000)));
+    buttons.push(el("span", {class: "muted"}, "exported" + (view.exported_at ? " " + fmtTime(view.exported_at) : "") +
+      " · a file, not live"));
   }
   append(box, [
     el("div", {class: "title-row"},
