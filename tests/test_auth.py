@@ -251,7 +251,7 @@ async def test_a_refused_publish_is_explained(seeded: EmbeddedNats) -> None:
     assert "user 'publisher'" in text and 'publish to "events.demo.r-forged.run.started"' in text
 
 
-# -- identity: the operator recorded is the one the server authenticated --------------------------------------
+# -- identity: the operator recorded is the one the server authenticated -----------------------------------
 
 
 @asynccontextmanager

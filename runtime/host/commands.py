@@ -1,4 +1,4 @@
-"""What may be published for an agent, and how a host reads it: tasks from publishers, commands from operators.
+"""What may be published for an agent, and how a host reads it: tasks, and commands from operators.
 
 Two subjects, both stored by the TASKS stream in the agent's partition (`runtime.nats.subjects`), so a
 run's commands travel the same partition (and reach the same host) as its task, in order, through the same

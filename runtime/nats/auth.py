@@ -122,8 +122,8 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                "$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.CREATE.>",
                "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.MSG.NEXT.>", "$JS.FC.>"]
         deny = [*(f"$KV.{b}.>" for b in _FLEET_BUCKETS),
-                *(f"$JS.API.CONSUMER.{op}.{s}{tail}" for op in ("CREATE", "DELETE") for s in (TASKS, RESULTS, TOOLS)
-                  for tail in ("", ".>")),
+                *(f"$JS.API.CONSUMER.{op}.{s}{tail}" for op in ("CREATE", "DELETE")
+                  for s in (TASKS, RESULTS, TOOLS) for tail in ("", ".>")),
                 *(f"$JS.API.CONSUMER.MSG.NEXT.{s}.*" for s in (TASKS, RESULTS)),
                 *(f"$JS.API.STREAM.CREATE.{s}" for s in (TASKS, EVENTS, TOOLS, RESULTS, DLQ)),
                 *(f"$JS.API.STREAM.CREATE.{_kv(b)}" for b in (*_FLEET_BUCKETS, APPLIED_BUCKET)),
@@ -161,6 +161,10 @@ def _quote(items: Iterable[str]) -> str:
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
+def _rule(allow: list[str], deny: list[str]) -> str:
+    return f"allow: {_quote(allow)}" + (f", deny: {_quote(deny)}" if deny else "")
+
+
 def server_config(users: Sequence[User]) -> str:
     """The ``authorization`` block of a nats-server config for `users` (include it, or append it, to a
     server's config). An env-var password (``$VAR``) is written bare so the server substitutes it."""
@@ -174,8 +178,7 @@ def server_config(users: Sequence[User]) -> str:
         if perms is None:
             lines.append(f"    {{user: {json.dumps(u.name)}, password: {pw}}}")
             continue
-        pub = f"allow: {_quote(perms.pub_allow)}" + (f", deny: {_quote(perms.pub_deny)}" if perms.pub_deny else "")
-        sub = f"allow: {_quote(perms.sub_allow)}" + (f", deny: {_quote(perms.sub_deny)}" if perms.sub_deny else "")
+        pub, sub = _rule(perms.pub_allow, perms.pub_deny), _rule(perms.sub_allow, perms.sub_deny)
         lines += [f"    {{user: {json.dumps(u.name)}, password: {pw}, permissions: {{",
                   f"      publish: {{{pub}}}", f"      subscribe: {{{sub}}}", "    }}"]
     lines += ["  ]", "}", ""]

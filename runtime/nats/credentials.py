@@ -143,7 +143,8 @@ def jwt_name(creds_file: str) -> str:
         name = claims.get("name") or claims["sub"]
     except (StopIteration, IndexError, ValueError, KeyError, TypeError):
         raise CredentialsError(f"{ENV_CREDS}={creds_file}: not a NATS credentials file (it needs a "
-                               "'-----BEGIN NATS USER JWT-----' section, as `nsc generate creds` writes)") from None
+                               "'-----BEGIN NATS USER JWT-----' section, as `nsc generate creds` "
+                               "writes)") from None
     return str(name)
 
 

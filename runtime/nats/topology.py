@@ -276,6 +276,7 @@ async def ensure_partition_consumers(js: JetStreamContext, partition: int, *, ac
     return names
 
 
-__all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "ensure_consumer", "ensure_partition_consumers", "ensure_topology",
+__all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "ensure_consumer", "ensure_partition_consumers",
+           "ensure_topology",
            "read_partitions", "read_topology", "stream_configs", "topology_replicas",
            "workers_consumer_config"]
