@@ -122,6 +122,13 @@ ENV_VARS: dict[str, str] = {
     "SA_PAYLOADS_MAX_BYTES": "`sa host`/`sa up`: payloads object store size bound (default: none)",
     "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
     "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
+    "NATS_CREDS": "NATS credentials file (user JWT + seed) for every `sa` command (--creds; "
+                  "runtime.nats.credentials)",
+    "NATS_USER": "NATS user name, a role of deploy/nats/auth.conf or `sa up --secure` (--user)",
+    "NATS_PASSWORD": "password of NATS_USER (--password)",
+    "NATS_CA": "CA certificate (PEM) that verifies the NATS server's TLS certificate (--tls-ca)",
+    "NATS_CERT": "client TLS certificate (PEM) for servers that verify clients (--tls-cert)",
+    "NATS_KEY": "key of NATS_CERT (--tls-key)",
     "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
     "OPENAI_API_KEY": "model client default API key",
     "OPENAI_MODEL": "model client default model name",
