@@ -51,10 +51,16 @@ class ControlError(ValueError):
 
 
 def operator(explicit: str | None = None) -> str:
-    """The identity recorded as `by` in a command: the one given, else `user@host` of this process.
-    The one place an authenticated identity takes over."""
+    """The identity recorded as `by` in a command: the one given, else the NATS user this process
+    authenticates as (the host records that one whatever a message says), else `user@host`."""
+    from runtime.nats.credentials import identity
+    from runtime.nats.subjects import ANONYMOUS
+
     if explicit:
         return explicit
+    authenticated = identity()
+    if authenticated != ANONYMOUS:
+        return authenticated
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

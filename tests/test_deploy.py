@@ -218,3 +218,22 @@ def test_helm_values_match_the_cluster_config() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert compose["services"]["nats-0"]["image"] == f"nats:{values['container']['image']['tag']}"
     assert values["service"]["ports"]["monitor"]["enabled"]  # KEDA reads /jsz
+
+
+def test_the_secure_node_config_is_valid_with_the_shipped_users(tmp_path: Path) -> None:
+    """deploy/nats/secure.conf (nats.conf + auth.conf) parses in the real nats-server, passwords from env."""
+    import os
+    import subprocess
+
+    from runtime.nats.auth import ROLES
+    from runtime.nats.server import find_nats_server
+
+    env = {**os.environ, **{name: "x" for name in CONFIG_ENV}, "NATS_LISTEN": "127.0.0.1:4222",
+           "NATS_HTTP": "127.0.0.1:8222", "NATS_CLUSTER_LISTEN": "127.0.0.1:6222",
+           "NATS_ROUTES": "[nats-route://127.0.0.1:6222]", "NATS_STORE_DIR": str(tmp_path),
+           **{f"SA_{r.upper()}_PASSWORD": "pw" for r in ROLES}}
+    done = subprocess.run([str(find_nats_server()), "-c", str(DEPLOY / "nats" / "secure.conf"), "-t"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "is valid" in done.stdout + done.stderr, done.stdout + done.stderr
+    text = (DEPLOY / "nats" / "secure.conf").read_text()
+    assert "include nats.conf" in text and "include auth.conf" in text

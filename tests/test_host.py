@@ -164,7 +164,8 @@ async def test_cancel_a_run_waiting_for_a_slow_model(nats_server, topo, tmp_path
         with anyio.fail_after(10):
             while env.server.served < 1:
                 await anyio.sleep(0.02)
-        await publish_command(js, "calc", ev.Cancel(run_id=run_id, reason="changed my mind", by="test"))
+        await publish_command(js, "calc", ev.Cancel(run_id=run_id, reason="changed my mind", by="test"),
+                              operator="test")
         events = await env.wait_run(run_id, timeout=10)
     assert kinds(events) == ["run.started", "model.requested", "run.cancelled"]
     assert events[-1].reason == "changed my mind" and events[-1].by == "test"

@@ -141,7 +141,7 @@ async def test_embedded_server_async_and_durable_store(tmp_path) -> None:
     async with EmbeddedNats(tmp_path) as server:
         nc = await connect(server.url)
         js = nc.jetstream()
-        msg = await js.get_last_msg(TASKS, f"tasks.{partition_of('x', 4)}.x")
+        msg = await js.get_last_msg(TASKS, f"tasks.{partition_of('x', 4)}.x.agents.tasks")
         assert msg.data == b"kept"
         await nc.close()
 
@@ -169,7 +169,7 @@ async def test_partition_transform_matches_client_side_hash(js) -> None:
     for a in agents:
         await js.publish(task_subject(a), a.encode())
     subjects = (await js.stream_info(TASKS, subjects_filter=">")).state.subjects
-    assert subjects == {f"tasks.{partition_of(a, 8)}.{a}": 1 for a in agents}
+    assert subjects == {f"tasks.{partition_of(a, 8)}.{a}.agents.tasks": 1 for a in agents}
     assert len({partition_of(a, 8) for a in agents}) > 4  # really spread
 
 

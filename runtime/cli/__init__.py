@@ -25,8 +25,26 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     observe_cmds,
     ui_cmds,
 )
-from runtime.cli.app import app
+from runtime.cli.app import app, hoist_auth_flags
 
 
 def main() -> None:
-    app(prog_name="sa")
+    """Run `sa`; a command the NATS server refused (bad credentials, a permission the user lacks) ends
+    with one line saying which operation was refused and why, and exit code 1."""
+    import sys
+
+    from runtime.nats.credentials import CredentialsError
+
+    try:
+        app(args=hoist_auth_flags(sys.argv[1:]), prog_name="sa")
+    except CredentialsError as e:
+        print(f"sa: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as e:
+        from runtime.nats.connection import explain_refusal
+
+        text = explain_refusal(e)
+        if text is None:
+            raise
+        print(f"sa: {text}", file=sys.stderr)
+        raise SystemExit(1) from None

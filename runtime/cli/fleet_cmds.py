@@ -77,6 +77,10 @@ def up(
     payloads_max_bytes: PayloadsMaxBytes = None,
     metrics_port: MetricsPortOption = None,
     log_format: LogFormatOption = LogFormat.text,
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="Start the embedded NATS with authentication: fresh credentials for each role "
+                         "(publisher, operator, host, worker, admin) in 0600 files whose paths are printed; "
+                         "the host and workers run as their roles.")] = False,
 ) -> None:
     """Start everything on this machine: NATS, the local model (if needed), a host and N workers.
 
@@ -105,14 +109,23 @@ def up(
     model: ServerProcess | None = None
     procs: list[subprocess.Popen[bytes]] = []
     env_url = bus.servers_from_env()
+    if secure and env_url:
+        typer.echo("error: --secure starts the embedded NATS with its own credentials, but NATS_URL names a "
+                   "server: unset NATS_URL, or secure that server with deploy/nats/auth.conf", err=True)
+        raise typer.Exit(2)
+    worker_env: dict[str, str] = {}
     try:
         if env_url:
             url = ",".join(env_url)
             console.print(f"[bold]nats[/]     {url} (NATS_URL)")
         else:
-            server = bus.EmbeddedNats(store or bus.default_store_dir()).start()
+            extra: list[str] = []
+            if secure:
+                worker_env = _secure_setup(console, extra)
+            server = bus.EmbeddedNats(store or bus.default_store_dir(), extra_args=extra).start()
             url = server.url
-            console.print(f"[bold]nats[/]     {url}  (embedded, store {server.store_dir})")
+            console.print(f"[bold]nats[/]     {url}  (embedded, store {server.store_dir}"
+                          f"{', authentication on' if secure else ''})")
         model_url: str | None = None
         if any(b.uses_local_model for b in loaded):
             model = _start_local_model(console)
@@ -123,7 +136,8 @@ def up(
                    "--concurrency", str(concurrency), "--log-format", log_format.value]
             for p in paths:
                 cmd += ["--bundle", str(p)]
-            procs.append(subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url}, stdin=subprocess.DEVNULL))
+            procs.append(subprocess.Popen(cmd, env={**os.environ, **worker_env, "NATS_URL": url},
+                                          stdin=subprocess.DEVNULL))
         pids = ", ".join(str(p.pid) for p in procs) or "-"
         console.print(f"[bold]workers[/]  {workers} process(es): {pids}")
         state_file().parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +189,26 @@ def up(
             if read_state().get("pid") in (os.getpid(), None):
                 state_file().unlink()
         console.print("stopped")
+
+
+def secure_dir() -> Path:
+    """Where `sa up --secure` writes the server's users and each role's credentials."""
+    return state_file().parent / "secure"
+
+
+def _secure_setup(console: Console, server_args: list[str]) -> dict[str, str]:
+    """Fresh credentials for every role (`runtime.nats.auth.write_secure_dir`); the server is told to use
+    them (`server_args`), this process becomes the host, and the workers' environment is returned."""
+    from runtime.nats.auth import read_env_file, write_secure_dir
+
+    folder = secure_dir()
+    files = write_secure_dir(folder)
+    server_args += ["-c", str(folder / "auth.conf")]
+    os.environ.update(read_env_file(files["host"]))  # the in-process host (and its lease thread)
+    console.print(f"[bold]secure[/]   credentials (0600) in {folder}: "
+                  + ", ".join(f"{name} {path.name}" for name, path in files.items()), highlight=False)
+    console.print(f"           use one with:  set -a; . {files['operator']}; set +a", highlight=False)
+    return read_env_file(files["worker"])
 
 
 def _start_local_model(console: Console) -> ServerProcess:

@@ -1,22 +1,26 @@
-"""What may be published to `agents.<agent>.tasks`, and how a host reads it.
+"""What may be published for an agent, and how a host reads it: tasks, and commands from operators.
 
-The task subject carries every command for an agent, so commands travel the same partition (and reach
-the same host) as the tasks they refer to, in order, through the same constant set of consumers:
+Two subjects, both stored by the TASKS stream in the agent's partition (`runtime.nats.subjects`), so a
+run's commands travel the same partition (and reach the same host) as its task, in order, through the same
+constant set of consumers:
 
-* a **task** — msgpack `events.Task` (what `sa send` publishes), or JSON
-  ``{"input": "...", "task_id": "...", "instance": "...", "timeout_s": 60, "metadata": {...}}``
+* ``agents.<agent>.tasks`` carries **tasks** only — msgpack `events.Task` (what `sa send` publishes), or
+  JSON ``{"input": "...", "task_id": "...", "instance": "...", "timeout_s": 60, "metadata": {...}}``
   (``kind`` and ``agent`` may be left out: the subject names the agent), or plain UTF-8 text, taken as the
-  task's input (`nats pub agents.demo.tasks "what is 2+2?"`);
-* **cancel** — ``{"kind": "cancel", "run_id": "...", "reason": "..."}``;
-* **approve** / **deny** — ``{"kind": "approve", "run_id": "...", "call_id": "..."}`` (``deny`` with a
-  ``reason``) for a call of a bundle tool marked `requires_approval`.
+  task's input (`nats pub agents.demo.tasks "what is 2+2?"`). A command here is refused: whoever may
+  publish tasks may not, by that alone, cancel or approve anything.
+* ``ops.<agent>.<operator>`` carries **commands** only — ``{"kind": "cancel", "run_id": "...",
+  "reason": "..."}``, ``approve`` / ``deny`` with ``call_id`` (``deny`` with a ``reason``) for a call of a
+  tool that needs approval. The operator token is the command's author: the host records it as ``by``
+  whatever the message says, and a secured server lets each operator publish only on its own token
+  (`runtime.nats.auth`), so the name in `approval.granted` or `run.cancelled` is the authenticated one.
 
-Publish with ``Nats-Msg-Id`` = the task id so a re-sent task is stored once. An agent may be addressed as
-``<bundle>:<instance>`` in the subject or with ``instance`` in the task: each instance is its own actor.
+Publish a task with ``Nats-Msg-Id`` = the task id so a re-sent task is stored once. An agent may be addressed
+as ``<bundle>:<instance>`` in the subject or with ``instance`` in the task: each instance is its own actor.
 The subject decides the partition, hence the host: `publish_task` and `publish_command` use the actor's own
-subject ``agents.<bundle>:<instance>.tasks``, so instances spread over partitions and a run's commands
-reach the host serving it. (A command that lands in another partition than its run, say one published on
-the bundle's subject for an instance's run, is forwarded by the host that reads it.)
+subject, so instances spread over partitions and a run's commands reach the host serving it. (A command
+that lands in another partition than its run, say one published for the bundle of a run of
+``bundle:instance``, is forwarded by the host that reads it, keeping its operator.)
 
 Run ids are derived, never random: `run_id_for(agent, task_id)` hashes the actor and the task id (or, for
 a task without an id, the TASKS stream sequence of the message). So a redelivered task maps to the run it
@@ -28,12 +32,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from runtime import events as ev
-from runtime.nats.subjects import HDR_MSG_ID, check_token, task_subject
+from runtime.nats.subjects import ANONYMOUS, HDR_MSG_ID, check_token, command_subject, task_subject
+
+log = logging.getLogger("runtime.host")
 
 
 class BadCommand(ValueError):
@@ -70,8 +79,34 @@ class Addressed:
     command: ev.Command
 
 
-def decode(subject_agent: str, data: bytes) -> Addressed:
-    """Decode one message published to `agents.<subject_agent>.tasks`; raise BadCommand saying why."""
+def decode(subject_agent: str, data: bytes, operator: str | None = None) -> Addressed:
+    """Decode one message published to `agents.<subject_agent>.tasks` (`operator` None) or to
+    `ops.<subject_agent>.<operator>`; raise BadCommand saying why. A command's `by` becomes `operator`."""
+    addressed = _decode(subject_agent, data)
+    cmd = addressed.command
+    if operator is None:
+        if not isinstance(cmd, ev.Task):
+            raise BadCommand(f"a {_kind(cmd)} is not accepted on a task subject: operators publish commands "
+                             f"on ops.{subject_agent}.<operator> (sa cancel / sa approve / sa deny do)")
+        return addressed
+    if isinstance(cmd, ev.Task):
+        raise BadCommand(f"a task is not accepted on a command subject: publish it on "
+                         f"agents.{subject_agent}.tasks")
+    if isinstance(cmd, ev.Resume):  # names no operator: it asks a host to drive a run that exists
+        return addressed
+    if operator == ANONYMOUS:  # no authenticated name to go by (a server without auth): keep the message's
+        return Addressed(addressed.agent, msgspec.structs.replace(cmd, by=cmd.by or ANONYMOUS))
+    if cmd.by and cmd.by != operator:
+        log.warning("%s for run %s says by=%r but came from operator %r: recorded as %r", _kind(cmd),
+                    cmd.run_id, cmd.by, operator, operator)
+    return Addressed(addressed.agent, msgspec.structs.replace(cmd, by=operator))
+
+
+def _kind(cmd: ev.Command) -> str:
+    return str(cmd.__struct_config__.tag)
+
+
+def _decode(subject_agent: str, data: bytes) -> Addressed:
     if not data or not data.strip():
         raise BadCommand("empty message: publish a task (msgpack events.Task, a JSON object, or text)")
     head = data.lstrip()[:1]
@@ -136,10 +171,17 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     return run_id_for(actor, task_id)
 
 
-async def publish_command(js: Any, agent: str, command: ev.Command) -> None:
+async def publish_command(js: Any, agent: str, command: ev.Command, *, operator: str | None = None) -> None:
     """Publish a cancel / approve / deny for a run of `agent` (the actor: `bundle` or `bundle:instance`)
-    on the subject its tasks use, so it reaches the partition, and the host, of the run."""
-    await js.publish(task_subject(agent), ev.encode_command(command))
+    on `ops.<agent>.<operator>`, which lands in the partition, and reaches the host, of the run.
+
+    `operator` defaults to the identity this process connects as (`runtime.nats.credentials.identity`): on
+    a secured server that is the only operator token it may publish on, and the host records it as `by`."""
+    if operator is None:
+        from runtime.nats.credentials import identity
+
+        operator = identity()
+    await js.publish(command_subject(agent, operator), ev.encode_command(command))
 
 
 __all__ = ["Addressed", "BadCommand", "actor_key", "decode", "publish_command", "publish_task", "run_id_for",

@@ -45,6 +45,9 @@ def connect_options(nc: NATS) -> dict[str, Any]:
     for key, attr in (("user_credentials", "_user_credentials"), ("nkeys_seed", "_nkeys_seed")):
         if getattr(nc, attr, None):
             opts[key] = getattr(nc, attr)
+    inbox = bytes(getattr(nc, "_inbox_prefix", b"")).decode()
+    if inbox:  # a secured server lets each user subscribe only under its own inbox prefix
+        opts["inbox_prefix"] = inbox
     return opts
 
 

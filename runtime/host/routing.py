@@ -5,7 +5,8 @@ A task-subject message (`runtime.host.commands`) is one of:
   unit of the back-pressure budget while it waits;
 * a resume for a run written by a client (a fork): folded from its log and queued in its actor's mailbox
   at once (a run with no events is logged and terminated);
-* a cancel / approve / deny for a run: handed to the run's driver, or kept beside a task still waiting (a
+* a cancel / approve / deny for a run (only from a command subject, ``ops.<agent>.<operator>``, whose
+  operator becomes the command's ``by``): handed to the run's driver, or kept beside a task still waiting (a
   cancel, applied right after the run starts), or acked if the run already ended, or republished to the
   partition that owns the run (a command sent on the bundle's subject for a run of ``bundle:instance``);
   a command for a run that does not exist is logged and terminated;
@@ -37,7 +38,7 @@ from runtime.host.runs_index import RunsIndex
 from runtime.jobs import JobDecodeError, ToolOutcome
 from runtime.nats.pull import Budget
 from runtime.nats.records import RunIndex
-from runtime.nats.subjects import agent_of_task_subject, partition_of, task_subject
+from runtime.nats.subjects import ANONYMOUS, command_subject, parse_task_subject, partition_of
 
 log = logging.getLogger("runtime.host")
 
@@ -68,8 +69,8 @@ class Router:
     async def route_command(self, p: int, msg: Guarded) -> bool:
         """Route one task-subject message; True if it now waits in a mailbox (keeping its budget unit)."""
         try:
-            subject_agent = agent_of_task_subject(msg.subject)
-            addressed = decode(subject_agent, msg.data)
+            subject_agent, operator = parse_task_subject(msg.subject)
+            addressed = decode(subject_agent, msg.data, operator)
         except (BadCommand, ValueError) as e:
             self.stats.rejected += 1
             log.error("rejected a message on %s: %s", msg.subject, e)
@@ -116,10 +117,11 @@ class Router:
 
     async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny, ix: RunIndex, msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of
-        `bundle:instance`) lands in another partition: republish it where the run's host reads."""
+        `bundle:instance`) lands in another partition: republish it where the run's host reads, under the
+        operator who sent it (a host may publish on any operator's subject; see `runtime.nats.auth`)."""
         for agent in (ix.actor, split_actor(ix.actor)[0]):
             if partition_of(agent, self.total_partitions()) == ix.partition:
-                await self.js.publish(task_subject(agent), ev.encode_command(cmd))
+                await self.js.publish(command_subject(agent, cmd.by or ANONYMOUS), ev.encode_command(cmd))
                 await ack_quietly(msg)
                 log.info("%s for run %s forwarded to partition %d", cmd.__struct_config__.tag, cmd.run_id,
                          ix.partition)

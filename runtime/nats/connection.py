@@ -6,6 +6,14 @@ traceback on every reconnect attempt) and reconnects forever with a short wait: 
 has nothing useful to do without NATS, and a cluster leader election takes 4-6 s, so waiting beats exiting
 and losing in-flight work. `close()` unsubscribes pull subscriptions before draining, because draining with
 one still open waits the whole drain timeout (30 s by default).
+
+Credentials and TLS come from the environment (`runtime.nats.credentials`: NATS_CREDS, NATS_USER /
+NATS_PASSWORD, NATS_CA / NATS_CERT / NATS_KEY), so every process authenticates the one way. A server that
+refuses (a connection without valid credentials, a publish or subscribe the user's permissions do not
+allow) reports it only asynchronously, and a refused JetStream request just times out; so the error
+callback records each refusal and `explain_refusal(exc)` turns the exception a command ends with into one
+sentence saying which operation was refused, for whom, and what to do. A connection refused for its
+credentials is not retried: waiting cannot fix them.
 """
 
 from __future__ import annotations
@@ -13,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
+
+from runtime.nats.credentials import Credentials
 
 log = logging.getLogger("runtime.nats")
 
@@ -30,9 +40,50 @@ def servers_from_env(env: dict[str, str] | None = None) -> list[str] | None:
     return [u.strip() for u in raw.split(",") if u.strip()] or None
 
 
+_refusals: deque[str] = deque(maxlen=16)  # the server's latest refusals, newest last (`explain_refusal`)
+
+
+def _refusal_of(err: BaseException) -> str | None:
+    text = str(err)
+    low = text.lower()
+    if "permissions violation" in low or "authorization violation" in low:
+        text = text.removeprefix("nats: ")
+        return text[1:-1] if len(text) > 1 and text[0] == text[-1] == "'" else text
+    return None
+
+
 async def _quiet_error_cb(err: Exception) -> None:
     # nats-py's default error_cb prints a traceback on every reconnect attempt; one line is enough.
+    refused = _refusal_of(err)
+    if refused is not None:
+        log.error("NATS refused: %s", refused)
+        return
     log.warning("nats: %s: %s", type(err).__name__, err)
+
+
+def explain_refusal(exc: BaseException, credentials: Credentials | None = None) -> str | None:
+    """One sentence for an error caused by the server refusing this process, or None if it was not.
+
+    `exc` is what the operation raised: an authorization violation at connect, or (for a publish or
+    subscribe the permissions forbid, which the server reports apart) whatever followed while a
+    refusal was recorded, typically a timeout waiting for a reply that was never sent."""
+    creds = credentials or Credentials.from_env()
+    who = creds.describe()
+    direct = _refusal_of(exc)
+    if direct is not None and "authorization violation" in direct.lower():
+        fix = ("pass --creds FILE or --user NAME with --password (NATS_CREDS / NATS_USER, NATS_PASSWORD)"
+               if not creds.authenticated else "check the user name and password, or the credentials file")
+        return (f"NATS refused the connection with {who} (authorization violation): the server requires "
+                f"valid credentials; {fix}")
+    if direct is None and not _refusals:
+        return None
+    refused = direct or _refusals[-1]
+    return (f"NATS refused an operation for {who}: {refused}. The permissions of this user do not allow it "
+            "(see the role table in the README, \"Who may do what\")")
+
+
+def _is_auth_refusal(err: BaseException) -> bool:
+    return "authorization violation" in str(err).lower()
 
 
 async def connect(servers: str | Sequence[str] | None = None, *, name: str | None = None,
@@ -52,9 +103,35 @@ async def connect(servers: str | Sequence[str] | None = None, *, name: str | Non
         "max_reconnect_attempts": -1,
         "connect_timeout": 5,
         "name": name,
+        **Credentials.from_env().connect_options(),
     }
     opts.update(options)
-    return await nats.connect(list(servers), **opts)
+    nc = NATS()
+    user_cb = opts["error_cb"]
+    refused: list[Exception] = []
+
+    async def error_cb(err: Exception) -> None:
+        # nats-py retries a connection the server refused for its credentials forever (reconnects are
+        # unlimited): stop at the first refusal, which only other credentials can fix.
+        what = _refusal_of(err)
+        if what is not None:
+            _refusals.append(what)
+        if _is_auth_refusal(err):
+            if refused:
+                return
+            refused.append(err)
+            nc.options["max_reconnect_attempts"] = 0
+            nc.options["allow_reconnect"] = False
+        await user_cb(err)
+
+    opts["error_cb"] = error_cb
+    try:
+        await nc.connect(list(servers), **opts)
+    except Exception as e:
+        if refused:
+            raise refused[0] from e
+        raise
+    return nc
 
 
 async def close(nc: NATS, *subs: Subscription | JetStreamContext.PullSubscription) -> None:
@@ -67,4 +144,4 @@ async def close(nc: NATS, *subs: Subscription | JetStreamContext.PullSubscriptio
             await nc.drain()
 
 
-__all__ = ["close", "connect", "servers_from_env"]
+__all__ = ["close", "connect", "explain_refusal", "servers_from_env"]

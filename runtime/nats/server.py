@@ -160,11 +160,12 @@ class EmbeddedNats:
     """
 
     def __init__(self, store_dir: str | Path | None = None, *, log_file: str | Path | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         self._owned_tmp: str | None = None
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.log_file = Path(log_file) if log_file is not None else None
         self.extra_args = list(extra_args)
+        self.env = dict(env) if env is not None else None  # for a config that reads `$VAR`s (auth.conf)
         self.process: ServerProcess | None = None
         self.url = ""
         self.monitor_url = ""
@@ -187,7 +188,7 @@ class EmbeddedNats:
         ports_dir = Path(tempfile.mkdtemp(prefix="sa-nats-ports-"))
         args = ["-js", "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "--ports_file_dir", str(ports_dir),
                 "-sd", str(self.store_dir / "js"), *self.extra_args]
-        self.process = ServerProcess(args, log_file=self.log_file)
+        self.process = ServerProcess(args, log_file=self.log_file, env=self.env)
         supervise(self, grace=1.0)
         try:
             self._wait_ready(self.process, ports_dir, timeout)

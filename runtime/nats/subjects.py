@@ -9,12 +9,18 @@ Subjects and streams (`runtime.nats.topology` creates them)
 =========  ====================================  =========  ==================================================
 stream     subjects (as stored)                  retention  purpose
 =========  ====================================  =========  ==================================================
-TASKS      published: ``agents.<agent>.tasks``   WorkQueue  task commands; a subject transform stores
-           stored: ``tasks.<p>.<agent>``                    them as ``tasks.{{partition(N,1)}}.<agent>``
-                                                            so a host consumes whole partitions
-                                                            (`task_filter(p)`), never one consumer per agent.
-                                                            Publishers set ``Nats-Msg-Id`` = task id: the same
-                                                            task published twice is stored once.
+TASKS      published: ``agents.<agent>.tasks``   WorkQueue  tasks, and operators' commands (cancel, approve,
+           and ``ops.<agent>.<operator>``                   deny). One subject transform, ``*.*.*`` ->
+           stored: ``tasks.<p>.<agent>.agents.tasks``       ``tasks.{{partition(N,2)}}.<agent>.<t1>.<t3>``,
+           and ``tasks.<p>.<agent>.ops.<operator>``         stores both under the agent's partition, so a
+                                                            host consumes whole partitions
+                                                            (`task_filter(p)`) and a run's commands reach the
+                                                            host serving it, in order with its task. The
+                                                            operator token is who sent the command: NATS
+                                                            permissions let each operator publish only on
+                                                            its own (`runtime.nats.auth`). Publishers set
+                                                            ``Nats-Msg-Id`` = task id: the same task
+                                                            published twice is stored once.
 EVENTS     ``events.<actor>.<run>.<kind...>``    Limits     the append-only event log. ``<kind>`` is the
                                                             event kind with its dots kept as tokens
                                                             (``tool.completed`` -> ``<run>.tool.completed``)
@@ -72,6 +78,8 @@ ACTIVE_BUCKET = "active"
 ATTEMPTS_BUCKET = "attempts"  # why a tool job's earlier deliveries ended (`runtime.attempts`)
 ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
 WORKERS_CONSUMER = "workers"
+COMMANDS_PREFIX = "ops"  # operators' commands: ops.<agent>.<operator> (`command_subject`)
+ANONYMOUS = "anonymous"  # the operator name of a connection that authenticated as nobody
 
 DEFAULT_PARTITIONS = 16
 ENV_REPLICAS = "SA_REPLICAS"
@@ -114,6 +122,13 @@ ENV_VARS: dict[str, str] = {
     "SA_PAYLOADS_MAX_BYTES": "`sa host`/`sa up`: payloads object store size bound (default: none)",
     "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
     "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
+    "NATS_CREDS": "NATS credentials file (user JWT + seed) for every `sa` command (--creds; "
+                  "runtime.nats.credentials)",
+    "NATS_USER": "NATS user name, a role of deploy/nats/auth.conf or `sa up --secure` (--user)",
+    "NATS_PASSWORD": "password of NATS_USER (--password)",
+    "NATS_CA": "CA certificate (PEM) that verifies the NATS server's TLS certificate (--tls-ca)",
+    "NATS_CERT": "client TLS certificate (PEM) for servers that verify clients (--tls-cert)",
+    "NATS_KEY": "key of NATS_CERT (--tls-key)",
     "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
     "OPENAI_API_KEY": "model client default API key",
     "OPENAI_MODEL": "model client default model name",
@@ -151,19 +166,40 @@ def task_subject(agent: str) -> str:
     return f"agents.{check_token(agent, 'agent')}.tasks"
 
 
+def command_subject(agent: str, operator: str) -> str:
+    """Where `operator` publishes a cancel / approve / deny for a run of `agent` (the actor key).
+
+    The operator token is the sender's identity: the host records it as the command's `by`, and a secured
+    server lets each operator publish only on ``ops.*.<its own name>`` (`runtime.nats.auth`)."""
+    return f"{COMMANDS_PREFIX}.{check_token(agent, 'agent')}.{check_token(operator, 'operator')}"
+
+
 def task_filter(partition: int) -> str:
-    """The stored subjects of one task partition: the filter of that partition's host consumer."""
-    return f"tasks.{partition}.*"
+    """The stored subjects of one task partition (tasks and commands): its host consumer's filter."""
+    return f"tasks.{partition}.>"
+
+
+def parse_task_subject(subject: str) -> tuple[str, str | None]:
+    """(agent, operator) of a TASKS subject, stored or as published; operator is None for a task subject.
+
+    Stored forms: ``tasks.<p>.<agent>.agents.tasks`` (a task), ``tasks.<p>.<agent>.ops.<operator>`` (a
+    command) and ``tasks.<p>.<agent>`` (a task stored before commands had their own subject). Published
+    forms: ``agents.<agent>.tasks`` and ``ops.<agent>.<operator>``."""
+    parts = subject.split(".")
+    if len(parts) == 5 and parts[0] == "tasks":
+        parts = [parts[3], parts[2], parts[4]]  # back to the published form
+    elif len(parts) == 3 and parts[0] == "tasks":
+        return parts[2], None
+    if len(parts) == 3 and parts[0] == "agents" and parts[2] == "tasks":
+        return parts[1], None
+    if len(parts) == 3 and parts[0] == COMMANDS_PREFIX:
+        return parts[1], parts[2]
+    raise ValueError(f"not a task subject: {subject!r}")
 
 
 def agent_of_task_subject(subject: str) -> str:
-    """The agent token of a stored (`tasks.<p>.<agent>`) or published (`agents.<agent>.tasks`) subject."""
-    parts = subject.split(".")
-    if len(parts) == 3 and parts[0] == "tasks":
-        return parts[2]
-    if len(parts) == 3 and parts[0] == "agents" and parts[2] == "tasks":
-        return parts[1]
-    raise ValueError(f"not a task subject: {subject!r}")
+    """The agent token of a TASKS subject, stored or published (see `parse_task_subject`)."""
+    return parse_task_subject(subject)[0]
 
 
 def event_subject(actor: str, run: str, kind: str) -> str:
@@ -254,16 +290,60 @@ def result_consumer_name(partition: int) -> str:
 
 
 __all__ = [
-    "ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "APPLIED_BUCKET", "APPLIED_TTL_S", "ATTEMPTS_BUCKET",
+    "ACTIVE_BUCKET",
+    "ACTIVE_PURGE_TTL_S",
+    "ANONYMOUS",
+    "APPLIED_BUCKET",
+    "APPLIED_TTL_S",
+    "ATTEMPTS_BUCKET",
     "BATCH_MAX_MESSAGES",
-    "DEFAULT_PARTITIONS", "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING",
-    "DEFAULT_TOOL_MAX_DELIVER", "DLQ", "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS",
-    "ERR_ATOMIC_DISABLED", "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS",
-    "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
-    "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET", "PAYLOADS_BUCKET",
-    "RESULTS", "RUNS_BUCKET", "TASKS", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "active_filter",
-    "active_key", "agent_of_task_subject", "check_token", "dlq_subject", "event_subject", "job_msg_id",
-    "lease_key", "occ_headers", "partition_of", "result_consumer_name", "result_filter", "result_subject",
-    "run_events_filter", "task_consumer_name", "task_filter", "task_subject", "tool_subject",
+    "COMMANDS_PREFIX",
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_TOOL_ACK_WAIT_S",
+    "DEFAULT_TOOL_MAX_ACK_PENDING",
+    "DEFAULT_TOOL_MAX_DELIVER",
+    "DLQ",
+    "DUPLICATE_WINDOW_S",
+    "ENV_REPLICAS",
+    "ENV_VARS",
+    "ERR_ATOMIC_DISABLED",
+    "ERR_BATCH_DUPLICATE_MSG_ID",
+    "ERR_WRONG_LAST_SEQUENCE",
+    "EVENTS",
+    "HDR_BATCH_COMMIT",
+    "HDR_BATCH_ID",
+    "HDR_BATCH_SEQ",
+    "HDR_EXPECTED_SUBJECT_SEQ",
+    "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT",
+    "HDR_MSG_ID",
+    "HOSTS_BUCKET",
+    "LEASES_BUCKET",
+    "PAYLOADS_BUCKET",
+    "RESULTS",
+    "RUNS_BUCKET",
+    "TASKS",
+    "TOOLS",
+    "WORKERS_BUCKET",
+    "WORKERS_CONSUMER",
+    "active_filter",
+    "active_key",
+    "agent_of_task_subject",
+    "check_token",
+    "command_subject",
+    "dlq_subject",
+    "event_subject",
+    "job_msg_id",
+    "lease_key",
+    "occ_headers",
+    "parse_task_subject",
+    "partition_of",
+    "result_consumer_name",
+    "result_filter",
+    "result_subject",
+    "run_events_filter",
+    "task_consumer_name",
+    "task_filter",
+    "task_subject",
+    "tool_subject",
     "workspace_bucket",
 ]

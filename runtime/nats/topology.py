@@ -55,6 +55,7 @@ from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
     ACTIVE_BUCKET,
     ATTEMPTS_BUCKET,
+    COMMANDS_PREFIX,
     DEFAULT_PARTITIONS,
     DEFAULT_TOOL_ACK_WAIT_S,
     DEFAULT_TOOL_MAX_ACK_PENDING,
@@ -89,9 +90,15 @@ class Topology:
     tool_max_deliver: int
 
 
+TASK_SUBJECTS = ["agents.*.tasks", f"{COMMANDS_PREFIX}.*.*"]
+
+
 def _tasks_transform(partitions: int) -> SubjectTransform:
-    dest = "tasks.{{partition(N,1)}}.{{wildcard(1)}}".replace("N", str(partitions))
-    return SubjectTransform(src="agents.*.tasks", dest=dest)
+    """One transform for both TASKS subjects (a stream has exactly one): the agent is token 2 of each
+    (``agents.<agent>.tasks``, ``ops.<agent>.<operator>``), so both land in the agent's partition, and the
+    two other tokens are kept to tell a task from a command and to name the operator."""
+    dest = "tasks.{{partition(N,2)}}.{{wildcard(2)}}.{{wildcard(1)}}.{{wildcard(3)}}"
+    return SubjectTransform(src="*.*.*", dest=dest.replace("N", str(partitions)))
 
 
 def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
@@ -102,7 +109,7 @@ def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
                               "duplicate_window": DUPLICATE_WINDOW_S}
     consumers = max(1024, 4 * partitions + 64)  # partitions + replay/ops consumers, never the 1000 default
     return [
-        StreamConfig(name=TASKS, subjects=["agents.*.tasks"], retention=RetentionPolicy.WORK_QUEUE,
+        StreamConfig(name=TASKS, subjects=list(TASK_SUBJECTS), retention=RetentionPolicy.WORK_QUEUE,
                      subject_transform=_tasks_transform(partitions), max_consumers=consumers,
                      metadata={"partitions": str(partitions)}, **common),
         bounded(StreamConfig(name=EVENTS, subjects=["events.>"], retention=RetentionPolicy.LIMITS,
@@ -269,6 +276,7 @@ async def ensure_partition_consumers(js: JetStreamContext, partition: int, *, ac
     return names
 
 
-__all__ = ["Topology", "attach_topology", "ensure_consumer", "ensure_partition_consumers", "ensure_topology",
+__all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "ensure_consumer", "ensure_partition_consumers",
+           "ensure_topology",
            "read_partitions", "read_topology", "stream_configs", "topology_replicas",
            "workers_consumer_config"]

@@ -1,0 +1,323 @@
+"""Who may do what, on a real nats-server running the shipped auth config (deploy/nats/auth.conf).
+
+Every role tries every operation and the server allows or refuses it as the table says; a client without
+credentials is refused at connect; and a host run under the host user records the operator the server
+authenticated as the author of a cancel, whatever the message's `by` says, while a cancel smuggled on a
+task subject by a publisher changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+import pytest
+from host_helpers import kinds, write_bundle
+
+from runtime import events as ev
+from runtime import nats as bus
+from runtime.host import Host, HostConfig, load_agents
+from runtime.host.commands import publish_command, publish_task
+from runtime.jobs import ToolJob
+from runtime.log import RunLog
+from runtime.model.client import ModelClient
+from runtime.nats.auth import ROLES, default_users, server_config
+from runtime.nats.connection import explain_refusal
+from runtime.nats.credentials import Credentials
+from runtime.nats.server import EmbeddedNats
+from runtime.nats.subjects import (
+    EVENTS,
+    HDR_MSG_ID,
+    TASKS,
+    TOOLS,
+    WORKERS_CONSUMER,
+    command_subject,
+    event_subject,
+    result_subject,
+    task_subject,
+    tool_subject,
+)
+from runtime.testing import Reply, ScriptedModelServer
+from runtime.worker import Worker, build_registry
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+AUTH_CONF = ROOT / "deploy" / "nats" / "auth.conf"
+PASSWORDS = {role: f"pw-{role}-secret" for role in ROLES}
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[EmbeddedNats]:
+    """nats-server with the shipped auth.conf, its `$SA_<ROLE>_PASSWORD`s from the environment."""
+    env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in PASSWORDS.items()}}
+    server = EmbeddedNats(extra_args=["-c", str(AUTH_CONF)], env=env).start()
+    yield server
+    server.stop()
+
+
+def creds(role: str) -> Credentials:
+    return Credentials(user=role, password=PASSWORDS[role])
+
+
+async def as_role(url: str, role: str, refusals: list[str]) -> Any:
+    async def on_error(err: Exception) -> None:
+        refusals.append(str(err))
+
+    return await bus.connect(url, name=f"test-{role}", error_cb=on_error, max_reconnect_attempts=2,
+                             **creds(role).connect_options())
+
+
+def test_the_shipped_auth_config_is_the_generated_one() -> None:
+    assert AUTH_CONF.read_text() == server_config(default_users(env=True))
+
+
+async def test_a_client_without_credentials_is_refused(secured: EmbeddedNats) -> None:
+    with pytest.raises(nats.errors.Error, match="Authorization Violation") as caught:
+        await bus.connect(secured.url, name="anon", max_reconnect_attempts=1)
+    text = explain_refusal(caught.value, Credentials())
+    assert text is not None and "authorization violation" in text and "--creds" in text
+    with pytest.raises(nats.errors.Error, match="Authorization Violation") as caught:
+        await bus.connect(secured.url, **Credentials(user="operator", password="wrong").connect_options())
+    text = explain_refusal(caught.value, Credentials(user="operator", password="wrong"))
+    assert text is not None and "user 'operator'" in text and "check the user name and password" in text
+
+
+# -- the matrix ---------------------------------------------------------------------------------------------
+
+AGENT, RUN = "demo", "r0000000000000001"
+TIMEOUT = 1.0
+
+
+async def op_publish_task(js: Any, role: str) -> None:
+    await js.publish(task_subject(AGENT), b"hello", headers={HDR_MSG_ID: f"t-{role}"}, timeout=TIMEOUT)
+
+
+async def op_own_command(js: Any, role: str) -> None:
+    cancel = ev.encode_command(ev.Cancel(run_id=RUN))
+    await js.publish(command_subject(AGENT, role), cancel, timeout=TIMEOUT)
+
+
+async def op_impersonate(js: Any, role: str) -> None:
+    cancel = ev.encode_command(ev.Cancel(run_id=RUN, by="mallory"))
+    await js.publish(command_subject(AGENT, "mallory"), cancel, timeout=TIMEOUT)
+
+
+async def op_read_events(js: Any, role: str) -> None:
+    msg = await js.get_last_msg(EVENTS, f"events.{AGENT}.{RUN}.>", direct=True)
+    assert msg.data
+
+
+async def op_replay_run(js: Any, role: str) -> None:
+    log = await RunLog(js).read(RUN, timeout=TIMEOUT * 3)
+    assert kinds(log.events) == ["run.started"]
+
+
+async def op_write_event(js: Any, role: str) -> None:
+    await js.publish(event_subject(AGENT, "r-forged", "run.started"), b"forged", timeout=TIMEOUT)
+
+
+async def op_tool_job(js: Any, role: str) -> None:
+    await js.publish(tool_subject("calculator"), b"job", headers={HDR_MSG_ID: f"j-{role}"}, timeout=TIMEOUT)
+
+
+async def op_publish_result(js: Any, role: str) -> None:
+    await js.publish(result_subject(0, AGENT, RUN), b"outcome", timeout=TIMEOUT)
+
+
+async def op_take_tool_job(js: Any, role: str) -> None:
+    psub = await js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
+    try:
+        msgs = await psub.fetch(1, timeout=TIMEOUT)
+        assert msgs
+        for m in msgs:
+            await m.nak()
+    finally:
+        await psub.unsubscribe()
+
+
+async def op_read_runs_kv(js: Any, role: str) -> None:
+    kv = await js.key_value("runs")
+    assert (await kv.get(RUN)).value == b"indexed"
+
+
+async def op_write_runs_kv(js: Any, role: str) -> None:
+    kv = await js.key_value("runs")
+    await kv.put(f"{RUN}-{role}", b"forged")
+
+
+async def op_steal_partition_consumer(js: Any, role: str) -> None:
+    await bus.ensure_partition_consumers(js, 0)
+
+
+async def op_purge_events(js: Any, role: str) -> None:
+    await js.purge_stream(EVENTS, subject="events.nobody.>")
+
+
+OPS = {
+    "publish a task": op_publish_task,
+    "command as itself": op_own_command,
+    "command as another": op_impersonate,
+    "read an event": op_read_events,
+    "replay a run": op_replay_run,
+    "write an event": op_write_event,
+    "publish a tool job": op_tool_job,
+    "publish a tool result": op_publish_result,
+    "take a tool job": op_take_tool_job,
+    "read the runs index": op_read_runs_kv,
+    "write the runs index": op_write_runs_kv,
+    "take over a task partition": op_steal_partition_consumer,
+    "purge events": op_purge_events,
+}
+
+ALLOWED: dict[str, set[str]] = {
+    "publisher": {"publish a task"},
+    "operator": {"command as itself", "read an event", "replay a run", "read the runs index"},
+    "host": {"command as itself", "command as another", "read an event", "replay a run", "write an event",
+             "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
+             "take over a task partition", "purge events"},
+    "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
+               "read the runs index"},
+    "admin": set(OPS),
+}
+
+
+@pytest.fixture(scope="module")
+async def seeded(secured: EmbeddedNats) -> AsyncIterator[EmbeddedNats]:
+    """The topology, one run's first event, its index entry and a tool job, written by the admin."""
+    nc = await as_role(secured.url, "admin", [])
+    js = nc.jetstream()
+    await bus.ensure_topology(js, partitions=4)
+    started = ev.RunStarted(run_id=RUN, seq=0, ts=1.0, input="t", actor=AGENT)
+    await RunLog(js).create(started)
+    await (await bus.runs_kv(js)).put(RUN, b"indexed")
+    for i in range(len(ROLES) + 2):
+        job = ToolJob(run_id=RUN, call_id=f"c{i}", tool="calculator", actor=AGENT)
+        await js.publish(tool_subject("calculator"), job.encode(), headers={HDR_MSG_ID: f"seed-{i}"})
+    await bus.close(nc)
+    yield secured
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.parametrize("role", ROLES)
+async def test_every_role_may_do_exactly_what_the_table_says(seeded: EmbeddedNats, role: str) -> None:
+    refusals: list[str] = []
+    nc = await as_role(seeded.url, role, refusals)
+    js = nc.jetstream()
+    outcome: dict[str, bool] = {}
+    why: dict[str, str] = {}
+    try:
+        for name, op in OPS.items():
+            before = len(refusals)
+            try:
+                await op(js, role)
+                ok = True
+            except Exception as e:  # a refusal surfaces as a timeout, an API error or a closed sub
+                ok = False
+                why[name] = f"{type(e).__name__}: {e}"
+            # a refused publish or subscribe is reported by the server apart from the operation
+            if ok and len(refusals) > before:
+                ok = False
+            if not ok and len(refusals) > before:
+                why[name] = refusals[-1]
+            outcome[name] = ok
+    finally:
+        await bus.close(nc)
+    allowed = {name for name, ok in outcome.items() if ok}
+    assert allowed == ALLOWED[role], {n: why.get(n, "allowed") for n in OPS}
+    for name in set(OPS) - ALLOWED[role]:  # refused by the server's permissions, not failing otherwise
+        assert "ermissions violation" in why[name] or "Timeout" in why[name], (name, why[name])
+
+
+async def test_a_refused_publish_is_explained(seeded: EmbeddedNats) -> None:
+    refusals: list[str] = []
+    nc = await as_role(seeded.url, "publisher", refusals)
+    try:
+        with pytest.raises(Exception) as caught:
+            await op_write_event(nc.jetstream(), "publisher")
+    finally:
+        await bus.close(nc)
+    text = explain_refusal(caught.value, creds("publisher"))
+    assert text is not None
+    assert "user 'publisher'" in text and 'publish to "events.demo.r-forged.run.started"' in text
+
+
+# -- identity: the operator recorded is the one the server authenticated -----------------------------------
+
+
+@asynccontextmanager
+async def secured_fleet(url: str, bundle: Path, server: ScriptedModelServer) -> AsyncIterator[Host]:
+    """A host connected as `host` and a worker as `worker`, in this process."""
+    host_nc = await bus.connect(url, name="test-host", **creds("host").connect_options())
+    worker_nc = await bus.connect(url, name="test-worker", **creds("worker").connect_options())
+    client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+    host = Host(host_nc, load_agents([bundle], client=client), config=HostConfig(task_ack_wait=2.0))
+    worker = Worker(worker_nc.jetstream(), build_registry(bundles=[bundle]), concurrency=2)
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run, stop)
+            tg.start_soon(worker.run, stop)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            yield host
+            stop.set()
+    finally:
+        await client.aclose()
+        await bus.close(worker_nc)
+        await bus.close(host_nc)
+
+
+async def test_the_recorded_operator_is_the_authenticated_one(seeded: EmbeddedNats, tmp_path: Path) -> None:
+    url = seeded.url
+    slow = [Reply.of_text("slow", delay=4.0)] * 4
+    with ScriptedModelServer(slow) as model:
+        async with secured_fleet(url, write_bundle(tmp_path), model):
+            pub_nc = await bus.connect(url, **creds("publisher").connect_options())
+            op_nc = await bus.connect(url, **creds("operator").connect_options())
+            reader = await bus.connect(url, **creds("admin").connect_options())
+            try:
+                pub, op = pub_nc.jetstream(), op_nc.jetstream()
+                run_id = await publish_task(pub, "calc", "compute: 1", task_id="auth-1")
+                with anyio.fail_after(15):
+                    while model.served < 1:
+                        await anyio.sleep(0.02)
+                # a publisher may publish on the task subject, but a command there is refused by the host
+                smuggled = b'{"kind": "cancel", "run_id": "%s", "by": "operator"}' % run_id.encode()
+                await pub.publish(task_subject("calc"), smuggled)
+                # the operator's message claims to be someone else: the subject says who it is
+                await publish_command(op, "calc", ev.Cancel(run_id=run_id, reason="stop", by="mallory"),
+                                      operator="operator")
+                events: list[ev.Event] = []
+                with anyio.fail_after(20):
+                    async for e in RunLog(reader.jetstream()).follow(run_id):
+                        events.append(e)
+            finally:
+                for c in (pub_nc, op_nc, reader):
+                    await bus.close(c)
+    assert kinds(events) == ["run.started", "model.requested", "run.cancelled"]
+    cancelled = events[-1]
+    assert isinstance(cancelled, ev.RunCancelled)
+    assert cancelled.by == "operator" and cancelled.reason == "stop"
+
+
+async def test_tasks_and_commands_share_the_agent_partition(seeded: EmbeddedNats) -> None:
+    nc = await as_role(seeded.url, "admin", [])
+    try:
+        js = nc.jetstream()
+        await js.publish(task_subject("zeta"), b"t", headers={HDR_MSG_ID: "zeta-1"})
+        await js.publish(command_subject("zeta", "operator"), b"c")
+        subjects = (await js.stream_info(TASKS, subjects_filter="tasks.*.zeta.>")).state.subjects
+    finally:
+        await bus.close(nc)
+    p = bus.partition_of("zeta", 4)
+    assert subjects == {f"tasks.{p}.zeta.agents.tasks": 1, f"tasks.{p}.zeta.ops.operator": 1}
