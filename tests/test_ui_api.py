@@ -309,3 +309,43 @@ async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
     alone = await anyio.to_thread.run_sync(lambda: subprocess.run(
         [*cli, "ui"], env=env_vars, capture_output=True, text=True, timeout=60))
     assert alone.returncode == 2 and "no NATS server" in alone.stderr
+
+
+async def test_on_a_secured_server_the_inspector_acts_as_its_own_user(tmp_path: Path):
+    """`sa ui` run as the operator role reads runs, and a fork (which writes events: host and admin only)
+    comes back as a refusal that says so, not as a hang or a crash."""
+    from runtime.nats.auth import ROLES
+    from runtime.nats.credentials import Credentials
+    from runtime.nats.server import EmbeddedNats
+
+    passwords = {role: f"pw-{role}" for role in ROLES}
+    conf = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "auth.conf"
+    env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in passwords.items()}}
+    server = EmbeddedNats(extra_args=["-c", str(conf)], env=env).start()
+    try:
+        admin = await bus.connect(server.url, name="ui-admin",
+                                  **Credentials(user="admin", password=passwords["admin"]).connect_options())
+        operator = await bus.connect(server.url, name="ui-operator", **Credentials(
+            user="operator", password=passwords["operator"]).connect_options())
+        try:
+            ajs = admin.jetstream()
+            await ensure_topology(ajs, partitions=2, tool_ack_wait=2.0)
+            log = RunLog(ajs)
+            last = await log.create(ev.stamp(ev.RunStarted(run_id="rsec", input="2 + 2"), seq=0,  # type: ignore[arg-type]
+                                             ts=1_700_000_000.0, actor="calc"))
+            assert last is not None
+            await log.append(ev.stamp(ev.ModelRequested(run_id="rsec", request_id="rsec/1", turn=1), seq=1,
+                                      ts=1_700_000_001.0, actor="calc"), expect=last)
+            app = create_app(js=operator.jetstream(), fork_wait=3.0)
+            async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+                view = (await client.get("/api/runs/rsec")).json()
+                assert [e["kind"] for e in view["events"]] == ["run.started", "model.requested"]
+                refused = await client.post("/api/runs/rsec/fork", json={"at_seq": 1})
+                assert refused.status_code == 403, refused.text
+                assert "may not write events (forking needs the host or admin role)" in \
+                    refused.json()["error"]
+        finally:
+            await bus.close(operator)
+            await bus.close(admin)
+    finally:
+        server.stop()

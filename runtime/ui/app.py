@@ -63,6 +63,7 @@ from runtime import kernel
 from runtime.control import Control, operator
 from runtime.fork import fork, fork_points
 from runtime.log import RunLog
+from runtime.nats.connection import explain_refusal
 from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import check_token
@@ -77,6 +78,7 @@ MAX_LIMIT = 1000
 MAX_SCAN = 5000  # runs whose digests one index request may read when a filter looks inside runs
 READ_CONCURRENCY = 8
 KEEPALIVE_S = 15.0
+FORK_WAIT_S = 30.0
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
@@ -85,11 +87,17 @@ class NotFound(LookupError):
     """No such run or event; the message says what to look at instead."""
 
 
+class Refused(PermissionError):
+    """NATS refused what the page asked for (this app's NATS user lacks the permission), or never
+    answered; the message says which."""
+
+
 class Inspector:
     """The app's state: the JetStream context, the digest cache and the count of open live views."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, *, fork_wait: float = FORK_WAIT_S) -> None:
         self.js = js
+        self.fork_wait = fork_wait
         self.log = RunLog(js)
         self.digests: dict[str, views.Digest] = {}
         self.followers = 0
@@ -172,7 +180,14 @@ class Inspector:
 
     async def fork(self, run_id: str, at_seq: int, edit: ev.ForkEdit | None = None) -> dict[str, Any]:
         check_token(run_id, "run id")
-        forked = await fork(self.js, run_id, at_seq, edit)  # ForkError (a ValueError) says what to change
+        # ForkError (a ValueError) says what to change. A log write the server refuses (a user whose role
+        # may not write events) is retried by the run log as if NATS were down: bound the wait here.
+        with anyio.move_on_after(self.fork_wait) as waited:
+            forked = await fork(self.js, run_id, at_seq, edit)
+        if waited.cancelled_caught:
+            raise Refused(f"the fork was not written within {self.fork_wait:g} s: the NATS user `sa ui` runs "
+                          "as may not write events (forking needs the host or admin role), or NATS does "
+                          "not answer; a fork left halfway is never driven")
         return {"run_id": forked.run_id, "source_run": forked.source_run, "at_seq": forked.at_seq}
 
     async def pump(self, run_id: str, after: int, emit: Callable[[str], Awaitable[None]]) -> None:
@@ -316,8 +331,10 @@ def _int(text: str | None, what: str, default: int) -> int:
         raise ValueError(f"{what}={text!r}: give a whole number") from None
 
 
-def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = None) -> Starlette:
-    """The inspector app, on its own connection to `nats_url` (opened at startup) or on `js`."""
+def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = None,
+               fork_wait: float = FORK_WAIT_S) -> Starlette:
+    """The inspector app, on its own connection to `nats_url` (opened at startup) or on `js`; a fork that
+    is not written within `fork_wait` seconds is reported as refused."""
     if (nats_url is None) == (js is None):
         raise ValueError("create_app needs a NATS url or a JetStream context (one of them)")
     holder: dict[str, Inspector] = {}
@@ -325,14 +342,14 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if js is not None:
-            holder["inspector"] = Inspector(js)
+            holder["inspector"] = Inspector(js, fork_wait=fork_wait)
             yield
             return
         from runtime import nats as bus
 
         assert nats_url is not None
         nc = await bus.connect(nats_url, name="sa-ui")
-        holder["inspector"] = Inspector(nc.jetstream())
+        holder["inspector"] = Inspector(nc.jetstream(), fork_wait=fork_wait)
         try:
             yield
         finally:
@@ -350,8 +367,16 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
             return _error(404, str(e))
         except views.FilterError as e:
             return _error(400, str(e))
-        except ValueError as e:  # a bad run id, a bad number, or the fork's own message (ForkError)
+        except ValueError as e:  # a bad run id, a bad number, ForkError, ControlError: the user's to fix
             return _error(400, str(e))
+        except Refused as e:
+            return _error(403, str(e))
+        except Exception as e:
+            refused = explain_refusal(e)
+            if refused is not None:
+                return _error(403, refused)
+            log.exception("the inspector failed")
+            return _error(500, f"the inspector failed: {type(e).__name__}: {e}")
         if isinstance(result, Response):
             return result
         return JSONResponse(result)
