@@ -10,6 +10,7 @@ The public API, in one place:
 - the wire schema: `Task`, `Cancel`, `Approve`, `Deny`, `Event` and every event type (`RunStarted`, ...)
 - the kernel: `KernelConfig`, `State`, `evolve`, `decide`, `fold`
 - the run log: `RunLog`, `RunHistory`, `Superseded`, `LogRejected`
+- run control for operators: `Control` (cancel, pending approvals, approve, deny), `ControlError`
 - fork a run from any past event: `fork`, `Forked`, `ForkError`, the edits (`OutputEdit`, `ReplyEdit`,
   `EditedCall`, `BundleEdit`, `SystemEdit`) and the fork's first event `RunForked`
 - tools and scripts: `Tool`, `ToolContext`, `ScriptTool`, `PythonTool`, `discover_tools`, `load`, `Script`,
@@ -40,6 +41,7 @@ _LAZY: dict[str, str] = {name: module for module, names in {
     "runtime.kernel": "KernelConfig State evolve decide fold",
     "runtime.log": "RunLog RunHistory Superseded LogRejected",
     "runtime.fork": "fork Forked ForkError",
+    "runtime.control": "Control ControlError",
     "runtime.loop": "RunOutcome run_task",
     "runtime.tools": "Tool ToolContext ScriptTool PythonTool discover_tools",
     "runtime.scripts": "Limits Script load",
@@ -51,6 +53,7 @@ _LAZY: dict[str, str] = {name: module for module, names in {
 if TYPE_CHECKING:
     from runtime.agent import Agent, LocalWorkspace
     from runtime.bundle import Bundle, BundleError, load_bundle
+    from runtime.control import Control, ControlError
     from runtime.events import (
         ApprovalDenied,
         ApprovalGranted,
@@ -121,6 +124,8 @@ __all__ = [
     "BundleError",
     "Cancel",
     "Command",
+    "Control",
+    "ControlError",
     "Deny",
     "EditedCall",
     "Event",

@@ -14,9 +14,10 @@ reads it (`runtime.host.commands.publish_command`) and the operation waits until
 the verdict in the log, returning that event: an operator learns what happened, not only what was
 asked (a timeout verdict or the run's end may have come first).
 
-Who decides. Every command carries `by`, the operator's identity. It is made in one place, `operator`,
-so that authenticated deployments replace it with the identity their credentials prove; the role a rule
-names (`Pending.role`) is recorded in the log for the authorization layer to enforce.
+Who decides. Every command carries `by`, the operator's identity, made in one place (`operator`): the
+NATS user this process authenticates as, else `user@host`. On a server with authentication the host
+records the operator its command subject proves (`ops.<agent>.<operator>`), whatever `by` says; the role
+a rule names (`Pending.role`) is recorded in the log.
 
 The runs waiting for a person are found through the runs index, which a host marks
 `waiting for approval` (`runtime.host.runs_index`); their pending calls come from their logs.

@@ -49,7 +49,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from runtime import events as ev
 from runtime import kernel
 from runtime.events import BundleEdit, EditedCall, ForkEdit, OutputEdit, ReplyEdit, SystemEdit
-from runtime.log import RunHistory, RunLog, rebased
+from runtime.log import LogRejected, RunHistory, RunLog, rebased
 from runtime.types import Usage
 
 
@@ -282,7 +282,10 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
         output_model = bundle.output_model_for(tool) if tool else None
     new_run = new_run or new_fork_id()
     events = plan(source, at_seq, new_run, edit, config=config, output_model=output_model)
-    written = await runs.write_run(events)
+    try:
+        written = await runs.write_run(events)
+    except LogRejected as e:  # e.g. a user whose role may not write events
+        raise ForkError(f"the fork could not be written: {e}") from None
     partitions = (await bus.read_topology(js)).partitions
     partition = bus.partition_of(source.actor, partitions)
     path = edit.path if isinstance(edit, BundleEdit) and edit.path else \

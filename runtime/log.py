@@ -64,6 +64,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.log_purge import Purged, purge_runs
 from runtime.nats import subjects as names
+from runtime.nats.connection import refused_publish
 from runtime.nats.pull import fetch_batch
 from runtime.payloads import Payloads
 from runtime.types import Message, ToolCall
@@ -159,6 +160,11 @@ class RunLog:
                                   f"{len(data):,} bytes even with its big fields in the object store, over "
                                   f"what the server accepts in one message ({e})") from None
             except Exception as e:  # timeouts, no responders during an election, reconnects
+                refused = refused_publish(subject)
+                if refused is not None:  # not an outage: this user may not write events, ever
+                    raise LogRejected(f"NATS refused to store {ev.kind_of(event)} seq {event.seq} of run "
+                                      f"{event.run_id}: {refused} (writing events takes the host or admin "
+                                      "role)") from None
                 log.warning("run %s: append of seq %d failed (%s: %s); retrying", event.run_id, event.seq,
                             type(e).__name__, e)
                 await anyio.sleep(APPEND_RETRY_S)

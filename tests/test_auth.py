@@ -321,3 +321,32 @@ async def test_tasks_and_commands_share_the_agent_partition(seeded: EmbeddedNats
         await bus.close(nc)
     p = bus.partition_of("zeta", 4)
     assert subjects == {f"tasks.{p}.zeta.agents.tasks": 1, f"tasks.{p}.zeta.ops.operator": 1}
+
+
+async def test_a_fork_by_a_role_that_may_not_write_events_is_refused(secured: EmbeddedNats) -> None:
+    """The run log retries what looks like an outage; a publish the permissions forbid is not one: the
+    fork fails with the server's reason instead of retrying forever, and nothing is written."""
+    from runtime import events as ev
+    from runtime.fork import ForkError, fork
+    from runtime.log import RunLog
+    from runtime.nats.topology import ensure_topology
+
+    admin = await as_role(secured.url, "admin", [])
+    try:
+        js = admin.jetstream()
+        await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+        await bus.runs_kv(js)
+        started = ev.RunStarted(run_id="rauthfork", seq=0, ts=1.0, actor="calc", input="x")
+        requested = ev.ModelRequested(run_id="rauthfork", seq=1, ts=2.0, actor="calc",
+                                      request_id="rauthfork/1", turn=1)
+        await RunLog(js).write_run([started, requested])
+        before = (await js.stream_info(bus.EVENTS)).state.messages
+        operator = await as_role(secured.url, "operator", [])
+        try:
+            with pytest.raises(ForkError, match=r"(?i)could not be written.*permissions violation"):
+                await fork(operator.jetstream(), "rauthfork", 2)
+        finally:
+            await bus.close(operator)
+        assert (await js.stream_info(bus.EVENTS)).state.messages == before
+    finally:
+        await bus.close(admin)

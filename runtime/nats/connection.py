@@ -82,6 +82,14 @@ def explain_refusal(exc: BaseException, credentials: Credentials | None = None) 
             "(see the role table in the README, \"Who may do what\")")
 
 
+def refused_publish(subject: str) -> str | None:
+    """The server's refusal of a publish to `subject` by this process, if it recorded one: a publish the
+    permissions forbid is only reported apart (the publish itself just times out), so a writer that
+    retries timeouts asks here before retrying what can never succeed."""
+    wanted = f'publish to "{subject.lower()}"'
+    return next((r for r in reversed(_refusals) if wanted in r.lower()), None)
+
+
 def _is_auth_refusal(err: BaseException) -> bool:
     return "authorization violation" in str(err).lower()
 
