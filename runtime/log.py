@@ -263,7 +263,9 @@ class RunLog:
         """Every run's events through the durable consumer `durable` (made if missing, its AckWait and
         MaxAckPending set to these), from the first event it has not acked (see the module docstring)."""
         names.check_token(durable, "consumer name")
-        config = ConsumerConfig(durable_name=durable, filter_subject="events.>",
+        # `name` too: nats-py then uses the current consumer-create API (the subject a reader's permission
+        # names: `$JS.API.CONSUMER.CREATE.EVENTS.>`), not the legacy durable one
+        config = ConsumerConfig(name=durable, durable_name=durable, filter_subject="events.>",
                                 ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                                 ack_wait=ack_wait, max_ack_pending=max_pending)
         await self.js.add_consumer(names.EVENTS, config)  # an update when it exists (same filter)

@@ -350,3 +350,57 @@ async def test_a_fork_by_a_role_that_may_not_write_events_is_refused(secured: Em
         assert (await js.stream_info(bus.EVENTS)).state.messages == before
     finally:
         await bus.close(admin)
+
+
+async def test_the_operator_role_runs_the_trace_exporter_s_durable_reader(secured: EmbeddedNats) -> None:
+    """`sa otel` runs as an operator (deploy/k8s/sa.yaml): its durable consumer on EVENTS is created,
+    read and acked with the operator's permissions, and what it acked is not delivered again."""
+    from runtime import events as ev
+    from runtime.log import RunLog
+    from runtime.nats.topology import ensure_topology
+
+    admin = await as_role(secured.url, "admin", [])
+    try:
+        js = admin.jetstream()
+        await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+        await RunLog(js).write_run([ev.RunStarted(run_id="rotel", seq=0, ts=1.0, actor="calc", input="x")])
+        refusals: list[str] = []
+        operator = await as_role(secured.url, "operator", refusals)
+        try:
+            tail = await RunLog(operator.jetstream()).tail("otel-as-operator", ack_wait=2.0)
+            got = await tail.fetch(10, timeout=2.0)
+            assert [t.event.run_id for t in got][-1:] == ["rotel"]
+            for t in got:
+                await t.ack()
+            await operator.flush()
+            assert await tail.fetch(10, timeout=3.0) == []  # acked: nothing comes back after AckWait
+            await tail.close()
+        finally:
+            await bus.close(operator)
+        assert not refusals, refusals
+    finally:
+        await bus.close(admin)
+
+
+def test_the_helm_values_and_manifests_use_the_generated_users_and_roles() -> None:
+    """deploy/k8s: the NATS chart's values carry the same users as auth.conf (passwords from the Secret
+    sa-nats-auth), and each runtime Deployment connects as its role."""
+    import yaml
+
+    from runtime.nats.auth import helm_authorization
+
+    values = yaml.safe_load((ROOT / "deploy" / "k8s" / "nats-values.yaml").read_text())
+    assert values["config"]["merge"]["authorization"] == helm_authorization(default_users(env=True))
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in values["container"]["env"]}
+    assert env == {f"SA_{r.upper()}_PASSWORD": {"name": "sa-nats-auth", "key": r} for r in ROLES}
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / "sa.yaml").read_text())
+            if d and d.get("kind") == "Deployment"]
+    roles = {}
+    for d in docs:
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            env_of = {e["name"]: e for e in c.get("env", [])}
+            if "NATS_USER" in env_of:
+                roles[c["name"]] = env_of["NATS_USER"]["value"]
+                assert env_of["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+                    "name": "sa-nats-auth", "key": roles[c["name"]]}
+    assert roles == {"host": "host", "worker": "worker", "otel": "operator"}

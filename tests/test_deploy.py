@@ -81,12 +81,14 @@ def test_compose_runs_the_nats_config_on_three_nodes(compose: dict[str, Any]) ->
     nodes = {name: s for name, s in compose["services"].items() if s["image"].startswith("nats:")}
     assert sorted(nodes) == ["nats-0", "nats-1", "nats-2"]
     names = set()
+    passwords = {f"SA_{r.upper()}_PASSWORD" for r in ("publisher", "operator", "host", "worker", "admin")}
     for name, svc in nodes.items():
-        assert "./nats/nats.conf:/etc/nats/nats.conf:ro" in svc["volumes"]
-        assert (DEPLOY / "nats" / "nats.conf").is_file()
-        assert svc["command"] == ["-c", "/etc/nats/nats.conf"]
+        assert "./nats:/etc/nats:ro" in svc["volumes"]
+        assert svc["command"] == ["-c", "/etc/nats/secure.conf"]  # nats.conf + the roles' users
+        assert "include nats.conf" in (DEPLOY / "nats" / "secure.conf").read_text()
         env = svc["environment"]
-        assert set(env) == set(CONFIG_ENV), name  # exactly what the config file reads
+        assert set(env) == set(CONFIG_ENV) | passwords, name  # exactly what the config files read
+        assert all(env[p].startswith(f"${{{p}:?") for p in passwords)  # required, never a default
         assert env["NATS_CLUSTER_NAME"] == CLUSTER_NAME
         routes = re.findall(r"nats-route://([\w-]+):6222", env["NATS_ROUTES"])
         assert sorted(routes) == sorted(nodes)  # every node knows every route
@@ -112,6 +114,12 @@ def test_compose_sa_services_use_real_commands_flags_and_env(compose: dict[str, 
     assert ours["worker"]["environment"]["SA_REPLICAS"] == "3"
     urls = ours["worker"]["environment"]["NATS_URL"].split(",")
     assert sorted(re.findall(r"nats://([\w-]+):4222", ",".join(urls))) == ["nats-0", "nats-1", "nats-2"]
+    # each service connects as its role (README, "Who may do what")
+    roles = {name: (svc.get("environment") or {}).get("NATS_USER") for name, svc in ours.items()}
+    assert roles == {"host": "host", "worker": "worker", "cli": "operator", "model": None}
+    for name, role in roles.items():
+        if role:
+            assert ours[name]["environment"]["NATS_PASSWORD"] == f"${{SA_{role.upper()}_PASSWORD}}"
     model_port = ours["model"]["command"][ours["model"]["command"].index("--port") + 1]
     assert ours["host"]["environment"]["SA_LOCAL_MODEL_URL"] == f"http://model:{model_port}"
 

@@ -10,6 +10,7 @@
 - `dlq_cmds`        — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
 - `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `ui_cmds`         — `sa ui` (the run inspector in a browser)
+- `auth_cmds`       — `sa auth config` (the NATS users and permissions per role, as config)
 - `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
 """
 
@@ -24,6 +25,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     dlq_cmds,
     observe_cmds,
     ui_cmds,
+    auth_cmds,
 )
 from runtime.cli.app import app, hoist_auth_flags
 

@@ -13,7 +13,8 @@ The roles (subjects in `runtime.nats.subjects`):
   and nothing else: no commands, no reading runs.
 * **operator** — publishes cancel / approve / deny on ``ops.*.<its own name>`` only, so the name a host
   records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
-  buckets, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, approvals.
+  buckets, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, approvals, `sa ui`, and acks
+  its own durable readers of EVENTS (`sa otel`).
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
   buckets, forwarding a command under its operator's name; it may not publish tasks or tool outcomes.
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
@@ -43,6 +44,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runtime.nats.subjects import (
     ACTIVE_BUCKET,
@@ -111,7 +113,9 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         streams = [EVENTS, DLQ, _OBJ_PAYLOADS, *(_kv(b) for b in (RUNS_BUCKET, ACTIVE_BUCKET, LEASES_BUCKET,
                                                                     HOSTS_BUCKET, WORKERS_BUCKET,
                                                                     ATTEMPTS_BUCKET))]
-        return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams)], inbox)
+        # acks on EVENTS only move its own durable readers along (`sa otel`): EVENTS keeps what is acked
+        return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams),
+                            f"$JS.ACK.{EVENTS}.>"], inbox)
     if role == "host":
         return Permissions([">"], inbox, pub_deny=["agents.*.tasks", "results.>"])
     if role == "worker":
@@ -185,6 +189,24 @@ def server_config(users: Sequence[User]) -> str:
                   f"      publish: {{{pub}}}", f"      subscribe: {{{sub}}}", "    }}"]
     lines += ["  ]", "}", ""]
     return "\n".join(lines)
+
+
+def helm_authorization(users: Sequence[User]) -> dict[str, Any]:
+    """The same ``authorization`` block as `server_config`, as data for the NATS Helm chart's
+    ``config.merge`` (deploy/k8s/nats-values.yaml): an env-var password becomes the chart's unquoted
+    ``<< $VAR >>`` so the server substitutes it from the container's environment."""
+    out = []
+    for u in users:
+        pw = f"<< {u.password} >>" if u.password.startswith("$") else u.password
+        entry: dict[str, Any] = {"user": u.name, "password": pw}
+        perms = permissions(u.role, u.name, agents=u.agents)
+        if perms is not None:
+            entry["permissions"] = {
+                "publish": {"allow": perms.pub_allow, **({"deny": perms.pub_deny} if perms.pub_deny else {})},
+                "subscribe": {"allow": perms.sub_allow,
+                              **({"deny": perms.sub_deny} if perms.sub_deny else {})}}
+        out.append(entry)
+    return {"users": out}
 
 
 def write_secure_dir(directory: Path, users: Sequence[User] | None = None) -> dict[str, Path]:
