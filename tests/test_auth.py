@@ -368,12 +368,12 @@ async def test_the_operator_role_runs_the_trace_exporter_s_durable_reader(secure
         operator = await as_role(secured.url, "operator", refusals)
         try:
             tail = await RunLog(operator.jetstream()).tail("otel-as-operator", ack_wait=2.0)
-            got = await tail.fetch(10, timeout=2.0)
-            assert [t.event.run_id for t in got][-1:] == ["rotel"]
+            got = await tail.fetch(1000, timeout=2.0)  # this module's other tests wrote events too
+            assert "rotel" in [t.event.run_id for t in got if t.event is not None]
             for t in got:
                 await t.ack()
             await operator.flush()
-            assert await tail.fetch(10, timeout=3.0) == []  # acked: nothing comes back after AckWait
+            assert await tail.fetch(1000, timeout=3.0) == []  # acked: nothing comes back after AckWait
             await tail.close()
         finally:
             await bus.close(operator)

@@ -71,8 +71,15 @@ async def test_a_fork_at_every_point_of_a_3_turn_run_reuses_its_prefix_and_verif
                 report = verify(config, events)
                 assert report.ok, (at, report.problems)
                 assert report.final is not None and report.final.output == {"answer": "chained 2"}
-            ix = bus.RunIndex.decode((await (await bus.runs_kv(js)).get(forked.run_id)).value)
-            assert (ix.forked_from, ix.forked_at, ix.status) == (run_id, points[-1], "completed")
+            runs = await bus.runs_kv(js)
+
+            async def indexed() -> bus.RunIndex:
+                return bus.RunIndex.decode((await runs.get(forked.run_id)).value)
+
+            with anyio.fail_after(20):
+                while (ix := await indexed()).status != "completed":  # the host records it after the end
+                    await anyio.sleep(0.05)
+            assert (ix.forked_from, ix.forked_at) == (run_id, points[-1])
 
 
 async def test_edits_at_the_fork_point_replace_an_output_a_reply_or_the_system_prompt(nats_server, js,
