@@ -28,7 +28,7 @@ worker loads to know the agent's tools::
       - python: shop_tools:lookup_order       # a Python function as a tool, run by workers
         timeout: 5s                           #   (runtime.tools.hosted): timeout, concurrency, retry
         concurrency: 4
-        retry: {attempts: 3, backoff: 200ms, on: [ConnectionError]}
+        retry: {attempts: 3, backoff: 200ms, exceptions: [ConnectionError]}
       - path: tools/transfer.pym
         approval:                             # a call waits for an operator when `when` holds
           when: {arg: amount, op: ">", value: 100}   # or {all: [clauses]} / {any: [clauses]}; no `when`:
@@ -78,7 +78,7 @@ from runtime.approval_policy import ApprovalRule, ConditionError, parse_conditio
 from runtime.externals import ExternalsError, ExternalsFactory, Grants, import_object, load_factory
 from runtime.model import ADAPTERS, DecodingConstraint, Strategy
 from runtime.scripts import Limits, LimitsError, parse_duration
-from runtime.tools import ScriptTool, discover_tools
+from runtime.tools import ScriptLoadError, ScriptTool, discover_tools
 from runtime.tools.hosted import HostedPythonTool, RetryPolicy
 from runtime.types import ToolSchema
 
@@ -153,7 +153,7 @@ class GrantsSpec(_Strict):
 class RetrySpec(_Strict):
     attempts: int = 1
     backoff: float | str = 0.1
-    on: list[str] = []
+    exceptions: list[str] = []  # (not `on:`, which YAML reads as `true`)
 
 
 class ToolEntry(_Strict):
@@ -609,8 +609,10 @@ def load_bundle(path: str | Path) -> Bundle:
             tools[tool.name] = tool.configured(limits=limits, output_model=output_model,
                                                requires_approval=approval, description=description,
                                                environ=environ)
-        except ValueError as e:  # a `description:` that breaks the tool rules
-            problems.append((f"{where}.description", str(e)))
+        except ScriptLoadError as e:  # a `description:` that breaks the tool rules
+            message = e.error.message.replace("the description (the docstring's first paragraph)",
+                                              "the description")
+            problems.append((f"{where}.description", message))
     for where, entry in pythons:
         hosted = _python_tool(entry, where, root, global_limits, named, problems)
         if hosted is None:
@@ -707,7 +709,8 @@ def _python_tool(entry: ToolEntry, where: str, root: Path, global_limits: Limits
             backoff = 0.0
         if entry.retry.attempts < 1:
             problems.append((f"{where}.retry.attempts", "must be at least 1"))
-        retry = RetryPolicy(attempts=entry.retry.attempts, backoff_s=backoff, on=tuple(entry.retry.on))
+        retry = RetryPolicy(attempts=entry.retry.attempts, backoff_s=backoff,
+                            on=tuple(entry.retry.exceptions))
     own = _limits(entry.limits, f"{where}.limits", problems) if entry.limits is not None else None
     output_model = _output_model(entry.output_model, named, root, f"{where}.output_model", problems)
     try:

@@ -152,6 +152,15 @@ class ToolRegistry:
         self.tools[tool.name] = tool
         self.by_digest[tool.content_hash] = tool
 
+    async def close_clients(self) -> None:
+        """Close the model clients `ask_llm` made (the next call makes a new one)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                await client.aclose()
+            except Exception as e:  # closing is best effort: the process may be ending anyway
+                log.debug("closing a model client: %s", e)
+
     def add_globs(self, patterns: Iterable[str]) -> list[str]:
         """Every `.pym` matching the globs (files and folders work too), with default limits; a script
         that cannot be a tool is an error (a worker must not start half-equipped)."""
@@ -338,6 +347,8 @@ class Worker:
                     await cancels.unsubscribe()
                 except Exception as e:  # the connection is closing: nothing left to stop
                     log.debug("cancel watch unsubscribe: %s", e)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await self.registry.close_clients()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 try:
                     await (await fleet_kv(self.js, WORKERS_BUCKET)).delete(self._beat_key)

@@ -5,12 +5,12 @@ workers the way a `.pym` is, with what a function outside the sandbox needs inst
       - python: shop_tools:lookup_order       # importable on the worker (or beside the bundle file)
         timeout: 5s                           # a call that takes longer is a `timeout` error value
         concurrency: 4                        # at most 4 calls at once per worker process
-        retry: {attempts: 3, backoff: 200ms, on: [ConnectionError, TimeoutError]}
+        retry: {attempts: 3, backoff: 200ms, exceptions: [ConnectionError, TimeoutError]}
 
 The schema comes from the type hints and the docstring's `Args:`, exactly as for an in-process
 `PythonTool` (which does the describing and the argument checks); a signature with no schema mapping is a
 load error naming the parameter. An exception is an `execution` error value, never a crash: only the
-exception types listed under `retry.on` are retried (transient failures the function cannot tell from
+exception types listed under `retry.exceptions` are retried (transient failures the function cannot tell from
 the outside), each after `backoff` seconds doubled per try. A sync function runs in a thread; when it
 overruns its timeout the call returns the error at once, but the thread cannot be killed and finishes
 in the background: give blocking clients their own timeouts too.
