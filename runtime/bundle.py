@@ -29,6 +29,8 @@ worker loads to know the agent's tools::
         timeout: 5s                           #   (runtime.tools.hosted): timeout, concurrency, retry
         concurrency: 4
         retry: {attempts: 3, backoff: 200ms, exceptions: [ConnectionError]}
+      - agent: researcher                     # another agent as a tool: a durable sub-run (runtime.subruns)
+        description: Finds facts on the web.  #   (timeout, max_depth: how deep sub-runs may nest)
       - path: tools/transfer.pym
         approval:                             # a call waits for an operator when `when` holds
           when: {arg: amount, op: ">", value: 100}   # or {all: [clauses]} / {any: [clauses]}; no `when`:
@@ -79,10 +81,11 @@ from runtime.externals import ExternalsError, ExternalsFactory, Grants, import_o
 from runtime.model import ADAPTERS, DecodingConstraint, Strategy
 from runtime.scripts import Limits, LimitsError, parse_duration
 from runtime.tools import ScriptLoadError, ScriptTool, discover_tools
+from runtime.tools.agent_tool import DEFAULT_MAX_DEPTH, AgentTool
 from runtime.tools.hosted import HostedPythonTool, RetryPolicy
 from runtime.types import ToolSchema
 
-BundleTool = ScriptTool | HostedPythonTool
+BundleTool = ScriptTool | HostedPythonTool | AgentTool
 
 if TYPE_CHECKING:
     from runtime.kernel import KernelConfig
@@ -158,7 +161,9 @@ class RetrySpec(_Strict):
 
 class ToolEntry(_Strict):
     path: str | None = None  # a .pym script, or
-    python: str | None = None  # a Python function `package.module:function` run by workers
+    python: str | None = None  # a Python function `package.module:function` run by workers, or
+    agent: str | None = None  # another agent, called as a durable sub-run
+    max_depth: int | None = None  # agent tools only: how deep sub-runs may nest
     description: str | None = None
     environ: dict[str, str] = {}
     grants: GrantsSpec | None = None
@@ -546,6 +551,7 @@ def load_bundle(path: str | Path) -> Bundle:
     # tools: expand globs and entries to files, then load them all at once
     files: list[tuple[Path, str, ToolEntry | None]] = []  # (file, yaml path, entry)
     pythons: list[tuple[str, ToolEntry]] = []
+    agents: list[tuple[str, ToolEntry]] = []
     for i, item in enumerate(spec.tools):
         where = f"tools[{i}]"
         if isinstance(item, str):
@@ -559,9 +565,12 @@ def load_bundle(path: str | Path) -> Bundle:
             entry = _validate(ToolEntry, item, where, problems)
             if entry is None:
                 continue
-            if (entry.path is None) == (entry.python is None):
-                problems.append((where, "a tool entry has either `path:` (a .pym script) or `python:` "
-                                        "(package.module:function), not both or neither"))
+            if sum(x is not None for x in (entry.path, entry.python, entry.agent)) != 1:
+                problems.append((where, "a tool entry has one of `path:` (a .pym script), `python:` "
+                                        "(package.module:function) or `agent:` (another agent's name)"))
+                continue
+            if entry.agent is not None:
+                agents.append((where, entry))
                 continue
             if entry.python is not None:
                 pythons.append((where, entry))
@@ -624,6 +633,14 @@ def load_bundle(path: str | Path) -> Bundle:
             rule = _approval_rule(hosted.name, entry.approval, f"{where}.approval", problems)
             approvals.extend([rule] if rule is not None else [])
         tools[hosted.name] = hosted
+    for where, entry in agents:
+        delegate = _agent_tool(entry, where, global_limits, problems)
+        if delegate is None:
+            continue
+        if delegate.name in tools:
+            problems.append((where, f"two tools are named {delegate.name!r}"))
+            continue
+        tools[delegate.name] = delegate
     factory = None
     if spec.externals is not None:
         try:
@@ -669,6 +686,37 @@ def load_bundle(path: str | Path) -> Bundle:
                   limits=global_limits, tools=tools, data_provider=data, deadline_s=deadline_s,
                   policies=policies, digest=h.hexdigest()[:16], approvals=tuple(approvals), grants=grants,
                   factory=factory)
+
+
+def _agent_tool(entry: ToolEntry, where: str, global_limits: Limits,
+                problems: list[tuple[str, str]]) -> AgentTool | None:
+    """An `agent:` entry as a tool, or None after recording what is wrong with it."""
+    from runtime.nats.subjects import check_token
+
+    assert entry.agent is not None
+    try:
+        check_token(entry.agent, "agent")
+    except ValueError as e:
+        problems.append((f"{where}.agent", str(e)))
+        return None
+    if entry.grants is not None or entry.environ or entry.python or entry.retry or entry.concurrency:
+        problems.append((where, "an agent tool takes description, timeout, max_depth, limits and approval "
+                                "settings only"))
+    timeout = None
+    if entry.timeout is not None:
+        try:
+            timeout = parse_duration(entry.timeout, field="timeout")
+        except LimitsError as e:
+            problems.append((f"{where}.timeout", str(e)))
+    if entry.max_depth is not None and entry.max_depth < 1:
+        problems.append((f"{where}.max_depth", "must be at least 1"))
+    try:
+        return AgentTool(entry.agent, description=entry.description, timeout_s=timeout,
+                         max_depth=entry.max_depth or DEFAULT_MAX_DEPTH, limits=global_limits,
+                         requires_approval=entry.requires_approval)
+    except ValueError as e:
+        problems.append((where, str(e)))
+        return None
 
 
 def _grants(spec: GrantsSpec) -> Grants:

@@ -44,7 +44,9 @@ an `ExecutionContext` (`runtime.externals.provide`). Each answered external call
 `externals` KV bucket before the script goes on, so a redelivered job replays answered calls instead of
 making them again (`runtime.externals.record` states the guarantee). Secret values a tool was granted are
 scrubbed from its outcome. Python tools of a bundle (`- python: module:function`) run here too, under their
-own timeout, concurrency limit and retry policy (`runtime.tools.hosted`).
+own timeout, concurrency limit and retry policy (`runtime.tools.hosted`), and so do a bundle's agent tools
+(`- agent: name`): the call is a child run of that agent, started and followed to its end
+(`runtime.subruns`).
 
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
@@ -97,7 +99,9 @@ from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
 from runtime.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
+from runtime.subruns import run_child
 from runtime.tools import ScriptTool, ToolContext, discover_tools
+from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -133,8 +137,8 @@ class ToolRegistry:
     loaded (parsed, checked, transformed) once per process, when the worker starts."""
 
     def __init__(self) -> None:
-        self.tools: dict[str, ScriptTool | HostedPythonTool] = {}
-        self.by_digest: dict[str, ScriptTool | HostedPythonTool] = {}
+        self.tools: dict[str, ScriptTool | HostedPythonTool | AgentTool] = {}
+        self.by_digest: dict[str, ScriptTool | HostedPythonTool | AgentTool] = {}
         self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
         self.setups: dict[str, ToolSetup] = {}  # tool -> its bundle's grants, factory and model
         self._clients: dict[str, Any] = {}  # bundle name -> its model client, made on first ask_llm
@@ -142,10 +146,10 @@ class ToolRegistry:
     def __contains__(self, name: str) -> bool:
         return name in self.tools
 
-    def get(self, name: str) -> ScriptTool | HostedPythonTool | None:
+    def get(self, name: str) -> ScriptTool | HostedPythonTool | AgentTool | None:
         return self.tools.get(name)
 
-    def add(self, tool: ScriptTool | HostedPythonTool) -> None:
+    def add(self, tool: ScriptTool | HostedPythonTool | AgentTool) -> None:
         old = self.tools.get(tool.name)
         if old is not None and old.content_hash != tool.content_hash:
             log.warning("tool %s from %s replaces the one from %s", tool.name, tool.path, old.path)
@@ -549,9 +553,14 @@ class Worker:
             if isinstance(provided, ToolResult):
                 return ToolOutcome.for_job(job, provided, **fields)
             with self._stoppable(job.run_id) as scope:
-                result = await tool.execute(job.arguments, ToolContext(
-                    run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,
-                    on_event=notes.append, externals=provided.externals or None, execution=execution))
+                if isinstance(tool, AgentTool):  # a sub-run: started (or found) and followed to its end
+                    result = await run_child(self.js, tool, job.arguments, parent_run=job.run_id,
+                                             parent_actor=job.actor, call_id=job.call_id)
+                else:
+                    result = await tool.execute(job.arguments, ToolContext(
+                        run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files,
+                        limits=limits, on_event=notes.append, externals=provided.externals or None,
+                        execution=execution))
             if scope.cancelled_caught:
                 return self._cancelled_outcome(job, notes, fields)
             if provided.recorder is not None and provided.recorder.replayed:
@@ -581,7 +590,7 @@ class Worker:
             **fields)
 
 
-    async def _provide(self, tool: ScriptTool | HostedPythonTool, execution: ExecutionContext,
+    async def _provide(self, tool: ScriptTool | HostedPythonTool | AgentTool, execution: ExecutionContext,
                        notes: list[ScriptNote]) -> Provided | ToolResult:
         """The job's externals (those its script declares), or the `external` failure naming what is
         missing."""
