@@ -55,7 +55,8 @@ def responder(helper_delay: float = 0.0, *, boss_calls: str = "helper"):
             return Reply.of_text(hermes_call("submit", {"answer": "heard: " + last[-160:]}))
         if "You are helper" in system:
             return Reply.of_text(hermes_call("submit", {"answer": "Paris"}), delay=helper_delay)
-        return Reply.of_text(hermes_call(boss_calls, {"task": "what is the capital of France?"}))
+        callee = "ghost" if "You are lonely" in system else boss_calls
+        return Reply.of_text(hermes_call(callee, {"task": "what is the capital of France?"}))
 
     return respond
 
