@@ -245,6 +245,18 @@ def test_a_grail_script_without_a_docstring_loads_with_a_warning(tmp_path: Path)
         load_bundle(tmp_path)
 
 
+def test_the_example_shop_bundle_loads_with_every_kind_of_tool() -> None:
+    from runtime.tools.agent_tool import AgentTool
+
+    shop = load_bundle(Path(__file__).parents[1] / "bundles" / "shop")
+    kinds = {name: type(t).__name__ for name, t in shop.tools.items()}
+    assert kinds == {"final_answer": "ScriptTool", "refund": "ScriptTool", "summarize": "ScriptTool",
+                     "lookup_order": "HostedPythonTool", "researcher": "AgentTool"}
+    assert shop.grants["summarize"].names == ("ask_llm",) and shop.factory is not None
+    assert isinstance(shop.tools["researcher"], AgentTool) and shop.tools["researcher"].agent == "researcher"
+    assert load_bundle(Path(__file__).parents[1] / "bundles" / "researcher").name == "researcher"
+
+
 # ---- load-time errors ----------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from runtime.host.commands import publish_command, publish_task
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
 from runtime.nats.subjects import EVENTS
+from runtime.replay import describe
 from runtime.subruns import DEPTH, PARENT_CALL, PARENT_RUN, child_actor, child_run_id
 from runtime.testing import Reply, ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
@@ -118,6 +119,7 @@ async def test_the_parent_completes_with_the_child_output_and_the_child_names_it
     assert child.input == "what is the capital of France?"
     assert child.actor == child_actor("helper", parent, done.call_id)
     assert child.run_id == child_run_id("helper", parent, done.call_id)
+    assert f"sub-run of {parent} (call {done.call_id})" in describe(child)  # `sa replay` links them
 
 
 async def test_kill_the_parents_host_while_its_child_runs_one_child_and_the_parent_completes(
