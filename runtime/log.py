@@ -225,6 +225,17 @@ class RunLog:
             out.events = [await self.resolve(e) for e in out.events]
         return out
 
+    async def started(self, run_id: str, actor: str) -> ev.RunStarted | None:
+        """The run's `run.started` alone, in one direct get (None for a fork or a run not started): what a
+        tool worker needs to know of the task (its metadata), without reading the whole run."""
+        subject = names.event_subject(actor, run_id, "run.started")
+        try:
+            msg = await self.js.get_last_msg(names.EVENTS, subject)
+        except NotFoundError:
+            return None
+        event = await self.resolve(ev.decode(msg.data or b""))
+        return event if isinstance(event, ev.RunStarted) else None
+
     async def resolve(self, event: ev.Event) -> ev.Event:
         """The whole event for a stub (fetched and digest-checked); any other event as it is."""
         if event.ref is None:

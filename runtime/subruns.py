@@ -59,13 +59,10 @@ def child_run_id(agent: str, parent_run: str, call_id: str) -> str:
     return run_id_for(child_actor(agent, parent_run, call_id), child_task_id(parent_run, call_id))
 
 
-async def _depth_of(js: JetStreamContext, run_id: str) -> int:
+async def _depth_of(js: JetStreamContext, run_id: str, actor: str) -> int:
     """How deep `run_id` is below a top-level run (0 for one), from its `run.started` metadata."""
-    history = await RunLog(js).read(run_id, timeout=5.0)
-    for e in history.events:
-        if isinstance(e, ev.RunStarted):
-            return int(e.metadata.get(DEPTH, 0) or 0)
-    return 0
+    started = await RunLog(js).started(run_id, actor)
+    return int(started.metadata.get(DEPTH, 0) or 0) if started is not None else 0
 
 
 async def _served(js: JetStreamContext, agent: str) -> list[str] | None:
@@ -86,7 +83,7 @@ async def run_child(js: JetStreamContext, tool: AgentTool, arguments: dict[str, 
     task = arguments.get("task")
     if not isinstance(task, str) or not task.strip():
         return ToolResult.failure("input", f"{tool.name} needs `task`: the text of the task to delegate")
-    depth = await _depth_of(js, parent_run) + 1
+    depth = await _depth_of(js, parent_run, parent_actor) + 1
     if depth > tool.max_depth:
         return ToolResult.failure("policy", f"delegating to {tool.agent} would nest sub-runs {depth} deep, "
                                             f"over the limit of {tool.max_depth} (agents calling each "

@@ -548,7 +548,7 @@ class Worker:
             execution = ExecutionContext.of(
                 agent=job.actor.partition(":")[0], actor=job.actor, run_id=job.run_id, call_id=job.call_id,
                 tool=job.tool, attempt=attempt, deadline=job.deadline, workspace=job.workspace,
-                environ=getattr(tool, "environ", None))
+                environ=getattr(tool, "environ", None), metadata=await self._task_metadata(job, tool))
             provided = await self._provide(tool, execution, notes)
             if isinstance(provided, ToolResult):
                 return ToolOutcome.for_job(job, provided, **fields)
@@ -589,6 +589,19 @@ class Worker:
             "external", f"{last_conflict} (gave up after {CONFLICT_RETRIES} attempts)", detail="conflict"),
             **fields)
 
+
+    async def _task_metadata(self, job: ToolJob, tool: ScriptTool | HostedPythonTool | AgentTool,
+                             ) -> dict[str, Any]:
+        """The task's metadata for an `ExecutionContext`, read from the run's `run.started` only for a tool
+        that can see it (a script with externals, a Python tool): other jobs pay no read."""
+        if isinstance(tool, AgentTool) or (isinstance(tool, ScriptTool) and not tool.script.externals):
+            return {}
+        try:
+            started = await RunLog(self.js).started(job.run_id, job.actor)
+        except Exception as e:  # the context lacks the metadata; the call itself can still run
+            log.debug("worker %s: cannot read run.started of %s: %s", self.name, job.run_id, e)
+            return {}
+        return dict(started.metadata) if started is not None else {}
 
     async def _provide(self, tool: ScriptTool | HostedPythonTool | AgentTool, execution: ExecutionContext,
                        notes: list[ScriptNote]) -> Provided | ToolResult:

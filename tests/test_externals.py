@@ -30,6 +30,7 @@ from runtime.externals import ExecutionContext, ExternalsError, Grants, Secrets,
 from runtime.externals.builtins import builtin_externals
 from runtime.host.commands import publish_task
 from runtime.jobs import ToolJob
+from runtime.log import RunLog
 from runtime.nats.subjects import EVENTS, TOOLS
 from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer, last_message
@@ -124,7 +125,8 @@ def _post(path, payload, key):
 class Factory:
     def build(self, tool_name, context):
         def charge(amount, *, idempotency_key):
-            return _post("/charge", {"amount": amount, "run": context.run_id, "tool": tool_name},
+            return _post("/charge", {"amount": amount, "run": context.run_id, "tool": tool_name,
+                                     "meta": dict(context.metadata), "attempt": context.attempt},
                          idempotency_key)
 
         async def gate(*, idempotency_key):
@@ -273,7 +275,7 @@ def test_bad_factories_and_python_tools_are_clear_errors_at_load_time(tmp_path: 
         load_bundle(tmp_path / "shop")
     assert "tools[2].python: tool 'untyped': parameter 'order_id' has no type annotation" in str(info.value)
     shop_bundle(tmp_path, extra_tools="  - {path: tools/order.pym, python: shopx:lookup_order}\n")
-    with pytest.raises(BundleError, match="either `path:`"):
+    with pytest.raises(BundleError, match="a tool entry has one of `path:`"):
         load_bundle(tmp_path / "shop")
     with pytest.raises(ExternalsError, match="not a externals factory reference"):
         load_factory("no_colon")
@@ -343,6 +345,8 @@ async def test_http_request_reaches_only_the_granted_hosts(shop: Shop) -> None:
 async def test_a_pym_external_and_a_python_tool_reach_the_service_from_a_worker(js, shop: Shop,
                                                                                 tmp_path: Path) -> None:
     await ensure_topology(js)
+    await RunLog(js).create(ev.RunStarted(run_id="r1", seq=0, ts=1.0, input="t", actor="shop",
+                                          metadata={"customer": "ann"}))
     registry = build_registry(bundles=[shop_bundle(tmp_path)])
     for j in (job("0.0", "order", {"amount": 5}), job("0.1", "lookup_order", {"order_id": "A17"})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
@@ -352,6 +356,8 @@ async def test_a_pym_external_and_a_python_tool_reach_the_service_from_a_worker(
     assert by_tool["lookup_order"].output == {"order": "A17", "status": "shipped"}
     (charged,) = shop.calls("/charge")
     assert charged["Idempotency-Key"] == "r1/0.0#1"
+    (body,) = [json.loads(b) for p, _, b in shop.requests if p == "/charge"]
+    assert body == {"amount": 5, "run": "r1", "tool": "order", "meta": {"customer": "ann"}, "attempt": 1}
     assert shop.calls("/orders/A17")
 
 
@@ -540,8 +546,6 @@ async def test_a_secret_used_by_a_tool_appears_in_no_event_job_outcome_or_log(
 
 
 async def wait_events(js: Any, run_id: str, timeout: float = 60.0) -> list[ev.Event]:
-    from runtime.log import RunLog
-
     out: list[ev.Event] = []
     with anyio.fail_after(timeout):
         async for e in RunLog(js).follow(run_id):
