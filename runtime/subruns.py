@@ -77,6 +77,14 @@ async def _served(js: JetStreamContext, agent: str) -> list[str] | None:
     return None if not beats or agent in served else served
 
 
+def _operator(js: JetStreamContext) -> str | None:
+    """The user this worker's connection authenticated as (a secured server lets it command only under
+    that name); None: the process's configured identity."""
+    options = getattr(getattr(js, "_nc", None), "options", None) or {}
+    user = options.get("user")
+    return str(user) if user else None
+
+
 async def run_child(js: JetStreamContext, tool: AgentTool, arguments: dict[str, Any], *, parent_run: str,
                     parent_actor: str, call_id: str) -> ToolResult:
     """Start (or find) the child run of this call and wait for its end; its outcome as a `ToolResult`."""
@@ -107,7 +115,8 @@ async def run_child(js: JetStreamContext, tool: AgentTool, arguments: dict[str, 
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             try:
                 await publish_command(js, actor, ev.Cancel(run_id=child, reason=f"its parent run "
-                                                                f"{parent_run} was cancelled"))
+                                                                f"{parent_run} was cancelled"),
+                                      operator=_operator(js))
             except Exception as e:  # the child goes on; its parent no longer waits for it
                 log.warning("cannot cancel child run %s of %s: %s", child, parent_run, e)
         raise

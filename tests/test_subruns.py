@@ -6,6 +6,8 @@ are error values, and cancelling the parent cancels the child."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,14 @@ from runtime.bundle import BundleError, load_bundle
 from runtime.host.commands import publish_command, publish_task
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
+from runtime.nats.server import EmbeddedNats
 from runtime.nats.subjects import EVENTS
 from runtime.replay import describe
 from runtime.subruns import DEPTH, PARENT_CALL, PARENT_RUN, child_actor, child_run_id
 from runtime.testing import Reply, ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
 from tests.host_helpers import SUBMIT, hosts, running_host, running_worker, wait_until
+from tests.test_auth import AUTH_CONF, PASSWORDS, creds, secured_fleet
 
 pytestmark = pytest.mark.anyio
 FAST = LeaseConfig(ttl=2.0, renew=0.5)
@@ -205,3 +209,36 @@ async def all_events(js: Any) -> list[ev.Event]:
         except Exception:
             continue
     return out
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[EmbeddedNats]:
+    """nats-server with the shipped auth.conf (as tests/test_auth.py runs it)."""
+    env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in PASSWORDS.items()}}
+    server = EmbeddedNats(extra_args=["-c", str(AUTH_CONF)], env=env).start()
+    yield server
+    server.stop()
+
+
+async def test_on_a_secured_server_the_worker_starts_the_child_as_the_worker_role(
+        secured: EmbeddedNats, tmp_path: Path) -> None:
+    admin = await bus.connect(secured.url, **creds("admin").connect_options())
+    try:
+        await bus.ensure_topology(admin.jetstream())
+    finally:
+        await admin.close()
+    with ScriptedModelServer(responder=responder(boss_calls="boss")) as server:
+        boss = agent_bundle(tmp_path, "boss", delegates="boss", max_depth=1)
+        async with secured_fleet(secured.url, boss, server):
+            reader = await bus.connect(secured.url, **creds("admin").connect_options())
+            try:
+                js = reader.jetstream()
+                pub = await bus.connect(secured.url, **creds("publisher").connect_options())
+                parent = await publish_task(pub.jetstream(), "boss", "recurse once")
+                await pub.close()
+                events = await follow(js, parent)
+                children = [s for s in await started_runs(js) if s.metadata.get(PARENT_RUN) == parent]
+            finally:
+                await reader.close()
+    assert isinstance(events[-1], ev.RunCompleted), [ev.kind_of(e) for e in events]
+    assert len(children) == 1 and children[0].metadata[DEPTH] == 1
