@@ -125,6 +125,8 @@ def _post(path, payload, key):
 class Factory:
     def build(self, tool_name, context):
         def charge(amount, *, idempotency_key):
+            if amount < 0:
+                raise ValueError("a charge cannot be negative")
             return _post("/charge", {"amount": amount, "run": context.run_id, "tool": tool_name,
                                      "meta": dict(context.metadata), "attempt": context.attempt},
                          idempotency_key)
@@ -348,10 +350,14 @@ async def test_a_pym_external_and_a_python_tool_reach_the_service_from_a_worker(
     await RunLog(js).create(ev.RunStarted(run_id="r1", seq=0, ts=1.0, input="t", actor="shop",
                                           metadata={"customer": "ann"}))
     registry = build_registry(bundles=[shop_bundle(tmp_path)])
-    for j in (job("0.0", "order", {"amount": 5}), job("0.1", "lookup_order", {"order_id": "A17"})):
+    for j in (job("0.0", "order", {"amount": 5}), job("0.1", "lookup_order", {"order_id": "A17"}),
+              job("0.2", "order", {"amount": -1})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
-    _, outcomes = await run_worker_until(js, registry, 2)
-    by_tool = {o.tool: o.result for o in outcomes}
+    _, outcomes = await run_worker_until(js, registry, 3)
+    raised = next(o.result.error for o in outcomes if o.call_id == "r1/0.2")
+    assert raised is not None and raised.kind == "external" and raised.line == 17  # `paid = charge(amount)`
+    assert "external function 'charge' raised ValueError: a charge cannot be negative" in raised.message
+    by_tool = {o.tool: o.result for o in outcomes if o.call_id != "r1/0.2"}
     assert by_tool["order"].error is None and by_tool["order"].output == {"charge": "ch-1", "gate": False}
     assert by_tool["lookup_order"].output == {"order": "A17", "status": "shipped"}
     (charged,) = shop.calls("/charge")
