@@ -30,7 +30,7 @@ worker loads to know the agent's tools::
         concurrency: 4
         retry: {attempts: 3, backoff: 200ms, exceptions: [ConnectionError]}
       - agent: researcher                     # another agent as a tool: a durable sub-run (runtime.subruns)
-        description: Finds facts on the web.  #   (timeout, max_depth: how deep sub-runs may nest)
+        description: Finds facts on the web.  #   (max_depth: how deep sub-runs may nest)
       - path: tools/transfer.pym
         approval:                             # a call waits for an operator when `when` holds
           when: {arg: amount, op: ">", value: 100}   # or {all: [clauses]} / {any: [clauses]}; no `when`:
@@ -700,18 +700,15 @@ def _agent_tool(entry: ToolEntry, where: str, global_limits: Limits,
         problems.append((f"{where}.agent", str(e)))
         return None
     if entry.grants is not None or entry.environ or entry.python or entry.retry or entry.concurrency:
-        problems.append((where, "an agent tool takes description, timeout, max_depth, limits and approval "
+        problems.append((where, "an agent tool takes description, max_depth, limits and approval "
                                 "settings only"))
-    timeout = None
     if entry.timeout is not None:
-        try:
-            timeout = parse_duration(entry.timeout, field="timeout")
-        except LimitsError as e:
-            problems.append((f"{where}.timeout", str(e)))
+        problems.append((f"{where}.timeout", "an agent tool has no timeout: the child run is bounded by its "
+                                             "own bundle (termination.deadline, max_turns)"))
     if entry.max_depth is not None and entry.max_depth < 1:
         problems.append((f"{where}.max_depth", "must be at least 1"))
     try:
-        return AgentTool(entry.agent, description=entry.description, timeout_s=timeout,
+        return AgentTool(entry.agent, description=entry.description,
                          max_depth=entry.max_depth or DEFAULT_MAX_DEPTH, limits=global_limits,
                          requires_approval=entry.requires_approval)
     except ValueError as e:

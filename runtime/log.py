@@ -274,6 +274,19 @@ class RunLog:
         await self.js.add_consumer(names.EVENTS, config)  # an update when it exists (same filter)
         return Tail(await self.js.pull_subscribe_bind(durable=durable, stream=names.EVENTS))
 
+    async def ends(self, durable: str, *, ack_wait: float = 30.0) -> Tail:
+        """Every run's end (`run.completed`, `run.failed`, `run.cancelled`) appended after the durable
+        consumer `durable` was first made, through it: how the tool workers learn that a sub-run ended,
+        to answer its parent's call (`runtime.subruns`), without holding anything while it runs."""
+        names.check_token(durable, "consumer name")
+        # `name` as well: the create goes to CONSUMER.CREATE.<stream>.<name>, which a worker may use
+        ends = [f"events.*.*.{k}" for k in sorted(TERMINAL_KINDS)]
+        config = ConsumerConfig(name=durable, durable_name=durable, filter_subjects=ends,
+                                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                ack_wait=ack_wait, max_ack_pending=1024)
+        await self.js.add_consumer(names.EVENTS, config)
+        return Tail(await self.js.pull_subscribe_bind(durable=durable, stream=names.EVENTS))
+
     async def watch_cancels(self, on_cancelled: Callable[[ev.RunCancelled], None]) -> Any:
         """Call `on_cancelled` with every `run.cancelled` appended from now on, of any run: how a tool
         worker learns that the job it runs is for a run that ended, to stop its sandbox at once.

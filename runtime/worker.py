@@ -45,8 +45,8 @@ an `ExecutionContext` (`runtime.externals.provide`). Each answered external call
 making them again (`runtime.externals.record` states the guarantee). Secret values a tool was granted are
 scrubbed from its outcome. Python tools of a bundle (`- python: module:function`) run here too, under their
 own timeout, concurrency limit and retry policy (`runtime.tools.hosted`), and so do a bundle's agent tools
-(`- agent: name`): the call is a child run of that agent, started and followed to its end
-(`runtime.subruns`).
+(`- agent: name`): the call starts a child run of that agent and its job is acked; the child's end answers
+the call, through the `SubrunWatch` every worker serving agent tools runs (`runtime.subruns`).
 
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
@@ -99,7 +99,7 @@ from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
 from runtime.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
-from runtime.subruns import run_child
+from runtime.subruns import SubrunWatch, start_child
 from runtime.tools import ScriptTool, ToolContext, discover_tools
 from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import (
@@ -219,6 +219,14 @@ class WorkerStats:
     nacked: int = 0
     writes: int = 0
     cancelled: int = 0  # jobs stopped (or not started) because their run was cancelled
+    delegated: int = 0  # agent-tool calls handed to a sub-run
+
+
+@dataclass(frozen=True)
+class Delegated:
+    """A job whose call became a child run: acked without an outcome (the child's end brings it)."""
+
+    child_run: str
 
 
 class Worker:
@@ -316,6 +324,8 @@ class Worker:
                 tg.start_soon(self.held.run)
                 tg.start_soon(self.held.follow, self.js)
                 tg.start_soon(self._beat)
+                if any(isinstance(t, AgentTool) for t in self.registry.tools.values()):
+                    tg.start_soon(SubrunWatch(self.js, worker=self.name).run)
                 async with anyio.create_task_group() as runners:
                     for _ in range(self.concurrency):
                         runners.start_soon(self._runner, receive.clone(), room)
@@ -414,6 +424,11 @@ class Worker:
         if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
             await self._give_back(msg, job, attempt, outcome)
             return
+        if isinstance(outcome, Delegated):  # the child's end answers the call (`SubrunWatch`): done here
+            log.info("worker %s: %s delegated to sub-run %s", self.name, job.msg_id, outcome.child_run)
+            self.stats.delegated += 1
+            await msg.ack()
+            return
         sending = outcome
 
         async def publish() -> None:  # a retry sends the outcome offloaded before: its payload is stored once
@@ -488,7 +503,7 @@ class Worker:
         bundle = job.actor.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
         return self.registry.providers.get(bundle, NullDataProvider()), NullResultHandler()
 
-    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | str:
+    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | Delegated | str:
         """The job's outcome, or why NATS trouble means it should be retried later."""
         fields: dict[str, Any] = {"worker": self.name, "attempt": attempt, "started": time.time(),
                                   "earlier": await explain(self.js, job.msg_id, attempt, self.held.ack_wait)}
@@ -526,6 +541,17 @@ class Worker:
         except LimitsError as e:
             return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
                                        **fields)
+        if isinstance(tool, AgentTool):  # a sub-run: started (or found); its end answers the call
+            if job.run_id in self._cancelled:
+                return self._cancelled_outcome(job, [], fields)
+            try:
+                started = await start_child(self.js, tool, job)
+            except Exception as e:
+                log.warning("worker %s: cannot start the sub-run of %s: %s", self.name, job.msg_id, e)
+                return f"its sub-run could not be started ({e})"
+            if isinstance(started, ToolResult):
+                return ToolOutcome.for_job(job, started, **fields)
+            return Delegated(started)
         last_conflict = ""
         for _ in range(CONFLICT_RETRIES):
             if job.deadline is not None:
@@ -552,15 +578,11 @@ class Worker:
             provided = await self._provide(tool, execution, notes)
             if isinstance(provided, ToolResult):
                 return ToolOutcome.for_job(job, provided, **fields)
+            assert not isinstance(tool, AgentTool)
             with self._stoppable(job.run_id) as scope:
-                if isinstance(tool, AgentTool):  # a sub-run: started (or found) and followed to its end
-                    result = await run_child(self.js, tool, job.arguments, parent_run=job.run_id,
-                                             parent_actor=job.actor, call_id=job.call_id)
-                else:
-                    result = await tool.execute(job.arguments, ToolContext(
-                        run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files,
-                        limits=limits, on_event=notes.append, externals=provided.externals or None,
-                        execution=execution))
+                result = await tool.execute(job.arguments, ToolContext(
+                    run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,
+                    on_event=notes.append, externals=provided.externals or None, execution=execution))
             if scope.cancelled_caught:
                 return self._cancelled_outcome(job, notes, fields)
             if provided.recorder is not None and provided.recorder.replayed:

@@ -126,6 +126,21 @@ async def test_the_parent_completes_with_the_child_output_and_the_child_names_it
     assert f"sub-run of {parent} (call {done.call_id})" in describe(child)  # `sa replay` links them
 
 
+async def test_a_waiting_parent_holds_no_worker_slot(js, nats_server, tmp_path: Path) -> None:
+    """One worker slot: the child's own tool job must run while the parent's call waits for the child,
+    which it can only because the parent's agent-tool job was handed over and acked, not held."""
+    await bus.ensure_topology(js)
+    with ScriptedModelServer(responder=responder()) as server:
+        boss, helper = agent_bundle(tmp_path, "boss", delegates="helper"), agent_bundle(tmp_path, "helper")
+        async with running_host(nats_server.url, [boss, helper], server), \
+                running_worker(nats_server.url, [boss, helper], concurrency=1) as worker:
+            parent = await publish_task(js, "boss", "find the capital")
+            events = await follow(js, parent, timeout=60)
+            delegated = worker.stats.delegated
+    assert isinstance(events[-1], ev.RunCompleted), [ev.kind_of(e) for e in events]
+    assert "Paris" in events[-1].output["answer"] and delegated == 1
+
+
 async def test_kill_the_parents_host_while_its_child_runs_one_child_and_the_parent_completes(
         js, nats_server, tmp_path: Path) -> None:
     await bus.ensure_topology(js, partitions=5, tool_ack_wait=2.0)

@@ -21,7 +21,8 @@ The roles (subjects in `runtime.nats.subjects`):
   ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
   ``run.cancelled`` (to stop a cancelled job's sandbox). For agent tools (`runtime.subruns`) it publishes
   the child's task on ``agents.<agent>.tasks`` and a cancel for it on ``ops.*.<its own name>``, as an
-  operator would. It may not write events, forward commands under another name, create or change
+  operator would, and reads every run's end through the ``subruns`` consumer of EVENTS. It may not
+  write events, forward commands under another name, create or change
   consumers of TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts`` and ``active`` buckets.
 * **admin** — everything (`sa runs purge`, `sa dlq replay`, maintenance).
 
@@ -58,6 +59,7 @@ from runtime.nats.subjects import (
     PAYLOADS_BUCKET,
     RESULTS,
     RUNS_BUCKET,
+    SUBRUNS_CONSUMER,
     TASKS,
     TOOLS,
     WORKERS_BUCKET,
@@ -120,6 +122,7 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         # Workspace buckets are named per workspace (`ws_<name>`): a subject permission cannot match part
         # of a token, so the worker gets every bucket except the hosts' own state.
         pub = [*_JS_INFO, f"$JS.API.CONSUMER.MSG.NEXT.{TOOLS}.{WORKERS_CONSUMER}", f"$JS.ACK.{TOOLS}.>",
+               f"$JS.ACK.{EVENTS}.{SUBRUNS_CONSUMER}.>",  # the sub-run ends the agent-tool workers answer
                "agents.*.tasks", f"{COMMANDS_PREFIX}.*.{name}",  # an agent tool's child task and cancel
                "results.>", "dlq.>", "$KV.>", f"$O.{PAYLOADS_BUCKET}.>",
                f"$JS.API.STREAM.PURGE.{_OBJ_PAYLOADS}", "$JS.API.STREAM.CREATE.*",

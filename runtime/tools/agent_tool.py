@@ -3,7 +3,7 @@
 Calling it is delegating: the task text goes to the other agent as a task of its own, a durable child run
 (`runtime.subruns`), and the call's result is the child's output. What the model sees is one parameter,
 `task`. This object only describes the tool and carries its settings; running it needs NATS, so a
-worker does that (`runtime.subruns.run_child`), never `execute` in process.
+worker does that (`runtime.subruns.start_child`), never `execute` in process.
 """
 
 from __future__ import annotations
@@ -22,19 +22,17 @@ DEFAULT_MAX_DEPTH = 4  # a run's children, their children...: a cycle of agents 
 
 
 class AgentTool(Described):
-    """The agent `agent` as a tool; `max_depth` bounds how deep sub-runs may nest below a top-level run;
-    `timeout_s` how long a call waits for the child (None: until the job's deadline)."""
+    """The agent `agent` as a tool; `max_depth` bounds how deep sub-runs may nest below a top-level run.
+    How long a child may run is its own bundle's business (`termination.deadline`)."""
 
     def __init__(self, agent: str, *, description: str | None = None, max_depth: int = DEFAULT_MAX_DEPTH,
-                 timeout_s: float | None = None, limits: Limits | None = None,
-                 requires_approval: bool = False) -> None:
+                 limits: Limits | None = None, requires_approval: bool = False) -> None:
         text = description or f"Delegate a task to the {agent} agent; returns its answer."
         problems = tool_diagnostics(agent, text, docstring_line=None)
         if problems:
             raise ValueError("; ".join(d.message for d in problems))
         self.agent = agent
         self.max_depth = max_depth
-        self.timeout_s = timeout_s
         self.limits = limits or Limits.default()
         self.output_model: Any = None
         self.requires_approval = requires_approval
