@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 from runtime import events as ev
 from runtime.host.commands import actor_key, publish_command, publish_task, run_id_for, split_actor
 from runtime.jobs import ToolJob, ToolOutcome
-from runtime.log import TERMINAL_KINDS, RunLog
+from runtime.log import TERMINAL_KINDS, RunLog, Tail
 from runtime.nats.kv import fleet_kv, kv_entries
 from runtime.nats.records import HostBeat
 from runtime.nats.subjects import HOSTS_BUCKET, SUBRUNS_CONSUMER
@@ -153,9 +153,18 @@ class SubrunWatch:
         self.worker = worker
         self.answered = 0
         self.cancelled = 0
+        self._tail: Tail | None = None
+
+    async def open(self) -> None:
+        """Make sure the consumer exists before any child can start: it delivers only ends appended after
+        it was first made, so a worker opens it before it takes a job."""
+        self._tail = await RunLog(self.js).ends(SUBRUNS_CONSUMER)
 
     async def run(self) -> None:
-        tail = await RunLog(self.js).ends(SUBRUNS_CONSUMER)
+        if self._tail is None:
+            await self.open()
+        tail = self._tail
+        assert tail is not None
         try:
             while True:
                 for item in await tail.fetch(32, timeout=1.0):

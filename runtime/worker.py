@@ -317,6 +317,11 @@ class Worker:
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
         cancels = await RunLog(self.js).watch_cancels(self._on_cancelled)
+        subruns = None  # agent tools: the watch that answers a call when its child run ends
+        if any(isinstance(t, AgentTool) for t in self.registry.tools.values()):
+            subruns = SubrunWatch(self.js, worker=self.name)
+            await retrying(subruns.open, what="opening the sub-run watch", give_up=PUBLISH_PATIENCE_S,
+                           logger=log)
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
         try:
@@ -324,8 +329,8 @@ class Worker:
                 tg.start_soon(self.held.run)
                 tg.start_soon(self.held.follow, self.js)
                 tg.start_soon(self._beat)
-                if any(isinstance(t, AgentTool) for t in self.registry.tools.values()):
-                    tg.start_soon(SubrunWatch(self.js, worker=self.name).run)
+                if subruns is not None:
+                    tg.start_soon(subruns.run)
                 async with anyio.create_task_group() as runners:
                     for _ in range(self.concurrency):
                         runners.start_soon(self._runner, receive.clone(), room)
