@@ -257,3 +257,30 @@ async def test_on_a_secured_server_the_worker_starts_the_child_as_the_worker_rol
                 await reader.close()
     assert isinstance(events[-1], ev.RunCompleted), [ev.kind_of(e) for e in events]
     assert len(children) == 1 and children[0].metadata[DEPTH] == 1
+
+
+async def test_kill_9_of_the_parents_host_process_while_its_child_runs(js, nats_server,
+                                                                       tmp_path: Path) -> None:
+    """The same with a real `sa host` process killed with SIGKILL (it drives both runs) and a second one
+    started after: one child, and the parent completes with its output."""
+    from tests.test_host_faults import kill9, process
+
+    await bus.ensure_topology(js, partitions=4, tool_ack_wait=2.0)
+    with ScriptedModelServer(responder=responder(helper_delay=3.0)) as server:
+        boss = agent_bundle(tmp_path, "boss", delegates="helper", base_url=server.base_url)
+        helper = agent_bundle(tmp_path, "helper", base_url=server.base_url)
+        args = ["host", str(boss), str(helper), "--task-ack-wait", "2"]
+        async with running_worker(nats_server.url, [boss, helper]):
+            parent = await publish_task(js, "boss", "find the capital")
+            with process(args, nats_server.url, tmp_path / "host1.log", "sa host: serving") as host1:
+                with anyio.fail_after(60):  # the child has started and waits for its model
+                    while not [s for s in await started_runs(js) if s.metadata.get(PARENT_RUN) == parent]:
+                        await anyio.sleep(0.05)
+                kill9(host1)
+            with process(args, nats_server.url, tmp_path / "host2.log", "sa host: serving"):
+                events = await follow(js, parent, timeout=90)
+    assert isinstance(events[-1], ev.RunCompleted), [ev.kind_of(e) for e in events]
+    assert "Paris" in events[-1].output["answer"]
+    children = [s for s in await started_runs(js) if s.metadata.get(PARENT_RUN) == parent]
+    assert len(children) == 1
+    assert sum(isinstance(e, ev.RunStarted) for e in events) == 1
