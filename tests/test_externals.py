@@ -261,6 +261,16 @@ def test_the_example_shop_bundle_loads_with_every_kind_of_tool() -> None:
     assert load_bundle(Path(__file__).parents[1] / "bundles" / "researcher").name == "researcher"
 
 
+@ASYNC
+async def test_a_bundle_entry_gives_the_sandbox_its_environ(tmp_path: Path) -> None:
+    script = '"""Say the region."""\nimport os\n{"region": os.environ["REGION"]}\n'
+    (tmp_path / "region.pym").write_text(script)
+    (tmp_path / "bundle.yaml").write_text("name: geo\ntools:\n  - path: region.pym\n"
+                                          "    environ: {REGION: eu-west}\n")
+    tool = load_bundle(tmp_path).tools["region"]
+    assert (await tool.execute({})).output == {"region": "eu-west"}
+
+
 # ---- load-time errors ----------------------------------------------------------------------------------
 
 
