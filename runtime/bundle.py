@@ -18,6 +18,19 @@ worker loads to know the agent's tools::
         limits: {max_duration: 5s}            # merged over the global limits (Limits.merge)
         output_model: AddEntryResult          # a name from output_models, `module:Class`, or a JSON Schema
         requires_approval: false              # true: every call waits for an operator (`sa approve`)
+      - path: tools/order.pym                 # a script with @external functions
+        description: Places an order.         #   the model's description when the script has no docstring
+        environ: {REGION: eu}                 #   the sandbox's os.environ
+        grants:                               #   built-in externals (runtime.externals.builtins)
+          ask_llm: true
+          http_request: {hosts: [api.example.com]}
+          secrets: [SHOP_TOKEN]
+      - python: shop_tools:lookup_order       # a Python function as a tool, run by workers
+        timeout: 5s                           #   (runtime.tools.hosted): timeout, concurrency, retry
+        concurrency: 4
+        retry: {attempts: 3, backoff: 200ms, exceptions: [ConnectionError]}
+      - agent: researcher                     # another agent as a tool: a durable sub-run (runtime.subruns)
+        description: Finds facts on the web.  #   (max_depth: how deep sub-runs may nest)
       - path: tools/transfer.pym
         approval:                             # a call waits for an operator when `when` holds
           when: {arg: amount, op: ">", value: 100}   # or {all: [clauses]} / {any: [clauses]}; no `when`:
@@ -28,6 +41,7 @@ worker loads to know the agent's tools::
       AddEntryResult: {type: object, properties: {message: {type: string}}, required: [message]}
     data_provider: workspace                  # none | static | workspace, or {type: static, folder: data/}
     workspace: notes                          # the KV workspace tool jobs read and write
+    externals: shop_externals:Factory         # an ExternalsFactory for the scripts' @external functions
     termination: {terminal_tool: submit_result, max_turns: 20, deadline: 10m, max_consecutive_errors: 3}
     policies:
       - sequential_dependency: {deploy: [build, test]}
@@ -63,10 +77,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runtime.approval_policy import ApprovalRule, ConditionError, parse_condition
+from runtime.externals import ExternalsError, ExternalsFactory, Grants, import_object, load_factory
 from runtime.model import ADAPTERS, DecodingConstraint, Strategy
 from runtime.scripts import Limits, LimitsError, parse_duration
-from runtime.tools import ScriptTool, discover_tools
+from runtime.tools import ScriptLoadError, ScriptTool, discover_tools
+from runtime.tools.agent_tool import DEFAULT_MAX_DEPTH, AgentTool
+from runtime.tools.hosted import HostedPythonTool, RetryPolicy
 from runtime.types import ToolSchema
+
+BundleTool = ScriptTool | HostedPythonTool | AgentTool
 
 if TYPE_CHECKING:
     from runtime.kernel import KernelConfig
@@ -122,12 +141,39 @@ class ApprovalSpec(_Strict):
     role: str = ""
 
 
+class HttpGrant(_Strict):
+    hosts: list[str]
+
+
+class GrantsSpec(_Strict):
+    """Built-in externals a tool may use (`runtime.externals.builtins`)."""
+
+    ask_llm: bool = False
+    http_request: HttpGrant | None = None
+    secrets: list[str] = []
+
+
+class RetrySpec(_Strict):
+    attempts: int = 1
+    backoff: float | str = 0.1
+    exceptions: list[str] = []  # (not `on:`, which YAML reads as `true`)
+
+
 class ToolEntry(_Strict):
-    path: str
+    path: str | None = None  # a .pym script, or
+    python: str | None = None  # a Python function `package.module:function` run by workers, or
+    agent: str | None = None  # another agent, called as a durable sub-run
+    max_depth: int | None = None  # agent tools only: how deep sub-runs may nest
+    description: str | None = None
+    environ: dict[str, str] = {}
+    grants: GrantsSpec | None = None
     limits: Any = None
     output_model: Any = None
     requires_approval: bool = False
     approval: ApprovalSpec | None = None
+    timeout: float | str | None = None  # python tools only
+    concurrency: int | None = None
+    retry: RetrySpec | None = None
 
 
 class TerminationSpec(_Strict):
@@ -154,6 +200,7 @@ class BundleSpec(_Strict):
     policies: list[Any] = []
     max_concurrent_tools: int = 4
     history_window: int | None = None
+    externals: str | None = None  # an ExternalsFactory `package.module:attr` for the tools' @externals
     # What a host does with a run that started on another version of this bundle (a host restarted or took
     # over with a changed bundle.yaml or tool): fail it, saying why, or continue it on the loaded version.
     resume: Literal["same-version", "latest"] = "same-version"
@@ -182,12 +229,14 @@ class Bundle:
     spec: BundleSpec
     system_prompt: str
     limits: Limits
-    tools: dict[str, ScriptTool]  # each with its limits (global merged with its own), output model, approval
+    tools: dict[str, BundleTool]  # each with its limits (global merged with its own), output model, approval
     data_provider: DataProviderSpec
     deadline_s: float | None
     policies: tuple[ToolPolicy, ...]
     digest: str
     approvals: tuple[ApprovalRule, ...] = ()  # the tools' approval rules (`approval:` entries)
+    grants: dict[str, Grants] = field(default_factory=dict)  # tool -> its built-in externals
+    factory: ExternalsFactory | None = None  # `externals:`, imported
 
     @property
     def root(self) -> Path:
@@ -501,6 +550,8 @@ def load_bundle(path: str | Path) -> Bundle:
 
     # tools: expand globs and entries to files, then load them all at once
     files: list[tuple[Path, str, ToolEntry | None]] = []  # (file, yaml path, entry)
+    pythons: list[tuple[str, ToolEntry]] = []
+    agents: list[tuple[str, ToolEntry]] = []
     for i, item in enumerate(spec.tools):
         where = f"tools[{i}]"
         if isinstance(item, str):
@@ -514,6 +565,20 @@ def load_bundle(path: str | Path) -> Bundle:
             entry = _validate(ToolEntry, item, where, problems)
             if entry is None:
                 continue
+            if sum(x is not None for x in (entry.path, entry.python, entry.agent)) != 1:
+                problems.append((where, "a tool entry has one of `path:` (a .pym script), `python:` "
+                                        "(package.module:function) or `agent:` (another agent's name)"))
+                continue
+            if entry.agent is not None:
+                agents.append((where, entry))
+                continue
+            if entry.python is not None:
+                pythons.append((where, entry))
+                continue
+            if entry.timeout is not None or entry.concurrency is not None or entry.retry is not None:
+                problems.append((where, "timeout, concurrency and retry are for `python:` tools; a script's "
+                                        "time and memory are bounded by `limits:`"))
+            assert entry.path is not None
             f = (root / entry.path).resolve()
             if not f.is_file():
                 problems.append((f"{where}.path", f"{f} does not exist"))
@@ -521,10 +586,11 @@ def load_bundle(path: str | Path) -> Bundle:
             files = [x for x in files if x[0] != f]  # an explicit entry refines a glob match
             files.append((f, where, entry))
         else:
-            problems.append((where, "a tool is a glob string or a mapping with `path:`"))
+            problems.append((where, "a tool is a glob string or a mapping with `path:` or `python:`"))
 
-    tools: dict[str, ScriptTool] = {}
+    tools: dict[str, BundleTool] = {}
     approvals: list[ApprovalRule] = []
+    grants: dict[str, Grants] = {}
     for f, where, entry in files:
         tool, failure = _load_tool(f)
         if tool is None:
@@ -534,18 +600,53 @@ def load_bundle(path: str | Path) -> Bundle:
             problems.append((where, f"two tools are named {tool.name!r} ({tools[tool.name].path} and {f})"))
             continue
         limits, output_model, approval = global_limits, None, False
+        description, environ = None, None
         if entry is not None:
             own = _limits(entry.limits, f"{where}.limits", problems) if entry.limits is not None else None
             limits = global_limits.merge(own)
             output_model = _output_model(entry.output_model, named, root, f"{where}.output_model", problems)
             approval = entry.requires_approval
+            description, environ = entry.description, dict(entry.environ)
             if entry.approval is not None:
                 rule = _approval_rule(tool.name, entry.approval, f"{where}.approval", problems)
                 approvals.extend([rule] if rule is not None else [])
+            if entry.grants is not None:
+                grants[tool.name] = _grants(entry.grants)
         # the tool object carries the bundle's settings: `tool.execute` alone is right, and the host and
         # the workers read them from it
-        tools[tool.name] = tool.configured(limits=limits, output_model=output_model,
-                                           requires_approval=approval)
+        try:
+            tools[tool.name] = tool.configured(limits=limits, output_model=output_model,
+                                               requires_approval=approval, description=description,
+                                               environ=environ)
+        except ScriptLoadError as e:  # a `description:` that breaks the tool rules
+            message = e.error.message.replace("the description (the docstring's first paragraph)",
+                                              "the description")
+            problems.append((f"{where}.description", message))
+    for where, entry in pythons:
+        hosted = _python_tool(entry, where, root, global_limits, named, problems)
+        if hosted is None:
+            continue
+        if hosted.name in tools:
+            problems.append((where, f"two tools are named {hosted.name!r}"))
+            continue
+        if entry.approval is not None:
+            rule = _approval_rule(hosted.name, entry.approval, f"{where}.approval", problems)
+            approvals.extend([rule] if rule is not None else [])
+        tools[hosted.name] = hosted
+    for where, entry in agents:
+        delegate = _agent_tool(entry, where, global_limits, problems)
+        if delegate is None:
+            continue
+        if delegate.name in tools:
+            problems.append((where, f"two tools are named {delegate.name!r}"))
+            continue
+        tools[delegate.name] = delegate
+    factory = None
+    if spec.externals is not None:
+        try:
+            factory = load_factory(spec.externals, root=root)
+        except ExternalsError as e:
+            problems.append(("externals", str(e)))
 
     # termination, policies, data
     term = spec.termination
@@ -579,10 +680,93 @@ def load_bundle(path: str | Path) -> Bundle:
     h = hashlib.sha256(raw_text.encode())
     for name in sorted(tools):
         h.update(name.encode())
-        h.update(Path(str(tools[name].path)).read_bytes())
+        t = tools[name]
+        h.update(Path(str(t.path)).read_bytes() if isinstance(t, ScriptTool) else t.content_hash.encode())
     return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
                   limits=global_limits, tools=tools, data_provider=data, deadline_s=deadline_s,
-                  policies=policies, digest=h.hexdigest()[:16], approvals=tuple(approvals))
+                  policies=policies, digest=h.hexdigest()[:16], approvals=tuple(approvals), grants=grants,
+                  factory=factory)
+
+
+def _agent_tool(entry: ToolEntry, where: str, global_limits: Limits,
+                problems: list[tuple[str, str]]) -> AgentTool | None:
+    """An `agent:` entry as a tool, or None after recording what is wrong with it."""
+    from runtime.nats.subjects import check_token
+
+    assert entry.agent is not None
+    try:
+        check_token(entry.agent, "agent")
+    except ValueError as e:
+        problems.append((f"{where}.agent", str(e)))
+        return None
+    if entry.grants is not None or entry.environ or entry.python or entry.retry or entry.concurrency:
+        problems.append((where, "an agent tool takes description, max_depth, limits and approval "
+                                "settings only"))
+    if entry.timeout is not None:
+        problems.append((f"{where}.timeout", "an agent tool has no timeout: the child run is bounded by its "
+                                             "own bundle (termination.deadline, max_turns)"))
+    if entry.max_depth is not None and entry.max_depth < 1:
+        problems.append((f"{where}.max_depth", "must be at least 1"))
+    try:
+        return AgentTool(entry.agent, description=entry.description,
+                         max_depth=entry.max_depth or DEFAULT_MAX_DEPTH, limits=global_limits,
+                         requires_approval=entry.requires_approval)
+    except ValueError as e:
+        problems.append((where, str(e)))
+        return None
+
+
+def _grants(spec: GrantsSpec) -> Grants:
+    http = spec.http_request
+    return Grants(ask_llm=spec.ask_llm, http=http is not None, http_hosts=tuple(http.hosts) if http else (),
+                  secrets=tuple(spec.secrets))
+
+
+def _python_tool(entry: ToolEntry, where: str, root: Path, global_limits: Limits, named: dict[str, Any],
+                 problems: list[tuple[str, str]]) -> HostedPythonTool | None:
+    """A `python:` entry as a tool, or None after recording what is wrong with it."""
+    assert entry.python is not None
+    if entry.grants is not None or entry.environ:
+        problems.append((where, "grants and environ are for `.pym` tools; a Python tool reaches the world "
+                                "directly (and may take an ExecutionContext parameter)"))
+    try:
+        func = import_object(entry.python, root=root, what="python tool")
+    except ExternalsError as e:
+        problems.append((f"{where}.python", str(e)))
+        return None
+    if not callable(func):
+        problems.append((f"{where}.python", f"{entry.python!r} is not a function"))
+        return None
+    timeout = None
+    if entry.timeout is not None:
+        try:
+            timeout = parse_duration(entry.timeout, field="timeout")
+        except LimitsError as e:
+            problems.append((f"{where}.timeout", str(e)))
+    if entry.concurrency is not None and entry.concurrency < 1:
+        problems.append((f"{where}.concurrency", "must be at least 1"))
+    retry = None
+    if entry.retry is not None:
+        try:
+            backoff = parse_duration(entry.retry.backoff, field="backoff") or 0.0
+        except LimitsError as e:
+            problems.append((f"{where}.retry.backoff", str(e)))
+            backoff = 0.0
+        if entry.retry.attempts < 1:
+            problems.append((f"{where}.retry.attempts", "must be at least 1"))
+        retry = RetryPolicy(attempts=entry.retry.attempts, backoff_s=backoff,
+                            on=tuple(entry.retry.exceptions))
+    own = _limits(entry.limits, f"{where}.limits", problems) if entry.limits is not None else None
+    output_model = _output_model(entry.output_model, named, root, f"{where}.output_model", problems)
+    try:
+        return HostedPythonTool(func, ref=entry.python, description=entry.description, timeout_s=timeout,
+                                concurrency=entry.concurrency, retry=retry, limits=global_limits.merge(own),
+                                output_model=output_model, requires_approval=entry.requires_approval)
+    except (TypeError, ValueError) as e:
+        problems.append((f"{where}.python", f"{e}; a Python tool's parameters need type hints that map to "
+                                            "JSON Schema (str, int, float, bool, list[...], dict[str, ...], "
+                                            "Literal, Optional, pydantic models)"))
+        return None
 
 
 def _approval_rule(tool: str, spec: ApprovalSpec, where: str,
@@ -612,4 +796,4 @@ def _approval_rule(tool: str, spec: ApprovalSpec, where: str,
         return None
 
 
-__all__ = ["Bundle", "BundleError", "BundleSpec", "DataProviderSpec", "load_bundle"]
+__all__ = ["Bundle", "BundleError", "BundleSpec", "BundleTool", "DataProviderSpec", "load_bundle"]

@@ -231,6 +231,17 @@ class RunLog:
             out.events = [await self.resolve(e) for e in out.events]
         return out
 
+    async def started(self, run_id: str, actor: str) -> ev.RunStarted | None:
+        """The run's `run.started` alone, in one direct get (None for a fork or a run not started): what a
+        tool worker needs to know of the task (its metadata), without reading the whole run."""
+        subject = names.event_subject(actor, run_id, "run.started")
+        try:
+            msg = await self.js.get_last_msg(names.EVENTS, subject)
+        except NotFoundError:
+            return None
+        event = await self.resolve(ev.decode(msg.data or b""))
+        return event if isinstance(event, ev.RunStarted) else None
+
     async def resolve(self, event: ev.Event) -> ev.Event:
         """The whole event for a stub (fetched and digest-checked); any other event as it is."""
         if event.ref is None:
@@ -269,6 +280,19 @@ class RunLog:
                                 ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                                 ack_wait=ack_wait, max_ack_pending=max_pending)
         await self.js.add_consumer(names.EVENTS, config)  # an update when it exists (same filter)
+        return Tail(await self.js.pull_subscribe_bind(durable=durable, stream=names.EVENTS))
+
+    async def ends(self, durable: str, *, ack_wait: float = 30.0) -> Tail:
+        """Every run's end (`run.completed`, `run.failed`, `run.cancelled`) appended after the durable
+        consumer `durable` was first made, through it: how the tool workers learn that a sub-run ended,
+        to answer its parent's call (`runtime.subruns`), without holding anything while it runs."""
+        names.check_token(durable, "consumer name")
+        # `name` as well: the create goes to CONSUMER.CREATE.<stream>.<name>, which a worker may use
+        ends = [f"events.*.*.{k}" for k in sorted(TERMINAL_KINDS)]
+        config = ConsumerConfig(name=durable, durable_name=durable, filter_subjects=ends,
+                                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                ack_wait=ack_wait, max_ack_pending=1024)
+        await self.js.add_consumer(names.EVENTS, config)
         return Tail(await self.js.pull_subscribe_bind(durable=durable, stream=names.EVENTS))
 
     async def watch_cancels(self, on_cancelled: Callable[[ev.RunCancelled], None]) -> Any:

@@ -56,7 +56,10 @@ def describe(event: ev.Event) -> str:
             return f"forked from {event.source_run} at seq {event.source_seq}{edit}"
         case ev.RunStarted():
             deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
-            return f"task {_big(event, event.input, 70)}{deadline}  bundle {event.bundle_digest or '-'}"
+            parent = event.metadata.get("sa.parent_run")  # a sub-run (`runtime.subruns`) names its parent
+            child = f"  sub-run of {parent} (call {event.metadata.get('sa.parent_call')})" if parent else ""
+            return (f"task {_big(event, event.input, 70)}{deadline}  bundle {event.bundle_digest or '-'}"
+                    f"{child}")
         case ev.ModelRequested():
             again = f" attempt {event.attempt}" if event.attempt else ""
             added = _ref(event.ref) if event.ref is not None else f"+{len(event.messages)} message(s)"

@@ -38,6 +38,16 @@ that outcome after `run.cancelled` (it waits briefly for it), so the log shows t
 Each worker also runs a `MaxDeliveriesWatch` (one queue group across workers): a job whose last
 delivery was lost too stays stuck in TOOLS, and the server's MaxDeliver advisory is the only sign.
 
+Externals: a script's `@external` functions come from the bundle's grants (built-ins), the bundle's
+`externals:` factory or the worker's (`sa worker --externals package.module:factory`), built per job with
+an `ExecutionContext` (`runtime.externals.provide`). Each answered external call is recorded in the
+`externals` KV bucket before the script goes on, so a redelivered job replays answered calls instead of
+making them again (`runtime.externals.record` states the guarantee). Secret values a tool was granted are
+scrubbed from its outcome. Python tools of a bundle (`- python: module:function`) run here too, under their
+own timeout, concurrency limit and retry policy (`runtime.tools.hosted`), and so do a bundle's agent tools
+(`- agent: name`): the call starts a child run of that agent and its job is acked; the child's end answers
+the call, through the `SubrunWatch` every worker serving agent tools runs (`runtime.subruns`).
+
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
 to idle workers; the Monty pool bounds CPU.
@@ -66,6 +76,10 @@ from nats.js import JetStreamContext
 from runtime import dlq
 from runtime import events as ev
 from runtime.attempts import JobHeartbeats, deliveries, explain, record_end, retry_delay, sync_ack_wait
+from runtime.externals import ExecutionContext, ExternalsFactory, Grants, Secrets
+from runtime.externals.builtins import redact_value
+from runtime.externals.provide import Provided, ToolSetup, provide
+from runtime.externals.record import externals_kv
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.log import RunLog
 from runtime.nats.connection import close, connect
@@ -85,7 +99,9 @@ from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
 from runtime.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
+from runtime.subruns import SubrunWatch, start_child
 from runtime.tools import ScriptTool, ToolContext, discover_tools
+from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -98,7 +114,8 @@ from runtime.tools.data import (
     WorkspaceResultHandler,
     WriteError,
 )
-from runtime.types import ScriptNote, ToolResult
+from runtime.tools.hosted import HostedPythonTool
+from runtime.types import ScriptNote, ToolError, ToolResult
 
 log = logging.getLogger("runtime.worker")
 
@@ -120,22 +137,33 @@ class ToolRegistry:
     loaded (parsed, checked, transformed) once per process, when the worker starts."""
 
     def __init__(self) -> None:
-        self.tools: dict[str, ScriptTool] = {}
-        self.by_digest: dict[str, ScriptTool] = {}
+        self.tools: dict[str, ScriptTool | HostedPythonTool | AgentTool] = {}
+        self.by_digest: dict[str, ScriptTool | HostedPythonTool | AgentTool] = {}
         self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
+        self.setups: dict[str, ToolSetup] = {}  # tool -> its bundle's grants, factory and model
+        self._clients: dict[str, Any] = {}  # bundle name -> its model client, made on first ask_llm
 
     def __contains__(self, name: str) -> bool:
         return name in self.tools
 
-    def get(self, name: str) -> ScriptTool | None:
+    def get(self, name: str) -> ScriptTool | HostedPythonTool | AgentTool | None:
         return self.tools.get(name)
 
-    def add(self, tool: ScriptTool) -> None:
+    def add(self, tool: ScriptTool | HostedPythonTool | AgentTool) -> None:
         old = self.tools.get(tool.name)
         if old is not None and old.content_hash != tool.content_hash:
             log.warning("tool %s from %s replaces the one from %s", tool.name, tool.path, old.path)
         self.tools[tool.name] = tool
         self.by_digest[tool.content_hash] = tool
+
+    async def close_clients(self) -> None:
+        """Close the model clients `ask_llm` made (the next call makes a new one)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                await client.aclose()
+            except Exception as e:  # closing is best effort: the process may be ending anyway
+                log.debug("closing a model client: %s", e)
 
     def add_globs(self, patterns: Iterable[str]) -> list[str]:
         """Every `.pym` matching the globs (files and folders work too), with default limits; a script
@@ -155,8 +183,20 @@ class ToolRegistry:
         from runtime.bundle import load_bundle
 
         bundle = load_bundle(path)
+
+        def model() -> Any:  # the bundle's model client, shared by its tools' ask_llm calls
+            client = self._clients.get(bundle.name)
+            if client is None:
+                from runtime.agent import model_client
+
+                client = self._clients[bundle.name] = model_client(bundle)
+            return client
+
         for t in bundle.tools.values():
             self.add(t)
+            self.setups[t.name] = ToolSetup(bundle=bundle.name, grants=bundle.grants.get(t.name) or Grants(),
+                                            factory=bundle.factory, model=model,
+                                            sampling=dict(bundle.spec.model.sampling))
         dp = bundle.data_provider
         if dp.kind == "static":
             self.providers[bundle.name] = StaticDataProvider(dp.files, folder=dp.folder)
@@ -179,6 +219,14 @@ class WorkerStats:
     nacked: int = 0
     writes: int = 0
     cancelled: int = 0  # jobs stopped (or not started) because their run was cancelled
+    delegated: int = 0  # agent-tool calls handed to a sub-run
+
+
+@dataclass(frozen=True)
+class Delegated:
+    """A job whose call became a child run: acked without an outcome (the child's end brings it)."""
+
+    child_run: str
 
 
 class Worker:
@@ -189,7 +237,8 @@ class Worker:
                  data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None,
                  payload_threshold: int | None = None,
                  ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
-                 on_outcome: Callable[[ToolOutcome], Any] | None = None) -> None:
+                 on_outcome: Callable[[ToolOutcome], Any] | None = None,
+                 externals: ExternalsFactory | None = None, secrets: Secrets | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be ≥ 1")
         self.js = js
@@ -209,6 +258,9 @@ class Worker:
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
         self._running: dict[str, set[anyio.CancelScope]] = {}  # run id -> the scopes of its jobs here
         self._cancelled: OrderedDict[str, str] = OrderedDict()  # run id -> why, the most recent ones
+        self.externals = externals  # the worker's own factory (`--externals`); a bundle's comes first
+        self.secrets = secrets or Secrets()
+        self._records: Any = None  # the `externals` KV bucket, opened when a script first needs it
 
     # -- cancels ---------------------------------------------------------------------------------------
 
@@ -265,6 +317,11 @@ class Worker:
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
         cancels = await RunLog(self.js).watch_cancels(self._on_cancelled)
+        subruns = None  # agent tools: the watch that answers a call when its child run ends
+        if any(isinstance(t, AgentTool) for t in self.registry.tools.values()):
+            subruns = SubrunWatch(self.js, worker=self.name)
+            await retrying(subruns.open, what="opening the sub-run watch", give_up=PUBLISH_PATIENCE_S,
+                           logger=log)
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
         try:
@@ -272,6 +329,8 @@ class Worker:
                 tg.start_soon(self.held.run)
                 tg.start_soon(self.held.follow, self.js)
                 tg.start_soon(self._beat)
+                if subruns is not None:
+                    tg.start_soon(subruns.run)
                 async with anyio.create_task_group() as runners:
                     for _ in range(self.concurrency):
                         runners.start_soon(self._runner, receive.clone(), room)
@@ -307,6 +366,8 @@ class Worker:
                     await cancels.unsubscribe()
                 except Exception as e:  # the connection is closing: nothing left to stop
                     log.debug("cancel watch unsubscribe: %s", e)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await self.registry.close_clients()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 try:
                     await (await fleet_kv(self.js, WORKERS_BUCKET)).delete(self._beat_key)
@@ -367,6 +428,11 @@ class Worker:
         outcome = await self._execute(job, attempt)
         if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
             await self._give_back(msg, job, attempt, outcome)
+            return
+        if isinstance(outcome, Delegated):  # the child's end answers the call (`SubrunWatch`): done here
+            log.info("worker %s: %s delegated to sub-run %s", self.name, job.msg_id, outcome.child_run)
+            self.stats.delegated += 1
+            await msg.ack()
             return
         sending = outcome
 
@@ -442,7 +508,7 @@ class Worker:
         bundle = job.actor.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
         return self.registry.providers.get(bundle, NullDataProvider()), NullResultHandler()
 
-    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | str:
+    async def _execute(self, job: ToolJob, attempt: int) -> ToolOutcome | Delegated | str:
         """The job's outcome, or why NATS trouble means it should be retried later."""
         fields: dict[str, Any] = {"worker": self.name, "attempt": attempt, "started": time.time(),
                                   "earlier": await explain(self.js, job.msg_id, attempt, self.held.ack_wait)}
@@ -480,6 +546,17 @@ class Worker:
         except LimitsError as e:
             return ToolOutcome.for_job(job, ToolResult.failure("limit", f"invalid limits in the job: {e}"),
                                        **fields)
+        if isinstance(tool, AgentTool):  # a sub-run: started (or found); its end answers the call
+            if job.run_id in self._cancelled:
+                return self._cancelled_outcome(job, [], fields)
+            try:
+                started = await start_child(self.js, tool, job)
+            except Exception as e:
+                log.warning("worker %s: cannot start the sub-run of %s: %s", self.name, job.msg_id, e)
+                return f"its sub-run could not be started ({e})"
+            if isinstance(started, ToolResult):
+                return ToolOutcome.for_job(job, started, **fields)
+            return Delegated(started)
         last_conflict = ""
         for _ in range(CONFLICT_RETRIES):
             if job.deadline is not None:
@@ -499,12 +576,25 @@ class Worker:
             notes: list[ScriptNote] = []  # shipped in the outcome as the sandbox made them
             if job.run_id in self._cancelled:
                 return self._cancelled_outcome(job, notes, fields)
+            execution = ExecutionContext.of(
+                agent=job.actor.partition(":")[0], actor=job.actor, run_id=job.run_id, call_id=job.call_id,
+                tool=job.tool, attempt=attempt, deadline=job.deadline, workspace=job.workspace,
+                environ=getattr(tool, "environ", None), metadata=await self._task_metadata(job, tool))
+            provided = await self._provide(tool, execution, notes)
+            if isinstance(provided, ToolResult):
+                return ToolOutcome.for_job(job, provided, **fields)
+            assert not isinstance(tool, AgentTool)
             with self._stoppable(job.run_id) as scope:
                 result = await tool.execute(job.arguments, ToolContext(
                     run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,
-                    on_event=notes.append))
+                    on_event=notes.append, externals=provided.externals or None, execution=execution))
             if scope.cancelled_caught:
                 return self._cancelled_outcome(job, notes, fields)
+            if provided.recorder is not None and provided.recorder.replayed:
+                log.info("worker %s: %s replayed %d recorded external call(s), made %d", self.name,
+                         job.msg_id, provided.recorder.replayed, provided.recorder.made)
+            if provided.secrets:
+                result, notes = _scrubbed(result, notes, provided.secrets)
             if result.error is not None:
                 return ToolOutcome.for_job(job, result, notes=tuple(notes), **fields)
             try:
@@ -527,6 +617,39 @@ class Worker:
             **fields)
 
 
+    async def _task_metadata(self, job: ToolJob, tool: ScriptTool | HostedPythonTool | AgentTool,
+                             ) -> dict[str, Any]:
+        """The task's metadata for an `ExecutionContext`, read from the run's `run.started` only for a tool
+        that can see it (a script with externals, a Python tool): other jobs pay no read."""
+        if isinstance(tool, AgentTool) or (isinstance(tool, ScriptTool) and not tool.script.externals):
+            return {}
+        try:
+            started = await RunLog(self.js).started(job.run_id, job.actor)
+        except Exception as e:  # the context lacks the metadata; the call itself can still run
+            log.debug("worker %s: cannot read run.started of %s: %s", self.name, job.run_id, e)
+            return {}
+        return dict(started.metadata) if started is not None else {}
+
+    async def _provide(self, tool: ScriptTool | HostedPythonTool | AgentTool, execution: ExecutionContext,
+                       notes: list[ScriptNote]) -> Provided | ToolResult:
+        """The job's externals (those its script declares), or the `external` failure naming what is
+        missing."""
+        if not isinstance(tool, ScriptTool):
+            return Provided({})
+
+        async def kv() -> Any:
+            if self._records is None:
+                self._records = await externals_kv(self.js)
+            return self._records
+
+        def printed(text: str) -> None:
+            notes.append(ScriptNote(kind="printed", ts=time.time(), text=text, stream="external",
+                                    script=tool.name, call_id=execution.call_id))
+
+        provided = await provide(tool.script, tool.name, self.registry.setups.get(tool.name), self.externals,
+                                 execution, kv, self.secrets, printed)
+        return ToolResult(error=provided) if isinstance(provided, ToolError) else provided
+
     def _cancelled_outcome(self, job: ToolJob, notes: list[ScriptNote],
                            fields: dict[str, Any]) -> ToolOutcome:
         """A job of a cancelled run: `cancelled`, and a `failed` note closing the sandbox run it stopped."""
@@ -538,6 +661,24 @@ class Worker:
             notes.append(ScriptNote(kind="failed", ts=time.time(), error=failure.error, duration_ms=ran,
                                     script=notes[0].script, call_id=notes[0].call_id))
         return ToolOutcome.for_job(job, failure, notes=tuple(notes), **fields)
+
+
+def _scrubbed(result: ToolResult, notes: list[ScriptNote],
+              secrets: list[str]) -> tuple[ToolResult, list[ScriptNote]]:
+    """The result and notes with every granted secret's value replaced: nothing the worker sends back
+    (and so nothing in the run's events) carries a secret, even one a script printed or returned."""
+    error = result.error
+    if error is not None:
+        error = msgspec.structs.replace(error, message=redact_value(error.message, secrets))
+    clean = ToolResult(output=redact_value(result.output, secrets), error=error,
+                       duration_ms=result.duration_ms)
+    out = []
+    for n in notes:
+        err = n.error
+        if err is not None:
+            err = msgspec.structs.replace(err, message=redact_value(err.message, secrets))
+        out.append(msgspec.structs.replace(n, text=redact_value(n.text, secrets), error=err))
+    return clean, out
 
 
 def build_registry(*, bundles: Iterable[str | Path] = (), tool_globs: Iterable[str] = ()) -> ToolRegistry:
@@ -553,14 +694,16 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
                 stop: anyio.Event | None = None, ensure: bool = True,
                 on_ready: Callable[[Worker], Any] | None = None,
                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
-                on_outcome: Callable[[ToolOutcome], Any] | None = None) -> WorkerStats:
+                on_outcome: Callable[[ToolOutcome], Any] | None = None,
+                externals: ExternalsFactory | None = None, secrets: Secrets | None = None) -> WorkerStats:
     """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
     nc = await connect(servers, name="sa-worker")
     try:
         js = nc.jetstream()
         if ensure:
             await attach_topology(js)
-        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome)
+        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome,
+                        externals=externals, secrets=secrets)
         if on_ready is not None:
             on_ready(worker)
         await worker.run(stop)

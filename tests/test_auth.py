@@ -182,7 +182,7 @@ ALLOWED: dict[str, set[str]] = {
              "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
              "take over a task partition", "purge events"},
     "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
-               "read the runs index"},
+               "read the runs index", "publish a task", "command as itself"},  # agent tools: sub-runs
     "admin": set(OPS),
 }
 

@@ -211,7 +211,8 @@ def test_bundle_arguments_expand_a_folder_of_bundle_folders(tmp_path: Path):
     assert expand_bundles([one, one.parent]) == [one, one.parent]  # a bundle or its folder: as given
     assert expand_bundles([tmp_path / "missing"]) == [tmp_path / "missing"]  # loading it says why
     repo = Path(__file__).parents[1]
-    assert expand_bundles([repo / "bundles"]) == [repo / "bundles" / "demo"]
+    shipped = [repo / "bundles" / n for n in ("demo", "researcher", "shop")]
+    assert expand_bundles([repo / "bundles"]) == shipped
 
 
 def _command_paths(cmd, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

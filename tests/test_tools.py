@@ -127,8 +127,8 @@ def test_tool_rules():
 
 def test_script_tool_refuses_scripts_that_break_the_rules():
     with pytest.raises(ScriptLoadError) as info:
-        ScriptTool(loads("1\n", name="nodoc"))
-    assert info.value.error.kind == "check" and "docstring" in info.value.error.message
+        ScriptTool(loads('"""Doc."""\n1\n', name="Bad Name"))
+    assert info.value.error.kind == "check" and "^[a-z0-9_-]{1,64}$" in info.value.error.message
     with pytest.raises(ScriptLoadError) as info:
         ScriptTool(loads('"""Doc."""\nimport enum\n', name="bad"))
     assert info.value.failure.diagnostics[0].line == 2
@@ -320,17 +320,17 @@ def test_discover_tools_returns_tools_and_every_failure(tmp_path):
     tools, failures = discover_tools(
         [tmp_path, tmp_path / "missing.pym", str(tmp_path / "*.none")], limits="strict"
     )
-    assert sorted(t.name for t in tools) == ["good", "other"]
+    assert sorted(t.name for t in tools) == ["good", "nodoc", "other"]  # no docstring: a warning, loads
     assert all(t.limits == Limits.strict() for t in tools)
     assert all(isinstance(f, LoadFailure) for f in failures)
     by_path = {f.path.rsplit("/", 1)[-1]: f for f in failures}
     assert by_path["broken.pym"].error.kind == "parse" and by_path["broken.pym"].error.line == 2
     assert "^[a-z0-9_-]" in by_path["Bad Name.pym"].error.message
-    assert "docstring" in by_path["nodoc.pym"].error.message
+    assert "nodoc.pym" not in by_path
     assert "already used" in by_path["good.pym"].error.message
     assert "no such file" in by_path["missing.pym"].error.message
     assert "no .pym files match" in by_path["*.none"].error.message
-    assert len(failures) == 6
+    assert len(failures) == 5
     assert str(by_path["broken.pym"]).startswith(str(sub / "broken.pym") + ":2")
 
 

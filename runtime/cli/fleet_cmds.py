@@ -4,6 +4,8 @@
                                           it, a host and N workers; Ctrl-C stops everything
     sa host [BUNDLES...]                  an agent host on an existing NATS
     sa worker [--tools GLOB] [--bundle B] a tool worker on an existing NATS
+              [--externals MOD:FACTORY]  the host functions of the scripts' @externals
+              [--secrets FILE]           NAME=value secrets a bundle may grant to tools
     sa status [--json]                    hosts and their partitions, workers, queue depths, runs in flight
 
 Finding the server and the bundles (a bundle folder, its bundle.yaml, or a folder of bundle folders):
@@ -318,6 +320,12 @@ def worker(
                                                           "dead worker held is delivered again (set on the "
                                                           "shared consumer; held jobs are heartbeated "
                                                           "every AckWait/4).")] = 3.0,
+    externals: Annotated[str | None, typer.Option(
+        "--externals", help="An ExternalsFactory `package.module:attr` giving the scripts' @external "
+                            "functions (a bundle's own `externals:` comes first).")] = None,
+    secrets: Annotated[Path | None, typer.Option(
+        "--secrets", help="A file of NAME=value lines: secrets a bundle may grant to tools by name "
+                          "(else they are read from the environment).")] = None,
     metrics_port: MetricsPortOption = None,
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
@@ -347,6 +355,19 @@ def worker(
     except (BundleError, FileNotFoundError, ValueError) as e:
         typer.echo(f"sa worker: {e}", err=True)
         raise typer.Exit(2) from None
+    from runtime.externals import ExternalsError, Secrets, load_factory
+
+    factory = None
+    try:
+        if externals is not None:
+            factory = load_factory(externals, root=Path.cwd())
+        secret_store = Secrets(secrets)
+    except ExternalsError as e:
+        typer.echo(f"sa worker: --externals: {e}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        typer.echo(f"sa worker: --secrets: cannot read {secrets}: {e.strerror or e}", err=True)
+        raise typer.Exit(2) from None
 
     metrics = None
     if metrics_port is not None:
@@ -371,7 +392,8 @@ def worker(
                 tg.start_soon(_poll_queues, nats_url, metrics, stop)
             on_outcome = metrics.on_outcome if metrics is not None else None
             stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
-                                ack_wait=ack_wait, on_outcome=on_outcome)
+                                ack_wait=ack_wait, on_outcome=on_outcome, externals=factory,
+                                secrets=secret_store)
             tg.cancel_scope.cancel()
         announce(f"sa worker: stopped after {stats.completed} job(s) ({stats.failed} failed)", log_format)
 

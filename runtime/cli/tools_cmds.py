@@ -1,7 +1,8 @@
 """`sa tools`, `sa check`, `sa run`: discover, check and run sandboxed `.pym` scripts.
 
 Exit codes: 0 success; 1 load problems (`tools`, `check`) or a bad command line (`run`: missing script,
-malformed --input/--file/--env/--limits); 2 the script ran and returned a tool error (`run`).
+malformed --input/--file/--env/--limits); 2 the script ran and returned a tool error (`run`). Warnings (a
+script without a docstring) are printed but do not change the exit code.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def tools_cmd(
     if as_json:
         _dump(
             {
-                "tools": [t.schema.to_openai() for t in tools],
+                "tools": [{**t.schema.to_openai(), "description_source": t.description_source}
+                          for t in tools],
                 "errors": [f.to_dict() for f in failures],
             }
         )
@@ -59,11 +61,12 @@ def tools_cmd(
                 for spec in t.script.inputs.values():
                     mark = "" if spec.required else "?"
                     inputs.append(f"{spec.name}{mark}: {spec.annotation}")
+                source = "" if t.description_source == "docstring" else f" ({t.description_source})"
                 table.add_row(
                     t.name,
                     "\n".join(inputs) or "-",
                     "\n".join(t.script.externals) or "-",
-                    t.schema.description,
+                    t.schema.description + source,
                 )
             console.print(table)
         else:
@@ -88,9 +91,10 @@ def check_cmd(
     import asyncio
 
     from runtime.scripts import diagnose, load, shutdown
-    from runtime.tools import expand_paths, script_tool_diagnostics
+    from runtime.tools import expand_paths, script_tool_diagnostics, script_tool_warnings
 
     files, missing = expand_paths(paths)
+    warned: list[dict[str, Any]] = []
 
     async def check_all() -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
@@ -113,6 +117,7 @@ def check_cmd(
                 if (monty or types) and script.ok:
                     diags += await diagnose(script, use_monty=monty, types=types)
                 found += [d.to_dict() for d in sorted(diags, key=lambda d: (d.line or 0, d.column or 0))]
+                warned.extend(w.to_dict() for w in script_tool_warnings(script))
         finally:
             await shutdown()
         return found
@@ -123,8 +128,10 @@ def check_cmd(
     ]
     problems += asyncio.run(check_all())
     if as_json:
-        _dump({"checked": [str(f) for f in files], "diagnostics": problems})
+        _dump({"checked": [str(f) for f in files], "diagnostics": problems, "warnings": warned})
     else:
+        for w in warned:
+            typer.echo(f"{w['file']}" + (f":{w['line']}" if w["line"] else "") + f": warning: {w['message']}")
         for d in problems:
             where = (
                 d["file"]
@@ -136,7 +143,8 @@ def check_cmd(
         typer.echo(
             f"{len(files)} script(s) checked, {bad} with problems"
             if problems
-            else f"{len(files)} script(s) checked, all clean",
+            else f"{len(files)} script(s) checked, all clean"
+            + (f" ({len(warned)} warning(s))" if warned else ""),
             err=True,
         )
     raise typer.Exit(1 if problems else 0)

@@ -18,10 +18,13 @@ The roles (subjects in `runtime.nats.subjects`):
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
   buckets, forwarding a command under its operator's name; it may not publish tasks or tool outcomes.
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
-  and dead letters, reads and writes the workspace, ``applied``, ``attempts`` and ``workers`` buckets and
-  the payload store, and follows every run's ``run.cancelled`` (to stop a cancelled job's sandbox); it may
-  not write events, publish tasks or commands, create or change consumers of
-  TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts`` and ``active`` buckets.
+  and dead letters, reads and writes the workspace, ``applied``, ``attempts``, ``workers`` and
+  ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
+  ``run.cancelled`` (to stop a cancelled job's sandbox). For agent tools (`runtime.subruns`) it publishes
+  the child's task on ``agents.<agent>.tasks`` and a cancel for it on ``ops.*.<its own name>``, as an
+  operator would, and reads every run's end through the ``subruns`` consumer of EVENTS. It may not
+  write events, forward commands under another name, create or change
+  consumers of TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts`` and ``active`` buckets.
 * **admin** — everything (`sa runs purge`, `sa dlq replay`, maintenance).
 
 Every user subscribes only to its own inbox (``_INBOX_<name>.>``; `runtime.nats.credentials` sets that
@@ -58,6 +61,7 @@ from runtime.nats.subjects import (
     PAYLOADS_BUCKET,
     RESULTS,
     RUNS_BUCKET,
+    SUBRUNS_CONSUMER,
     TASKS,
     TOOLS,
     WORKERS_BUCKET,
@@ -122,6 +126,8 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         # Workspace buckets are named per workspace (`ws_<name>`): a subject permission cannot match part
         # of a token, so the worker gets every bucket except the hosts' own state.
         pub = [*_JS_INFO, f"$JS.API.CONSUMER.MSG.NEXT.{TOOLS}.{WORKERS_CONSUMER}", f"$JS.ACK.{TOOLS}.>",
+               f"$JS.ACK.{EVENTS}.{SUBRUNS_CONSUMER}.>",  # the sub-run ends the agent-tool workers answer
+               "agents.*.tasks", f"{COMMANDS_PREFIX}.*.{name}",  # an agent tool's child task and cancel
                "results.>", "dlq.>", "$KV.>", f"$O.{PAYLOADS_BUCKET}.>",
                f"$JS.API.STREAM.PURGE.{_OBJ_PAYLOADS}", "$JS.API.STREAM.CREATE.*",
                "$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.CREATE.>",
@@ -132,7 +138,7 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                 *(f"$JS.API.CONSUMER.MSG.NEXT.{s}.*" for s in (TASKS, RESULTS)),
                 *(f"$JS.API.STREAM.CREATE.{s}" for s in (TASKS, EVENTS, TOOLS, RESULTS, DLQ)),
                 *(f"$JS.API.STREAM.CREATE.{_kv(b)}" for b in (*_FLEET_BUCKETS, APPLIED_BUCKET)),
-                "events.>", "agents.>", f"{COMMANDS_PREFIX}.>", "tasks.>", "tools.>"]
+                "events.>", "tasks.>", "tools.>"]
         # a worker follows every run's `run.cancelled` (a plain subscription) to stop a cancelled job
         return Permissions(pub, [*inbox, "events.*.*.run.cancelled"], pub_deny=deny)
     raise ValueError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")

@@ -78,6 +78,7 @@ ACTIVE_BUCKET = "active"
 ATTEMPTS_BUCKET = "attempts"  # why a tool job's earlier deliveries ended (`runtime.attempts`)
 ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
 WORKERS_CONSUMER = "workers"
+SUBRUNS_CONSUMER = "subruns"  # the EVENTS consumer of run ends, for agent tools (`runtime.subruns`)
 COMMANDS_PREFIX = "ops"  # operators' commands: ops.<agent>.<operator> (`command_subject`)
 ANONYMOUS = "anonymous"  # the operator name of a connection that authenticated as nobody
 
@@ -321,6 +322,7 @@ __all__ = [
     "PAYLOADS_BUCKET",
     "RESULTS",
     "RUNS_BUCKET",
+    "SUBRUNS_CONSUMER",
     "TASKS",
     "TOOLS",
     "WORKERS_BUCKET",

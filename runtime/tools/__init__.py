@@ -8,7 +8,9 @@
   that carries a tool's settings for the bundle, the host and the worker.
 - `PythonTool` wraps a sync or async Python callable (schema from its type hints and docstring).
 - A tool's name matches `^[a-z0-9_-]{1,64}$` (a script's is its file stem) and its description is the first
-  paragraph of its docstring, 1-200 characters: the model reads it to decide when to call the tool.
+  paragraph of its docstring, 1-200 characters: the model reads it to decide when to call the tool. A
+  script without a docstring still loads (grail needs none): a warning, and a bundle `description:` or a
+  default text stands in (`ScriptTool.description_source` says which).
 - Arguments are validated against the schema before anything runs (unknown argument, missing, wrong type
   -> an `input` error the model can act on). Failures are values (`ToolResult.error`), never exceptions.
 - `discover_tools` returns every script that failed to load beside the tools: nothing is skipped silently.
@@ -27,8 +29,10 @@ from runtime.tools.schemas import (
     TOOL_NAME,
     LoadFailure,
     ScriptLoadError,
+    default_description,
     schema_from_inputs,
     script_tool_diagnostics,
+    script_tool_warnings,
     tool_diagnostics,
 )
 from runtime.tools.script import ScriptTool
@@ -43,9 +47,11 @@ __all__ = [
     "ScriptTool",
     "Tool",
     "ToolContext",
+    "default_description",
     "discover_tools",
     "expand_paths",
     "schema_from_inputs",
     "script_tool_diagnostics",
+    "script_tool_warnings",
     "tool_diagnostics",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.externals.context import ExecutionContext
 from runtime.scripts import (
     AnnotationError,
     check_arguments,
@@ -41,8 +42,10 @@ class PythonTool(Described):
     Parameters become the schema (type hints -> JSON Schema by the same table as `.pym` inputs; a
     parameter with a default or an Optional type is not required); the docstring's first paragraph is
     the description and its `Args:` section the parameter descriptions. A parameter annotated
-    `ToolContext` receives the call's context and is not shown to the model. Sync callables run in a
-    worker thread. Raises `TypeError`/`ValueError` at construction for a signature that cannot be described.
+    `ToolContext` receives the call's context, one annotated `ExecutionContext` the call as externals see
+    it (run, call, attempt, deadline, idempotency keys); neither is shown to the model. Sync callables
+    run in a worker thread. Raises `TypeError`/`ValueError` at construction for a signature that cannot
+    be described.
     """
 
     def __init__(
@@ -64,10 +67,14 @@ class PythonTool(Described):
         properties: dict[str, Any] = {}
         required: list[str] = []
         self._context_param: str | None = None
+        self._execution_param: str | None = None
         for pname, param in inspect.signature(func).parameters.items():
             hint = hints.get(pname, inspect.Parameter.empty)
             if hint is ToolContext or ToolContext in typing.get_args(hint):
                 self._context_param = pname
+                continue
+            if hint is ExecutionContext or ExecutionContext in typing.get_args(hint):
+                self._execution_param = pname
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(
@@ -118,6 +125,11 @@ class PythonTool(Described):
             kwargs.setdefault(pname, None)
         if self._context_param:
             kwargs[self._context_param] = context or ToolContext()
+        if self._execution_param:
+            ctx = context or ToolContext()
+            kwargs[self._execution_param] = ctx.execution or ExecutionContext.of(
+                agent=ctx.agent, run_id=ctx.run_id, call_id=ctx.call_id, tool=self.name,
+                metadata=ctx.metadata, environ=ctx.environ)
         try:
             if self.is_async:
                 value = await self.func(**kwargs)
@@ -128,7 +140,7 @@ class PythonTool(Described):
             raise
         except Exception as e:
             return ToolResult(
-                error=ToolError("execution", f"{type(e).__name__}: {e}"),
+                error=ToolError("execution", f"{type(e).__name__}: {e}", detail=type(e).__name__),
                 duration_ms=round((time.perf_counter() - t0) * 1000, 3),
             )
         return ToolResult(output=output, duration_ms=round((time.perf_counter() - t0) * 1000, 3))

@@ -4,6 +4,10 @@ A model picks tools by name and description, so both are checked before a tool e
 `^[a-z0-9_-]{1,64}$` (what every model API accepts; a script's name is its file stem) and a description
 (the docstring's first paragraph) has 1-200 characters. A script that fails these rules or its own load
 checks is a `LoadFailure` value carrying every diagnostic, never a tool that fails at its first call.
+
+A script without a docstring is still a tool: grail does not require one, and scripts written for grail
+must load unchanged. That is a warning (`script_tool_warnings`), and the description then comes from the
+bundle entry's `description:` or from `default_description`, which names the tool and its inputs.
 `schema_from_inputs` gives the JSON Schema `parameters` a model is shown for a script's inputs.
 """
 
@@ -23,8 +27,10 @@ __all__ = [
     "TOOL_NAME",
     "LoadFailure",
     "ScriptLoadError",
+    "default_description",
     "schema_from_inputs",
     "script_tool_diagnostics",
+    "script_tool_warnings",
     "tool_diagnostics",
 ]
 
@@ -109,11 +115,36 @@ def tool_diagnostics(
 
 def script_tool_diagnostics(script: Script) -> list[Diagnostic]:
     """Everything that keeps `script` from being a tool: its load diagnostics, then the tool rules (the
-    description rule only when the script parsed, since an unparsed script's docstring is unknown)."""
-    rules = tool_diagnostics(script.name, script.description, file=script.filename)
+    description rule only when the script parsed, since an unparsed script's docstring is unknown). A
+    missing docstring is not among them: it is a warning (`script_tool_warnings`)."""
+    rules = tool_diagnostics(script.name, script.description or "-", file=script.filename)
     if not script.parsed:
         rules = [d for d in rules if d.line is None]
     return list(script.diagnostics) + rules
+
+
+def script_tool_warnings(script: Script, *, description: str | None = None) -> list[Diagnostic]:
+    """What is worth fixing but does not stop `script` from being a tool: a missing docstring (unless the
+    bundle gives a `description`), since the model then chooses the tool by a generic default text."""
+    if not script.parsed or script.description or description:
+        return []
+    return [
+        Diagnostic(
+            "check",
+            "the script has no docstring, so the model is shown the default description "
+            f"{default_description(script)!r}; start the script with a docstring whose first paragraph "
+            "says what the tool does (1-200 characters), or set `description:` on its bundle entry",
+            1,
+            script.filename,
+        )
+    ]
+
+
+def default_description(script: Script) -> str:
+    """The description of a tool whose script has no docstring: its name and inputs, within the rule."""
+    inputs = ", ".join(script.inputs)
+    text = f"Runs the {script.name} script" + (f" with inputs {inputs}." if inputs else ".")
+    return text if len(text) <= MAX_DESCRIPTION else text[: MAX_DESCRIPTION - 3] + "..."
 
 
 def schema_from_inputs(inputs: Mapping[str, InputSpec] | Iterable[InputSpec]) -> dict[str, Any]:

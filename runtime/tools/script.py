@@ -16,7 +16,13 @@ from typing import Any
 import msgspec
 
 from runtime.scripts import Limits, NoteCallback, Script, ScriptNote, load
-from runtime.tools.schemas import LoadFailure, ScriptLoadError, script_tool_diagnostics
+from runtime.tools.schemas import (
+    LoadFailure,
+    ScriptLoadError,
+    default_description,
+    script_tool_diagnostics,
+    tool_diagnostics,
+)
 from runtime.tools.tool import Described, ToolContext
 from runtime.types import ToolResult, ToolSchema
 
@@ -29,7 +35,9 @@ class ScriptTool(Described):
 
     `limits` bound every run (a call's `ToolContext.limits` are merged over them); `output_model` checks
     every result (a pydantic model, any type, or a JSON Schema dict); `externals` are host functions by
-    name; `requires_approval` says a call waits for a human's approval before it runs.
+    name; `requires_approval` says a call waits for a human's approval before it runs; `description`
+    (a bundle entry's) replaces the docstring's; `environ` is the script's `os.environ` (a call's
+    `ToolContext.environ` is merged over it).
     """
 
     def __init__(
@@ -40,8 +48,12 @@ class ScriptTool(Described):
         output_model: Any = None,
         externals: dict[str, Callable[..., Any]] | None = None,
         requires_approval: bool = False,
+        description: str | None = None,
+        environ: dict[str, str] | None = None,
     ) -> None:
         problems = script_tool_diagnostics(script)
+        if description is not None:
+            problems += tool_diagnostics(script.name, description, file=script.filename, docstring_line=None)
         if problems:
             raise ScriptLoadError(LoadFailure(script.filename, problems[0].to_error(), tuple(problems)))
         self.script = script
@@ -49,14 +61,27 @@ class ScriptTool(Described):
         self.output_model = output_model
         self.externals = dict(externals or {})
         self.requires_approval = requires_approval
-        self._schema = ToolSchema(script.name, script.description, script.parameters)
+        self.environ = dict(environ or {})
+        # where the model's description came from: the bundle entry, the docstring, or the default
+        self.description_source = (
+            "bundle" if description else "docstring" if script.description else "default"
+        )
+        text = description or script.description or default_description(script)
+        self._schema = ToolSchema(script.name, text, script.parameters)
+        self._description = description
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> ScriptTool:
         return cls(load(path), **kwargs)
 
     def configured(
-        self, *, limits: Limits, output_model: Any = None, requires_approval: bool = False
+        self,
+        *,
+        limits: Limits,
+        output_model: Any = None,
+        requires_approval: bool = False,
+        description: str | None = None,
+        environ: dict[str, str] | None = None,
     ) -> ScriptTool:
         """The same script and externals under other settings (what a bundle makes of a discovered tool)."""
         return ScriptTool(
@@ -65,6 +90,8 @@ class ScriptTool(Described):
             output_model=output_model,
             externals=self.externals,
             requires_approval=requires_approval,
+            description=description if description is not None else self._description,
+            environ=environ if environ is not None else self.environ,
         )
 
     @property
@@ -84,7 +111,7 @@ class ScriptTool(Described):
             arguments,
             externals=externals or None,
             files=ctx.files,
-            environ=ctx.environ,
+            environ={**self.environ, **ctx.environ},
             limits=self.limits.merge(ctx.limits),
             output_model=self.output_model,
             on_event=_tagged(ctx.on_event, ctx.call_id),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from runtime.types import ToolResult, ToolSchema
 
 if TYPE_CHECKING:
+    from runtime.externals.context import ExecutionContext
     from runtime.scripts import Limits, NoteCallback
 
 __all__ = ["Described", "Tool", "ToolContext"]
@@ -26,7 +27,8 @@ class ToolContext:
 
     `files` (virtual path -> str | bytes) and `environ` are what a script sees as its read-only filesystem
     and `os.environ`; `limits` is merged over the tool's own; `externals` adds host functions for scripts
-    that declare them; `on_event` receives the run's `ScriptNote`s (tagged with `call_id`).
+    that declare them; `on_event` receives the run's `ScriptNote`s (tagged with `call_id`); `execution`
+    is the call as a worker's externals see it (a Python tool may ask for it as a parameter).
     """
 
     run_id: str = ""
@@ -38,6 +40,7 @@ class ToolContext:
     externals: dict[str, Callable[..., Any]] | None = None
     on_event: NoteCallback | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    execution: ExecutionContext | None = None
 
 
 @runtime_checkable
