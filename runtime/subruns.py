@@ -130,7 +130,7 @@ async def start_child(js: JetStreamContext, tool: AgentTool, job: ToolJob) -> To
     await publish_task(js, actor, task, task_id=child_task_id(job.run_id, job.call_id),
                        metadata={PARENT_RUN: job.run_id, PARENT_CALL: job.call_id, DEPTH: depth,
                                  PARENT_ACTOR: job.actor, PARENT_PARTITION: job.partition,
-                                 PARENT_TOOL: job.tool})
+                                 PARENT_TOOL: job.tool}, subrun=True)
     return child
 
 

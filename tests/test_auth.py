@@ -98,6 +98,10 @@ async def op_publish_task(js: Any, role: str) -> None:
     await js.publish(task_subject(AGENT), b"hello", headers={HDR_MSG_ID: f"t-{role}"}, timeout=TIMEOUT)
 
 
+async def op_start_subrun(js: Any, role: str) -> None:
+    await js.publish(f"agents.{AGENT}.subtasks", b"hello", headers={HDR_MSG_ID: f"s-{role}"}, timeout=TIMEOUT)
+
+
 async def op_own_command(js: Any, role: str) -> None:
     cancel = ev.encode_command(ev.Cancel(run_id=RUN))
     await js.publish(command_subject(AGENT, role), cancel, timeout=TIMEOUT)
@@ -161,6 +165,7 @@ async def op_purge_events(js: Any, role: str) -> None:
 
 OPS = {
     "publish a task": op_publish_task,
+    "start a sub-run": op_start_subrun,
     "command as itself": op_own_command,
     "command as another": op_impersonate,
     "read an event": op_read_events,
@@ -182,7 +187,7 @@ ALLOWED: dict[str, set[str]] = {
              "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
              "take over a task partition", "purge events"},
     "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
-               "read the runs index", "publish a task", "command as itself"},  # agent tools: sub-runs
+               "read the runs index", "start a sub-run", "command as itself"},  # agent tools: sub-runs
     "admin": set(OPS),
 }
 

@@ -40,7 +40,14 @@ from typing import Any
 import msgspec
 
 from runtime import events as ev
-from runtime.nats.subjects import ANONYMOUS, HDR_MSG_ID, check_token, command_subject, task_subject
+from runtime.nats.subjects import (
+    ANONYMOUS,
+    HDR_MSG_ID,
+    check_token,
+    command_subject,
+    subtask_subject,
+    task_subject,
+)
 
 log = logging.getLogger("runtime.host")
 
@@ -153,12 +160,13 @@ def _decode(subject_agent: str, data: bytes) -> Addressed:
 async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None = None,
                        instance: str | None = None, timeout_s: float | None = None,
                        metadata: dict[str, Any] | None = None,
-                       headers: dict[str, str] | None = None) -> str:
+                       headers: dict[str, str] | None = None, subrun: bool = False) -> str:
     """Publish a task for `agent` (`bundle` or `bundle:instance`); return the run id it becomes. `headers`
     go with the message (a W3C `traceparent` there makes the run's trace part of the caller's).
 
     A task id is generated when none is given, so the run id is known at once and the publish is
-    idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice.
+    idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice. `subrun`: the
+    task of a child run, on the sub-run subject only tool workers may use (`subtask_subject`).
     """
     bundle, inst = split_actor(agent)
     instance = instance or inst
@@ -166,7 +174,7 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     task = ev.Task(agent=bundle, input=input, instance=instance, task_id=task_id, timeout_s=timeout_s,
                    metadata=dict(metadata or {}))
     actor = actor_key(bundle, instance)
-    await js.publish(task_subject(actor), ev.encode_command(task),
+    await js.publish((subtask_subject if subrun else task_subject)(actor), ev.encode_command(task),
                      headers={**(headers or {}), HDR_MSG_ID: task_id})
     return run_id_for(actor, task_id)
 

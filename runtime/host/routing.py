@@ -42,6 +42,7 @@ from runtime.nats.subjects import ANONYMOUS, command_subject, parse_task_subject
 
 log = logging.getLogger("runtime.host")
 
+PARENT_RUN_KEY = "sa.parent_run"  # the metadata a sub-run's task names its parent with (`runtime.subruns`)
 OUTCOME_RETRY_S = 1.0  # an outcome for a run nobody drives yet comes again this late
 OUTCOME_MAX_DELIVERIES = 20
 
@@ -78,6 +79,13 @@ class Router:
             return False
         cmd = addressed.command
         md = msg.metadata
+        if isinstance(cmd, ev.Task) and msg.subject.endswith(".subtasks") and \
+                not cmd.metadata.get(PARENT_RUN_KEY):
+            self.stats.rejected += 1
+            log.error("rejected a task on %s: the sub-run subject carries only tasks that name their parent "
+                      "run (%s); publish other tasks on agents.<agent>.tasks", msg.subject, PARENT_RUN_KEY)
+            await _term(msg)
+            return False
         if isinstance(cmd, ev.Task):
             self.stats.tasks += 1
             run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=md.sequence.stream)

@@ -21,9 +21,10 @@ The roles (subjects in `runtime.nats.subjects`):
   and dead letters, reads and writes the workspace, ``applied``, ``attempts``, ``workers`` and
   ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
   ``run.cancelled`` (to stop a cancelled job's sandbox). For agent tools (`runtime.subruns`) it publishes
-  the child's task on ``agents.<agent>.tasks`` and a cancel for it on ``ops.*.<its own name>``, as an
-  operator would, and reads every run's end through the ``subruns`` consumer of EVENTS. It may not
-  write events, forward commands under another name, create or change
+  the child's task on ``agents.<agent>.subtasks`` (a subject of its own: a worker cannot publish an
+  ordinary task, and a host takes a task there only if it names its parent run) and a cancel for it on
+  ``ops.*.<its own name>``, as an operator would, and reads every run's end through the ``subruns``
+  consumer of EVENTS. It may not write events, forward commands under another name, create or change
   consumers of TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts`` and ``active`` buckets.
 * **admin** — everything (`sa runs purge`, `sa dlq replay`, maintenance).
 
@@ -121,13 +122,13 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams),
                             f"$JS.ACK.{EVENTS}.>"], inbox)
     if role == "host":
-        return Permissions([">"], inbox, pub_deny=["agents.*.tasks", "results.>"])
+        return Permissions([">"], inbox, pub_deny=["agents.*.tasks", "agents.*.subtasks", "results.>"])
     if role == "worker":
         # Workspace buckets are named per workspace (`ws_<name>`): a subject permission cannot match part
         # of a token, so the worker gets every bucket except the hosts' own state.
         pub = [*_JS_INFO, f"$JS.API.CONSUMER.MSG.NEXT.{TOOLS}.{WORKERS_CONSUMER}", f"$JS.ACK.{TOOLS}.>",
                f"$JS.ACK.{EVENTS}.{SUBRUNS_CONSUMER}.>",  # the sub-run ends the agent-tool workers answer
-               "agents.*.tasks", f"{COMMANDS_PREFIX}.*.{name}",  # an agent tool's child task and cancel
+               "agents.*.subtasks", f"{COMMANDS_PREFIX}.*.{name}",  # an agent tool's child task and cancel
                "results.>", "dlq.>", "$KV.>", f"$O.{PAYLOADS_BUCKET}.>",
                f"$JS.API.STREAM.PURGE.{_OBJ_PAYLOADS}", "$JS.API.STREAM.CREATE.*",
                "$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.CREATE.>",

@@ -167,6 +167,12 @@ def task_subject(agent: str) -> str:
     return f"agents.{check_token(agent, 'agent')}.tasks"
 
 
+def subtask_subject(agent: str) -> str:
+    """Where a tool worker publishes the task of a sub-run (an agent called as a tool): a subject of its
+    own, so the permission to start a child run is not the permission to publish any task."""
+    return f"agents.{check_token(agent, 'agent')}.subtasks"
+
+
 def command_subject(agent: str, operator: str) -> str:
     """Where `operator` publishes a cancel / approve / deny for a run of `agent` (the actor key).
 
@@ -183,7 +189,8 @@ def task_filter(partition: int) -> str:
 def parse_task_subject(subject: str) -> tuple[str, str | None]:
     """(agent, operator) of a TASKS subject, stored or as published; operator is None for a task subject.
 
-    Stored forms: ``tasks.<p>.<agent>.agents.tasks`` (a task), ``tasks.<p>.<agent>.ops.<operator>`` (a
+    Stored forms: ``tasks.<p>.<agent>.agents.tasks`` (a task; ``.subtasks``: a sub-run's task, see
+    `subtask_subject`), ``tasks.<p>.<agent>.ops.<operator>`` (a
     command) and ``tasks.<p>.<agent>`` (a task stored before commands had their own subject). Published
     forms: ``agents.<agent>.tasks`` and ``ops.<agent>.<operator>``."""
     parts = subject.split(".")
@@ -191,7 +198,7 @@ def parse_task_subject(subject: str) -> tuple[str, str | None]:
         parts = [parts[3], parts[2], parts[4]]  # back to the published form
     elif len(parts) == 3 and parts[0] == "tasks":
         return parts[2], None
-    if len(parts) == 3 and parts[0] == "agents" and parts[2] == "tasks":
+    if len(parts) == 3 and parts[0] == "agents" and parts[2] in ("tasks", "subtasks"):
         return parts[1], None
     if len(parts) == 3 and parts[0] == COMMANDS_PREFIX:
         return parts[1], parts[2]

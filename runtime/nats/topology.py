@@ -90,7 +90,7 @@ class Topology:
     tool_max_deliver: int
 
 
-TASK_SUBJECTS = ["agents.*.tasks", f"{COMMANDS_PREFIX}.*.*"]
+TASK_SUBJECTS = ["agents.*.tasks", "agents.*.subtasks", f"{COMMANDS_PREFIX}.*.*"]
 
 
 def _tasks_transform(partitions: int) -> SubjectTransform:
