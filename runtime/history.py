@@ -45,6 +45,41 @@ def window_start(messages: Sequence[Message], max_messages: int | None) -> int:
     return start
 
 
+def continued(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """The part of a finished run's conversation that the next run of its thread starts from: without
+    the system prompt (the next run has its own, from its bundle) and without a trailing exchange whose
+    tool calls got no results (a run cancelled or failed mid-turn): a server rejects a call without its
+    result, and the model would take a half-made step for a done one."""
+    out = [m for m in messages if m.role != "system"]
+    answered = {m.tool_call_id for m in out if m.role == "tool"}
+    for i in range(len(out) - 1, -1, -1):
+        m = out[i]
+        if m.role == "assistant" and m.tool_calls:
+            if all(c.id in answered for c in m.tool_calls):
+                break
+            del out[i:]  # the calls of the latest exchange never all finished: drop it whole
+            break
+    return tuple(out)
+
+
+SUMMARY_HEAD = "Summary of the conversation so far:\n"
+
+
+def summary_message(summary: str) -> Message:
+    """How a thread's summary enters the conversation: as its first user message, so it is pinned (always
+    sent, whatever the window) like a task."""
+    return Message("user", SUMMARY_HEAD + summary)
+
+
+def summary_cut(messages: Sequence[Message], keep: int) -> int:
+    """How many leading messages a summary replaces so that about the newest `keep` stay as they are; the
+    cut never separates tool results from the call that asked for them (it moves back to that call)."""
+    cut = max(0, len(messages) - keep)
+    while cut > 0 and messages[cut].role == "tool":
+        cut -= 1
+    return cut
+
+
 def select(messages: Sequence[Message], max_messages: int | None) -> tuple[tuple[Message, ...], int]:
     """The messages to send and the `context_start` that explains the choice."""
     start = window_start(messages, max_messages)
