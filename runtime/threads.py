@@ -63,17 +63,22 @@ class Conversations:
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, int], kernel.Conversation] = OrderedDict()
+        self._items: OrderedDict[str, kernel.Conversation] = OrderedDict()  # run id -> its latest
 
-    def get(self, run_id: str, seq: int) -> kernel.Conversation | None:
-        conv = self._items.get((run_id, seq))
-        if conv is not None:
-            self._items.move_to_end((run_id, seq))
+    def get(self, run_id: str, seq: int | None = None) -> kernel.Conversation | None:
+        """The conversation of `run_id` after its events below `seq` (None: the one it ended with)."""
+        conv = self._items.get(run_id)
+        if conv is None or (seq is not None and conv.seq != seq):
+            return None
+        self._items.move_to_end(run_id)
         return conv
 
     def put(self, conv: kernel.Conversation) -> None:
-        self._items[(conv.run_id, conv.seq)] = conv
-        self._items.move_to_end((conv.run_id, conv.seq))
+        """Remember `conv` (a later one of the same run replaces an earlier one)."""
+        known = self._items.get(conv.run_id)
+        if known is None or known.seq <= conv.seq:
+            self._items[conv.run_id] = conv
+        self._items.move_to_end(conv.run_id)
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
@@ -89,23 +94,24 @@ def ended_with(state: kernel.State) -> kernel.Conversation:
     return kernel.Conversation(state.run_id, state.seq, history.continued(state.messages))
 
 
-async def conversation(run_log: RunLog, config: kernel.KernelConfig, run_id: str, upto: int, *,
-                       cache: Conversations | None = None) -> kernel.Conversation:
-    """The conversation run `run_id` had after its events with seq below `upto`: read from its log, and
-    from the logs of the runs of its thread before it (back to the first, or to one `cache` holds), then
-    folded forward with `config`. Raises `LookupError` if a run it needs has no events."""
+async def conversation(run_log: RunLog, config: kernel.KernelConfig, run_id: str, upto: int | None = None,
+                       *, cache: Conversations | None = None) -> kernel.Conversation:
+    """The conversation run `run_id` had after its events with seq below `upto` (None: all of them):
+    read from its log, and from the logs of the runs of its thread before it (back to the first, or to
+    one `cache` holds), then folded forward with `config`. `LookupError` if a run it needs has no events."""
     chain: list[tuple[list[ev.Event], int]] = []  # newest first: (events below `upto`, upto)
     base: kernel.Conversation | None = None
-    at: tuple[str, int] | None = (run_id, upto)
+    at: tuple[str, int | None] | None = (run_id, upto)
     while at is not None:
         base = cache.get(*at) if cache is not None else None
         if base is not None:
             break
         read = await run_log.read(at[0])
-        events = [e for e in read.events if e.seq < at[1]]
+        limit = at[1] if at[1] is not None else (read.events[-1].seq + 1 if read.events else 0)
+        events = [e for e in read.events if e.seq < limit]
         if not events or not isinstance(events[0], ev.RunStarted):
             raise LookupError(f"run {at[0]} of the thread has no events: its conversation cannot be read")
-        chain.append((events, at[1]))
+        chain.append((events, limit))
         started = events[0]
         at = (started.previous_run, started.previous_seq or 0) if started.previous_run else None
     for events, _upto in reversed(chain):

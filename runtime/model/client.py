@@ -75,6 +75,8 @@ class ModelError(Exception):
 
 
 TextCallback = Callable[[str], Awaitable[None] | None]
+# a fragment of a streamed tool call: (index, id, name, arguments fragment); id and name come once
+ToolCallCallback = Callable[[int, str, str, str], Awaitable[None] | None]
 
 
 class ModelClient:
@@ -139,6 +141,7 @@ class ModelClient:
         seed: int | None = None,
         stream: bool = False,
         on_text: TextCallback | None = None,
+        on_tool_call: ToolCallCallback | None = None,
         **extras: Any,
     ) -> Completion:
         """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
@@ -149,6 +152,7 @@ class ModelClient:
         With `stream=True` the reply arrives as SSE and `on_text` (sync or async) sees each content
         fragment as it comes; the returned `Completion` is the same as without streaming. If a
         streamed attempt fails and is retried, `on_text` sees the new attempt's fragments from the start.
+        `on_tool_call` sees each fragment of a native tool call the same way.
         """
         _refuse_guided(extras)
         started = time.monotonic()
@@ -167,7 +171,7 @@ class ModelClient:
             attempt += 1
             try:
                 if stream:
-                    text, calls, usage, finish, served = await self._stream(params, on_text)
+                    text, calls, usage, finish, served = await self._stream(params, on_text, on_tool_call)
                 else:
                     text, calls, usage, finish, served = await self._once(params)
             except (openai.APIStatusError, openai.APIConnectionError) as exc:
@@ -240,7 +244,8 @@ class ModelClient:
         return message.content or "", calls, usage, choice.finish_reason or "stop", response.model or ""
 
     async def _stream(
-        self, params: dict[str, Any], on_text: TextCallback | None
+        self, params: dict[str, Any], on_text: TextCallback | None,
+        on_tool_call: ToolCallCallback | None = None,
     ) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
         stream = await self._post({**params, "stream": True, "stream_options": {"include_usage": True}},
                                   stream=True)
@@ -270,6 +275,12 @@ class ModelClient:
                         if tc.function is not None:
                             slot["function"]["name"] += tc.function.name or ""
                             slot["function"]["arguments"] += tc.function.arguments or ""
+                        if on_tool_call is not None:
+                            fn = tc.function
+                            result = on_tool_call(tc.index, tc.id or "", (fn.name or "") if fn else "",
+                                                  (fn.arguments or "") if fn else "")
+                            if result is not None:
+                                await result
                     if choice.finish_reason:
                         finish = choice.finish_reason
         ordered = [calls[i] for i in sorted(calls)] or None

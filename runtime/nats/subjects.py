@@ -234,6 +234,11 @@ def stream_subject(actor: str, run: str) -> str:
     return f"{STREAM_PREFIX}.{check_token(actor, 'agent')}.{check_token(run, 'run id')}"
 
 
+def stream_filter(run: str) -> str:
+    """A run's stream without knowing its actor."""
+    return f"{STREAM_PREFIX}.*.{check_token(run, 'run id')}"
+
+
 def tool_subject(tool: str) -> str:
     """Where tool jobs for `tool` are published."""
     return f"tools.{check_token(tool, 'tool name')}"
@@ -350,6 +355,7 @@ __all__ = [
     "result_filter",
     "result_subject",
     "run_events_filter",
+    "stream_filter",
     "stream_subject",
     "task_consumer_name",
     "task_filter",
