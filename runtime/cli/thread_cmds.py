@@ -59,7 +59,8 @@ async def _threads(url: str, agent: str | None, thread: str | None, as_json: boo
             for r in records:
                 when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S")
                 table.add_row(r.thread, r.actor, str(len(r.runs)), r.runs[-1] if r.runs else "", when)
-            Console().print(table if records else "no threads yet (sa send AGENT TEXT --thread NAME makes one)")
+            Console().print(table if records else
+                            "no threads yet (sa send AGENT TEXT --thread NAME makes one)")
             return 0
         if agent is None:
             typer.echo("sa threads: name the agent of the thread: sa threads AGENT THREAD", err=True)
