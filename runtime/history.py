@@ -45,20 +45,21 @@ def window_start(messages: Sequence[Message], max_messages: int | None) -> int:
     return start
 
 
+UNFINISHED = ("Error [cancelled]: this call did not finish: the run ended before it did (interrupted by a "
+              "newer task, cancelled, or failed)")
+
+
 def continued(messages: Sequence[Message]) -> tuple[Message, ...]:
     """The part of a finished run's conversation that the next run of its thread starts from: without
-    the system prompt (the next run has its own, from its bundle) and without a trailing exchange whose
-    tool calls got no results (a run cancelled or failed mid-turn): a server rejects a call without its
-    result, and the model would take a half-made step for a done one."""
+    the system prompt (the next run has its own, from its bundle), and with a result for every call of a
+    trailing exchange that never got one (a run interrupted or cancelled mid-turn): a server rejects a
+    call without its result, and the model should know the step was not done rather than not see it."""
     out = [m for m in messages if m.role != "system"]
     answered = {m.tool_call_id for m in out if m.role == "tool"}
-    for i in range(len(out) - 1, -1, -1):
-        m = out[i]
-        if m.role == "assistant" and m.tool_calls:
-            if all(c.id in answered for c in m.tool_calls):
-                break
-            del out[i:]  # the calls of the latest exchange never all finished: drop it whole
-            break
+    last = next((m for m in reversed(out) if m.role == "assistant" and m.tool_calls), None)
+    if last is not None:
+        out += [Message("tool", UNFINISHED, tool_call_id=c.id, name=c.name)
+                for c in last.tool_calls if c.id not in answered]
     return tuple(out)
 
 
