@@ -13,14 +13,15 @@ The roles (subjects in `runtime.nats.subjects`):
   and nothing else: no commands, no reading runs.
 * **operator** — publishes cancel / approve / deny on ``ops.*.<its own name>`` only, so the name a host
   records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
-  buckets, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, approvals.
+  buckets, the threads, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, `sa threads`,
+  approvals, and subscribes to runs' live model output (``stream.>``, `sa send --follow`).
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
   buckets, forwarding a command under its operator's name; it may not publish tasks or tool outcomes.
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
   and dead letters, reads and writes the workspace, ``applied``, ``attempts`` and ``workers`` buckets and
   the payload store, and follows every run's ``run.cancelled`` (to stop a cancelled job's sandbox); it may
   not write events, publish tasks or commands, create or change consumers of
-  TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts`` and ``active`` buckets.
+  TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts``, ``active`` and ``threads`` buckets.
 * **admin** — everything (`sa runs purge`, `sa dlq replay`, maintenance).
 
 Every user subscribes only to its own inbox (``_INBOX_<name>.>``; `runtime.nats.credentials` sets that
@@ -56,7 +57,9 @@ from runtime.nats.subjects import (
     PAYLOADS_BUCKET,
     RESULTS,
     RUNS_BUCKET,
+    STREAM_PREFIX,
     TASKS,
+    THREADS_BUCKET,
     TOOLS,
     WORKERS_BUCKET,
     WORKERS_CONSUMER,
@@ -85,7 +88,8 @@ def _kv(bucket: str) -> str:
 
 
 _OBJ_PAYLOADS = f"OBJ_{PAYLOADS_BUCKET}"
-_FLEET_BUCKETS = (RUNS_BUCKET, LEASES_BUCKET, HOSTS_BUCKET, ACTIVE_BUCKET)  # the hosts' own state
+# the hosts' own state
+_FLEET_BUCKETS = (RUNS_BUCKET, LEASES_BUCKET, HOSTS_BUCKET, ACTIVE_BUCKET, THREADS_BUCKET)
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,9 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
     if role == "operator":
         streams = [EVENTS, DLQ, _OBJ_PAYLOADS, *(_kv(b) for b in (RUNS_BUCKET, ACTIVE_BUCKET, LEASES_BUCKET,
                                                                     HOSTS_BUCKET, WORKERS_BUCKET,
-                                                                    ATTEMPTS_BUCKET))]
-        return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams)], inbox)
+                                                                    ATTEMPTS_BUCKET, THREADS_BUCKET))]
+        return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams)],
+                           [*inbox, f"{STREAM_PREFIX}.>"])
     if role == "host":
         return Permissions([">"], inbox, pub_deny=["agents.*.tasks", "results.>"])
     if role == "worker":

@@ -228,11 +228,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.close_connection = True
-        for chunk in owner._chunks(body, reply):
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        try:
+            for chunk in owner._chunks(body, reply):
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped reading (a cancelled call): nothing more to say
 
 
 class ScriptedModelServer:
