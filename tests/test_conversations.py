@@ -348,3 +348,24 @@ async def test_interrupt_cancels_the_active_run_and_the_new_one_continues_its_co
     assert answer[0] == "spin i-1" and answer[-1].startswith("never mind")
     assert any(re.search("did not finish", str(m.get("content"))) for m in requests[-1]["messages"])
     assert msgspec.json.encode(b)  # the events encode (no stray types)
+
+
+@pytest.mark.anyio
+async def test_a_fork_of_a_thread_run_continues_the_same_conversation(nats_server, topo, tmp_path: Path):
+    from runtime.fork import fork
+
+    bundle = write_bundle(tmp_path, "chat", tools=())
+    async with running_fleet(nats_server.url, topo, bundle, responder=chat_model, worker=False) as env:
+        js = env.js
+        first = await publish_task(js, "chat", "name a colour", task_id="f-1", thread="fk")
+        await _ended(js, first)
+        second = await publish_task(js, "chat", "and another", task_id="f-2", thread="fk")
+        await _ended(js, second)
+        forked = await fork(js, second, 1, bundle=env.host.agents["chat"].bundle)
+        events = await _ended(js, forked.run_id)
+        prompt = [m["content"] for m in env.server.requests[-1]["messages"]]
+        config = env.host.agents["chat"].config
+        report = verify(config, events, await conversation_for(RunLog(js), config, events))
+    assert ending(events) == "run.completed"
+    assert events[0].previous_run == first and prompt[1] == "name a colour" and prompt[-1] == "and another"
+    assert report.ok, report.problems
