@@ -2,6 +2,7 @@
 sandboxed tool calls per second through host + NATS + `sa worker` processes beside Monty-alone runs/s.
 
     .venv/bin/python bench/runtime.py [--runs 40] [--agents 32] [--chain 10] [--fan 4x8] [--only-observe]
+                                      [--only-stream]
 
 Per-step overhead. Agents run `chain: N` tasks: N turns of one calculator call each, then a submit. For
 every turn, from `model.requested` of turn k to that of turn k+1 (both stamped by the host), the
@@ -25,6 +26,12 @@ What observation costs (`runtime.observe`). The same workload (`--obs-agents` ag
 `--obs-rounds` rounds in the same run: the host's CPU per turn each way and their ratio (the target is
 within 3%). Meanwhile an `sa otel` process exports every run's trace to a local OTLP/HTTP sink that
 accepts and drops them: its own CPU per exported event, measured from a drained start to a drained end.
+
+What streaming costs (`runtime.streaming`). The same workload (`--obs-agents` agents of `chain:
+--obs-chain`) through a fresh `sa host` whose bundle asks the model for a stream and publishes every
+fragment on `stream.<actor>.<run>` (the default), then one whose bundle says `conversation: {stream:
+false}`, alternating for `--obs-rounds` rounds in the same run: the host's CPU per turn each way and their
+ratio. The scripted model sends its SSE replies in 8-character chunks (about two tokens each).
 """
 
 from __future__ import annotations
@@ -269,6 +276,45 @@ async def observation(js: Any, url: str, path: Path, tmp: Path, worker_bench: An
           f"({exported} events, {ex_cpu:.2f} s CPU)")
 
 
+async def streaming_cost(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any, args: Any) -> None:
+    """Host CPU per turn with the model's output streamed (and published) and without, same run."""
+    quiet = path.with_name("bundle-nostream.yaml")
+    quiet.write_text(path.read_text() + "conversation: {stream: false}\n")
+    procs = worker_bench.start_workers(url, path.parent, 1, 16, tmp)
+    cpu: dict[str, list[float]] = {"on": [], "off": []}
+    turns: dict[str, int] = {"on": 0, "off": 0}
+    counted = [0]
+
+    async def count(_msg: Any) -> None:
+        counted[0] += 1
+
+    try:
+        for r in range(args.obs_rounds):
+            for mode in ("on", "off"):
+                host = start_host(url, path if mode == "on" else quiet, tmp / f"host-stream-{mode}-{r}.log")
+                try:
+                    await run_tasks(js, [(f"bench:s{mode}{r}-{i}", "chain: 2") for i in range(4)])  # warm
+                    sub = await js._nc.subscribe("stream.>", cb=count)
+                    c0 = cpu_seconds(host.pid)
+                    results = await run_tasks(js, [(f"bench:s{mode}{r}-{i}", f"chain: {args.obs_chain}")
+                                                   for i in range(args.obs_agents)])
+                    cpu[mode].append(cpu_seconds(host.pid) - c0)
+                    await sub.unsubscribe()
+                    turns[mode] += sum(isinstance(e, ev.TurnCompleted) for res in results for e in res)
+                finally:
+                    host.terminate()
+                    host.wait(20)
+    finally:
+        worker_bench.stop(procs)
+    on, off = sum(cpu["on"]) / turns["on"] * 1000, sum(cpu["off"]) / turns["off"] * 1000
+    print(f"\nstreaming cost ({args.obs_rounds} rounds x {args.obs_agents} agents x chain {args.obs_chain}; "
+          "host CPU per turn, same run)")
+    print(f"{'host, no stream (conversation.stream: false)':<48}{off:>9.3f} ms/turn   ({turns['off']} turns)")
+    print(f"{'host, streaming (SSE in, deltas on NATS)':<48}{on:>9.3f} ms/turn   ({turns['on']} turns, "
+          f"{counted[0]} deltas published)")
+    print(f"{'streaming / no stream':<48}{on / off:>9.3f}x")
+
+
 async def drained_when_ready(js: Any, exporter: subprocess.Popen[bytes]) -> None:
     """Until `sa otel` made its consumer and exported the backlog (its start-up is not charged)."""
     from nats.js.errors import NotFoundError
@@ -294,6 +340,7 @@ async def main() -> None:
     ap.add_argument("--obs-chain", type=int, default=10, help="tool turns per agent there")
     ap.add_argument("--obs-rounds", type=int, default=3, help="metrics off/on rounds, alternating")
     ap.add_argument("--only-observe", action="store_true", help="only the observation cost")
+    ap.add_argument("--only-stream", action="store_true", help="only the streaming cost")
     args = ap.parse_args()
 
     import importlib.util
@@ -311,6 +358,10 @@ async def main() -> None:
         await ensure_topology(js, partitions=4)
         if args.only_observe:
             await observation(js, server.url, path, Path(tmp), worker_bench, args)
+            await close(nc)
+            return
+        if args.only_stream:
+            await streaming_cost(js, server.url, path, Path(tmp), worker_bench, args)
             await close(nc)
             return
         host = start_host(server.url, path, Path(tmp) / "host.log")
@@ -376,6 +427,7 @@ async def main() -> None:
             host.terminate()
             host.wait(20)
         await observation(js, server.url, path, Path(tmp), worker_bench, args)
+        await streaming_cost(js, server.url, path, Path(tmp), worker_bench, args)
         await close(nc)
 
 

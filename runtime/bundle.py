@@ -50,6 +50,10 @@ worker loads to know the agent's tools::
     history_window: 40
     resume: same-version                      # a run resumed after a crash on a changed bundle: fail it
                                               # (same-version, the default) or go on with it (latest)
+    conversation:                             # tasks that name a thread (`sa send --thread`)
+      double_texting: enqueue                 # a task while one is active: enqueue | reject | interrupt
+      stream: true                            # publish model output live on stream.<actor>.<run>
+      summarise: {after: 80, keep: 20}        # a thread over 80 messages: older ones become a summary
 
 Every mapping rejects unknown keys (with a "did you mean" hint). `load_bundle` collects every problem it
 can find, then raises one `BundleError` listing them as `<file>: <yaml path>: <what is wrong; what is
@@ -184,6 +188,26 @@ class TerminationSpec(_Strict):
     force_terminal_on_last_turn: bool = True  # the last turn offers only the terminal tool (kernel)
 
 
+class SummariseSpec(_Strict):
+    """When a thread's conversation has more than `after` messages, the next run starts from a summary of
+    all but the newest `keep` (made by the bundle's model with `prompt`, recorded in `run.started`)."""
+
+    after: int = 80
+    keep: int = 20
+    prompt: str = ("Summarise the conversation so far for your own later use: the user's goals, the facts "
+                   "and results established, decisions made and what is still open. Be brief and concrete.")
+
+
+class ConversationSpec(_Strict):
+    """How the agent behaves as a chat: what a second task does while one is active (`double_texting`:
+    wait behind it, be refused at once, or cancel it and go on from its conversation so far), whether
+    model output is published as it is generated, and when a long thread is summarised."""
+
+    double_texting: Literal["enqueue", "reject", "interrupt"] = "enqueue"
+    stream: bool = True
+    summarise: SummariseSpec | None = None
+
+
 class BundleSpec(_Strict):
     name: str
     description: str = ""
@@ -204,6 +228,7 @@ class BundleSpec(_Strict):
     # What a host does with a run that started on another version of this bundle (a host restarted or took
     # over with a changed bundle.yaml or tool): fail it, saying why, or continue it on the loaded version.
     resume: Literal["same-version", "latest"] = "same-version"
+    conversation: ConversationSpec = ConversationSpec()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -663,6 +688,11 @@ def load_bundle(path: str | Path) -> Bundle:
             problems.append(("termination.deadline", str(e)))
     if spec.max_concurrent_tools < 1:
         problems.append(("max_concurrent_tools", "must be at least 1"))
+    summarise = spec.conversation.summarise
+    if summarise is not None and not 1 <= summarise.keep < summarise.after:
+        problems.append(("conversation.summarise",
+                         f"needs 1 <= keep < after (got keep {summarise.keep}, after {summarise.after}): "
+                         "keep is how many of the newest messages stay as they are"))
     policies = tuple(x for i, item in enumerate(spec.policies)
                      if (x := _policy(item, f"policies[{i}]", problems)) is not None)
     data = _data_provider(spec.data_provider, spec.workspace, root, problems)

@@ -86,6 +86,16 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     timeout_s: float | None = None  # the deadline is `ts + timeout_s` of this event
     metadata: dict[str, Any] = {}
     bundle_digest: str = ""
+    # A run in a thread continues the conversation its thread's previous run ended with, by reference
+    # (never a copy, so a long thread does not re-store its history): the messages folded from the events
+    # of `previous_run` with seq < `previous_seq` (`runtime.threads`).
+    thread: str | None = None
+    previous_run: str | None = None
+    previous_seq: int | None = None
+    # A long thread goes on from a summary: its first `summarised` earlier messages are replaced by this
+    # text (made by the model when the run started, so recorded here: a replay cannot make it again).
+    summary: str | None = None
+    summarised: int = 0
 
 
 # What a fork changes at its fork point. Each is recorded in the fork's first event; `output` and `reply`
@@ -422,6 +432,7 @@ class Task(_Command, frozen=True, kw_only=True, tag="task"):
     task_id: str | None = None
     timeout_s: float | None = None
     metadata: dict[str, Any] = {}
+    thread: str | None = None  # a conversation: the run continues where the thread's previous run ended
 
 
 class Cancel(_Command, frozen=True, kw_only=True, tag="cancel"):

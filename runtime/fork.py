@@ -115,7 +115,7 @@ def ranges(seqs: Sequence[int]) -> str:
 
 def plan(source: RunHistory, at_seq: int, new_run: str, edit: ForkEdit | None = None, *,
          config: kernel.KernelConfig | None = None, output_model: Any = None, now: float | None = None,
-         ) -> list[ev.Event]:
+         conversation: kernel.Conversation | None = None) -> list[ev.Event]:
     """The fork's whole log, stamped, or a `ForkError` saying what is wrong. Pure: `config` is the
     source's kernel config when known (tool schemas for checking a `ReplyEdit`), `output_model` the
     edited call's output model when known (for an `OutputEdit`)."""
@@ -143,15 +143,19 @@ def plan(source: RunHistory, at_seq: int, new_run: str, edit: ForkEdit | None = 
     head = ev.RunForked(
         run_id=new_run, seq=0, ts=time.time() if now is None else now, actor=source.actor, input=first.input,
         instance=first.instance, timeout_s=first.timeout_s, metadata=dict(first.metadata),
-        bundle_digest=digest, source_run=run, source_seq=at_seq, edit=edit, system_prompt=system)
+        bundle_digest=digest, source_run=run, source_seq=at_seq, edit=edit, system_prompt=system,
+        # a run in a thread: the fork continues the same conversation, by the same reference (it is not
+        # a run of the thread itself: the thread's next run still continues the thread's latest run)
+        previous_run=first.previous_run, previous_seq=first.previous_seq, summary=first.summary,
+        summarised=first.summarised)
     kept: list[ev.Event] = [head]
     kept += [ev.stamp(rebased(e, run, new_run), seq=e.seq, actor=source.actor) for e in events[1:at_seq]]
-    state = kernel.fold(config or kernel.KernelConfig(), kept)
+    state = kernel.fold(config or kernel.KernelConfig(), kept, conversation)
     if isinstance(edit, OutputEdit):
         kept.append(_output(source, state, edit, at_seq, output_model, head.ts))
     elif isinstance(edit, ReplyEdit):
         kept.append(_reply(source, state, edit, at_seq, config, head.ts))
-    kernel.fold(config or kernel.KernelConfig(), kept)  # a fork that cannot fold is a bug here, not a run
+    kernel.fold(config or kernel.KernelConfig(), kept, conversation)  # a fork that cannot fold is a bug here
     return kept
 
 
@@ -281,7 +285,13 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
         tool = _tool_of(source, edit.call_id)
         output_model = bundle.output_model_for(tool) if tool else None
     new_run = new_run or new_fork_id()
-    events = plan(source, at_seq, new_run, edit, config=config, output_model=output_model)
+    conversation = None
+    if isinstance(source.events[0], ev.RunStarted) and source.events[0].previous_run is not None:
+        from runtime.threads import conversation_for
+
+        conversation = await conversation_for(runs, config or kernel.KernelConfig(), source.events)
+    events = plan(source, at_seq, new_run, edit, config=config, output_model=output_model,
+                  conversation=conversation)
     try:
         written = await runs.write_run(events)
     except LogRejected as e:  # e.g. a user whose role may not write events

@@ -45,6 +45,42 @@ def window_start(messages: Sequence[Message], max_messages: int | None) -> int:
     return start
 
 
+UNFINISHED = ("Error [cancelled]: this call did not finish: the run ended before it did (interrupted by a "
+              "newer task, cancelled, or failed)")
+
+
+def continued(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """The part of a finished run's conversation that the next run of its thread starts from: without
+    the system prompt (the next run has its own, from its bundle), and with a result for every call of a
+    trailing exchange that never got one (a run interrupted or cancelled mid-turn): a server rejects a
+    call without its result, and the model should know the step was not done rather than not see it."""
+    out = [m for m in messages if m.role != "system"]
+    answered = {m.tool_call_id for m in out if m.role == "tool"}
+    last = next((m for m in reversed(out) if m.role == "assistant" and m.tool_calls), None)
+    if last is not None:
+        out += [Message("tool", UNFINISHED, tool_call_id=c.id, name=c.name)
+                for c in last.tool_calls if c.id not in answered]
+    return tuple(out)
+
+
+SUMMARY_HEAD = "Summary of the conversation so far:\n"
+
+
+def summary_message(summary: str) -> Message:
+    """How a thread's summary enters the conversation: as its first user message, so it is pinned (always
+    sent, whatever the window) like a task."""
+    return Message("user", SUMMARY_HEAD + summary)
+
+
+def summary_cut(messages: Sequence[Message], keep: int) -> int:
+    """How many leading messages a summary replaces so that about the newest `keep` stay as they are; the
+    cut never separates tool results from the call that asked for them (it moves back to that call)."""
+    cut = max(0, len(messages) - keep)
+    while cut > 0 and messages[cut].role == "tool":
+        cut -= 1
+    return cut
+
+
 def select(messages: Sequence[Message], max_messages: int | None) -> tuple[tuple[Message, ...], int]:
     """The messages to send and the `context_start` that explains the choice."""
     start = window_start(messages, max_messages)

@@ -29,6 +29,14 @@ A fork (`runtime.fork`) starts with `run.forked`, a `run.started` that also name
 the same way (with the fork's own system prompt when an edit gave one), so the copied events that follow
 put the kernel exactly where the source was.
 
+Threads: a run in a thread starts from the conversation its thread's previous run ended with. The kernel
+does not read that run's log: the runner folds it (`runtime.threads`) and passes the result to `initial` as
+a `Conversation`, and `run.started` names it by reference (`previous_run`, `previous_seq`). `evolve` checks
+the two agree, so a run can never silently fold against the wrong history. Those messages count as recorded
+(they are in the previous run's log), so the first `model.requested` of the run stores only the new task:
+a thread's storage grows with its new messages, never with its history. A run that starts a long thread
+from a summary has it in `run.started` (`summary` replaces the first `summarised` earlier messages).
+
 A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
@@ -271,6 +279,16 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class Conversation:
+    """What a thread's run continues from: the messages of run `run_id` folded from its events with seq
+    below `seq` (system prompt and any unfinished exchange removed: `history.continued`)."""
+
+    run_id: str
+    seq: int
+    messages: tuple[Message, ...] = ()
+
+
+@dataclass(frozen=True)
 class State:
     """A run as folded from its events. Never mutated: `evolve` returns a new one."""
 
@@ -291,20 +309,22 @@ class State:
     usage: Usage = field(default_factory=Usage)
     output: Any = None
     reason: str | None = None
+    conversation: Conversation | None = None  # the thread's earlier messages, given to `initial`
 
     @property
     def done(self) -> bool:
         return self.status in TERMINAL
 
 
-def initial(config: KernelConfig) -> State:
+def initial(config: KernelConfig, conversation: Conversation | None = None) -> State:
     """The state before any event. The task enters through `run.started`, so that folding a run's log
-    needs nothing but the bundle's config and the events."""
-    return State(config=config, policy_states=initial_all(config.policies))
+    needs nothing but the bundle's config and the events, plus, for a run in a thread, the conversation
+    its `run.started` names (read by the runner from the previous run's log)."""
+    return State(config=config, policy_states=initial_all(config.policies), conversation=conversation)
 
 
-def fold(config: KernelConfig, events: Iterable[Event]) -> State:
-    state = initial(config)
+def fold(config: KernelConfig, events: Iterable[Event], conversation: Conversation | None = None) -> State:
+    state = initial(config, conversation)
     for ev in events:
         state = evolve(state, ev)
     return state
@@ -341,13 +361,15 @@ def _apply(state: State, ev: Event) -> State:
                 system = ev.system_prompt  # a fork that goes on with another system prompt
             head = (Message("system", system),) if system else ()
             deadline = ev.ts + ev.timeout_s if ev.timeout_s is not None else None
+            earlier = _earlier(state, ev)
             return replace(
                 state,
                 status="running",
                 run_id=ev.run_id,
                 actor=ev.actor,
                 deadline=deadline,
-                messages=(*head, Message("user", ev.input)),
+                messages=(*head, *earlier, Message("user", ev.input)),
+                recorded=len(head) + len(earlier) if earlier else 0,
             )
         case ModelRequested():
             turn = _turn_for_model(state, ev.request_id)
@@ -404,6 +426,23 @@ def _apply(state: State, ev: Event) -> State:
             return replace(state, status="cancelled", reason=ev.reason or "cancelled")
         case _:
             return state  # script.* explain a call; the call's outcome arrives as tool.completed/failed
+
+
+def _earlier(state: State, ev: RunStarted) -> tuple[Message, ...]:
+    """The thread's earlier messages `ev` refers to: they must be the conversation the runner gave."""
+    conv = state.conversation
+    if ev.previous_run is None:
+        if conv is not None:
+            raise EvolveError(f"run {ev.run_id} continues no conversation, but was folded with run "
+                              f"{conv.run_id}'s: fold it without one")
+        return ()
+    if conv is None or conv.run_id != ev.previous_run or conv.seq != ev.previous_seq:
+        given = f"run {conv.run_id} up to seq {conv.seq}" if conv is not None else "none"
+        raise EvolveError(f"run {ev.run_id} continues run {ev.previous_run} up to seq {ev.previous_seq}, but "
+                          f"the conversation given is {given}: read it with runtime.threads.conversation")
+    if ev.summary is None:
+        return conv.messages
+    return (history.summary_message(ev.summary), *conv.messages[ev.summarised:])
 
 
 def _turn_for_model(state: State, request_id: str) -> Turn | None:
@@ -644,6 +683,7 @@ __all__ = [
     "TERMINAL",
     "CallModel",
     "CallTools",
+    "Conversation",
     "Decided",
     "Decision",
     "Effect",

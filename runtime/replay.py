@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import msgspec
 from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
 from runtime.log import RunLog
+from runtime.streaming import Delta, subscribe
 
 # ---------------------------------------------------------------------------------------------------------
 # rendering
@@ -58,8 +61,15 @@ def describe(event: ev.Event) -> str:
             deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
             parent = event.metadata.get("sa.parent_run")  # a sub-run (`runtime.subruns`) names its parent
             child = f"  sub-run of {parent} (call {event.metadata.get('sa.parent_call')})" if parent else ""
+            thread = ""
+            if event.thread is not None:
+                thread = f"  thread {event.thread!r}" + (
+                    f" continuing {event.previous_run} to seq {event.previous_seq}" if event.previous_run
+                    else " (its first run)")
+                if event.summary is not None:
+                    thread += f", {event.summarised} earlier message(s) summarised"
             return (f"task {_big(event, event.input, 70)}{deadline}  bundle {event.bundle_digest or '-'}"
-                    f"{child}")
+                    f"{thread}{child}")
         case ev.ModelRequested():
             again = f" attempt {event.attempt}" if event.attempt else ""
             added = _ref(event.ref) if event.ref is not None else f"+{len(event.messages)} message(s)"
@@ -197,37 +207,97 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     return table
 
 
-async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: bool = False) -> ev.Event | None:
+async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: bool = False,
+                tokens: bool = False) -> ev.Event | None:
     """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
-    tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines."""
+    tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines.
+
+    With `tokens`, the model's output is shown as it is generated, from the run's stream
+    (`runtime.streaming`): the stream is subscribed to first and the log read after, so a follower that
+    joins late sees what is recorded, then the rest live. Fragments of a request the log already answered
+    are dropped (the recorded reply was shown); as JSON, each fragment is a line ``{"delta": {...}}``."""
     started = time.monotonic()
     status = "waiting for a host"
     last: ev.Event | None = None
-    turns = tools = tokens = 0
-    with console.status(status) as progress:
-        async for event in RunLog(js).follow(run_id):
-            last = event
-            kind = ev.kind_of(event)
-            if as_json:
-                print(ev.to_json(event), flush=True)
-            else:
-                console.print(f"[dim]{event.seq:>3}[/] {kind:<17} {describe(event)}", highlight=False)
-            if isinstance(event, ev.TurnCompleted):
-                turns += 1
-            elif isinstance(event, ev.ToolCalled):
-                tools += 1
-            elif isinstance(event, ev.ModelResponded):
-                tokens += event.usage.prompt_tokens + event.usage.completion_tokens
-            status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
-                      "turn.completed": "next turn"}.get(kind, status)
-            progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens} tokens · "
-                            f"{time.monotonic() - started:.1f} s")
+    turns = tools = tokens_used = 0
+    answered: set[str] = set()  # model requests whose reply is in the log
+    open_line = False  # model output printed on the current line, not ended yet
+    # events and fragments in arrival order; None once the log's terminal event was passed on
+    send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
+    sub = None
+    if tokens:
+        sub, deltas = await subscribe(js._nc, run_id)
+
+        async def pump() -> None:
+            async with deltas:
+                async for delta in deltas:
+                    await send.send(delta)
+    quiet = tokens and not as_json  # a spinner and tokens printed on one line do not mix
+    with (nullcontext(_NoStatus()) if quiet else console.status(status)) as progress:
+        async with anyio.create_task_group() as tg:
+            if sub is not None:
+                tg.start_soon(pump)
+
+            async def events() -> None:
+                async for event in RunLog(js).follow(run_id):
+                    await send.send(event)
+                await send.send(None)
+
+            tg.start_soon(events)
+            async with receive:
+                async for item in receive:
+                    if item is None:
+                        break
+                    if isinstance(item, Delta):
+                        if item.request_id in answered or not (item.text or item.tool_call):
+                            continue
+                        if as_json:
+                            print(msgspec.json.encode({"delta": item}).decode(), flush=True)
+                        else:
+                            fragment = item.text or (
+                                f"{item.tool_call.name}(" if item.tool_call and item.tool_call.name else "")
+                            fragment += item.tool_call.arguments if item.tool_call else ""
+                            console.out(fragment, end="", highlight=False)
+                            open_line = True
+                        continue
+                    event = item
+                    last = event
+                    kind = ev.kind_of(event)
+                    if isinstance(event, ev.ModelResponded | ev.ModelFailed):
+                        answered.add(event.request_id)
+                    if open_line:
+                        console.out("")
+                        open_line = False
+                    if as_json:
+                        print(ev.to_json(event), flush=True)
+                    else:
+                        console.print(f"[dim]{event.seq:>3}[/] {kind:<17} {describe(event)}", highlight=False)
+                    if isinstance(event, ev.TurnCompleted):
+                        turns += 1
+                    elif isinstance(event, ev.ToolCalled):
+                        tools += 1
+                    elif isinstance(event, ev.ModelResponded):
+                        tokens_used += event.usage.prompt_tokens + event.usage.completion_tokens
+                    status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
+                              "turn.completed": "next turn"}.get(kind, status)
+                    progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens_used} "
+                                    f"tokens · {time.monotonic() - started:.1f} s")
+            tg.cancel_scope.cancel()
+    if sub is not None:
+        await sub.unsubscribe()
     if not as_json and last is not None:
         ok = isinstance(last, ev.RunCompleted)
         verdict = "[green]completed[/]" if ok else f"[red]{ev.kind_of(last).split('.')[1]}[/]"
         console.print(f"{verdict} in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} tool "
-                      f"call(s) · {tokens} tokens   (sa replay {run_id})")
+                      f"call(s) · {tokens_used} tokens   (sa replay {run_id})")
     return last
+
+
+class _NoStatus:
+    """Stands in for a console status when none is shown."""
+
+    def update(self, _text: str) -> None:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -249,7 +319,7 @@ class Verification:
 
 
 # Endings a host records on its own authority, not the kernel's: inputs to the fold, not predictions.
-_HOST_VERDICTS = frozenset({"unknown_agent", "log_rejected", "bundle_changed"})
+_HOST_VERDICTS = frozenset({"unknown_agent", "log_rejected", "bundle_changed", "double_texting"})
 
 
 def _predicted(state: kernel.State, e: ev.Event) -> bool:
@@ -314,10 +384,12 @@ def _copied_under_other_config(events: Sequence[ev.Event]) -> int:
     return 0
 
 
-def verify(config: kernel.KernelConfig, events: Sequence[ev.Event]) -> Verification:
-    """Re-fold `events` with the kernel; check `decide` predicted every event the runner chose to write."""
+def verify(config: kernel.KernelConfig, events: Sequence[ev.Event],
+           conversation: kernel.Conversation | None = None) -> Verification:
+    """Re-fold `events` with the kernel; check `decide` predicted every event the runner chose to write.
+    A run that continues a conversation (a thread's) needs it: `runtime.threads.conversation_for`."""
     out = Verification()
-    state = kernel.initial(config)
+    state = kernel.initial(config, conversation)
     copied = _copied_under_other_config(events)
     for e in events:
         if e.seq >= copied and _predicted(state, e):

@@ -39,10 +39,12 @@ from runtime.nats.subjects import (
     command_subject,
     event_subject,
     result_subject,
+    stream_subject,
     task_subject,
     tool_subject,
 )
 from runtime.testing import Reply, ScriptedModelServer
+from runtime.threads import thread_key
 from runtime.worker import Worker, build_registry
 
 pytestmark = pytest.mark.anyio
@@ -155,6 +157,25 @@ async def op_write_runs_kv(js: Any, role: str) -> None:
     await kv.put(f"{RUN}-{role}", b"forged")
 
 
+async def op_follow_stream(js: Any, role: str) -> None:
+    """Subscribe to a run's live model output (`sa send --follow`); a refusal comes back as an error."""
+    nc = js._nc
+    sub = await nc.subscribe(stream_subject(AGENT, RUN))
+    await nc.flush()  # the server's refusal comes before this PONG; nats-py reports it from a task
+    await anyio.sleep(0.2)
+    await sub.unsubscribe()
+
+
+async def op_read_threads(js: Any, role: str) -> None:
+    kv = await js.key_value("threads")
+    assert (await kv.get(thread_key(AGENT, "seeded"))).value == b"thread"
+
+
+async def op_write_threads(js: Any, role: str) -> None:
+    kv = await js.key_value("threads")
+    await kv.put(thread_key(AGENT, f"forged-{role}"), b"forged")
+
+
 async def op_steal_partition_consumer(js: Any, role: str) -> None:
     await bus.ensure_partition_consumers(js, 0)
 
@@ -175,6 +196,9 @@ OPS = {
     "publish a tool result": op_publish_result,
     "take a tool job": op_take_tool_job,
     "read the runs index": op_read_runs_kv,
+    "follow a run's stream": op_follow_stream,
+    "read the threads": op_read_threads,
+    "write the threads": op_write_threads,
     "write the runs index": op_write_runs_kv,
     "take over a task partition": op_steal_partition_consumer,
     "purge events": op_purge_events,
@@ -182,12 +206,14 @@ OPS = {
 
 ALLOWED: dict[str, set[str]] = {
     "publisher": {"publish a task"},
-    "operator": {"command as itself", "read an event", "replay a run", "read the runs index"},
+    "operator": {"command as itself", "read an event", "replay a run", "read the runs index",
+                 "follow a run's stream", "read the threads"},
     "host": {"command as itself", "command as another", "read an event", "replay a run", "write an event",
              "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
-             "take over a task partition", "purge events"},
+             "take over a task partition", "purge events", "read the threads", "write the threads"},
     "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
-               "read the runs index", "start a sub-run", "command as itself"},  # agent tools: sub-runs
+               "read the runs index", "read the threads", "start a sub-run",  # agent tools: sub-runs
+               "command as itself"},
     "admin": set(OPS),
 }
 
@@ -201,6 +227,7 @@ async def seeded(secured: EmbeddedNats) -> AsyncIterator[EmbeddedNats]:
     started = ev.RunStarted(run_id=RUN, seq=0, ts=1.0, input="t", actor=AGENT)
     await RunLog(js).create(started)
     await (await bus.runs_kv(js)).put(RUN, b"indexed")
+    await (await js.key_value("threads")).put(thread_key(AGENT, "seeded"), b"thread")
     for i in range(len(ROLES) + 2):
         job = ToolJob(run_id=RUN, call_id=f"c{i}", tool="calculator", actor=AGENT)
         await js.publish(tool_subject("calculator"), job.encode(), headers={HDR_MSG_ID: f"seed-{i}"})

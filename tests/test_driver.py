@@ -267,7 +267,10 @@ async def test_tool_call_arguments_over_the_message_limit_run_and_replay_byte_ex
     bundle = write_bundle(tmp_path)
     (bundle.parent / "tools" / "size.pym").write_text(SIZE)
     bundle.write_text(bundle.read_text().replace(
-        "tools:\n", "tools:\n  - path: tools/size.pym\n    limits: {max_memory: 512mb, max_duration: 60s}\n"))
+        "tools:\n", "tools:\n  - path: tools/size.pym\n    limits: {max_memory: 512mb, max_duration: 60s}\n")
+        # about payloads by reference, not watching: 20 MB streamed in the scripted server's 8-byte SSE
+        # chunks would be 2.5 million chunks (no real model writes that much in one reply)
+        + "conversation: {stream: false}\n")
     text = "0123456789abcdef" * (n // 16) + "THE-END!"
 
     def responder(body: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 - `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
 - `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
+- `thread_cmds`     — `sa threads` (conversations: threads and their runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
 - `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
@@ -17,6 +18,7 @@
 from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)
     fleet_cmds,
     run_cmds,
+    thread_cmds,
     fork_cmds,
     control_cmds,
     tools_cmds,

@@ -1,10 +1,15 @@
 """Working with runs: `sa send`, `sa runs`, `sa replay`.
 
-    sa send AGENT "task" [--follow]       publish a task, print its run id, optionally follow it live
+    sa send AGENT "task" [--follow] [--thread T]
+                                          publish a task, print its run id, optionally follow it live
+                                          (the model's output as it is generated); in a thread, the run
+                                          continues that conversation
+    sa threads [AGENT] [THREAD]           the threads (conversations), or one thread's runs in order
     sa runs [AGENT]                       the runs index
     sa runs purge --before DATE [--agent A] [--dry-run] [--json]
                                           delete finished runs (events, payloads, index entries)
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
+    sa replay RUN --thread                every run of RUN's thread, in order
     sa replay RUN --diff OTHER            where two runs (say a fork and its source) diverge
 
 Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the task was not stored (`send`: no
@@ -48,6 +53,10 @@ def send(
                                                 help="Idempotency key (default: random).")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="The run's deadline in seconds.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Events as JSON lines (with --follow).")] = False,
+    thread: Annotated[str | None, typer.Option("--thread", "-t", help="Continue this conversation of the "
+                                                                      "agent (made on first use).")] = None,
+    tokens: Annotated[bool, typer.Option("--tokens/--no-tokens", help="With --follow: show the model's "
+                                                                      "output as it is generated.")] = True,
     wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for a host to create the "
                                                               "TASKS stream (default: exit 1 at once "
                                                               "if there is none).")] = 0.0,
@@ -57,8 +66,8 @@ def send(
     import anyio
 
     url = resolve_nats(nats_url, "send")
-    code = anyio.run(_send, url, agent, task, follow, instance, task_id, timeout, as_json, wait,
-                     backend="asyncio")
+    code = anyio.run(_send, url, agent, task, follow, instance, task_id, timeout, as_json, wait, thread,
+                     tokens, backend="asyncio")
     raise typer.Exit(code)
 
 
@@ -72,7 +81,8 @@ class NotSent(Exception):
 
 
 async def _send(url: str, agent: str, task: str, follow: bool, instance: str | None, task_id: str | None,
-                timeout: float | None, as_json: bool, wait: float) -> int:
+                timeout: float | None, as_json: bool, wait: float, thread: str | None = None,
+                tokens: bool = True) -> int:
     from rich.console import Console
 
     from runtime import events as ev
@@ -85,7 +95,7 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
         js = nc.jetstream()
         try:
             run_id = await publish(js, agent, task, task_id=task_id, instance=instance, timeout_s=timeout,
-                                   wait=wait)
+                                   wait=wait, thread=thread)
         except ValueError as e:
             typer.echo(f"sa send: {e}", err=True)
             return 2
@@ -98,7 +108,7 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
             console.print(f"run [bold]{run_id}[/]")
         if not follow:
             return 0
-        last = await watch(js, run_id, console, as_json=as_json)
+        last = await watch(js, run_id, console, as_json=as_json, tokens=tokens)
         ok = isinstance(last, ev.RunCompleted)
         return 0 if ok else 1
     finally:
@@ -106,7 +116,7 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
 
 
 async def publish(js: Any, agent: str, task: str, *, task_id: str | None, instance: str | None,
-                  timeout_s: float | None, wait: float) -> str:
+                  timeout_s: float | None, wait: float, thread: str | None = None) -> str:
     """Publish the task and return its run id once JetStream confirms it is stored; raise `NotSent` if not.
 
     No TASKS stream: wait up to `wait` seconds for a host to create it (never create it here). A stream
@@ -125,7 +135,7 @@ async def publish(js: Any, agent: str, task: str, *, task_id: str | None, instan
     while True:
         try:
             return await publish_task(js, agent, task, task_id=task_id, instance=instance,
-                                      timeout_s=timeout_s)
+                                      timeout_s=timeout_s, thread=thread)
         except (NoStreamResponseError, NatsTimeoutError) as e:
             missing = isinstance(e, NoStreamResponseError) and not await _tasks_stream_exists(js)
             waited = anyio.current_time() - start
@@ -340,6 +350,8 @@ def replay(
     diff: Annotated[str | None, typer.Option("--diff", metavar="OTHER_RUN",
                                              help="Show where OTHER_RUN diverges from RUN and what "
                                                   "differs after that point.")] = None,
+    thread: Annotated[bool, typer.Option("--thread",
+                                         help="Show every run of RUN's thread, in order.")] = False,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Show a run's timeline: model requests, tool calls, script start/complete/error, durations, tokens."""
@@ -352,6 +364,8 @@ def replay(
         raise typer.Exit(_replay_html(url, run))
     if diff is not None:
         raise typer.Exit(anyio.run(_diff, url, run, diff, as_json, backend="asyncio"))
+    if thread:
+        raise typer.Exit(anyio.run(_replay_thread, url, run, as_json, backend="asyncio"))
     try:
         runlog, index = anyio.run(_read, url, run, backend="asyncio")
     except ValueError as e:
@@ -388,7 +402,13 @@ def replay(
                 started.bundle_digest != loaded.digest:
             typer.echo(f"warning: the run was made with bundle version {started.bundle_digest}, {path} is "
                        f"{loaded.digest}", err=True)
-        report = verify_log(loaded.kernel_config(), runlog.events)
+        config = loaded.kernel_config()
+        try:
+            conv = anyio.run(_conversation, url, config, runlog.events, backend="asyncio")
+        except LookupError as e:
+            typer.echo(f"sa replay --verify: {e}", err=True)
+            raise typer.Exit(2) from None
+        report = verify_log(config, runlog.events, conv)
         if as_json:
             print(json.dumps({"verified": report.ok, "checked": report.checked, "inputs": report.inputs,
                               "problems": report.problems}))
@@ -423,6 +443,58 @@ def _replay_html(url: str, run: str) -> int:
     sys.stdout.write(page)
     sys.stdout.flush()
     return 0
+
+
+async def _conversation(url: str, config: Any, events: list[Any]) -> Any:
+    """The conversation a run in a thread continues (None for any other run), read from the earlier runs'
+    logs: `--verify` folds the run with it."""
+    from runtime import nats as bus
+    from runtime.log import RunLog
+    from runtime.threads import conversation_for
+
+    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+    try:
+        return await conversation_for(RunLog(nc.jetstream()), config, events)
+    finally:
+        await bus.close(nc)
+
+
+async def _replay_thread(url: str, run: str, as_json: bool) -> int:
+    from rich.console import Console
+
+    from runtime import events as ev
+    from runtime import nats as bus
+    from runtime.log import RunLog
+    from runtime.replay import timeline
+    from runtime.threads import Threads
+
+    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+    try:
+        js = nc.jetstream()
+        runs = RunLog(js)
+        first = await runs.read(run)
+        started = first.events[0] if first.events else None
+        if not isinstance(started, ev.RunStarted):
+            typer.echo(f"sa replay: no events for run {run!r} (see `sa runs`)", err=True)
+            return 2
+        if started.thread is None:
+            typer.echo(f"sa replay --thread: run {run} is in no thread (it was sent without --thread)",
+                       err=True)
+            return 2
+        record, _ = await Threads(js).get(first.actor, started.thread)
+        ids = record.runs if record is not None else [run]
+        console = Console()
+        for i, run_id in enumerate(ids, 1):
+            history = first if run_id == run else await runs.read(run_id)
+            if as_json:
+                for e in history.events:
+                    print(ev.to_json(e))
+            else:
+                console.print(timeline(history.events, title=f"thread {started.thread!r} · run {i} of "
+                                                             f"{len(ids)}: {run_id} · {first.actor}"))
+        return 0
+    finally:
+        await bus.close(nc)
 
 
 async def _diff(url: str, a: str, b: str, as_json: bool) -> int:

@@ -38,6 +38,7 @@ class Task:
     partition: int
     stream_seq: int
     cancel: Inbound | None = None  # a cancel that arrived while the task waited: applied once it started
+    continues: str | None = None  # a run this task interrupted: a task without a thread goes on from it
 
 
 @dataclass

@@ -5,7 +5,8 @@ run's commands travel the same partition (and reach the same host) as its task, 
 constant set of consumers:
 
 * ``agents.<agent>.tasks`` carries **tasks** only — msgpack `events.Task` (what `sa send` publishes), or
-  JSON ``{"input": "...", "task_id": "...", "instance": "...", "timeout_s": 60, "metadata": {...}}``
+  JSON ``{"input": "...", "task_id": "...", "instance": "...", "timeout_s": 60, "thread": "...",
+  "metadata": {...}}``
   (``kind`` and ``agent`` may be left out: the subject names the agent), or plain UTF-8 text, taken as the
   task's input (`nats pub agents.demo.tasks "what is 2+2?"`). A command here is refused: whoever may
   publish tasks may not, by that alone, cancel or approve anything.
@@ -48,6 +49,7 @@ from runtime.nats.subjects import (
     subtask_subject,
     task_subject,
 )
+from runtime.threads import check_thread
 
 log = logging.getLogger("runtime.host")
 
@@ -152,6 +154,11 @@ def _decode(subject_agent: str, data: bytes) -> Addressed:
             raise BadCommand(str(e)) from None
         if cmd.timeout_s is not None and cmd.timeout_s <= 0:
             raise BadCommand(f"timeout_s must be positive, got {cmd.timeout_s}")
+        if cmd.thread is not None:
+            try:
+                check_thread(cmd.thread)
+            except ValueError as e:
+                raise BadCommand(str(e)) from None
     return Addressed(agent, cmd)
 
 
@@ -160,19 +167,23 @@ def _decode(subject_agent: str, data: bytes) -> Addressed:
 async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None = None,
                        instance: str | None = None, timeout_s: float | None = None,
                        metadata: dict[str, Any] | None = None,
-                       headers: dict[str, str] | None = None, subrun: bool = False) -> str:
+                       headers: dict[str, str] | None = None, thread: str | None = None,
+                       subrun: bool = False) -> str:
     """Publish a task for `agent` (`bundle` or `bundle:instance`); return the run id it becomes. `headers`
     go with the message (a W3C `traceparent` there makes the run's trace part of the caller's).
 
     A task id is generated when none is given, so the run id is known at once and the publish is
-    idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice. `subrun`: the
-    task of a child run, on the sub-run subject only tool workers may use (`subtask_subject`).
+    idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice. A `thread` makes
+    the run continue that conversation of the actor (`runtime.threads`). `subrun`: the task of a child
+    run, on the sub-run subject only tool workers may use (`subtask_subject`).
     """
+    if thread is not None:
+        check_thread(thread)
     bundle, inst = split_actor(agent)
     instance = instance or inst
     task_id = task_id or uuid.uuid4().hex
     task = ev.Task(agent=bundle, input=input, instance=instance, task_id=task_id, timeout_s=timeout_s,
-                   metadata=dict(metadata or {}))
+                   metadata=dict(metadata or {}), thread=thread)
     actor = actor_key(bundle, instance)
     await js.publish((subtask_subject if subrun else task_subject)(actor), ev.encode_command(task),
                      headers={**(headers or {}), HDR_MSG_ID: task_id})

@@ -36,6 +36,7 @@ class HostStats:
     runs_recovered: int = 0
     runs_ended: dict[str, int] = field(default_factory=dict)
     rejected: int = 0  # malformed messages terminated
+    tasks_rejected_busy: int = 0  # tasks refused because their actor or thread was busy (double_texting)
     outcomes: int = 0
     superseded: int = 0
     handed_over: int = 0  # runs or tasks dropped because their partition went to another host

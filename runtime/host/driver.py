@@ -69,6 +69,7 @@ from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.nats.retry import retrying
 from runtime.scripts.validate import validate
+from runtime.streaming import StreamPublisher
 from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
@@ -102,6 +103,8 @@ class RunDriver:
         self.state, self.last_seq = state, last_seq
         self.task_id: str | None = None  # for the runs index
         self.forked: tuple[str, int] | None = None  # a fork's source run and seq, for the runs index
+        self.thread: str | None = None  # the conversation the run belongs to (`runtime.threads`)
+        self.streamer: StreamPublisher | None = None  # set: model output is published as it is generated
         self.on_event, self.clock = on_event, clock
         self.log = log or run_log_for(js)
         self.inbox: deque[Inbound] = deque()
@@ -305,8 +308,9 @@ class RunDriver:
             with anyio.CancelScope() as scope:
                 self._model_scope = scope
                 try:
+                    stream = self.streamer.request(effect.id, effect.turn) if self.streamer else None
                     reply.append(await self.agent.step.call(self.agent.client, effect, self.run_id,
-                                                            timeout=left))
+                                                            timeout=left, stream=stream))
                 finally:
                     self._model_scope = None
 

@@ -85,12 +85,13 @@ from runtime.host.actors import Actor, Actors, Task
 from runtime.host.agent import AgentRuntime
 from runtime.host.commands import split_actor
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
-from runtime.host.driver import RunDriver, ack_quietly, run_log_for
+from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
 from runtime.host.leases import Leases, new_host_id
 from runtime.host.partitions import Partitions
 from runtime.host.recovery import Recovery
 from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
+from runtime.host.summary import summarise
 from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
@@ -100,6 +101,8 @@ from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
 from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
 from runtime.observe.traces import TRACEPARENT, TRACESTATE
+from runtime.streaming import StreamPublisher
+from runtime.threads import Conversations, Threads, conversation
 
 log = logging.getLogger("runtime.host")
 
@@ -126,12 +129,15 @@ class Host:
         self._tg: anyio.abc.TaskGroup | None = None
         self.log: RunLog = run_log_for(self.js)
         self.index = RunsIndex(self.js)
+        self.threads = Threads(self.js)
+        self.conversations = Conversations()  # what the runs this host drove ended with (threads go on)
         self._actors = Actors(budget=self.budget, stats=self.stats, serves=self.serves, spawn=self._spawn,
                               start=self._start, drive=self._drive, refold=self._refold)
         self.recovery = Recovery(self.js, self.log, agents, self._actors, self.index, self.config, self.stats,
-                                 serves=self.serves, on_event=on_event)
+                                 serves=self.serves, on_event=on_event, conversations=self.conversations)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
-                             total_partitions=lambda: self.total_partitions, resume=self.recovery.resume)
+                             total_partitions=lambda: self.total_partitions, resume=self.recovery.resume,
+                             admit=self._admit)
         self._served = Partitions(nc, self.js, self.config, self.budget, self.stats, self.id,
                                   spawn=self._spawn, recover=self.recovery.recover,
                                   on_task=self.router.on_task, on_result=self.router.on_result,
@@ -208,6 +214,7 @@ class Host:
 
     async def _open_buckets(self) -> None:
         await self.index.open()
+        await self.threads.open()
         for bucket in (LEASES_BUCKET, HOSTS_BUCKET):  # an older version's streams lack them
             await fleet_kv(self.js, bucket)
 
@@ -221,18 +228,31 @@ class Host:
             return
         task = item.task
         timeout = task.timeout_s if task.timeout_s is not None else agent.bundle.deadline_s
+        conv: kernel.Conversation | None = None
+        summary: tuple[str | None, int] = (None, 0)
+        exists = task.thread is not None and await self.log.last(item.run_id, actor) is not None
+        if task.thread is not None and not exists:  # a new run of a thread: where the conversation is
+            conv = await self._conversation(actor, agent, task.thread)
+            if conv is not None:
+                summary = await summarise(agent, conv)
+        elif item.continues is not None and await self.log.last(item.run_id, actor) is None:
+            conv = await conversation(self.log, agent.config, item.continues, cache=self.conversations)
         started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=task.input,
                                 task_id=task.task_id, instance=split_actor(actor)[1], timeout_s=timeout,
                                 metadata=_with_trace_context(task.metadata, item.msg),
-                                bundle_digest=agent.bundle.digest)
-        seq = await self.log.create(started)
+                                bundle_digest=agent.bundle.digest, thread=task.thread,
+                                previous_run=conv.run_id if conv else None,
+                                previous_seq=conv.seq if conv else None,
+                                summary=summary[0], summarised=summary[1])
+        seq = None if exists else await self.log.create(started)
         if seq is not None:
             self.stats.runs_started += 1
             if self.on_event is not None:
                 self.on_event(started)
             driver = RunDriver(self.js, agent, actor, item.run_id, item.partition,
-                               state=kernel.evolve(kernel.initial(agent.config), started), last_seq=seq,
+                               state=kernel.evolve(kernel.initial(agent.config, conv), started), last_seq=seq,
                                on_event=self.on_event, log=self.log)
+            driver.thread = task.thread
         else:  # this task already became a run (redelivered after a crash, or re-sent): resume or finish it
             existing = await self.recovery.fold_existing(item.run_id, actor, item.partition)
             if existing is None:
@@ -243,6 +263,8 @@ class Host:
                 return
             driver = existing
             self.stats.runs_resumed += 1
+        if task.thread is not None:  # before the ack: a crash before it finds the run again, and adds it
+            await self.threads.add(actor, task.thread, item.run_id)
         driver.task_id = task.task_id
         await self.index.record(driver)
         if item.msg is not None:
@@ -251,9 +273,19 @@ class Host:
             driver.deliver(item.cancel)
         await self._drive(driver)
 
+    async def _conversation(self, actor: str, agent: AgentRuntime, thread: str) -> kernel.Conversation | None:
+        """What the thread's latest run ended with (None: the thread is new): remembered if this host drove
+        it, else folded from the logs."""
+        previous = await self.threads.latest(actor, thread)
+        if previous is None:
+            return None
+        return await conversation(self.log, agent.config, previous, cache=self.conversations)
+
     async def _drive(self, driver: RunDriver) -> None:
         self.drivers[driver.run_id] = driver
         driver.on_status = self.index.record
+        if driver.agent.bundle.spec.conversation.stream:
+            driver.streamer = StreamPublisher(self.nc, driver.actor, driver.run_id)
         try:
             with log_context(run_id=driver.run_id, agent=driver.actor):
                 state = await driver.run()
@@ -261,6 +293,8 @@ class Host:
             if self.drivers.get(driver.run_id) is driver:
                 del self.drivers[driver.run_id]
         self.stats.runs_ended[state.status] = self.stats.runs_ended.get(state.status, 0) + 1
+        if driver.thread is not None or state.status == "cancelled":
+            self.conversations.remember(state)  # the thread's next run starts from it, without a read
         await self.index.record(driver)
 
     async def _refold(self, run_id: str, actor: str, p: int) -> None:
@@ -269,14 +303,18 @@ class Host:
     async def _unknown_agent(self, actor: str, item: Task) -> None:
         served = ", ".join(sorted(self.agents)) or "none"
         log.error("task for unknown agent %s (run %s): this host serves %s", actor, item.run_id, served)
+        await self._refuse(actor, item, "unknown_agent",
+                           f"no bundle defines agent {split_actor(actor)[0]!r}; agents served: {served}")
+
+    async def _refuse(self, actor: str, item: Task, reason: str, detail: str) -> None:
+        """Record a run for `item` that fails at once (`run.started`, `run.failed` with `reason`), so the
+        publisher following its run id sees why; index it and ack the task."""
         started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=item.task.input,
-                                task_id=item.task.task_id)
+                                task_id=item.task.task_id, thread=item.task.thread)
         seq = await self.log.create(started)
         if seq is not None:
-            failed = ev.RunFailed(run_id=item.run_id, seq=1, ts=time.time(), actor=actor,
-                                  reason="unknown_agent",
-                                  detail=f"no bundle defines agent {split_actor(actor)[0]!r}; "
-                                         f"agents served: {served}")
+            failed = ev.RunFailed(run_id=item.run_id, seq=1, ts=time.time(), actor=actor, reason=reason,
+                                  detail=detail)
             seq = await self.log.append(failed, expect=seq)
             for e in (started, failed):
                 if self.on_event is not None:
@@ -288,6 +326,47 @@ class Host:
         if item.msg is not None:
             await ack_quietly(item.msg)
 
+    # -- double-texting: a task for an actor (or thread) that already has one ---------------------------
+
+    async def _admit(self, actor: str, item: Task) -> bool:
+        """Whether `item` goes into its actor's mailbox, by its bundle's `double_texting` when a run of the
+        same thread (of the same actor, for a task without a thread) is active or queued: `enqueue` waits
+        behind it; `reject` fails the new task at once, saying why; `interrupt` cancels the active run
+        (the driver's real cancel: its tool jobs stop) and queues the new task, which then continues the
+        thread from the cancelled run's conversation."""
+        agent = self.agents.get(split_actor(actor)[0])
+        if agent is None or item.run_id in self.waiting or item.run_id in self.drivers:
+            return True  # unknown agent (failed when its turn comes), or a redelivery of a task it holds
+        mode = agent.bundle.spec.conversation.double_texting
+        if mode == "enqueue":
+            return True
+        thread = item.task.thread
+        active = [d for d in self.drivers.values() if d.actor == actor and not d.state.done
+                  and (thread is None or d.thread == thread)]
+        mailbox = self.actors[actor].mailbox if actor in self.actors else ()
+        queued = [t for t in mailbox if isinstance(t, Task) and t.run_id != item.run_id
+                  and (thread is None or t.task.thread == thread)]
+        if not active and not queued:
+            return True
+        where = f"thread {thread!r} of {actor}" if thread is not None else actor
+        if mode == "reject":
+            busy = ", ".join(sorted({d.run_id for d in active} | {t.run_id for t in queued}))
+            log.info("task %s for %s rejected: run %s is active (double_texting: reject)", item.run_id,
+                     where, busy)
+            self.stats.tasks_rejected_busy += 1
+            await self._refuse(actor, item, "double_texting",
+                               f"{where} is busy with run {busy}, and its bundle's "
+                               "conversation.double_texting is reject: send the task again once that run has "
+                               "ended, or cancel it")
+            return False
+        if thread is None and active:
+            item.continues = active[0].run_id  # not in a thread: the new run still goes on from it
+        for driver in active:
+            log.info("run %s of %s interrupted by task %s (double_texting: interrupt)", driver.run_id, where,
+                     item.run_id)
+            driver.deliver(Inbound(ev.Cancel(run_id=driver.run_id, by="double_texting",
+                                             reason=f"interrupted by a newer task (run {item.run_id})")))
+        return True
 
 def _with_trace_context(metadata: dict[str, Any], msg: Any) -> dict[str, Any]:
     """The task's metadata, plus the W3C trace context its publisher sent as NATS headers (`traceparent`,

@@ -1,8 +1,9 @@
 """Recovery: runs a host did not start itself, folded back from their log and driven on.
 
 At every takeover of a partition (`recover`), before consuming anything: read the partition's unfinished
-runs from the ``active`` bucket (`runtime.host.runs_index`), fold each run's events (`log.RunLog.read`) and
-queue it first in its actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is pending:
+runs from the ``active`` bucket (`runtime.host.runs_index`), fold each run's events (`log.RunLog.read`; a
+run in a thread with the conversation it continues, `runtime.threads.fold_run`) and queue it first in its
+actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is pending:
 an answered model call is never made again, a job already answered is never re-published, a job still out
 is re-published with the same Msg-Id (deduplicated by TOOLS; the workers' ``applied`` markers make its
 writes exactly-once beyond the window).
@@ -33,6 +34,7 @@ from runtime.log import RunLog
 from runtime.nats.kv import kv_entries
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import active_filter
+from runtime.threads import Conversations, fold_run
 
 log = logging.getLogger("runtime.host")
 
@@ -45,9 +47,11 @@ class Recovery:
 
     def __init__(self, js: JetStreamContext, run_log: RunLog, agents: dict[str, AgentRuntime],
                  actors: Actors, index: RunsIndex, config: HostConfig, stats: HostStats, *,
-                 serves: Callable[[int], bool], on_event: Callable[[ev.Event], Any] | None) -> None:
+                 serves: Callable[[int], bool], on_event: Callable[[ev.Event], Any] | None,
+                 conversations: Conversations | None = None) -> None:
         self.js, self.log, self.agents, self.actors, self.index = js, run_log, agents, actors, index
         self.config, self.stats, self.serves, self.on_event = config, stats, serves, on_event
+        self.conversations = conversations
 
     async def recover(self, p: int) -> None:
         """Fold every unfinished run of partition `p` (the `active` bucket's `p<N>.*` keys) and queue it
@@ -83,9 +87,9 @@ class Recovery:
             log.error("run %s belongs to %s, which no loaded bundle defines: not resumed", run_id, actor)
             return None
         history = await self.log.read(run_id, actor)
-        try:
-            state = kernel.fold(agent.config, history.events)
-        except kernel.EvolveError as e:
+        try:  # a run in a thread folds with the conversation it continues, read from the earlier runs' logs
+            state = await fold_run(self.log, agent.config, history.events, cache=self.conversations)
+        except (kernel.EvolveError, LookupError) as e:
             log.error("run %s cannot be folded (%s): not resumed", run_id, e)
             return None
         driver = RunDriver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
@@ -93,6 +97,7 @@ class Recovery:
         started = history.events[0] if history.events else None
         if isinstance(started, ev.RunStarted):
             driver.task_id = started.task_id
+            driver.thread = started.thread
             if isinstance(started, ev.RunForked):
                 driver.forked = (started.source_run, started.source_seq)
             if not state.done and not self._may_resume(run_id, started, agent):

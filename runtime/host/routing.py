@@ -2,7 +2,8 @@
 
 A task-subject message (`runtime.host.commands`) is one of:
 * a task: queued in its actor's mailbox, its run id derived from it (`commands.run_id_for`); it keeps its
-  unit of the back-pressure budget while it waits;
+  unit of the back-pressure budget while it waits. First the host admits it (`admit`): when its actor or
+  thread is busy, the bundle's `conversation.double_texting` may refuse it or interrupt the active run;
 * a resume for a run written by a client (a fork): folded from its log and queued in its actor's mailbox
   at once (a run with no events is logged and terminated);
 * a cancel / approve / deny for a run (only from a command subject, ``ops.<agent>.<operator>``, whose
@@ -54,9 +55,10 @@ class Router:
     def __init__(self, js: JetStreamContext, actors: Actors, index: RunsIndex, budget: Budget,
                  stats: HostStats, *, serves: Callable[[int], bool],
                  total_partitions: Callable[[], int],
-                 resume: Callable[[str, str, int], Awaitable[bool]]) -> None:
+                 resume: Callable[[str, str, int], Awaitable[bool]],
+                 admit: Callable[[str, Task], Awaitable[bool]] | None = None) -> None:
         self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
-        self.serves, self.total_partitions, self.resume = serves, total_partitions, resume
+        self.serves, self.total_partitions, self.resume, self.admit = serves, total_partitions, resume, admit
 
     async def on_task(self, p: int, raw: Msg) -> None:
         """A message of partition `p`'s task consumer; it carries one unit of `self.budget`."""
@@ -89,7 +91,10 @@ class Router:
         if isinstance(cmd, ev.Task):
             self.stats.tasks += 1
             run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=md.sequence.stream)
-            return self.actors.enqueue(addressed.agent, Task(cmd, msg, run_id, p, md.sequence.stream))
+            task = Task(cmd, msg, run_id, p, md.sequence.stream)
+            if self.admit is not None and not await self.admit(addressed.agent, task):
+                return False  # refused by the bundle's double_texting (and acked)
+            return self.actors.enqueue(addressed.agent, task)
         if isinstance(cmd, ev.Resume):
             if await self.resume(cmd.run_id, addressed.agent, p):
                 await ack_quietly(msg)

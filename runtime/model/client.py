@@ -75,6 +75,8 @@ class ModelError(Exception):
 
 
 TextCallback = Callable[[str], Awaitable[None] | None]
+# a fragment of a streamed tool call: (index, id, name, arguments fragment); id and name come once
+ToolCallCallback = Callable[[int, str, str, str], Awaitable[None] | None]
 
 
 class ModelClient:
@@ -139,6 +141,7 @@ class ModelClient:
         seed: int | None = None,
         stream: bool = False,
         on_text: TextCallback | None = None,
+        on_tool_call: ToolCallCallback | None = None,
         **extras: Any,
     ) -> Completion:
         """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
@@ -149,6 +152,7 @@ class ModelClient:
         With `stream=True` the reply arrives as SSE and `on_text` (sync or async) sees each content
         fragment as it comes; the returned `Completion` is the same as without streaming. If a
         streamed attempt fails and is retried, `on_text` sees the new attempt's fragments from the start.
+        `on_tool_call` sees each fragment of a native tool call the same way.
         """
         _refuse_guided(extras)
         started = time.monotonic()
@@ -167,7 +171,7 @@ class ModelClient:
             attempt += 1
             try:
                 if stream:
-                    text, calls, usage, finish, served = await self._stream(params, on_text)
+                    text, calls, usage, finish, served = await self._stream(params, on_text, on_tool_call)
                 else:
                     text, calls, usage, finish, served = await self._once(params)
             except (openai.APIStatusError, openai.APIConnectionError) as exc:
@@ -206,12 +210,14 @@ class ModelClient:
                 pass
         return delay
 
-    async def _post(self, params: dict[str, Any], *, stream: bool) -> Any:
+    async def _post(self, params: dict[str, Any], *, stream: bool, raw_chunks: bool = False) -> Any:
         """POST /chat/completions through the SDK's transport (auth, timeouts, errors, SSE) but without
         `chat.completions.create`'s recursive TypedDict transform of the params, which cost ~8 ms of CPU
         per request here (it walks every message) for a body that is already plain JSON. The wire body
         is what `create` sends: `extra_body` merged into the top level (it wins), request options
-        (`extra_headers`, `extra_query`, `timeout`) kept out of the body.
+        (`extra_headers`, `extra_query`, `timeout`) kept out of the body. With `raw_chunks` a stream
+        yields each SSE chunk as the decoded JSON dict, not a `ChatCompletionChunk` model (building the
+        models cost ~250 us of CPU per chunk here, more than everything else a streamed token costs).
         """
         rest = dict(params)
         options: dict[str, Any] = {"security": {"bearer_auth": True}}
@@ -226,7 +232,7 @@ class ModelClient:
         # `options` is built key by key, so it is a dict and not openai's `RequestOptions` TypedDict
         return await self._client.post(
             "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[call-overload]
-            stream=stream, stream_cls=AsyncStream[ChatCompletionChunk],
+            stream=stream, stream_cls=AsyncStream[object] if raw_chunks else AsyncStream[ChatCompletionChunk],
         )
 
     async def _once(self, params: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
@@ -240,38 +246,44 @@ class ModelClient:
         return message.content or "", calls, usage, choice.finish_reason or "stop", response.model or ""
 
     async def _stream(
-        self, params: dict[str, Any], on_text: TextCallback | None
+        self, params: dict[str, Any], on_text: TextCallback | None,
+        on_tool_call: ToolCallCallback | None = None,
     ) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
         stream = await self._post({**params, "stream": True, "stream_options": {"include_usage": True}},
-                                  stream=True)
+                                  stream=True, raw_chunks=True)
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage, finish, served = Usage(), "stop", ""
         async with stream:
-            async for chunk in stream:
-                served = chunk.model or served
-                if chunk.usage is not None:
-                    usage = _usage(chunk.usage)
-                for choice in chunk.choices:
-                    delta = choice.delta
-                    if delta.content:
-                        parts.append(delta.content)
+            async for chunk in stream:  # plain dicts in the OpenAI chunk shape (see `_post`)
+                served = chunk.get("model") or served
+                if chunk.get("usage"):
+                    usage = _usage_of(chunk["usage"])
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    content = delta.get("content")
+                    if content:
+                        parts.append(content)
                         if on_text is not None:
-                            result = on_text(delta.content)
+                            result = on_text(content)
                             if result is not None:
                                 await result
-                    for tc in delta.tool_calls or []:
+                    for tc in delta.get("tool_calls") or ():
+                        index = tc.get("index", 0)
                         slot = calls.setdefault(
-                            tc.index,
-                            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-                        )
-                        if tc.id:
-                            slot["id"] = tc.id
-                        if tc.function is not None:
-                            slot["function"]["name"] += tc.function.name or ""
-                            slot["function"]["arguments"] += tc.function.arguments or ""
-                    if choice.finish_reason:
-                        finish = choice.finish_reason
+                            index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                        fn = tc.get("function") or {}
+                        name, arguments = fn.get("name") or "", fn.get("arguments") or ""
+                        if tc.get("id"):
+                            slot["id"] = tc["id"]
+                        slot["function"]["name"] += name
+                        slot["function"]["arguments"] += arguments
+                        if on_tool_call is not None:
+                            result = on_tool_call(index, tc.get("id") or "", name, arguments)
+                            if result is not None:
+                                await result
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
         ordered = [calls[i] for i in sorted(calls)] or None
         return "".join(parts), ordered, usage, finish, served
 
@@ -280,6 +292,11 @@ def _usage(usage: Any) -> Usage:
     if usage is None:
         return Usage()
     return Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0)
+
+
+def _usage_of(usage: dict[str, Any]) -> Usage:
+    return Usage(prompt_tokens=usage.get("prompt_tokens") or 0,
+                 completion_tokens=usage.get("completion_tokens") or 0)
 
 
 def _refuse_guided(extras: dict[str, Any]) -> None:

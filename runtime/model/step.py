@@ -29,6 +29,7 @@ from runtime.types import ToolSchema
 
 if TYPE_CHECKING:  # the client imports openai (~0.7 s): a runner that only folds events never pays for it
     from runtime.model.client import ModelClient
+    from runtime.streaming import RequestStream
 
 
 class ModelStep:
@@ -68,19 +69,32 @@ class ModelStep:
             tools=() if step is self else tuple(t.name for t in step.tools))
 
     async def call(
-        self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None
+        self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None,
+        stream: RequestStream | None = None,
     ) -> ev.ModelResponded | ev.ModelFailed:
         """Perform the call; return the event recording its outcome (unstamped).
 
-        `timeout` is the time left before the task's deadline (None: no deadline).
+        `timeout` is the time left before the task's deadline (None: no deadline). With `stream`, the reply
+        is asked for as SSE and each fragment is published as it arrives (`runtime.streaming`); what is
+        recorded is the same either way.
         """
         via_api = self.constraint is not None and self.constraint.send_tools_to_api
         messages = self.adapter.render(list(effect.messages), list(effect.tools), tools_via_api=via_api)
         ids: dict[str, Any] = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
+        extras = self._for(effect).extras
         try:
             with scope:
-                completion = await client.complete(messages, **effect.sampling, **self._for(effect).extras)
+                if stream is None:
+                    completion = await client.complete(messages, **effect.sampling, **extras)
+                else:
+                    try:
+                        completion = await client.complete(
+                            messages, stream=True, on_text=stream.on_text, on_tool_call=stream.on_tool_call,
+                            **effect.sampling, **extras)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await stream.done()
         except TimeoutError:
             return ev.ModelFailed(
                 **ids, error="the task's deadline passed during the model call", error_kind="timeout")

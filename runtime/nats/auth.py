@@ -13,8 +13,9 @@ The roles (subjects in `runtime.nats.subjects`):
   and nothing else: no commands, no reading runs.
 * **operator** — publishes cancel / approve / deny on ``ops.*.<its own name>`` only, so the name a host
   records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
-  buckets, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, approvals, `sa ui`, and acks
-  its own durable readers of EVENTS (`sa otel`).
+  buckets, the threads, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, `sa threads`,
+  approvals, `sa ui`; subscribes to runs' live model output (``stream.>``, `sa send --follow`); and acks its
+  own durable readers of EVENTS (`sa otel`).
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
   buckets, forwarding a command under its operator's name; it may not publish tasks or tool outcomes.
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
@@ -25,7 +26,8 @@ The roles (subjects in `runtime.nats.subjects`):
   ordinary task, and a host takes a task there only if it names its parent run) and a cancel for it on
   ``ops.*.<its own name>``, as an operator would, and reads every run's end through the ``subruns``
   consumer of EVENTS. It may not write events, forward commands under another name, create or change
-  consumers of TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts`` and ``active`` buckets.
+  consumers of TASKS, RESULTS or TOOLS, or touch the ``runs``, ``leases``, ``hosts``,
+  ``active`` and ``threads`` buckets.
 * **admin** — everything (`sa runs purge`, `sa dlq replay`, maintenance).
 
 Every user subscribes only to its own inbox (``_INBOX_<name>.>``; `runtime.nats.credentials` sets that
@@ -62,8 +64,10 @@ from runtime.nats.subjects import (
     PAYLOADS_BUCKET,
     RESULTS,
     RUNS_BUCKET,
+    STREAM_PREFIX,
     SUBRUNS_CONSUMER,
     TASKS,
+    THREADS_BUCKET,
     TOOLS,
     WORKERS_BUCKET,
     WORKERS_CONSUMER,
@@ -92,7 +96,8 @@ def _kv(bucket: str) -> str:
 
 
 _OBJ_PAYLOADS = f"OBJ_{PAYLOADS_BUCKET}"
-_FLEET_BUCKETS = (RUNS_BUCKET, LEASES_BUCKET, HOSTS_BUCKET, ACTIVE_BUCKET)  # the hosts' own state
+# the hosts' own state
+_FLEET_BUCKETS = (RUNS_BUCKET, LEASES_BUCKET, HOSTS_BUCKET, ACTIVE_BUCKET, THREADS_BUCKET)
 
 
 @dataclass(frozen=True)
@@ -117,10 +122,10 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
     if role == "operator":
         streams = [EVENTS, DLQ, _OBJ_PAYLOADS, *(_kv(b) for b in (RUNS_BUCKET, ACTIVE_BUCKET, LEASES_BUCKET,
                                                                     HOSTS_BUCKET, WORKERS_BUCKET,
-                                                                    ATTEMPTS_BUCKET))]
+                                                                    ATTEMPTS_BUCKET, THREADS_BUCKET))]
         # acks on EVENTS only move its own durable readers along (`sa otel`): EVENTS keeps what is acked
         return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams),
-                            f"$JS.ACK.{EVENTS}.>"], inbox)
+                            f"$JS.ACK.{EVENTS}.>"], [*inbox, f"{STREAM_PREFIX}.>"])
     if role == "host":
         return Permissions([">"], inbox, pub_deny=["agents.*.tasks", "agents.*.subtasks", "results.>"])
     if role == "worker":

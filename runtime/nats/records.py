@@ -1,4 +1,4 @@
-"""The records kept in KV buckets: the run index entry and the host and worker heartbeats.
+"""The records kept in KV buckets: the run index entry, threads, and the host and worker heartbeats.
 
 Why here: they are wire formats shared by writers and readers in different processes (a host writes a
 `HostBeat`, other hosts and `sa status` read it), so, like the subjects, they must be defined once. All are
@@ -38,6 +38,24 @@ class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
         if not entry.actor:  # written when the field was `agent`
             entry.actor = msgspec.msgpack.decode(data, type=_OldIndex).agent
         return entry
+
+
+class ThreadRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One entry of the `threads` bucket: a conversation of one actor and its runs, oldest first. The
+    run log stays the truth (each run's `run.started` names its previous run); this is how a host finds
+    a thread's latest run without scanning EVENTS, and how `sa threads` lists them."""
+
+    actor: str
+    thread: str
+    runs: list[str] = []
+    updated: float = 0.0
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ThreadRecord:
+        return msgspec.msgpack.decode(data, type=cls)
 
 
 class _OldIndex(msgspec.Struct):

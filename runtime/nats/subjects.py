@@ -75,6 +75,8 @@ LEASES_BUCKET = "leases"
 HOSTS_BUCKET = "hosts"
 WORKERS_BUCKET = "workers"
 ACTIVE_BUCKET = "active"
+THREADS_BUCKET = "threads"  # conversations: actor + thread -> its runs in order (`runtime.threads`)
+STREAM_PREFIX = "stream"  # a run's live model output on core NATS: stream.<actor>.<run>
 ATTEMPTS_BUCKET = "attempts"  # why a tool job's earlier deliveries ended (`runtime.attempts`)
 ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
 WORKERS_CONSUMER = "workers"
@@ -235,6 +237,16 @@ def occ_headers(actor: str, run: str, last_seq: int, msg_id: str) -> dict[str, s
     }
 
 
+def stream_subject(actor: str, run: str) -> str:
+    """Where the host publishes a run's model output as it is generated (core NATS, never stored)."""
+    return f"{STREAM_PREFIX}.{check_token(actor, 'agent')}.{check_token(run, 'run id')}"
+
+
+def stream_filter(run: str) -> str:
+    """A run's stream without knowing its actor."""
+    return f"{STREAM_PREFIX}.*.{check_token(run, 'run id')}"
+
+
 def tool_subject(tool: str) -> str:
     """Where tool jobs for `tool` are published."""
     return f"tools.{check_token(tool, 'tool name')}"
@@ -329,8 +341,10 @@ __all__ = [
     "PAYLOADS_BUCKET",
     "RESULTS",
     "RUNS_BUCKET",
+    "STREAM_PREFIX",
     "SUBRUNS_CONSUMER",
     "TASKS",
+    "THREADS_BUCKET",
     "TOOLS",
     "WORKERS_BUCKET",
     "WORKERS_CONSUMER",
@@ -350,6 +364,8 @@ __all__ = [
     "result_filter",
     "result_subject",
     "run_events_filter",
+    "stream_filter",
+    "stream_subject",
     "task_consumer_name",
     "task_filter",
     "task_subject",

@@ -68,6 +68,7 @@ from runtime.nats.subjects import (
     LEASES_BUCKET,
     RESULTS,
     TASKS,
+    THREADS_BUCKET,
     TOOLS,
     WORKERS_BUCKET,
     WORKERS_CONSUMER,
@@ -202,7 +203,8 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
         replicas=replicas))
     await runs_kv(js, replicas=replicas)
     await applied_kv(js, replicas=replicas)
-    for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET, ATTEMPTS_BUCKET):
+    for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET, ATTEMPTS_BUCKET,
+                   THREADS_BUCKET):
         await fleet_kv(js, bucket, replicas=replicas)
     await payloads_store(js, replicas=replicas)
     await ensure_retention(js, bounds)  # the payload store's bounds

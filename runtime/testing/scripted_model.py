@@ -220,19 +220,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, owner._completion(body, reply), reply.headers)
 
     def _stream(self, owner: ScriptedModelServer, body: dict[str, Any], reply: Reply) -> None:
+        """SSE over chunked transfer encoding on a kept-alive connection, as vLLM (uvicorn) sends it."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
+        self.send_header("Transfer-Encoding", "chunked")
         for key, value in reply.headers.items():
             self.send_header(key, value)
         self.end_headers()
-        self.close_connection = True
-        for chunk in owner._chunks(body, reply):
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+
+        try:
+            for chunk in owner._chunks(body, reply):
+                send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            send(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client stopped reading (a cancelled call)
 
 
 class ScriptedModelServer:
