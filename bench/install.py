@@ -40,7 +40,8 @@ def main() -> None:
         venv = args.keep or Path(tmp) / "venv"
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(src)], capture_output=True, text=True)
+        pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(src)], capture_output=True,
+                             text=True)
         if pip.returncode:
             sys.exit(f"pip install failed:\n{pip.stderr}")
         took = time.perf_counter() - t0
