@@ -228,9 +228,12 @@ class ModelClient:
         body = {key: rest.pop(key) for key in _BODY_ORDER if key in rest}
         body.update(rest)
         body.update(extra)
+        # the body goes as `content` bytes (sent as they are): msgspec writes the same compact UTF-8 JSON
+        # as the SDK's json.dumps(ensure_ascii=False, separators=(",", ":")), several times faster.
         # `options` is built key by key, so it is a dict and not openai's `RequestOptions` TypedDict
         return await self._client.post(
-            "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[call-overload]
+            "/chat/completions", content=msgspec.json.encode(body), cast_to=ChatCompletion,
+            options=options,  # type: ignore[call-overload]
             stream=stream, stream_cls=AsyncStream[ChatCompletionChunk],
         )
 

@@ -17,6 +17,7 @@ unreachable server would read "timed out" instead of "cannot reach".
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -51,15 +52,28 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         self.keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY / NO_PROXY, as httpx honours them
+        self._proxy: dict[tuple[str, str], str | None] = {}
+
+    def _proxy_for(self, url: httpx2.URL) -> str | None:
+        """The proxy for this scheme and host from the environment read at start (None: connect directly)."""
+        key = (url.scheme, url.host)
+        if key not in self._proxy:
+            proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
+            bypass = proxy is not None and urllib.request.proxy_bypass(url.host)
+            self._proxy[key] = None if bypass else proxy
+        return self._proxy[key]
 
     def _session_here(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
                                              keepalive_timeout=self.keepalive_expiry)
-            # no decompression (httpx2 decodes by Content-Encoding itself), no cookies (the SDK sends none)
+            # no decompression (httpx2 decodes by Content-Encoding itself), no cookies (the SDK sends none),
+            # and no `trust_env`: with it aiohttp reads ~/.netrc and the proxy variables in a thread on every
+            # request; the proxies are read once instead (`_proxy_for`)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                                  cookie_jar=aiohttp.DummyCookieJar(), trust_env=True)
+                                                  cookie_jar=aiohttp.DummyCookieJar())
             self._loop = loop
         return self._session
 
@@ -72,10 +86,11 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             request.headers.pop("transfer-encoding", None)
         limits = aiohttp.ClientTimeout(connect=timeout.get("pool"), sock_connect=timeout.get("connect"),
                                        sock_read=timeout.get("read"))
+        proxy = self._proxy_for(request.url) if self._proxies else None
         try:
             response = await self._session_here().request(
                 request.method, str(request.url), headers=list(request.headers.multi_items()), data=data,
-                allow_redirects=False, compress=False,
+                allow_redirects=False, compress=False, proxy=proxy,
                 timeout=limits,
             )
         except (TimeoutError, aiohttp.ClientError) as exc:
