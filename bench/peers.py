@@ -251,7 +251,7 @@ class Temporal:
             stdout=subprocess.DEVNULL, stderr=open(self.tmp / "temporal.log", "wb"))
         for _ in range(600):
             try:
-                self.client = await Client.connect(f"127.0.0.1:{port}")
+                self.client = await Client.connect(f"127.0.0.1:{port}", runtime=_temporal_runtime())
                 break
             except Exception:
                 await asyncio.sleep(0.1)
@@ -290,6 +290,19 @@ class TemporalLocal(Temporal):
 
 
 _temporal_openai: Any = None
+_temporal_rt: Any = None
+
+
+def _temporal_runtime() -> Any:
+    """temporalio's runtime with its core logging at ERROR (its "workflow task exceeded 5 s" warnings under
+    this load would bury the table); one per process, as temporalio wants."""
+    global _temporal_rt
+    if _temporal_rt is None:
+        from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
+        quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+        _temporal_rt = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet)))
+    return _temporal_rt
 _temporal_defs: Any = None
 
 
