@@ -117,7 +117,9 @@ def bundle(root: Path, model_url: str) -> Path:
     path.write_text("name: bench\nsystem_prompt: Compute.\nmodel: {adapter: hermes, base_url: "
                     f"'{model_url}', name: scripted}}\nconstraint: {{strategy: ebnf}}\ntools:\n"
                     "  - submit.pym\n  - calculator.pym\n  - add.pym\n"
-                    "termination: {terminal_tool: submit, max_turns: 50}\nmax_concurrent_tools: 16\n")
+                    "termination: {terminal_tool: submit, max_turns: 50}\nmax_concurrent_tools: 16\n"
+                    # the peers compared with (bench/peers.py) do not stream; `streaming_cost` turns it on
+                    "conversation: {stream: false}\n")
     return path
 
 
@@ -279,8 +281,8 @@ async def observation(js: Any, url: str, path: Path, tmp: Path, worker_bench: An
 
 async def streaming_cost(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any, args: Any) -> None:
     """Host CPU per turn with the model's output streamed (and published) and without, same run."""
-    quiet = path.with_name("bundle-nostream.yaml")
-    quiet.write_text(path.read_text() + "conversation: {stream: false}\n")
+    loud = path.with_name("bundle-stream.yaml")
+    loud.write_text(path.read_text().replace("conversation: {stream: false}", "conversation: {stream: true}"))
     procs = worker_bench.start_workers(url, path.parent, 1, 16, tmp)
     cpu: dict[str, list[float]] = {"on": [], "off": []}
     turns: dict[str, int] = {"on": 0, "off": 0}
@@ -292,7 +294,7 @@ async def streaming_cost(js: Any, url: str, path: Path, tmp: Path, worker_bench:
     try:
         for r in range(args.obs_rounds):
             for mode in ("on", "off"):
-                host = start_host(url, path if mode == "on" else quiet, tmp / f"host-stream-{mode}-{r}.log")
+                host = start_host(url, loud if mode == "on" else path, tmp / f"host-stream-{mode}-{r}.log")
                 try:
                     await run_tasks(js, [(f"bench:s{mode}{r}-{i}", "chain: 2") for i in range(4)])  # warm
                     sub = await js._nc.subscribe("stream.>", cb=count)
