@@ -124,6 +124,18 @@ async def test_the_parent_completes_with_the_child_output_and_the_child_names_it
     assert child.actor == child_actor("helper", parent, done.call_id)
     assert child.run_id == child_run_id("helper", parent, done.call_id)
     assert f"sub-run of {parent} (call {done.call_id})" in describe(child)  # `sa replay` links them
+    # and the inspector's run pages: the parent lists its child, the child names its parent
+    from runtime.log import RunLog
+    from runtime.ui.views import subruns
+
+    entries = await bus.kv_entries(await bus.runs_kv(js))
+    index = {key: bus.RunIndex.decode(e.value) for key, e in entries.items() if e.value}
+    assert subruns(parent, events, index)["children"] == [
+        {"run_id": child.run_id, "call_id": done.call_id.rsplit("/", 1)[-1], "agent": "helper",
+         "status": index[child.run_id].status}]
+    child_events = (await RunLog(js).read(child.run_id)).events
+    assert subruns(child.run_id, child_events, index) == {
+        "parent": {"run_id": parent, "call_id": done.call_id}, "children": []}
 
 
 async def test_a_waiting_parent_holds_no_worker_slot(js, nats_server, tmp_path: Path) -> None:

@@ -285,6 +285,29 @@ def fork_tree(run_id: str, parent: tuple[str, int | None] | None,
     return node(root, 0)
 
 
+def subruns(run_id: str, events: Sequence[ev.Event], index: dict[str, RunIndex]) -> dict[str, Any]:
+    """A run's place among sub-runs (agents called as tools): the parent run and call its `run.started`
+    names, and the children its calls started, found where they must be: a child's run id is derived from
+    the agent (the tool's name), this run and the call (`runtime.subruns.child_run_id`), so a call whose
+    derived id is in the runs index started that child."""
+    from runtime.subruns import PARENT_CALL, PARENT_RUN, child_run_id
+
+    first = events[0] if events else None
+    parent = None
+    if isinstance(first, ev.RunStarted) and first.metadata.get(PARENT_RUN):
+        parent = {"run_id": str(first.metadata[PARENT_RUN]),
+                  "call_id": str(first.metadata.get(PARENT_CALL, ""))}
+    children = []
+    for e in events:
+        if isinstance(e, ev.ModelResponded):
+            for call in e.calls:
+                child = child_run_id(call.name, run_id, call.id)
+                if child in index:
+                    children.append({"run_id": child, "call_id": call.id.rsplit("/", 1)[-1],
+                                     "agent": call.name, "status": index[child].status})
+    return {"parent": parent, "children": children}
+
+
 def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunIndex | None = None,
              index: dict[str, RunIndex] | None = None, fork_points: Sequence[int] | None = None,
              exported: bool = False) -> dict[str, Any]:
@@ -298,6 +321,7 @@ def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunI
         "summary": summary_view(events),
         "index": _builtins(entry) if entry is not None else None,
         "fork_tree": fork_tree(run_id, parent, index or {}),
+        "subruns": subruns(run_id, events, index or {}),
         "fork_points": list(fork_points) if fork_points is not None else None,
     }
 

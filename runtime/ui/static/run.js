@@ -82,6 +82,15 @@ function renderOverview() {
       kept > 1 ? el("div", {class: "fork-note"}, "events #1 to #" + (kept - 1) + " are the source run's, kept by " +
         "the fork (its recorded replies and tool results are reused, not made again)") : null));
   }
+  const subs = view.subruns;
+  if (subs && (subs.parent || subs.children.length)) {
+    box.appendChild(el("div", {class: "forks", id: "subruns"}, el("h3", {}, "sub-runs"),
+      subs.parent ? el("div", {}, "sub-run of ", runLink(subs.parent.run_id),
+        el("span", {class: "muted"}, " (call " + subs.parent.call_id.split("/").pop() + ")")) : null,
+      subs.children.length ? el("ul", {class: "tree"}, subs.children.map((c) => el("li", {},
+        el("span", {class: "muted"}, "call " + c.call_id + " " + c.agent + ": "), runLink(c.run_id),
+        c.status ? [" ", statusBadge(c.status)] : null))) : null));
+  }
 }
 
 // -- timeline --------------------------------------------------------------------------------------------
