@@ -69,10 +69,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -382,19 +378,6 @@ def _limits(spec: Any, path: str, problems: list[tuple[str, str]]) -> Limits | N
         return None
 
 
-@contextmanager
-def _importable(root: Path) -> Iterator[None]:
-    """Let `module:Class` refer to modules beside the bundle file."""
-    added = str(root) not in sys.path
-    if added:
-        sys.path.insert(0, str(root))
-    try:
-        yield
-    finally:
-        if added:
-            sys.path.remove(str(root))
-
-
 def _output_model(ref: Any, named: dict[str, Any], root: Path, path: str,
                   problems: list[tuple[str, str]]) -> Any:
     if ref is None:
@@ -410,12 +393,10 @@ def _output_model(ref: Any, named: dict[str, Any], root: Path, path: str,
             return None
         return ref
     if isinstance(ref, str) and ":" in ref:
-        module_name, _, attr = ref.partition(":")
         try:
-            with _importable(root):
-                obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            problems.append((path, f"cannot import {ref!r}: {e}"))
+            obj = import_object(ref, root=root, what="output model")
+        except ExternalsError as e:
+            problems.append((path, str(e)))
             return None
         if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
             problems.append((path, f"{ref!r} is not a pydantic BaseModel class"))

@@ -165,3 +165,16 @@ def test_tool_problems_are_bundle_errors(tmp_path: Path) -> None:
     assert "did you mean 'max_memory'" in got["tools[2].limits.max_mmeory"]
     assert "not an output model" in got["tools[2].output_model"]
     assert "'submit' is not a tool" in got["termination.terminal_tool"]
+
+
+def test_an_output_model_that_does_not_import_says_which_module_and_why(tmp_path: Path) -> None:
+    got = problems(tmp_path, """\
+        name: ws
+        tools:
+          - path: tools/echo.pym
+            output_model: no_such_module_here:Result
+          - path: tools/echo2.pym
+            output_model: pydantic:NoSuchModel
+    """, {"echo.pym": ECHO, "echo2.pym": ECHO})
+    assert "cannot import module 'no_such_module_here'" in got["tools[0].output_model"]
+    assert "has no 'NoSuchModel'" in got["tools[1].output_model"]
