@@ -168,6 +168,12 @@ async def test_a_three_run_thread_continues_its_conversation_and_stores_it_once(
     record, _ = await Threads(js).get("chat", "support-1")
     assert record is not None and record.runs == [r for r, _ in runs]
     assert [r.thread for r in await Threads(js).all("chat")] == ["support-1"]
+    # the inspector's run page shows the thread as its runs in order
+    from runtime.ui.app import Inspector
+
+    view = await Inspector(js).run(runs[1][0])
+    assert view["thread"]["thread"] == "support-1"
+    assert [r["run_id"] for r in view["thread"]["runs"]] == [r for r, _ in runs]
 
 
 def streaming_model(body: dict[str, Any]) -> str:

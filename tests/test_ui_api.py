@@ -107,6 +107,7 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         held = await publish_task(js, "calc", "hold: 6 * 7")
         seen: list[dict[str, Any]] = []
         kinds: list[str] = []
+        tokens: dict[str, list[str]] = {}
         async with client.stream("GET", f"/api/runs/{held}/follow", params={"after": "0"}) as stream:
             assert stream.headers["content-type"].startswith("text/event-stream")
             kind = ""
@@ -116,6 +117,8 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
                 elif line.startswith("data: "):
                     kinds.append(kind)
                     data = json.loads(line[len("data: "):])
+                    if kind == "token":  # the model's output as generated, before it is recorded
+                        tokens.setdefault(data["request_id"], []).append(data.get("text", ""))
                     if kind == "event":
                         seen.append(data["event"])
                         if data["event"]["kind"] == "tool.completed":
@@ -124,6 +127,12 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
                         assert data["summary"]["status"] == "completed"
                         break
         assert kinds[-1] == "end" and seen[-1]["kind"] == "run.completed"
+        # the reply made after the gate opened streamed live, and its tokens are the recorded reply
+        replies = {e["data"]["request_id"]: e["data"]["text"] for e in seen if e["kind"] == "model.responded"}
+        assert tokens and set(tokens) <= set(replies)
+        for request_id, parts in tokens.items():
+            assert "".join(parts) == replies[request_id]
+        assert kinds.index("token") < max(i for i, k in enumerate(kinds) if k == "event")
         assert [e["seq"] for e in seen] == list(range(len(seen)))
         assert seen[-1]["data"]["output"] == {"answer": "released"}
         # `after` skips what the page already has

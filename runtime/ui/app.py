@@ -59,7 +59,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from runtime import events as ev
-from runtime import kernel
+from runtime import kernel, streaming
 from runtime.control import Control, operator
 from runtime.fork import fork, fork_points
 from runtime.log import RunLog
@@ -160,8 +160,21 @@ class Inspector:
         if not history.events:
             raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
         index = await self.index()
-        return views.run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
+        view = views.run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
                               fork_points=fork_points(history.events))
+        view["thread"] = await self._thread(history.actor, history.events[0], index)
+        return view
+
+    async def _thread(self, actor: str, first: ev.Event, index: dict[str, RunIndex]) -> dict[str, Any] | None:
+        """The thread a run belongs to, as its runs in order (`runtime.threads`), or None."""
+        if not isinstance(first, ev.RunStarted) or first.thread is None:
+            return None
+        from runtime.threads import Threads
+
+        record, _ = await Threads(self.js).get(actor, first.thread)
+        runs = record.runs if record is not None else [first.run_id]
+        return {"thread": first.thread, "runs": [
+            {"run_id": r, "status": index[r].status if r in index else None} for r in runs]}
 
     async def event(self, run_id: str, seq: int) -> dict[str, Any]:
         """One event whole: a stub's big fields are fetched from the object store (digest-checked)."""
@@ -193,20 +206,33 @@ class Inspector:
     async def pump(self, run_id: str, after: int, emit: Callable[[str], Awaitable[None]]) -> None:
         """Send the run's events from `after` on as server-sent events until it ends (then `end`)."""
         self.followers += 1
+        # the model's output as it is generated (core NATS, not stored): subscribed before the log is
+        # read, so nothing published meanwhile is missed; the recorded reply stays the truth
+        sub, deltas = await streaming.subscribe(self.js._nc, run_id)
         follow = self.log.follow(run_id)
         seen: list[ev.Event] = []
+
+        async def tokens() -> None:
+            async with deltas:
+                async for d in deltas:
+                    await emit(_sse("token", msgspec.to_builtins(d)))
+
         try:
-            async for event in follow:
-                seen.append(event)
-                if event.seq < after:
-                    continue
-                await emit(_sse("event", {"event": views.event_view(event, views.start_of(seen)),
-                                          "summary": views.summary_view(seen)}, event.seq))
-            await emit(_sse("end", {"summary": views.summary_view(seen)}))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tokens)
+                async for event in follow:
+                    seen.append(event)
+                    if event.seq < after:
+                        continue
+                    await emit(_sse("event", {"event": views.event_view(event, views.start_of(seen)),
+                                              "summary": views.summary_view(seen)}, event.seq))
+                await emit(_sse("end", {"summary": views.summary_view(seen)}))
+                tg.cancel_scope.cancel()
         finally:
             self.followers -= 1
             with anyio.CancelScope(shield=True):
                 await follow.aclose()  # type: ignore[attr-defined]  # an async generator
+                await sub.unsubscribe()
 
 
 def _sse(kind: str, data: Any, seq: int | None = None) -> str:

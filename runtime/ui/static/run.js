@@ -82,6 +82,13 @@ function renderOverview() {
       kept > 1 ? el("div", {class: "fork-note"}, "events #1 to #" + (kept - 1) + " are the source run's, kept by " +
         "the fork (its recorded replies and tool results are reused, not made again)") : null));
   }
+  const thread = view.thread;
+  if (thread) {  // a conversation: its runs in order, each continuing the one before
+    box.appendChild(el("div", {class: "forks", id: "thread"}, el("h3", {}, "thread " + thread.thread),
+      el("ol", {class: "tree"}, thread.runs.map((r) => el("li", {},
+        r.run_id === state.runId ? el("span", {class: "mono tree-current"}, r.run_id) : runLink(r.run_id),
+        r.status ? [" ", statusBadge(r.status)] : null)))));
+  }
   const subs = view.subruns;
   if (subs && (subs.parent || subs.children.length)) {
     box.appendChild(el("div", {class: "forks", id: "subruns"}, el("h3", {}, "sub-runs"),
@@ -488,8 +495,21 @@ function follow() {
   const source = new EventSource("/api/runs/" + encodeURIComponent(state.runId) + "/follow?after=" + (last + 1));
   state.source = source;
   document.getElementById("live").hidden = false;
+  source.addEventListener("token", (msg) => {  // the model's output as it is generated (not stored)
+    const d = JSON.parse(msg.data);
+    const box = document.getElementById("live-reply");
+    const pre = document.getElementById("live-tokens");
+    if (state.liveRequest !== d.request_id) { state.liveRequest = d.request_id; pre.textContent = ""; }
+    if (d.text) pre.textContent += d.text;
+    if (d.tool_call) pre.textContent += (d.tool_call.name ? "\n" + d.tool_call.name + " " : "") + (d.tool_call.arguments || "");
+    box.hidden = false;
+  });
   source.addEventListener("event", (msg) => {
     const data = JSON.parse(msg.data);
+    if (data.event.kind === "model.responded" || data.event.kind === "model.failed") {
+      document.getElementById("live-reply").hidden = true;  // the recorded reply replaces the live one
+      state.liveRequest = null;
+    }
     if (!state.bySeq.has(data.event.seq)) {
       state.events.push(data.event);
       state.bySeq.set(data.event.seq, data.event);
