@@ -198,7 +198,7 @@ def test_following_a_live_run_to_its_end(stack: Stack, page: Any):
     after = int(page.get_attribute("body", "data-events"))
     assert after > before and page.evaluate("window.__sameDocument") is True  # arrived live, no reload
     assert page.locator(".event[data-kind='run.completed']").count() == 1
-    assert "released" in page.text_content("#run-output")
+    assert "released" in run_output(page)
     page.wait_for_selector("#live", state="hidden")
     shot(page, "08-live-completed")
 
@@ -305,7 +305,7 @@ def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     shot(page, "15-approval-waiting")
     box.locator(".approve").click()
     page.wait_for_selector("body[data-status=completed]")
-    assert '\\"sent\\": 90' in page.text_content("#run-output")
+    assert '\\"sent\\": 90' in run_output(page)
     granted = page.locator(".event[data-kind='approval.granted']")
     granted.locator(".toggle").click()
     assert "capped at 90" in granted.locator(".detail").text_content()
@@ -322,7 +322,7 @@ def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     box.locator(".deny-reason").fill("not this account")
     box.locator(".deny").click()
     page.wait_for_selector("body[data-status=completed]")
-    assert "not this account" in page.text_content("#run-output")
+    assert "not this account" in run_output(page)
 
     stack.gate.reset()
     held = run_task(stack, "hold: 3 * 3", wait=False)
@@ -333,7 +333,7 @@ def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     page.fill(".cancel-reason", "wrong numbers")
     page.click(".cancel-confirm")
     page.wait_for_selector("body[data-status=cancelled]")
-    assert "wrong numbers" in page.text_content("#run-output")
+    assert "wrong numbers" in run_output(page)
     assert page.locator(".cancel-open").count() == 0
     shot(page, "16-cancelled")
     stack.gate.release()
@@ -345,7 +345,7 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     page.wait_for_selector("body[data-status=completed]")
     for event in page.locator(".event").all():
         event.locator(".toggle").click()
-    assert HOSTILE in page.text_content("#run-output")
+    assert HOSTILE in run_output(page)
     reply = page.locator(".event[data-kind='model.responded'] .detail").text_content()
     assert "<script>window.__pwned = 1</script>" in reply
     assert page.evaluate("typeof window.__pwned") == "undefined"
@@ -366,7 +366,7 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-status=completed]")
     assert page.text_content("h1") == hostile
-    assert HOSTILE in page.text_content("#run-output")
+    assert HOSTILE in run_output(page)
     assert page.locator(".event").count() > 3 and page.locator(".fork").count() == 0
     page.locator(".event[data-kind='model.responded'] .toggle").click()
     assert "<script>window.__pwned = 1</script>" in page.locator(".detail").first.text_content()
@@ -374,3 +374,9 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert page.evaluate(INJECTED) == 0
     assert requests == [path.as_uri()], requests
     shot(page, "14-export-opened-from-disk")
+
+
+def run_output(page: Any) -> str:
+    """The run's output box once the page rendered it (a loaded machine can take a while after the status)."""
+    page.wait_for_selector("#run-output", timeout=90_000)
+    return page.text_content("#run-output") or ""

@@ -534,13 +534,19 @@ function follow() {
 }
 
 async function reload() {
+  // Reloads can overlap (a command's, the live stream's at its end): only the latest one issued is applied,
+  // and never one that knows fewer events than the page, so an answer that arrives late cannot roll it back.
+  const ticket = state.reloads = (state.reloads || 0) + 1;
+  let view;
   try {
-    state.view = await api("/api/runs/" + encodeURIComponent(state.runId));
+    view = await api("/api/runs/" + encodeURIComponent(state.runId));
   } catch (err) {
     showMessage(err.message);
     document.body.dataset.status = "error";
     return false;
   }
+  if (ticket !== state.reloads || (state.events && view.events.length < state.events.length)) return true;
+  state.view = view;
   setEvents(state.view.events);
   render();
   return true;
