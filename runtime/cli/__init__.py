@@ -12,6 +12,7 @@
 - `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `ui_cmds`         — `sa ui` (the run inspector in a browser)
 - `auth_cmds`       — `sa auth config` (the NATS users and permissions per role, as config)
+- `signals`         — how the long-running commands stop on SIGINT / SIGTERM
 - `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
 """
 

@@ -29,6 +29,7 @@ import typer
 
 from runtime.cli.app import app
 from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, announce, start_metrics
+from runtime.cli.signals import until_signal
 from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats, state_file
 from runtime.observe.logs import LogFormat
 
@@ -553,10 +554,4 @@ def _load_agents(bundles: list[Path], model_url: str | None) -> Any:
 async def _until_signal(stop: Any, verbose: bool = True) -> None:
     """Set `stop` at SIGINT / SIGTERM. Unless `verbose`, a stopping host's hand-over of each partition is
     not logged: the process's own "stopped" line says it."""
-    import anyio
-
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            _host_log(info=verbose)
-            stop.set()
-            return
+    await until_signal(stop, lambda: _host_log(info=verbose))

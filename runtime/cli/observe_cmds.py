@@ -85,7 +85,7 @@ def otel(
 
     async def main() -> None:
         from runtime import nats as bus
-        from runtime.cli.fleet_cmds import _until_signal
+        from runtime.cli.signals import until_signal
 
         nc = await bus.connect(url, name="sa-otel")
         exporter = TraceExporter(nc.jetstream(), sink, durable=durable or DEFAULT_DURABLE, batch=batch,
@@ -93,7 +93,7 @@ def otel(
         stop = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_until_signal, stop)
+                tg.start_soon(until_signal, stop)
 
                 async def ready() -> None:
                     await exporter.ready.wait()
