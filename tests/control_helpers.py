@@ -11,28 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from host_helpers import SUBMIT
 
 from runtime.testing import last_message
 from runtime.testing.fleet import CLI, hermes_call
-
-SUBMIT = '''"""Finish the task with its answer."""
-from grail import Input
-
-answer: str = Input("answer", description="the final answer")
-
-{"answer": answer}
-'''
-
-SPIN = '''"""Loop until stopped (a tool that never finishes by itself)."""
-from grail import Input
-
-label: str = Input("label", default="")
-
-n = 0
-while True:
-    n += 1
-{"n": n}
-'''
+from runtime.testing.scripts import SPIN
 
 TRANSFER = '''"""Send money to an account."""
 from grail import Input

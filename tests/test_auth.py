@@ -8,8 +8,7 @@ task subject by a publisher changes nothing.
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import anyio
 import nats
 import pytest
 from host_helpers import kinds, write_bundle
+from nats_fixtures import AUTH_CONF, PASSWORDS
 
 from runtime import events as ev
 from runtime import nats as bus
@@ -50,17 +50,6 @@ from runtime.worker import Worker, build_registry
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
-AUTH_CONF = ROOT / "deploy" / "nats" / "auth.conf"
-PASSWORDS = {role: f"pw-{role}-secret" for role in ROLES}
-
-
-@pytest.fixture(scope="module")
-def secured() -> Iterator[EmbeddedNats]:
-    """nats-server with the shipped auth.conf, its `$SA_<ROLE>_PASSWORD`s from the environment."""
-    env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in PASSWORDS.items()}}
-    server = EmbeddedNats(extra_args=["-c", str(AUTH_CONF)], env=env).start()
-    yield server
-    server.stop()
 
 
 def creds(role: str) -> Credentials:

@@ -30,6 +30,7 @@ from runtime.replay import verify, watch
 from runtime.streaming import Delta, subscribe
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
+from runtime.testing.scripts import SPIN
 from runtime.threads import Threads, conversation, conversation_for, fold_run
 from runtime.types import Message, ToolCall
 from runtime.worker import Worker
@@ -229,16 +230,6 @@ async def test_a_follower_receives_deltas_whose_concatenation_is_the_recorded_re
 
 # ── double-texting ────────────────────────────────────────────────────────────────────────────────────
 
-SPIN = '''"""Loop until stopped (a tool that never finishes by itself)."""
-from grail import Input
-
-label: str = Input("label", default="")
-
-n = 0
-while True:
-    n += 1
-{"n": n}
-'''
 
 
 def _dt_bundle(root: Path, mode: str) -> Path:

@@ -6,8 +6,6 @@ are error values, and cancelling the parent cancels the child."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from runtime.subruns import DEPTH, PARENT_CALL, PARENT_RUN, child_actor, child_r
 from runtime.testing import Reply, ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
 from tests.host_helpers import SUBMIT, hosts, running_host, running_worker, wait_until
-from tests.test_auth import AUTH_CONF, PASSWORDS, creds, secured_fleet
+from tests.test_auth import creds, secured_fleet
 
 pytestmark = pytest.mark.anyio
 FAST = LeaseConfig(ttl=2.0, renew=0.5)
@@ -238,13 +236,6 @@ async def all_events(js: Any) -> list[ev.Event]:
     return out
 
 
-@pytest.fixture(scope="module")
-def secured() -> Iterator[EmbeddedNats]:
-    """nats-server with the shipped auth.conf (as tests/test_auth.py runs it)."""
-    env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in PASSWORDS.items()}}
-    server = EmbeddedNats(extra_args=["-c", str(AUTH_CONF)], env=env).start()
-    yield server
-    server.stop()
 
 
 async def test_on_a_secured_server_the_worker_starts_the_child_as_the_worker_role(

@@ -34,4 +34,17 @@ answer: str = Input("answer")
 {"answer": answer}
 '''
 
-__all__ = ["APPEND_LINE", "SUBMIT"]
+# A tool that runs until its sandbox run is stopped: what cancel, interrupt and limit tests stop.
+SPIN = '''"""Loop until stopped (a tool that never finishes by itself)."""
+from grail import Input
+
+label: str = Input("label", default="")
+
+n = 0
+while True:
+    n += 1
+{"n": n}
+'''
+
+
+__all__ = ["APPEND_LINE", "SPIN", "SUBMIT"]
