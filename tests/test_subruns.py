@@ -287,3 +287,22 @@ async def test_kill_9_of_the_parents_host_process_while_its_child_runs(js, nats_
     children = [s for s in await started_runs(js) if s.metadata.get(PARENT_RUN) == parent]
     assert len(children) == 1
     assert sum(isinstance(e, ev.RunStarted) for e in events) == 1
+
+
+async def test_the_sub_run_subject_takes_only_tasks_that_name_their_parent(js, nats_server, tmp_path: Path
+                                                                            ) -> None:
+    """`agents.<agent>.subtasks` is what workers may publish on to start a child: a task there that names
+    no parent run is refused by the host (no run), one that does runs as usual."""
+    await bus.ensure_topology(js)
+    with ScriptedModelServer(responder=responder()) as server:
+        helper = agent_bundle(tmp_path, "helper")
+        async with running_host(nats_server.url, [helper], server) as host, \
+                running_worker(nats_server.url, [helper]):
+            stray = await publish_task(js, "helper", "no parent", task_id="stray", subrun=True)
+            await wait_until(lambda: host.stats.rejected >= 1, what="the parentless sub-run task refused")
+            child = await publish_task(js, "helper", "what is the capital of France?", task_id="kid",
+                                       metadata={PARENT_RUN: "rparent", PARENT_CALL: "rparent/1.0"},
+                                       subrun=True)
+            events = await follow(js, child)
+    assert isinstance(events[-1], ev.RunCompleted)
+    assert host.stats.rejected == 1 and (await RunLog(js).read(stray)).events == []

@@ -39,11 +39,17 @@ from runtime.host.runs_index import RunsIndex
 from runtime.jobs import JobDecodeError, ToolOutcome
 from runtime.nats.pull import Budget
 from runtime.nats.records import RunIndex
-from runtime.nats.subjects import ANONYMOUS, command_subject, parse_task_subject, partition_of
+from runtime.nats.subjects import (
+    ANONYMOUS,
+    command_subject,
+    is_subtask_subject,
+    parse_task_subject,
+    partition_of,
+)
+from runtime.subruns import PARENT_RUN
 
 log = logging.getLogger("runtime.host")
 
-PARENT_RUN_KEY = "sa.parent_run"  # the metadata a sub-run's task names its parent with (`runtime.subruns`)
 OUTCOME_RETRY_S = 1.0  # an outcome for a run nobody drives yet comes again this late
 OUTCOME_MAX_DELIVERIES = 20
 
@@ -81,11 +87,10 @@ class Router:
             return False
         cmd = addressed.command
         md = msg.metadata
-        if isinstance(cmd, ev.Task) and msg.subject.endswith(".subtasks") and \
-                not cmd.metadata.get(PARENT_RUN_KEY):
+        if isinstance(cmd, ev.Task) and is_subtask_subject(msg.subject) and not cmd.metadata.get(PARENT_RUN):
             self.stats.rejected += 1
             log.error("rejected a task on %s: the sub-run subject carries only tasks that name their parent "
-                      "run (%s); publish other tasks on agents.<agent>.tasks", msg.subject, PARENT_RUN_KEY)
+                      "run (%s); publish other tasks on agents.<agent>.tasks", msg.subject, PARENT_RUN)
             await _term(msg)
             return False
         if isinstance(cmd, ev.Task):

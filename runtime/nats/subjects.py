@@ -190,6 +190,13 @@ def task_filter(partition: int) -> str:
     return f"tasks.{partition}.>"
 
 
+def _published(subject: str) -> list[str]:
+    """The tokens of a TASKS subject in its published form (a stored ``tasks.<p>.<agent>.<t1>.<t3>`` back
+    to ``<t1>.<agent>.<t3>``); any other subject's tokens as they are."""
+    parts = subject.split(".")
+    return [parts[3], parts[2], parts[4]] if len(parts) == 5 and parts[0] == "tasks" else parts
+
+
 def parse_task_subject(subject: str) -> tuple[str, str | None]:
     """(agent, operator) of a TASKS subject, stored or as published; operator is None for a task subject.
 
@@ -197,16 +204,20 @@ def parse_task_subject(subject: str) -> tuple[str, str | None]:
     `subtask_subject`), ``tasks.<p>.<agent>.ops.<operator>`` (a
     command) and ``tasks.<p>.<agent>`` (a task stored before commands had their own subject). Published
     forms: ``agents.<agent>.tasks`` and ``ops.<agent>.<operator>``."""
-    parts = subject.split(".")
-    if len(parts) == 5 and parts[0] == "tasks":
-        parts = [parts[3], parts[2], parts[4]]  # back to the published form
-    elif len(parts) == 3 and parts[0] == "tasks":
+    parts = _published(subject)
+    if len(parts) == 3 and parts[0] == "tasks":
         return parts[2], None
     if len(parts) == 3 and parts[0] == "agents" and parts[2] in ("tasks", "subtasks"):
         return parts[1], None
     if len(parts) == 3 and parts[0] == COMMANDS_PREFIX:
         return parts[1], parts[2]
     raise ValueError(f"not a task subject: {subject!r}")
+
+
+def is_subtask_subject(subject: str) -> bool:
+    """True for a sub-run's task subject (`subtask_subject`), stored or as published."""
+    parts = _published(subject)
+    return len(parts) == 3 and parts[0] == "agents" and parts[2] == "subtasks"
 
 
 def agent_of_task_subject(subject: str) -> str:
@@ -357,6 +368,7 @@ __all__ = [
     "command_subject",
     "dlq_subject",
     "event_subject",
+    "is_subtask_subject",
     "job_msg_id",
     "lease_key",
     "occ_headers",
