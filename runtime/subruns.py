@@ -32,7 +32,19 @@ import anyio
 from nats.js import JetStreamContext
 
 from runtime import events as ev
-from runtime.host.commands import actor_key, publish_command, publish_task, run_id_for, split_actor
+from runtime.host.commands import (
+    DEPTH,
+    PARENT_ACTOR,
+    PARENT_CALL,
+    PARENT_PARTITION,
+    PARENT_RUN,
+    PARENT_TOOL,
+    actor_key,
+    publish_command,
+    publish_task,
+    run_id_for,
+    split_actor,
+)
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import TERMINAL_KINDS, RunLog, Tail
 from runtime.nats.kv import fleet_kv, kv_entries
@@ -46,8 +58,6 @@ __all__ = ["DEPTH", "PARENT_CALL", "PARENT_RUN", "SUBRUNS_CONSUMER", "SubrunWatc
 
 log = logging.getLogger("runtime.subruns")
 
-PARENT_RUN, PARENT_CALL, DEPTH = "sa.parent_run", "sa.parent_call", "sa.depth"
-PARENT_ACTOR, PARENT_PARTITION, PARENT_TOOL = "sa.parent_actor", "sa.parent_partition", "sa.parent_tool"
 SUB_PREFIX = "sub-"
 
 

@@ -54,6 +54,12 @@ from runtime.threads import check_thread
 log = logging.getLogger("runtime.host")
 
 
+# The task metadata a sub-run's task names its parent with (`runtime.subruns` writes it; the router takes a
+# task on the sub-run subject only with `PARENT_RUN`): here, beside the task format, so both read one copy.
+PARENT_RUN, PARENT_CALL, DEPTH = "sa.parent_run", "sa.parent_call", "sa.depth"
+PARENT_ACTOR, PARENT_PARTITION, PARENT_TOOL = "sa.parent_actor", "sa.parent_partition", "sa.parent_tool"
+
+
 class BadCommand(ValueError):
     """A message on a task subject that is not a command (the message says what is wrong)."""
 
@@ -203,5 +209,6 @@ async def publish_command(js: Any, agent: str, command: ev.Command, *, operator:
     await js.publish(command_subject(agent, operator), ev.encode_command(command))
 
 
-__all__ = ["Addressed", "BadCommand", "actor_key", "decode", "publish_command", "publish_task", "run_id_for",
+__all__ = ["DEPTH", "PARENT_ACTOR", "PARENT_CALL", "PARENT_PARTITION", "PARENT_RUN", "PARENT_TOOL",
+           "Addressed", "BadCommand", "actor_key", "decode", "publish_command", "publish_task", "run_id_for",
            "split_actor"]

@@ -31,7 +31,7 @@ from nats.js import JetStreamContext
 from runtime import events as ev
 from runtime import kernel
 from runtime.host.actors import Actors, Task
-from runtime.host.commands import BadCommand, decode, run_id_for, split_actor
+from runtime.host.commands import PARENT_RUN, BadCommand, decode, run_id_for, split_actor
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, ack_quietly
 from runtime.host.partitions import Guarded
@@ -46,7 +46,6 @@ from runtime.nats.subjects import (
     parse_task_subject,
     partition_of,
 )
-from runtime.subruns import PARENT_RUN
 
 log = logging.getLogger("runtime.host")
 
