@@ -1,7 +1,8 @@
 """The `sa` command line: one module per group of commands, each registering on the app of `app.py`.
 
 - `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
-- `run_cmds`        — `sa send`, `sa runs`, `sa replay` (tasks and runs)
+- `run_cmds`        — `sa send`, `sa runs` (tasks and runs)
+- `replay_cmds`     — `sa replay` (a run's timeline, `--verify`, `--diff`, `--thread`, `--html`)
 - `thread_cmds`     — `sa threads` (conversations: threads and their runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
 - `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
@@ -19,6 +20,7 @@
 from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)
     fleet_cmds,
     run_cmds,
+    replay_cmds,
     thread_cmds,
     fork_cmds,
     control_cmds,
