@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runtime.model.adapters import get_adapter
-from runtime.model.client import Completion, ModelClient, ModelError
+from runtime.model.client import HTTP_MODES, Completion, ModelClient, ModelError
 from runtime.model.constraints import DecodingConstraint, build_constraint
 from runtime.testing import Reply, ScriptedModelServer
 from runtime.types import Message, ToolSchema, Usage
@@ -20,6 +20,13 @@ TOOL = ToolSchema(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
 USER = [{"role": "user", "content": "weather in Oslo?"}]
+
+
+@pytest.fixture(autouse=True, params=HTTP_MODES)
+def http_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs over each way a completion travels (`SA_MODEL_HTTP`): same behaviour, same errors."""
+    monkeypatch.setenv("SA_MODEL_HTTP", request.param)
+    return str(request.param)
 
 
 def client_for(server: ScriptedModelServer, **options) -> ModelClient:
@@ -197,3 +204,27 @@ async def test_the_body_on_the_wire_is_what_the_sdk_create_sends(stream: bool) -
     assert json.dumps(sent) == json.dumps(reference)  # key order included
     assert sent["structured_outputs"] == extra_body["structured_outputs"] and sent["top_k"] == 3
     assert ("stream" in sent) is stream and "extra_body" not in sent
+
+
+async def test_every_mode_sends_the_sdks_headers_and_raises_the_sdks_errors(http_mode: str) -> None:
+    """The direct path keeps what a caller of the SDK relies on: its auth and identifying headers, and the
+    very exception classes the SDK raises (here read through `ModelError.__cause__`)."""
+    import openai
+
+    script = ["hi", Reply.error(404, "no such model"), Reply.error(429, "slow down", retry_after=0)]
+    with ScriptedModelServer(script) as server:
+        async with ModelClient(base_url=server.base_url, model="m", api_key="sk-test",
+                               max_retries=0) as client:
+            await client.complete(USER)
+            with pytest.raises(ModelError) as missing:
+                await client.complete(USER)
+            with pytest.raises(ModelError) as limited:
+                await client.complete(USER)
+        headers = server.request_headers[0]
+    assert headers["authorization"] == "Bearer sk-test"
+    assert headers["user-agent"].startswith("AsyncOpenAI/Python")
+    assert headers["content-type"] == "application/json"
+    assert isinstance(missing.value.__cause__, openai.NotFoundError) and missing.value.status == 404
+    assert "no such model" in str(missing.value)
+    assert isinstance(limited.value.__cause__, openai.RateLimitError) and limited.value.retryable
+

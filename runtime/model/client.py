@@ -12,8 +12,12 @@ way again), and a guard against vLLM's removed `guided_*` fields, which vLLM ign
 
 Configuration comes from arguments or the environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY` (vLLM
 needs none; a placeholder is sent), `OPENAI_MODEL`. Without a model name the first model the server
-lists at `/v1/models` is used (a vLLM server serves exactly one). The HTTP transport under the SDK is
-aiohttp's bounded pool (`runtime.model.transport`); `SA_MODEL_HTTP=httpx` restores the SDK's default one.
+lists at `/v1/models` is used (a vLLM server serves exactly one).
+
+How a completion travels (`SA_MODEL_HTTP`): `direct` (the default) posts it over aiohttp with the SDK's
+headers and raises the SDK's errors, without the SDK's per-request machinery (`runtime.model.wire` says
+why); `aiohttp` goes through the SDK over aiohttp's pool (`runtime.model.transport`); `httpx` through the
+SDK alone. The body on the wire is the same bytes in all three.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -31,8 +36,11 @@ import openai
 from openai import AsyncStream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from runtime.model.transport import AiohttpTransport
+from runtime.model.transport import AiohttpTransport, Pool
+from runtime.model.wire import ChatReply, ChatWire
 from runtime.types import Usage
+
+HTTP_MODES = ("direct", "aiohttp", "httpx")
 
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 # `complete(**extras)` keys that are request options of the SDK, not fields of the JSON body
@@ -102,14 +110,17 @@ class ModelClient:
         self.max_retries = max(0, max_retries)
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        mode = http_mode()
+        pool = Pool(max_connections=max_connections)
         # retries are ours (we count and log them); the openai client must not retry underneath
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
             timeout=timeout,
             max_retries=0,
-            http_client=http_client(timeout, max_connections),
+            http_client=http_client(timeout, max_connections, mode=mode, pool=pool),
         )
+        self._wire = ChatWire(self._client, pool, timeout=timeout) if mode == "direct" else None
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -215,17 +226,15 @@ class ModelClient:
                 pass
         return delay
 
-    async def _post(self, params: dict[str, Any], *, stream: bool, raw_chunks: bool = False) -> Any:
-        """POST /chat/completions through the SDK's transport (auth, timeouts, errors, SSE) but without
-        `chat.completions.create`'s recursive TypedDict transform of the params, which cost ~8 ms of CPU
-        per request here (it walks every message) for a body that is already plain JSON. The wire body
-        is what `create` sends: `extra_body` merged into the top level (it wins), request options
-        (`extra_headers`, `extra_query`, `timeout`) kept out of the body. With `raw_chunks` a stream
-        yields each SSE chunk as the decoded JSON dict, not a `ChatCompletionChunk` model (building the
-        models cost ~250 us of CPU per chunk here, more than everything else a streamed token costs).
-        """
+    def _request(self, params: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """The body `chat.completions.create` would send for `params`, and the request options kept out
+        of it: `extra_body` merged into the top level (it wins), `extra_headers` / `extra_query` /
+        `timeout` as options, keys in the SDK's order. msgspec writes the same compact UTF-8 JSON as the
+        SDK's json.dumps(ensure_ascii=False, separators=(",", ":")), several times faster, and without
+        `create`'s recursive TypedDict transform of the params (~8 ms of CPU per request here: it walks
+        every message) for a body that is already plain JSON. `tests/test_client.py` compares the bytes."""
         rest = dict(params)
-        options: dict[str, Any] = {"security": {"bearer_auth": True}}
+        options: dict[str, Any] = {}
         for key, option in _REQUEST_OPTIONS.items():
             value = rest.pop(key, None)
             if value is not None:
@@ -234,16 +243,27 @@ class ModelClient:
         body = {key: rest.pop(key) for key in _BODY_ORDER if key in rest}
         body.update(rest)
         body.update(extra)
-        # the body goes as `content` bytes (sent as they are): msgspec writes the same compact UTF-8 JSON
-        # as the SDK's json.dumps(ensure_ascii=False, separators=(",", ":")), several times faster.
+        return msgspec.json.encode(body), options
+
+    async def _post(self, params: dict[str, Any], *, stream: bool, raw_chunks: bool = False) -> Any:
+        """POST /chat/completions through the SDK (`SA_MODEL_HTTP` aiohttp or httpx): its transport, auth,
+        timeouts, errors and SSE, with the body of `_request` sent as it is. With `raw_chunks` a stream
+        yields each SSE chunk as the decoded JSON dict, not a `ChatCompletionChunk` model (building the
+        models cost ~250 us of CPU per chunk here, more than everything else a streamed token costs)."""
+        body, options = self._request(params)
+        options["security"] = {"bearer_auth": True}
         # `options` is built key by key, so it is a dict and not openai's `RequestOptions` TypedDict
         return await self._client.post(
-            "/chat/completions", content=msgspec.json.encode(body), cast_to=ChatCompletion,
+            "/chat/completions", content=body, cast_to=ChatCompletion,
             options=options,  # type: ignore[call-overload]
             stream=stream, stream_cls=AsyncStream[object] if raw_chunks else AsyncStream[ChatCompletionChunk],
         )
 
     async def _once(self, params: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+        if self._wire is not None:
+            body, options = self._request(params)
+            reply = await self._wire.complete(body, **options)
+            return _from_wire(reply)
         response = await self._post(params, stream=False)
         if not response.choices:
             raise ModelError("the server returned no choices", attempts=1)
@@ -257,13 +277,17 @@ class ModelClient:
         self, params: dict[str, Any], on_text: TextCallback | None,
         on_tool_call: ToolCallCallback | None = None,
     ) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
-        stream = await self._post({**params, "stream": True, "stream_options": {"include_usage": True}},
-                                  stream=True, raw_chunks=True)
+        params = {**params, "stream": True, "stream_options": {"include_usage": True}}
+        if self._wire is not None:
+            body, options = self._request(params)
+            stream: Any = aclosing(self._wire.stream(body, **options))  # released on any exit
+        else:
+            stream = await self._post(params, stream=True, raw_chunks=True)
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage, finish, served = Usage(), "stop", ""
-        async with stream:
-            async for chunk in stream:  # plain dicts in the OpenAI chunk shape (see `_post`)
+        async with stream as chunks:
+            async for chunk in chunks:  # plain dicts in the OpenAI chunk shape (see `_post`)
                 served = chunk.get("model") or served
                 if chunk.get("usage"):
                     usage = _usage_of(chunk["usage"])
@@ -296,21 +320,44 @@ class ModelClient:
         return "".join(parts), ordered, usage, finish, served
 
 
-def http_client(timeout: float, max_connections: int = 1000) -> httpx2.AsyncClient:
-    """The HTTP client under the openai SDK: httpx2's client (what the SDK expects) over aiohttp's bounded
-    connection pool (`runtime.model.transport` says why), with the SDK's own defaults otherwise.
+def http_mode() -> str:
+    """How completions travel, from `SA_MODEL_HTTP` (see the module docstring)."""
+    mode = os.environ.get("SA_MODEL_HTTP", "direct")
+    if mode not in HTTP_MODES:
+        raise ValueError(f"SA_MODEL_HTTP={mode!r}: use 'direct' (the default), 'aiohttp' or 'httpx'")
+    return mode
 
-    `SA_MODEL_HTTP=httpx` selects the SDK's default transport instead: a fallback, and the baseline that
-    `bench/runtime.py` compares against in the same run.
-    """
-    kind = os.environ.get("SA_MODEL_HTTP", "aiohttp")
-    if kind == "httpx":
+
+def http_client(timeout: float, max_connections: int = 1000, *, mode: str = "direct",
+                pool: Pool | None = None) -> httpx2.AsyncClient:
+    """The HTTP client under the openai SDK: httpx2's client (what the SDK expects) over aiohttp's bounded
+    connection pool (`runtime.model.transport` says why), with the SDK's own defaults otherwise; the SDK's
+    default transport in mode `httpx` (a fallback, and the baseline `bench/runtime.py` compares with)."""
+    if mode == "httpx":
         limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=100)
         return openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
-    if kind != "aiohttp":
-        raise ValueError(f"SA_MODEL_HTTP={kind!r}: use 'aiohttp' (the default) or 'httpx'")
-    return httpx2.AsyncClient(timeout=timeout, follow_redirects=True,
-                              transport=AiohttpTransport(max_connections=max_connections))
+    transport = AiohttpTransport(pool=pool or Pool(max_connections=max_connections))
+    return httpx2.AsyncClient(timeout=timeout, follow_redirects=True, transport=transport)
+
+
+def _from_wire(reply: ChatReply) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+    """`_once`'s fields from a reply decoded by `runtime.model.wire` (what the SDK path reads from its
+    models: tool calls as dicts without their null fields)."""
+    if not reply.choices:
+        raise ModelError("the server returned no choices", attempts=1)
+    choice = reply.choices[0]
+    message = choice.message
+    calls = [_without_nulls(c) for c in message.tool_calls] if message.tool_calls else None
+    usage = reply.usage
+    counts = Usage(prompt_tokens=usage.prompt_tokens or 0,
+                   completion_tokens=usage.completion_tokens or 0) if usage is not None else Usage()
+    return message.content or "", calls, counts, choice.finish_reason or "stop", reply.model or ""
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def _usage(usage: Any) -> Usage:

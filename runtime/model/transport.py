@@ -43,9 +43,10 @@ class _Body(httpx2.AsyncByteStream):
         self._response.release()
 
 
-class AiohttpTransport(httpx2.AsyncBaseTransport):
-    """HTTP/1.1 over one aiohttp session with a bounded pool; the session is made on first use (it belongs
-    to the running event loop), and a new one if a later request comes from another loop."""
+class Pool:
+    """One aiohttp session with a bounded connection pool, made on first use (it belongs to the running
+    event loop; a new one if a later request comes from another loop), and the proxy of each scheme and
+    host read once from the environment. Shared by the SDK's transport below and `runtime.model.wire`."""
 
     def __init__(self, *, max_connections: int = 1000, keepalive_expiry: float = 30.0) -> None:
         self.max_connections = max_connections
@@ -55,27 +56,42 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY / NO_PROXY, as httpx honours them
         self._proxy: dict[tuple[str, str], str | None] = {}
 
-    def _proxy_for(self, url: httpx2.URL) -> str | None:
+    def proxy_for(self, scheme: str, host: str) -> str | None:
         """The proxy for this scheme and host from the environment read at start (None: connect directly)."""
-        key = (url.scheme, url.host)
+        if not self._proxies:
+            return None
+        key = (scheme, host)
         if key not in self._proxy:
-            proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
-            bypass = proxy is not None and urllib.request.proxy_bypass(url.host)
+            proxy = self._proxies.get(scheme) or self._proxies.get("all")
+            bypass = proxy is not None and urllib.request.proxy_bypass(host)
             self._proxy[key] = None if bypass else proxy
         return self._proxy[key]
 
-    def _session_here(self) -> aiohttp.ClientSession:
+    def session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
                                              keepalive_timeout=self.keepalive_expiry)
-            # no decompression (httpx2 decodes by Content-Encoding itself), no cookies (the SDK sends none),
-            # and no `trust_env`: with it aiohttp reads ~/.netrc and the proxy variables in a thread on every
-            # request; the proxies are read once instead (`_proxy_for`)
+            # no decompression (httpx2 decodes by Content-Encoding itself; the wire path asks for none), no
+            # cookies (nothing here sends any), and no `trust_env`: with it aiohttp reads ~/.netrc and the
+            # proxy variables in a thread on every request; the proxies are read once instead (`proxy_for`)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                                   cookie_jar=aiohttp.DummyCookieJar())
             self._loop = loop
         return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+class AiohttpTransport(httpx2.AsyncBaseTransport):
+    """HTTP/1.1 for the SDK over one `Pool`."""
+
+    def __init__(self, *, max_connections: int = 1000, keepalive_expiry: float = 30.0,
+                 pool: Pool | None = None) -> None:
+        self.pool = pool or Pool(max_connections=max_connections, keepalive_expiry=keepalive_expiry)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         timeout: dict[str, float | None] = request.extensions.get("timeout", {})
@@ -86,9 +102,9 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             request.headers.pop("transfer-encoding", None)
         limits = aiohttp.ClientTimeout(connect=timeout.get("pool"), sock_connect=timeout.get("connect"),
                                        sock_read=timeout.get("read"))
-        proxy = self._proxy_for(request.url) if self._proxies else None
+        proxy = self.pool.proxy_for(request.url.scheme, request.url.host)
         try:
-            response = await self._session_here().request(
+            response = await self.pool.session().request(
                 request.method, str(request.url), headers=list(request.headers.multi_items()), data=data,
                 allow_redirects=False, compress=False, proxy=proxy,
                 timeout=limits,
@@ -102,9 +118,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                                stream=_Body(response, request), request=request, extensions=extensions)
 
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        await self.pool.aclose()
 
 
 def _mapped(exc: BaseException, request: httpx2.Request, *, connecting: bool) -> httpx2.TransportError:

@@ -190,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._error(400, f"request body is not JSON: {exc}")
             return
-        owner._record(body)
+        owner._record(body, dict(self.headers.items()))
         try:
             reply = owner._next_reply(body)
         except Exception as exc:  # a broken responder is a test bug: say so in the response
@@ -263,6 +263,7 @@ class ScriptedModelServer:
         self.chunk_size = max(1, chunk_size)
         self._queue: deque[Reply] = deque(_as_reply(r) for r in replies)
         self._requests: list[dict[str, Any]] = []
+        self._headers: list[dict[str, str]] = []  # each recorded request's headers, names lower-cased
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._served = 0
@@ -321,6 +322,12 @@ class ScriptedModelServer:
             return list(self._requests)
 
     @property
+    def request_headers(self) -> list[dict[str, str]]:
+        """The headers of each recorded request, names lower-cased, in the order of `requests` (a copy)."""
+        with self._lock:
+            return list(self._headers)
+
+    @property
     def served(self) -> int:
         """How many chat-completions requests arrived (counted even when `record=False`)."""
         with self._lock:
@@ -343,11 +350,12 @@ class ScriptedModelServer:
 
     # ---- internals (called on request threads) ----
 
-    def _record(self, body: dict[str, Any]) -> None:
+    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> None:
         with self._lock:
             self._served += 1
             if self.record:
                 self._requests.append(body)
+                self._headers.append({k.lower(): v for k, v in headers.items()})
 
     def _next_reply(self, body: dict[str, Any]) -> Reply | None:
         with self._lock:

@@ -1,0 +1,168 @@
+"""POST /chat/completions straight over aiohttp, with the openai SDK's headers and the SDK's own errors.
+
+Why not through the SDK: a host with 100 model calls in flight spent about a quarter of its CPU in the
+SDK's request path (building an httpx request and URL per call, its option handling, parsing the reply
+into pydantic models we then read five fields of), more than the run log costs. This module sends the
+very body `ModelClient` builds (msgspec-encoded; the same bytes the SDK's `create` sends, which a test
+compares) with the headers the SDK itself computed once, and decodes the reply with msgspec into the few
+fields the runtime reads. What a caller can see of failures is unchanged, because they are the SDK's:
+an HTTP error status becomes the exception the SDK makes from that response
+(`AsyncOpenAI._make_status_error_from_response`: `BadRequestError`, `RateLimitError`, ... with the
+response and its `Retry-After`), a timeout `openai.APITimeoutError`, anything else on the connection
+`openai.APIConnectionError`, an SSE `error` event `openai.APIError`, and a 2xx body that is not a chat
+completion `openai.APIResponseValidationError`.
+
+`SA_MODEL_HTTP=aiohttp` (the SDK over `runtime.model.transport`) or `httpx` (the SDK alone) bypass this
+module; `bench/runtime.py` compares the three in one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import httpx2
+import msgspec
+import openai
+from openai._models import FinalRequestOptions
+
+from runtime.model.transport import Pool
+
+# headers of the SDK's request that describe one attempt, or that aiohttp sets itself
+_PER_REQUEST = frozenset({"content-length", "host", "connection", "accept-encoding",
+                          "x-stainless-retry-count",
+                          "x-stainless-read-timeout"})
+
+
+class FunctionCall(msgspec.Struct):
+    name: str = ""
+    arguments: str = ""
+
+
+class Message(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # kept as sent: the runtime records them as dicts
+
+
+class Choice(msgspec.Struct):
+    message: Message
+    finish_reason: str | None = None
+
+
+class UsageBody(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class ChatReply(msgspec.Struct):
+    """The fields of an OpenAI chat completion the runtime reads; every other field is skipped unread."""
+
+    choices: list[Choice] = []
+    usage: UsageBody | None = None
+    model: str | None = None
+
+
+_reply = msgspec.json.Decoder(ChatReply)
+_any = msgspec.json.Decoder()
+
+
+class ChatWire:
+    """Chat completions for one `AsyncOpenAI` client's base URL and credentials, over `pool`."""
+
+    def __init__(self, sdk: openai.AsyncOpenAI, pool: Pool, *, timeout: float) -> None:
+        self._sdk = sdk
+        self._pool = pool
+        self._timeout = timeout
+        probe = sdk._build_request(FinalRequestOptions.construct(  # the SDK's own headers, auth included
+            method="post", url="/chat/completions", json_data={}, security={"bearer_auth": True}))
+        self.url = str(probe.url)
+        url = httpx2.URL(self.url)
+        self._proxy = pool.proxy_for(url.scheme, url.host)
+        self._headers = {k: v for k, v in probe.headers.items() if k.lower() not in _PER_REQUEST}
+        self._headers["Accept-Encoding"] = "identity"  # the pool does not decompress
+
+    def _request_parts(self, headers: Mapping[str, str] | None, timeout: float | None
+                       ) -> tuple[dict[str, str], aiohttp.ClientTimeout]:
+        merged = {**self._headers, **headers} if headers else self._headers
+        seconds = self._timeout if timeout is None else timeout
+        return merged, aiohttp.ClientTimeout(sock_connect=seconds, sock_read=seconds)
+
+    async def complete(self, body: bytes, *, headers: Mapping[str, str] | None = None,
+                       params: Mapping[str, str] | None = None, timeout: float | None = None) -> ChatReply:
+        """One non-streamed completion."""
+        merged, limits = self._request_parts(headers, timeout)
+        try:
+            async with self._pool.session().post(self.url, data=body, headers=merged, params=params,
+                                                 timeout=limits, proxy=self._proxy) as response:
+                data = await response.read()
+                if response.status >= 400:
+                    raise self._status_error(response, data)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise self._connection_error(exc) from exc
+        try:
+            return _reply.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise openai.APIResponseValidationError(
+                response=self._response(response, data), body=data.decode(errors="replace"),
+                message=f"the server's reply is not a chat completion: {exc}") from exc
+
+    async def stream(self, body: bytes, *, headers: Mapping[str, str] | None = None,
+                     params: Mapping[str, str] | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[dict[str, Any]]:
+        """A streamed completion: each server-sent chunk as the decoded JSON dict, until `[DONE]`."""
+        merged, limits = self._request_parts(headers, timeout)
+        try:
+            async with self._pool.session().post(self.url, data=body, headers=merged, params=params,
+                                                 timeout=limits, proxy=self._proxy) as response:
+                if response.status >= 400:
+                    raise self._status_error(response, await response.read())
+                event, data = "", []
+                async for raw in response.content:  # one line at a time, as it arrives
+                    line = raw.rstrip(b"\r\n")
+                    if line:
+                        field, _, value = line.partition(b":")
+                        value = value[1:] if value.startswith(b" ") else value
+                        if field == b"data":
+                            data.append(value)
+                        elif field == b"event":
+                            event = value.decode()
+                        continue
+                    if not data:  # a blank line ends an event; a comment-only event carries nothing
+                        event = ""
+                        continue
+                    payload = b"\n".join(data)
+                    event, data, kind = "", [], event
+                    if payload.startswith(b"[DONE]"):
+                        return
+                    chunk = _any.decode(payload)
+                    if isinstance(chunk, dict) and chunk.get("error"):
+                        raise self._stream_error(chunk["error"], kind)
+                    yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise self._connection_error(exc) from exc
+
+    # -- the SDK's errors ------------------------------------------------------------------------------
+
+    def _request(self) -> httpx2.Request:
+        return httpx2.Request("POST", self.url)
+
+    def _response(self, response: aiohttp.ClientResponse, data: bytes) -> httpx2.Response:
+        return httpx2.Response(status_code=response.status, headers=response.raw_headers, content=data,
+                               request=self._request())
+
+    def _status_error(self, response: aiohttp.ClientResponse, data: bytes) -> openai.APIStatusError:
+        return self._sdk._make_status_error_from_response(self._response(response, data))
+
+    def _connection_error(self, exc: BaseException) -> openai.APIConnectionError:
+        if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+            return openai.APITimeoutError(request=self._request())
+        return openai.APIConnectionError(message=f"{type(exc).__name__}: {exc}", request=self._request())
+
+    def _stream_error(self, error: Any, event: str) -> openai.APIError:
+        message = error.get("message") if isinstance(error, dict) else None
+        return openai.APIError(message=message or f"an error occurred during streaming ({event or 'data'})",
+                               request=self._request(), body=error)
+
+
+__all__ = ["ChatReply", "ChatWire"]
