@@ -319,12 +319,13 @@ async def streaming_cost(js: Any, url: str, path: Path, tmp: Path, worker_bench:
 
 
 async def in_flight(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any, args: Any) -> None:
-    """Turns/s and the host's CPU per turn with N agents in flight, for each HTTP transport of the model call
-    (`SA_MODEL_HTTP`: the openai SDK's default httpx2/httpcore2 pool, then aiohttp's), alternating in rounds
-    in the same run. Workload: the issue's agent turn, one model call plus one trivial `add` tool call in
+    """Turns/s and the host's CPU per turn with N agents in flight, for each way the model call travels
+    (`SA_MODEL_HTTP`: the openai SDK over its default httpx2/httpcore2 pool, the SDK over aiohttp's pool,
+    then `direct`, the default: aiohttp without the SDK's request machinery), alternating in rounds in the
+    same run. Workload: the issue's agent turn, one model call plus one trivial `add` tool call in
     the sandbox of a worker process (2 workers); each agent runs `--flight-turns` such turns then submits."""
     levels = [int(n) for n in args.flight.split(",")]
-    modes = ("httpx", "aiohttp")
+    modes = ("httpx", "aiohttp", "direct")
     rate: dict[tuple[str, int], list[float]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}
     procs = worker_bench.start_workers(url, path.parent, 2, 16, tmp)
@@ -351,13 +352,15 @@ async def in_flight(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any,
         worker_bench.stop(procs)
     print(f"\nthe model call's HTTP transport ({args.flight_rounds} alternating rounds; agents of "
           f"{args.flight_turns} turns of one model call + one `add` call, then a submit; 2 workers; medians)")
-    print(f"{'in flight':<12}{'transport':<34}{'turns/s':>9}{'host CPU/turn':>15}{'turns/s ratio':>15}"
+    print(f"{'in flight':<12}{'transport':<38}{'turns/s':>9}{'host CPU/turn':>15}{'turns/s ratio':>15}"
           f"{'CPU ratio':>11}")
     for n in levels:
         base_rate, base_cpu = statistics.median(rate[("httpx", n)]), statistics.median(cpu[("httpx", n)])
-        for mode, label in (("httpx", "openai default (httpx2/httpcore2)"), ("aiohttp", "aiohttp pool")):
+        for mode, label in (("httpx", "openai SDK, its httpx2/httpcore2 pool"),
+                            ("aiohttp", "openai SDK over aiohttp's pool"),
+                            ("direct", "direct: aiohttp, SDK headers+errors")):
             rt, cp = statistics.median(rate[(mode, n)]), statistics.median(cpu[(mode, n)])
-            print(f"{n:<12}{label:<34}{rt:>9.0f}{cp:>12.2f} ms{rt / base_rate:>14.2f}x"
+            print(f"{n:<12}{label:<38}{rt:>9.0f}{cp:>12.2f} ms{rt / base_rate:>14.2f}x"
                   f"{cp / base_cpu:>10.2f}x")
 
 
