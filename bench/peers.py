@@ -16,6 +16,11 @@ which is one more sandboxed tool run: our bundles end through a terminal tool). 
   itself and records their results when the workflow task completes (fewer round trips; a step is not
   durable before the next one starts);
 - runtime: an `sa host` process, two `sa worker` processes (the tool in the Monty sandbox), embedded NATS.
+  The load driver publishes each agent's task and learns that its run ended from core NATS subscriptions on
+  run endings (`events.*.*.run.completed` and the other two, made before the first task), as a client that
+  only needs the outcome would; for the turn p50 it then reads the finished run's events (their timestamps
+  are the turn walls). Following every run's events live (`sa send --follow`) costs one consumer per run on
+  the same two cores, which measures the watcher rather than the runtime.
 
 For each N in `--flight`, `--agents` agents run with N in flight (a new one starts when one ends). Printed:
 turn p50 (wall time from one model request to the next, tool included; at 1 in flight), turns/s at each N,
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -363,9 +369,14 @@ class Runtime:
         self.url, self.tmp = url, tmp
 
     def pids(self) -> list[int]:
+        return [pid for pids in self.parts().values() for pid in pids]
+
+    def parts(self) -> dict[str, list[int]]:
+        """The system's processes by role, for its CPU per turn."""
         proc = self.server.proc
         assert proc is not None
-        return [self.host.pid, *(p.pid for p in self.workers), proc.pid]
+        return {"host": [self.host.pid], "2 workers": [p.pid for p in self.workers],
+                "nats-server": [proc.pid]}
 
     async def start(self) -> None:
         import importlib.util
@@ -390,6 +401,12 @@ class Runtime:
         path = rb.bundle(self.tmp, self.url)
         self.host = rb.start_host(self.server.url, path, self.tmp / "host.log", "--max-runs", "4096")
         self.workers = self.wb.start_workers(self.server.url, path.parent, 2, 16, self.tmp)
+        self.waiting: dict[str, asyncio.Future[Any]] = {}
+        self.ended: dict[str, Any] = {}
+        self.walls = True  # read each run's events for its turn walls (the latency phase)
+        self.legs: dict[tuple[str, str], list[float]] = {}  # gaps between consecutive events, ms
+        for kind in ("completed", "failed", "cancelled"):
+            await self.nc.subscribe(f"events.*.*.run.{kind}", cb=self._ending)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Messages each kind of connection sent to / got from nats-server so far (its /connz counters;
@@ -405,14 +422,32 @@ class Runtime:
             out[name] = (sent + c["in_msgs"], got + c["out_msgs"])
         return out
 
+    async def _ending(self, msg: Any) -> None:
+        from runtime import events as ev
+
+        event = ev.decode(msg.data)
+        waiter = self.waiting.pop(event.run_id, None)
+        if waiter is not None:
+            waiter.set_result(event)
+        else:  # it ended before its publisher registered (possible only in theory: the ack comes first)
+            self.ended[event.run_id] = event
+
     async def agent(self, i: int) -> list[float]:
         from runtime import events as ev
         from runtime.host.commands import publish_task
         from runtime.log import RunLog
 
         run = await publish_task(self.js, f"bench:p{i}-{time.monotonic_ns()}", f"fan: {TURNS - 1}x1 add")
-        events = [e async for e in RunLog(self.js).follow(run)]
-        assert ev.kind_of(events[-1]) == "run.completed", events[-1]
+        end = self.ended.pop(run, None)
+        if end is None:
+            future = self.waiting[run] = asyncio.get_running_loop().create_future()
+            end = await future
+        assert ev.kind_of(end) == "run.completed", end
+        if not self.walls:  # a throughput phase: every agent is 5 turns
+            return [0.0] * TURNS
+        events = (await RunLog(self.js).read(run)).events
+        for a, b in itertools.pairwise(events):  # host and workers share this machine's clock
+            self.legs.setdefault((ev.kind_of(a), ev.kind_of(b)), []).append((b.ts - a.ts) * 1000)
         asked = [e.ts for e in events if isinstance(e, ev.ModelRequested)]
         return [b - a for a, b in zip(asked, [*asked[1:], events[-1].ts], strict=True)]
 
@@ -444,16 +479,23 @@ async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> d
         before = system.counters() if hasattr(system, "counters") else {}
         _, turns, walls = await drive(system.agent, args.latency_agents, 1)
         out: dict[str, Any] = {"p50": statistics.median(walls) * 1000}
+        system.walls = False  # throughput: only the count of turns matters
         if before:  # NATS messages per turn, by connection name, while one agent runs at a time
             after = system.counters()
             out["msgs"] = {name: ((a[0] - before.get(name, (0, 0))[0]) / turns,
                                   (a[1] - before.get(name, (0, 0))[1]) / turns) for name, a in after.items()}
+        if getattr(system, "legs", None):
+            out["legs"] = {k: statistics.median(v) for k, v in system.legs.items()}
+        parts = system.parts() if hasattr(system, "parts") else {}
         for n in levels:
             cpu0 = sum(cpu_seconds(p) for p in system.pids())
+            by0 = {k: sum(cpu_seconds(p) for p in v) for k, v in parts.items()}
             wall, turns, _ = await drive(system.agent, max(args.agents, 2 * n), n)
             cpu = sum(cpu_seconds(p) for p in system.pids()) - cpu0
             out[n] = turns / wall
             out[f"cpu{n}"] = cpu / turns * 1000
+            out[f"parts{n}"] = {k: (sum(cpu_seconds(p) for p in v) - by0[k]) / turns * 1000
+                                for k, v in parts.items()}
         return out
     finally:
         await system.close()
@@ -493,6 +535,15 @@ async def main() -> None:
     for key, r in results.items():
         row = f"{names[key]:<68}{r['p50']:>7.2f} ms" + "".join(f"{r[n]:>14.0f}" for n in levels)
         print(row + f"{r[f'cpu{top}']:>12.2f} ms")
+    for key, r in results.items():
+        if r.get(f"parts{top}"):
+            split = ", ".join(f"{k} {v:.2f} ms" for k, v in r[f"parts{top}"].items())
+            print(f"\n{names[key]}: CPU per turn @{top} by process: {split}")
+        if r.get("legs"):
+            print(f"{names[key]}: where a turn's time goes at 1 in flight (medians of the gaps between "
+                  "consecutive events, from their timestamps; host and workers share one clock)")
+            for (a, b), ms in r["legs"].items():
+                print(f"  {a + ' -> ' + b:<46}{ms:>8.3f} ms")
     for key, r in results.items():
         if "msgs" in r:
             print(f"\n{names[key]}: NATS messages per turn at 1 in flight (from nats-server's connection "
