@@ -1,0 +1,30 @@
+"""The tool worker (`sa worker`): runs the tool jobs of every agent, on any machine that reaches NATS.
+
+    registry = build_registry(bundles=["bundles/demo"], tool_globs=["agents/*.pym"])
+    worker = Worker(js, registry, concurrency=8)
+    await worker.run(stop)                  # or: await serve(servers, registry, stop=stop)
+
+Workers take `ToolJob`s from the TOOLS stream, run `.pym` tools in the Monty sandbox (and Python tools,
+and agent tools as sub-runs), apply workspace writes once, and publish `ToolOutcome`s to RESULTS.
+
+Modules, one concept each (`loop` first: its docstring is the per-job protocol and its failure modes):
+
+- `loop`      — `Worker`: fetch, buffer, run, publish, ack / nak / dead-letter; `serve` (connect and run)
+- `execute`   — one job to its outcome: replay applied writes, look the tool up, limits, deadline, the
+                sandbox run, writes persisted (re-run on a conflict)
+- `registry`  — `ToolRegistry` (the tools a worker can run, from bundles and globs) and `build_registry`
+- `cancel`    — `Cancels`: a `run.cancelled` stops the run's job in the sandbox; later jobs of it don't start
+- `externals` — a script's `@external` functions per job, their recorded answers, secrets scrubbed
+- `subruns`   — agent tools: the call becomes a child run (`Delegated`); the `SubrunWatch` answers it
+- `stats`     — `WorkerStats` (the counters) and the `WorkerBeat` that `sa status` reads
+
+Outside this package, for now: the job and outcome wire messages (`runtime.jobs`, shared with the host),
+job heartbeats and the history of earlier deliveries (`runtime.attempts`), dead letters (`runtime.dlq`,
+shared with `sa dlq`).
+"""
+
+from runtime.worker.loop import Worker, serve
+from runtime.worker.registry import ToolRegistry, build_registry
+from runtime.worker.stats import WorkerStats
+
+__all__ = ["ToolRegistry", "Worker", "WorkerStats", "build_registry", "serve"]

@@ -1,0 +1,343 @@
+"""The worker's job loop: fetch tool jobs from TOOLS, run each, publish its outcome, settle the message.
+
+    worker = Worker(js, registry, concurrency=8)
+    await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
+
+All workers bind the one durable pull consumer `workers` on the TOOLS stream (`runtime.nats.topology`),
+so jobs spread over processes and machines. A worker heartbeats every job it holds (`runtime.attempts`),
+so a job a dead worker held is redelivered to another AckWait (3 s by default) after its last heartbeat,
+however long the tool may run. Per job, in this order (each step's failure mode in brackets):
+
+1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
+   the last delivery (`num_delivered >= MaxDeliver`) of a job that never produced an outcome is not
+   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.dlq`);
+2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
+   (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
+3. look up the tool [unknown: an `input` failure outcome, as the kernel reports a tool it does not know;
+   acked: never a crash loop]; check the deadline [passed: a `timeout` failure without running];
+4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
+   validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
+   data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
+5. publish the `ToolOutcome` to RESULTS with Msg-Id `<run>/<call>` and wait for the ack (an output
+   over the payload threshold goes to the object store first and the outcome carries its ref:
+   `runtime.payloads`);
+6. ack the job.
+
+Steps 1, 5 and 6 are here (`Worker.handle`); steps 2 to 4 are `runtime.worker.execute`. A crash anywhere
+repeats from step 1 on redelivery; every step is idempotent, so the repetition costs time, never a
+duplicate write or a second outcome. The outcome of a redelivery says which delivery it is and why the
+earlier ones ended (`runtime.attempts.explain`), and the host records that as a `tool.redelivered` event.
+NATS trouble after the run (publish or KV errors) naks the job with a delay, recording why, instead of
+acking a job whose outcome nobody will see.
+
+Beside the jobs, `Worker.run` keeps up what the worker follows and tells: the cancels of every run
+(`runtime.worker.cancel`: a cancel stops the sandbox running a job of that run), the `SubrunWatch` of a
+worker serving agent tools (`runtime.worker.subruns`: an agent tool's call is a child run, acked here
+without an outcome), its `WorkerBeat` for `sa status` (`runtime.worker.stats`), and a `MaxDeliveriesWatch`
+(one queue group across workers): a job whose last delivery was lost too stays stuck in TOOLS, and the
+server's MaxDeliver advisory is the only sign. What a script's externals are bound to, and how their
+answers are recorded exactly once, is `runtime.worker.externals`.
+
+Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
+prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
+to idle workers; the Monty pool bounds CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from runtime import dlq
+from runtime.attempts import JobHeartbeats, deliveries, record_end, retry_delay, sync_ack_wait
+from runtime.externals import ExternalsFactory, Secrets
+from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
+from runtime.log import RunLog
+from runtime.nats.connection import close, connect
+from runtime.nats.pull import fetch_batch
+from runtime.nats.retry import retrying
+from runtime.nats.subjects import (
+    DEFAULT_TOOL_ACK_WAIT_S,
+    DEFAULT_TOOL_MAX_DELIVER,
+    DLQ,
+    TOOLS,
+    WORKERS_CONSUMER,
+)
+from runtime.nats.topology import attach_topology
+from runtime.observe.logs import log_context
+from runtime.payloads import Payloads
+from runtime.tools.data import (
+    DataProvider,
+    JobContext,
+    NullDataProvider,
+    NullResultHandler,
+    ResultHandler,
+    WorkspaceDataProvider,
+    WorkspaceResultHandler,
+)
+from runtime.worker.cancel import Cancels
+from runtime.worker.execute import execute
+from runtime.worker.externals import ExternalRecords
+from runtime.worker.registry import ToolRegistry
+from runtime.worker.stats import WorkerStats, beat, remove_beat
+from runtime.worker.subruns import Delegated, open_watch
+
+log = logging.getLogger("runtime.worker")
+
+COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
+PUBLISH_PATIENCE_S = 30.0  # keep retrying an outcome's publish this long (heartbeats hold the job meanwhile)
+
+
+class Worker:
+    """One worker process's job loop (see the module docstring for the per-job protocol)."""
+
+    def __init__(self, js: JetStreamContext, registry: ToolRegistry, *, concurrency: int = 8,
+                 name: str | None = None, max_batch: int = 64,
+                 data_provider: DataProvider | None = None, result_handler: ResultHandler | None = None,
+                 payload_threshold: int | None = None,
+                 ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
+                 on_outcome: Callable[[ToolOutcome], Any] | None = None,
+                 externals: ExternalsFactory | None = None, secrets: Secrets | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be ≥ 1")
+        self.js = js
+        self.registry = registry
+        self.concurrency = concurrency
+        self.max_batch = max_batch
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.stats = WorkerStats()
+        self.on_outcome = on_outcome  # each published outcome (metrics: `runtime.observe.metrics`)
+        self._workspace_files = data_provider or WorkspaceDataProvider(js)
+        self._workspace_writes = result_handler or WorkspaceResultHandler(js)
+        self.ack_wait = ack_wait  # set on the shared consumer at start (None: keep the consumer's)
+        self.held = JobHeartbeats(ack_wait or DEFAULT_TOOL_ACK_WAIT_S)  # jobs running or buffered
+        self._max_deliver = DEFAULT_TOOL_MAX_DELIVER
+        self.payloads = Payloads(js, threshold=payload_threshold)
+        # nats-py keeps the connection on the context; the advisory watch needs core subscribe
+        self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
+        self.cancels = Cancels(self.name)  # runs cancelled lately; the jobs of each running here
+        self.externals = externals  # the worker's own factory (`--externals`); a bundle's comes first
+        self.secrets = secrets or Secrets()
+        self.records = ExternalRecords(js)  # the `externals` KV bucket, opened when a script first needs it
+
+    @property
+    def running_runs(self) -> frozenset[str]:
+        """The runs whose jobs this worker is running in the sandbox now."""
+        return self.cancels.running_runs
+
+    def io_for(self, job: ToolJob) -> tuple[DataProvider, ResultHandler]:
+        """Where a job's files come from and its writes go: the workspace, or (a job without one) its
+        bundle's static data and nowhere."""
+        if job.workspace:
+            return self._workspace_files, self._workspace_writes
+        bundle = job.actor.partition(":")[0]  # a `bundle:instance` actor shares its bundle's static data
+        return self.registry.providers.get(bundle, NullDataProvider()), NullResultHandler()
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    async def run(self, stop: anyio.Event | None = None) -> None:
+        """Serve jobs until `stop` is set; jobs already fetched finish (and are acked) before returning.
+
+        `concurrency` runner tasks take jobs from a local buffer that one fetch loop keeps topped up to
+        `concurrency` more jobs: fetching only when a slot frees would mean one fetch round trip per
+        job, which caps a worker near 1/RTT jobs/s whatever the concurrency. Buffered jobs get
+        heartbeats too, so they are never redelivered while they wait.
+        """
+        stop = stop or anyio.Event()
+        topo = await attach_topology(self.js)
+        ack_wait = topo.tool_ack_wait
+        if self.ack_wait is not None:  # a consumer made with another AckWait (the former 30 s) gets ours
+            wanted = self.ack_wait
+            ack_wait = await retrying(lambda: sync_ack_wait(self.js, wanted), what="setting the tool AckWait",
+                                      logger=log)
+        self.held.set_ack_wait(ack_wait)
+        self._max_deliver = topo.tool_max_deliver
+        psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
+        await self._watch.start()
+        cancel_watch = await RunLog(self.js).watch_cancels(self.cancels.on_cancelled)
+        # agent tools: the watch that answers a call when its child run ends (None: this worker has none)
+        subruns = await open_watch(self.js, self.registry, worker=self.name, patience=PUBLISH_PATIENCE_S)
+        room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
+        send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.held.run)
+                tg.start_soon(self.held.follow, self.js)
+                tg.start_soon(beat, self.js, self.name, self.concurrency, sorted(self.registry.tools),
+                              self.held, self.stats)
+                if subruns is not None:
+                    tg.start_soon(subruns.run)
+                async with anyio.create_task_group() as runners:
+                    for _ in range(self.concurrency):
+                        runners.start_soon(self._runner, receive.clone(), room)
+                    receive.close()
+                    async with send:
+                        while not stop.is_set():
+                            await room.acquire()
+                            taken = 1
+                            while taken < self.max_batch and room.value > 0:
+                                room.acquire_nowait()
+                                taken += 1
+                            # runners still have buffered jobs: wait briefly for more free slots, so a
+                            # busy worker fetches a few jobs per round trip instead of one at a time
+                            want = min(self.max_batch, max(1, self.concurrency // 4))
+                            while taken < want and send.statistics().current_buffer_used > 0:
+                                with anyio.move_on_after(COALESCE_S):
+                                    await room.acquire()
+                                    taken += 1
+                                    continue
+                                break
+                            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
+                            for _ in range(taken - len(msgs)):
+                                room.release()
+                            for m in msgs:
+                                self.held.hold(m)
+                                send.send_nowait(m)
+                tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
+        finally:
+            await self._watch.stop()
+            await psub.unsubscribe()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                try:
+                    await cancel_watch.unsubscribe()
+                except Exception as e:  # the connection is closing: nothing left to stop
+                    log.debug("cancel watch unsubscribe: %s", e)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await self.registry.close_clients()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await remove_beat(self.js, self.name)
+
+    async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
+        async with jobs:
+            async for msg in jobs:
+                try:
+                    await self.handle(msg)
+                except Exception:  # a bug here must not kill the loop; the job is redelivered after AckWait
+                    log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
+                finally:
+                    self.held.settle(msg)
+                    room.release()
+
+    # -- one job ---------------------------------------------------------------------------------------
+
+    async def handle(self, msg: Msg) -> None:
+        """Process one delivered job message end to end (public for tests and custom loops)."""
+        try:
+            job = ToolJob.decode(msg.data)
+        except JobDecodeError as e:
+            await self._dead_letter(msg, str(e))
+            return
+        with log_context(run_id=job.run_id, agent=job.actor, call_id=job.call_id):
+            await self._handle(msg, job)
+
+    async def _handle(self, msg: Msg, job: ToolJob) -> None:
+        attempt = deliveries(msg)
+        if 1 < self._max_deliver <= attempt and not await self._has_record(job):
+            await self._give_up(msg, job, attempt)
+            return
+        outcome = await execute(self, job, attempt)
+        if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
+            await self._give_back(msg, job, attempt, outcome)
+            return
+        if isinstance(outcome, Delegated):  # the child's end answers the call (`SubrunWatch`): done here
+            log.info("worker %s: %s delegated to sub-run %s", self.name, job.msg_id, outcome.child_run)
+            self.stats.delegated += 1
+            await msg.ack()
+            return
+        sending = outcome
+
+        async def publish() -> None:  # a retry sends the outcome offloaded before: its payload is stored once
+            nonlocal sending
+            sending = await self.payloads.offload_outcome(sending)
+            await self.js.publish(sending.subject, sending.encode(), headers=sending.headers())
+
+        try:  # retry here, not by redelivery: a leader election must not use up the job's deliveries
+            await retrying(publish, what=f"worker {self.name}: publishing the outcome of {job.msg_id}",
+                           give_up=PUBLISH_PATIENCE_S, level=logging.INFO, logger=log)
+        except Exception as e:
+            log.warning("worker %s: cannot publish the outcome of %s (%s); will retry",
+                        self.name, job.msg_id, e)
+            await self._give_back(msg, job, attempt, f"its outcome could not be published ({e})")
+            return
+        self.stats.completed += 1
+        self.stats.failed += outcome.result.error is not None
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+        self.stats.cancelled += outcome.result.error is not None and outcome.result.error.kind == "cancelled"
+        await msg.ack()
+
+    async def _give_back(self, msg: Msg, job: ToolJob, attempt: int, reason: str) -> None:
+        """Nak the job with a growing delay, recording why for the delivery that comes next."""
+        self.stats.nacked += 1
+        await record_end(self.js, job.msg_id, attempt, self.name, reason)
+        await msg.nak(delay=retry_delay(attempt))
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, DLQ)
+        md = msg.metadata
+        try:
+            await dlq.copy_to_dlq(self.js, subject=msg.subject, data=msg.data, stream_seq=md.sequence.stream,
+                                  deliveries=md.num_delivered, reason=reason, headers=msg.headers)
+        except Exception as e:
+            log.warning("cannot dead-letter %s: %s", msg.subject, e)
+            await msg.nak(delay=1.0)
+            return
+        self.stats.dead_lettered += 1
+        await msg.term()
+
+    async def _has_record(self, job: ToolJob) -> bool:
+        """An earlier delivery applied this job's writes (its outcome is known, only unpublished)."""
+        try:
+            return await self.io_for(job)[1].recorded(JobContext(job)) is not None
+        except Exception:
+            return False
+
+    async def _give_up(self, msg: Msg, job: ToolJob, attempt: int) -> None:
+        """The last delivery of a job whose earlier deliveries all ended without an outcome: dead-letter
+        it and tell the run it crashed, instead of running it again (it may be what kills workers)."""
+        reason = (f"each of the {attempt - 1} earlier deliveries ended without a result: the worker was "
+                  f"killed, lost its NATS connection or stalled: it stopped heartbeating the job")
+        try:
+            await dlq.settle(self.js, subject=msg.subject, data=msg.data,
+                             stream_seq=msg.metadata.sequence.stream, deliveries=attempt, reason=reason,
+                             worker=self.name, headers=msg.headers)
+        except Exception as e:  # the message stays stuck; the MaxDeliver advisory brings it back to a watch
+            log.warning("worker %s: cannot dead-letter %s: %s", self.name, job.msg_id, e)
+            await msg.nak(delay=1.0)
+            return
+        log.error("worker %s: %s delivered %d times without a result: dead-lettered, run %s told it crashed",
+                  self.name, job.msg_id, attempt, job.run_id)
+        self.stats.dead_lettered += 1
+        self.stats.completed += 1
+        self.stats.failed += 1
+        await msg.term()
+
+
+async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, concurrency: int = 8,
+                stop: anyio.Event | None = None, ensure: bool = True,
+                on_ready: Callable[[Worker], Any] | None = None,
+                ack_wait: float | None = DEFAULT_TOOL_ACK_WAIT_S,
+                on_outcome: Callable[[ToolOutcome], Any] | None = None,
+                externals: ExternalsFactory | None = None, secrets: Secrets | None = None) -> WorkerStats:
+    """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
+    nc = await connect(servers, name="sa-worker")
+    try:
+        js = nc.jetstream()
+        if ensure:
+            await attach_topology(js)
+        worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome,
+                        externals=externals, secrets=secrets)
+        if on_ready is not None:
+            on_ready(worker)
+        await worker.run(stop)
+        return worker.stats
+    finally:
+        await close(nc)

@@ -1,0 +1,73 @@
+"""What a worker tells about itself: its counters (`WorkerStats`) and its heartbeat in the `workers` bucket.
+
+`WorkerStats` counts, per process, what became of the jobs: tests and benchmarks read it, `serve` returns it,
+and `runtime.observe.metrics` exposes it to Prometheus at scrape time. `beat` puts a `WorkerBeat` (name,
+concurrency, jobs held, counters, tools) in the `workers` KV bucket every `BEAT_S`, living three times as
+long, which is how `sa status` lists the live workers; `remove_beat` takes it away when the worker stops.
+Both are best effort and off the job path: a worker whose heartbeat cannot be written still serves jobs,
+and a beat it could not remove expires by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sized
+from dataclasses import dataclass
+
+import anyio
+from nats.js import JetStreamContext
+
+from runtime.nats.kv import fleet_kv, put_kv
+from runtime.nats.records import WorkerBeat
+from runtime.nats.subjects import WORKERS_BUCKET
+
+log = logging.getLogger("runtime.worker")
+
+BEAT_S = 5.0  # a `WorkerBeat` in the `workers` bucket this often (for `sa status`), living 3x as long
+
+
+@dataclass
+class WorkerStats:
+    """Counters for tests, benchmarks and `sa status` (per process)."""
+
+    completed: int = 0  # outcomes published (ok or failed)
+    failed: int = 0  # of which the tool failed
+    replayed: int = 0  # redeliveries answered from the recorded output
+    dead_lettered: int = 0
+    nacked: int = 0
+    writes: int = 0
+    cancelled: int = 0  # jobs stopped (or not started) because their run was cancelled
+    delegated: int = 0  # agent-tool calls handed to a sub-run
+
+
+def beat_key(name: str) -> str:
+    """The worker's key in the `workers` bucket (its name, with what a KV key cannot hold replaced)."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+
+
+async def beat(js: JetStreamContext, name: str, concurrency: int, tools: list[str], held: Sized,
+               stats: WorkerStats) -> None:
+    """Tell `sa status` this worker lives, what it holds and what it has done (best effort), every `BEAT_S`
+    until cancelled. `held` is the jobs the worker holds (running or buffered), counted at each beat."""
+    started = time.time()
+    try:
+        await fleet_kv(js, WORKERS_BUCKET)  # streams made by an older version lack it
+    except Exception as e:
+        log.debug("workers bucket: %s", e)
+    while True:
+        record = WorkerBeat(name=name, started=started, concurrency=concurrency, running=len(held),
+                            completed=stats.completed, failed=stats.failed, tools=tools)
+        try:
+            await put_kv(js, WORKERS_BUCKET, beat_key(name), record.encode(), ttl=3 * BEAT_S, timeout=BEAT_S)
+        except Exception as e:
+            log.debug("worker heartbeat failed: %s", e)
+        await anyio.sleep(BEAT_S)
+
+
+async def remove_beat(js: JetStreamContext, name: str) -> None:
+    """Take the worker's `WorkerBeat` away (a worker that stopped leaves `sa status` at once)."""
+    try:
+        await (await fleet_kv(js, WORKERS_BUCKET)).delete(beat_key(name))
+    except Exception as e:  # it expires by itself
+        log.debug("removing the worker heartbeat failed: %s", e)
