@@ -40,13 +40,14 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
     from runtime.host.commands import publish_task
     from runtime.log import RunLog
     from runtime.nats.connection import close, connect
+    from runtime.nats.jetstream import jetstream_for
     from runtime.nats.topology import ensure_topology
     from runtime.replay import timeline, verify, watch
     from runtime.worker import Worker, build_registry
 
     agents = load_agents([BUNDLE], local_model_url=model_url)
     nc = await connect(url, name="demo")
-    js = nc.jetstream()
+    js = jetstream_for(nc)
     await ensure_topology(js, partitions=4)
     host = Host(nc, agents)
     worker = Worker(js, build_registry(bundles=[BUNDLE]), concurrency=2)

@@ -14,6 +14,7 @@ import pytest
 
 from runtime.nats.auth import ROLES
 from runtime.nats.connection import connect
+from runtime.nats.jetstream import jetstream_for
 from runtime.nats.server import EmbeddedNats
 
 AUTH_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "auth.conf"
@@ -53,7 +54,7 @@ async def nc(nats_server: EmbeddedNats) -> AsyncIterator[object]:
 @pytest.fixture
 async def js(nc) -> AsyncIterator[object]:
     """A JetStream context on a server with no streams left over from earlier tests of the module."""
-    ctx = nc.jetstream()
+    ctx = jetstream_for(nc)  # the context the runtime uses (its leaner publish)
     for info in await ctx.streams_info():
         await ctx.delete_stream(info.config.name)
     yield ctx

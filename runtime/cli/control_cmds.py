@@ -37,7 +37,7 @@ def _run(command: str, url: str, op: Any) -> Any:
 
         nc = await bus.connect(url, name=f"sa-{command}", max_reconnect_attempts=3)
         try:
-            return await op(Control(nc.jetstream()))
+            return await op(Control(bus.jetstream_for(nc)))
         finally:
             await bus.close(nc)
 

@@ -30,10 +30,11 @@ def _servers(explicit: str | None) -> str:
 
 async def _with_js(servers: str, fn: Any) -> Any:
     from runtime.nats.connection import close, connect
+    from runtime.nats.jetstream import jetstream_for
 
     nc = await connect(servers, name="sa-dlq", max_reconnect_attempts=2)
     try:
-        return await fn(nc.jetstream())
+        return await fn(jetstream_for(nc))
     finally:
         await close(nc)
 

@@ -445,7 +445,7 @@ async def _status(url: str) -> dict[str, Any]:
 
     nc = await bus.connect(url, name="sa-status", max_reconnect_attempts=3)
     try:
-        return await gather(nc.jetstream())
+        return await gather(bus.jetstream_for(nc))
     finally:
         await bus.close(nc)
 
@@ -475,7 +475,7 @@ async def _apply_retention(url: str, retention: Any, partitions: int) -> Any:
 
     nc = await bus.connect(url, name="sa-retention")
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         await bus.attach_topology(js, partitions=partitions, retention=retention)
         return await ensure_retention(js, retention)
     finally:
@@ -517,7 +517,7 @@ async def _poll_queues(url: str, metrics: Any, stop: Any) -> None:
 
     nc = await bus.connect(url, name="sa-metrics")
     try:
-        await metrics.queues.poll(nc.jetstream(), stop)
+        await metrics.queues.poll(bus.jetstream_for(nc), stop)
     finally:
         await bus.close(nc)
 

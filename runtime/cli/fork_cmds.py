@@ -130,7 +130,7 @@ async def _fork(url: str, run: str, at: int, edit: Any, follow: bool, as_json: b
 
     nc = await bus.connect(url, name="sa-fork", max_reconnect_attempts=3)
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         try:
             forked = await fork_run(js, run, at, edit)
         except ForkError as e:

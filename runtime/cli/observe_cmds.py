@@ -88,7 +88,7 @@ def otel(
         from runtime.cli.signals import until_signal
 
         nc = await bus.connect(url, name="sa-otel")
-        exporter = TraceExporter(nc.jetstream(), sink, durable=durable or DEFAULT_DURABLE, batch=batch,
+        exporter = TraceExporter(bus.jetstream_for(nc), sink, durable=durable or DEFAULT_DURABLE, batch=batch,
                                  ack_wait=ack_wait)
         stop = anyio.Event()
         try:

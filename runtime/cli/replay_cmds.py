@@ -120,7 +120,7 @@ def _replay_html(url: str, run: str) -> int:
     async def render() -> str:
         nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
         try:
-            return await export_run(nc.jetstream(), run)
+            return await export_run(bus.jetstream_for(nc), run)
         finally:
             await bus.close(nc)
 
@@ -143,7 +143,7 @@ async def _conversation(url: str, config: Any, events: list[Any]) -> Any:
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
-        return await conversation_for(RunLog(nc.jetstream()), config, events)
+        return await conversation_for(RunLog(bus.jetstream_for(nc)), config, events)
     finally:
         await bus.close(nc)
 
@@ -159,7 +159,7 @@ async def _replay_thread(url: str, run: str, as_json: bool) -> int:
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         runs = RunLog(js)
         first = await runs.read(run)
         started = first.events[0] if first.events else None
@@ -195,7 +195,7 @@ async def _diff(url: str, a: str, b: str, as_json: bool) -> int:
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
-        runs = RunLog(nc.jetstream())
+        runs = RunLog(bus.jetstream_for(nc))
         try:
             logs = [await runs.read(a), await runs.read(b)]
         except ValueError as e:
@@ -225,7 +225,7 @@ async def _read(url: str, run: str) -> tuple[Any, Any]:
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         runlog = await RunLog(js).read(run)
         try:
             entry = await (await bus.runs_kv(js)).get(run)

@@ -86,7 +86,7 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
     console = Console()
     nc = await bus.connect(url, name="sa-send", max_reconnect_attempts=3)
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         try:
             run_id = await publish(js, agent, task, task_id=task_id, instance=instance, timeout_s=timeout,
                                    wait=wait, thread=thread)
@@ -233,7 +233,7 @@ async def _list_runs(url: str) -> list[tuple[str, Any]]:
 
     nc = await bus.connect(url, name="sa-runs", max_reconnect_attempts=3)
     try:
-        kv = await bus.runs_kv(nc.jetstream())
+        kv = await bus.runs_kv(bus.jetstream_for(nc))
         return [(key, bus.RunIndex.decode(entry.value))
                 for key, entry in (await bus.kv_entries(kv)).items() if entry.value]
     finally:
@@ -316,7 +316,7 @@ async def _purge(url: str, cutoff: float, agent: str | None, dry_run: bool) -> l
 
     nc = await bus.connect(url, name="sa-runs-purge", max_reconnect_attempts=3)
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         kv = await bus.runs_kv(js)
         rows = [(key, bus.RunIndex.decode(entry.value)) for key, entry in (await bus.kv_entries(kv)).items()
                 if entry.value]

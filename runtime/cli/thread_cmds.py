@@ -45,7 +45,7 @@ async def _threads(url: str, agent: str | None, thread: str | None, as_json: boo
 
     nc = await bus.connect(url, name="sa-threads", max_reconnect_attempts=3)
     try:
-        js = nc.jetstream()
+        js = bus.jetstream_for(nc)
         store = Threads(js)
         if thread is None:
             records = await store.all(agent)

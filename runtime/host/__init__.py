@@ -35,6 +35,7 @@ from runtime.host.driver import RunDriver
 from runtime.host.host import Host, HostConfig, HostStats
 from runtime.log import Superseded
 from runtime.nats.connection import close, connect
+from runtime.nats.jetstream import jetstream_for
 from runtime.nats.subjects import DEFAULT_PARTITIONS
 from runtime.nats.topology import attach_topology
 
@@ -73,7 +74,7 @@ async def serve(servers: str | list[str] | None, agents: dict[str, AgentRuntime]
     sees every event the host appends (`runtime.observe.metrics.HostMetrics.observe`)."""
     nc = await connect(servers, name="sa-host")
     try:
-        js = nc.jetstream()
+        js = jetstream_for(nc)
         await attach_topology(js, partitions=partitions, **topology)
         host = Host(nc, agents, config=config, on_event=on_event)
         stop = stop or anyio.Event()

@@ -93,6 +93,7 @@ from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
 from runtime.host.summary import summarise
 from runtime.log import RunLog
+from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
 from runtime.nats.records import HostBeat, RunIndex
@@ -115,7 +116,7 @@ class Host:
     def __init__(self, nc: NATS, agents: dict[str, AgentRuntime], *, config: HostConfig | None = None,
                  on_event: Callable[[ev.Event], Any] | None = None) -> None:
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream()
+        self.js: JetStreamContext = jetstream_for(nc)
         self.agents = agents
         self.config = config or HostConfig()
         self.on_event = on_event

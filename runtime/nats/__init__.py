@@ -3,6 +3,7 @@
 - `subjects`    every subject, filter, Msg-Id, header, stream, bucket and consumer name; `ENV_VARS` (pure)
 - `records`     what the KV buckets hold: `RunIndex`, `HostBeat`, `WorkerBeat` (pure)
 - `connection`  `connect` (reconnecting forever) and `close`
+- `jetstream`   `jetstream_for(nc)`: the JetStream context with the leaner acked publish
 - `topology`    the streams and consumers: `ensure_topology`, `read_topology`, `attach_topology`
 - `kv`          opening buckets, `put_kv` with a per-key TTL, `kv_entries` (exact listing), the payload store
 - `pull`        `consume` (a continuous pull, for hosts), `Budget`, `fetch_batch` (for workers)
@@ -71,6 +72,7 @@ from runtime.nats.subjects import (
 if TYPE_CHECKING:
     from runtime.nats.cluster import LocalCluster
     from runtime.nats.connection import close, connect, servers_from_env
+    from runtime.nats.jetstream import JetStream, jetstream_for
     from runtime.nats.kv import (
         KV_MAX_CONSUMERS,
         KvEntry,
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {name: module for module, names in {
     "cluster": "LocalCluster",
     "connection": "close connect servers_from_env",
+    "jetstream": "JetStream jetstream_for",
     "kv": "KV_MAX_CONSUMERS KvEntry applied_kv fleet_kv kv_entries payloads_store put_kv runs_kv "
           "workspace_kv",
     "pull": "Budget consume fetch_batch",
@@ -131,11 +134,13 @@ __all__ = [
     "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_WRONG_LAST_SEQUENCE", "EVENTS",
     "HDR_EXPECTED_SUBJECT_SEQ", "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET",
     "KV_MAX_CONSUMERS", "LEASES_BUCKET", "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "TASKS", "TOOLS",
-    "WORKERS_BUCKET", "WORKERS_CONSUMER", "Budget", "EmbeddedNats", "HostBeat", "KvEntry", "LocalCluster",
+    "WORKERS_BUCKET", "WORKERS_CONSUMER", "Budget", "EmbeddedNats", "HostBeat", "JetStream", "KvEntry",
+    "LocalCluster",
     "RunIndex", "Topology", "WorkerBeat", "active_filter", "active_key", "agent_of_task_subject",
     "applied_kv", "attach_topology", "backoff", "check_token", "close", "connect", "consume",
     "default_store_dir", "dlq_subject", "ensure_consumer", "ensure_partition_consumers", "ensure_topology",
-    "event_subject", "fetch_batch", "find_nats_server", "fleet_kv", "job_msg_id", "kv_entries", "lease_key",
+    "event_subject", "fetch_batch", "find_nats_server", "fleet_kv", "jetstream_for", "job_msg_id",
+    "kv_entries", "lease_key",
     "occ_headers", "partition_of", "payloads_store", "put_kv", "read_partitions", "read_topology",
     "result_consumer_name", "result_filter", "result_subject", "retrying", "run_events_filter", "runs_kv",
     "servers_from_env", "stream_configs", "task_consumer_name", "task_filter", "task_subject", "tool_subject",

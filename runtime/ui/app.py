@@ -64,6 +64,7 @@ from runtime.control import Control, operator
 from runtime.fork import fork, fork_points
 from runtime.log import RunLog
 from runtime.nats.connection import explain_refusal
+from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import check_token
@@ -375,7 +376,7 @@ def create_app(nats_url: str | None = None, *, js: JetStreamContext | None = Non
 
         assert nats_url is not None
         nc = await bus.connect(nats_url, name="sa-ui")
-        holder["inspector"] = Inspector(nc.jetstream(), fork_wait=fork_wait)
+        holder["inspector"] = Inspector(jetstream_for(nc), fork_wait=fork_wait)
         try:
             yield
         finally:

@@ -62,6 +62,7 @@ from runtime.externals import ExternalsFactory, Secrets
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.log import RunLog
 from runtime.nats.connection import close, connect
+from runtime.nats.jetstream import jetstream_for
 from runtime.nats.pull import fetch_batch
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
@@ -330,7 +331,7 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
     """Connect, make sure the topology exists, run a worker until `stop`; return its counters."""
     nc = await connect(servers, name="sa-worker")
     try:
-        js = nc.jetstream()
+        js = jetstream_for(nc)
         if ensure:
             await attach_topology(js)
         worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome,
