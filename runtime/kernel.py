@@ -88,8 +88,8 @@ together, and splitting them would make the recovery contract above span files.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeAlias, get_args
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
 from runtime import history
 from runtime.approval_policy import ApprovalRule, rule_for
@@ -248,6 +248,30 @@ def tool_calls(run_id: str, turn: int, parsed: Iterable[tuple[str, dict[str, Any
 
 Status = Literal["new", "running", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})  # the statuses of a run that ended
+
+
+_R = TypeVar("_R", "State", "Turn")
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def replace(obj: _R, /, **changes: Any) -> _R:
+    """`dataclasses.replace` for the kernel's `State` and `Turn`, without running `__init__` again.
+
+    Why: a host folds every event it appends, and `dataclasses.replace` (a generic call of `__init__`
+    with every field) was a twentieth of a busy host's CPU. These two classes have no `__post_init__`
+    and nothing derived, so copying the instance dict and overriding the changed fields gives the same
+    object; an unknown field name is still an error, as with `dataclasses.replace`.
+    """
+    cls = type(obj)
+    known = _FIELDS.get(cls)
+    if known is None:
+        known = _FIELDS[cls] = frozenset(f.name for f in fields(cls))
+    if not changes.keys() <= known:
+        raise TypeError(f"{cls.__name__} has no field(s) {sorted(changes.keys() - known)}")
+    new = object.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 @dataclass(frozen=True)

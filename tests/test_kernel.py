@@ -502,3 +502,18 @@ def test_config_validation():
         k.KernelConfig(max_turns=0)
     with pytest.raises(ValueError, match="duplicate"):
         k.KernelConfig(tools=(TOOLS[0], TOOLS[0]))
+
+
+def test_the_kernels_replace_makes_what_dataclasses_replace_makes():
+    """`kernel.replace` skips `__init__` for speed: the copies must equal `dataclasses.replace`'s, leave the
+    original untouched, and refuse a field the class does not have."""
+    sim = Sim(config()).start()
+    sim.step(script(Reply(calls=(call(TOOLS[0].name, x=1),))))
+    state = sim.state
+    assert state.turn is not None
+    fast = k.replace(state, turns=7, turn=k.replace(state.turn, responded=True))
+    slow = dataclasses.replace(state, turns=7, turn=dataclasses.replace(state.turn, responded=True))
+    assert fast == slow and type(fast) is k.State and fast.turn is not state.turn
+    assert state.turns != 7 and fast.messages is state.messages
+    with pytest.raises(TypeError, match="no field"):
+        k.replace(state, turnz=1)
