@@ -346,3 +346,23 @@ def test_tools_without_a_system_message_get_one() -> None:
         and "<tools>" in out[0]["content"]
         and out[1] == {"role": "user", "content": "hi"}
     )
+
+
+def test_the_tools_text_is_written_once_per_tool_set_and_never_reused_for_another() -> None:
+    adapter = get_adapter("hermes")
+    written: list[list[str]] = []
+    original = adapter.tools_prompt
+
+    def counting(tools: list[ToolSchema]) -> str:
+        written.append([t.name for t in tools])
+        return original(tools)
+
+    adapter.tools_prompt = counting  # type: ignore[method-assign]
+    first = (ToolSchema("alpha", "A.", {"type": "object"}),)
+    other = (ToolSchema("beta", "B.", {"type": "object"}),)
+    chat = [Message("system", "Be brief."), Message("user", "hi")]
+    one, two = adapter.render(chat, first), adapter.render(chat, first)
+    three = adapter.render(chat, other)
+    assert one == two and written == [["alpha"], ["beta"]]
+    assert '"alpha"' in one[0]["content"]
+    assert '"beta"' in three[0]["content"] and '"alpha"' not in three[0]["content"]

@@ -72,6 +72,22 @@ class ModelAdapter(ABC):
 
     # ---- the public surface -------------------------------------------------------------------
 
+    def _tools_text(self, tools: Sequence[ToolSchema]) -> str:
+        """`tools_prompt(tools)`, made once per tool set: an agent sends the same tools on every turn, and
+        writing their JSON schemas out again each time was a tenth of the model call's CPU. Keyed by the
+        tool objects themselves (identity), so a changed tool set is never served a stale text."""
+        cache: dict[tuple[int, ...], tuple[tuple[ToolSchema, ...], str]] = self.__dict__.setdefault(
+            "_tools_texts", {})
+        key = tuple(map(id, tools))
+        hit = cache.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], tools, strict=True)):
+            return hit[1]
+        if len(cache) >= 64:  # bounded: a long-lived host serving many bundles keeps the recent ones
+            cache.pop(next(iter(cache)))
+        text = self.tools_prompt(list(tools))
+        cache[key] = (tuple(tools), text)
+        return text
+
     def render(
         self,
         messages: Sequence[Message],
@@ -89,7 +105,7 @@ class ModelAdapter(ABC):
         if self.native_tool_calls or tools_via_api:
             return [_native_message(m) for m in messages]
         out: list[dict[str, Any]] = []
-        tools_text = self.tools_prompt(list(tools)) if tools else ""
+        tools_text = self._tools_text(tools) if tools else ""
         pending_results: list[Message] = []
 
         def flush() -> None:
