@@ -60,6 +60,8 @@ Tokens. Agent ids, run ids and tool names are single subject tokens: `check_toke
 
 from __future__ import annotations
 
+import functools
+
 # -- streams, buckets, consumers --------------------------------------------------------------------------
 
 TASKS = "TASKS"
@@ -225,6 +227,7 @@ def agent_of_task_subject(subject: str) -> str:
     return parse_task_subject(subject)[0]
 
 
+@functools.lru_cache(maxsize=8192)  # a host appends ~8 events a turn to runs it holds: checked once each
 def event_subject(actor: str, run: str, kind: str) -> str:
     """The subject of one event of `run`; the kind's dots stay tokens (`tool.completed`)."""
     for token in kind.split("."):
@@ -232,6 +235,7 @@ def event_subject(actor: str, run: str, kind: str) -> str:
     return f"events.{check_token(actor, 'actor')}.{check_token(run, 'run id')}.{kind}"
 
 
+@functools.lru_cache(maxsize=4096)
 def run_events_filter(actor: str, run: str) -> str:
     """Every event of one run: the replay filter and the OCC wildcard of its appends."""
     return f"events.{check_token(actor, 'actor')}.{check_token(run, 'run id')}.>"
