@@ -98,7 +98,8 @@ class _Layer:
 class LlamaDecoder:
     """The packed weights and precomputed tables of one loaded model; `session()` decodes one request.
 
-    Not thread-safe: sessions share scratch buffers, and the server runs one generation at a time.
+    Read-only once built: each session owns its KV cache and scratch buffers (allocated once per request,
+    never per step), so sessions do not interfere.
     """
 
     def __init__(self, model: Any, *, pack: bool = True) -> None:
