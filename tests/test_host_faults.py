@@ -1,7 +1,8 @@
 """Fault tests with real OS processes: `sa host` and `sa worker` subprocesses killed with SIGKILL, a
 restarted host resuming a run without repeating recorded model calls, a killed worker's job redelivered
 to another worker with its workspace write applied once and the dead delivery recorded in the run
-(`tool.redelivered`), and 100 agents running concurrently."""
+(`tool.redelivered`), a thread's run resumed with its conversation after the same, and 100 agents
+running concurrently."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-from host_helpers import Env, calc_responder, kinds, running_host, running_worker, write_bundle
+from host_helpers import Env, calc_responder, hermes_call, kinds, running_host, running_worker, write_bundle
 
 from runtime import events as ev
 from runtime.host.commands import publish_task
@@ -98,6 +100,69 @@ async def test_kill_9_of_the_host_mid_run_resumes_without_repeating_recorded_mod
     called = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
     completed = [e.call_id for e in events if isinstance(e, ev.ToolCompleted)]
     assert len(called) == len(set(called)) == 4 and sorted(completed) == sorted(called)
+
+
+def thread_responder(body: dict[str, Any]) -> str:
+    """`steps: N` (the newest task of the thread) makes N calculator calls, one per turn, then submits an
+    answer naming the task and how many messages came before it: what the run saw of its thread."""
+    messages = body["messages"]
+    newest = max(i for i, m in enumerate(messages)
+                 if m["role"] == "user" and "<tool_response>" not in str(m["content"]))
+    task = str(messages[newest]["content"])
+    done = sum("<tool_response>" in str(m["content"]) for m in messages[newest + 1:])
+    if done < int(task.split(":")[1]):
+        return hermes_call("calculator", {"expression": f"{done} + 1"})
+    return hermes_call("submit", {"answer": f"{task} after {newest} earlier messages"})
+
+
+async def test_kill_9_of_the_host_mid_thread_run_resumes_it_with_its_conversation(
+        nats_server, topo, tmp_path: Path):
+    """A thread's second run, its host killed between two tool turns, is resumed by another host from the
+    log alone: the conversation it continues comes from the first run by reference, no recorded model
+    call is made again, and the thread's next run then continues from the resumed run's end."""
+    js = topo
+    with ScriptedModelServer(responder=thread_responder) as server:
+        bundle = write_bundle(tmp_path, base_url=server.base_url)
+        host_args = ["host", str(bundle), "--task-ack-wait", "2"]
+        async with running_worker(nats_server.url, [bundle]):
+            with process(host_args, nats_server.url, tmp_path / "host1.log", "sa host: serving") as host1:
+                first = await publish_task(js, "calc", "steps: 1", task_id="thread-1", thread="th")
+                one = await Env(nats_server.url, js, None, server, []).wait_run(first)
+                second = await publish_task(js, "calc", "steps: 2", task_id="thread-2", thread="th")
+                with anyio.fail_after(60):
+                    async for e in RunLog(js).follow(second):
+                        if isinstance(e, ev.ToolCalled) and e.call.id.endswith("/2.0"):
+                            kill9(host1)  # turn 2's job is out; its outcome has no host to go to
+                            break
+            requests_before = server.served
+            with process(host_args, nats_server.url, tmp_path / "host2.log", "sa host: serving"):
+                two = await Env(nats_server.url, js, None, server, []).wait_run(second)
+                third = await publish_task(js, "calc", "steps: 0", task_id="thread-3", thread="th")
+                three = await Env(nats_server.url, js, None, server, []).wait_run(third)
+            host2_log = (tmp_path / "host2.log").read_text()
+        requests = server.requests
+
+    assert "resumed 1 run(s)" in host2_log
+    assert [kinds(r)[-1] for r in (one, two, three)] == ["run.completed"] * 3
+    assert [e.seq for e in two] == list(range(len(two)))  # one contiguous log, no fork
+    started = two[0]
+    assert isinstance(started, ev.RunStarted) and started.thread == "th" and started.previous_run == first
+    # the resumed run saw its thread: the same count of earlier messages as before the kill
+    answers = [r[-1].output["answer"] for r in (one, two, three)]
+    assert answers[0].startswith("steps: 1 after ")
+    earlier = int(answers[1].split(" after ")[1].split()[0])
+    assert answers[1] == f"steps: 2 after {earlier} earlier messages" and earlier > 2
+    assert int(answers[2].split(" after ")[1].split()[0]) > earlier  # run 3 continued from run 2's end
+    # every request of the second run carried the first run's task; none was made twice
+    second_requests = [r for r in requests if any(m["content"] == "steps: 2" for m in r["messages"])
+                       and not any(m["content"] == "steps: 0" for m in r["messages"])]
+    assert len(second_requests) == 3 and requests_before == 2 + 2  # run 1: 2 calls; run 2: 2 before the kill
+    assert all(any(m["content"] == "steps: 1" for m in r["messages"]) for r in second_requests)
+    bodies = [json.dumps(r["messages"], sort_keys=True) for r in requests]
+    assert len(bodies) == len(set(bodies))
+    called = [e.call.id for e in two if isinstance(e, ev.ToolCalled)]
+    completed = [e.call_id for e in two if isinstance(e, ev.ToolCompleted)]
+    assert len(called) == len(set(called)) == 3 and sorted(completed) == sorted(called)
 
 
 async def test_kill_9_of_a_worker_mid_job_the_run_completes_and_the_write_happens_once(
