@@ -366,3 +366,66 @@ async def test_a_fork_of_a_thread_run_continues_the_same_conversation(nats_serve
     assert ending(events) == "run.completed"
     assert events[0].previous_run == first and prompt[1] == "name a colour" and prompt[-1] == "and another"
     assert report.ok, report.problems
+
+
+SUMMARY_PROMPT = "SUMMARISE-NOW"
+
+
+@pytest.mark.anyio
+async def test_a_long_thread_starts_from_the_models_summary_and_a_failed_summary_costs_nothing(
+        nats_server, topo, tmp_path: Path):
+    """With `summarise: {after: 4, keep: 2}` a thread's fourth run (its conversation at 6 messages) starts
+    from the bundle model's summary of all but the newest 2, recorded in `run.started` and sent in place of
+    the older messages; when the summary call fails, the run simply continues the whole conversation."""
+    from runtime.testing import Reply
+
+    fail = {"summaries": False}
+    asked: list[str] = []
+
+    def model(body: dict[str, Any]) -> Any:
+        last = str(body["messages"][-1]["content"])
+        if last.endswith(SUMMARY_PROMPT):
+            asked.append(last)
+            if fail["summaries"]:
+                return Reply.error(500, "summariser down")
+            return "gist: the user asked " + ", ".join(re.findall(r"^user: (\w+)", last, re.M))
+        return chat_model(body)
+
+    extra = f"conversation: {{summarise: {{after: 4, keep: 2, prompt: {SUMMARY_PROMPT}}}}}\n"
+    bundle = write_bundle(tmp_path, "chat", tools=(), extra=extra)
+    async with running_fleet(nats_server.url, topo, bundle, responder=model, worker=False) as env:
+        js = env.js
+        runs = []
+        for i, word in enumerate(["alpha", "bravo", "charlie", "delta"]):
+            run_id = await publish_task(js, "chat", word, task_id=f"sum-{i}", thread="long")
+            runs.append(await _ended(js, run_id))
+        fail["summaries"] = True
+        run_id = await publish_task(js, "chat", "echo", task_id="sum-fail", thread="other")
+        await _ended(js, run_id)
+        for i, word in enumerate(["foxtrot", "golf", "hotel", "india"]):
+            run_id = await publish_task(js, "chat", word, task_id=f"sum-f{i}", thread="other")
+            failed_thread = await _ended(js, run_id)
+        requests = env.server.requests
+
+    assert [kinds(r)[-1] for r in runs] == ["run.completed"] * 4
+    starts = [r[0] for r in runs]
+    assert all(isinstance(s, ev.RunStarted) for s in starts)
+    assert [s.summary for s in starts[:3]] == [None, None, None]  # 0, 2, 4 messages: none due
+    fourth = starts[3]
+    assert fourth.summary == "gist: the user asked alpha, bravo" and fourth.summarised == 4
+    assert "user: alpha" in asked[0] and "user: bravo" in asked[0] and "charlie" not in asked[0]
+    # the fourth run's request: the summary (pinned, first), the kept exchange, the new task; not the rest
+    request = next(r for r in requests if r["messages"][-1]["content"] == "delta")
+    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    assert users[0] == history.SUMMARY_HEAD + fourth.summary
+    assert users[1:] == ["charlie", "delta"]
+    assert not any("alpha" in str(m["content"]) or "bravo" in str(m["content"])
+                   for m in request["messages"][1:] if m["content"] != users[0])
+    # a failed summary: the run starts without one and its request carries the whole conversation
+    last_start = failed_thread[0]
+    assert kinds(failed_thread)[-1] == "run.completed"
+    assert isinstance(last_start, ev.RunStarted) and last_start.summary is None and last_start.summarised == 0
+    request = next(r for r in requests if r["messages"][-1]["content"] == "india")
+    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    assert users == ["echo", "foxtrot", "golf", "hotel", "india"]
+    assert len(asked) > 1  # the failing thread did ask for summaries
