@@ -184,21 +184,41 @@ async def monty_alone(path: Path, n: int, concurrency: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-async def run_tasks(js: Any, tasks: list[tuple[str, str]]) -> list[list[ev.Event]]:
+async def run_tasks(js: Any, tasks: list[tuple[str, str]], ended: list[float] | None = None
+                    ) -> list[list[ev.Event]]:
+    """Publish `tasks`, wait until every run has ended, then read each run's events. The endings come from
+    core subscriptions on run endings made before the first publish, as a client that only needs the
+    outcome would; a consumer per run to follow it live would load these two cores with the watcher's work
+    (and the scripted model server shares this process). `ended` gets the `perf_counter` time the last run
+    ended, for rates that must not include reading the events back."""
     from runtime.host.commands import publish_task
-    from runtime.log import RunLog
+    from runtime.log import TERMINAL_KINDS, RunLog
 
-    runs = [await publish_task(js, agent, text) for agent, text in tasks]
-    results: list[list[ev.Event]] = [[] for _ in runs]
+    nc = js._nc
+    done: dict[str, anyio.Event] = {}
+    finished: set[str] = set()
 
-    async def wait(i: int) -> None:
-        async for e in RunLog(js).follow(runs[i]):
-            results[i].append(e)
+    async def on_end(msg: Any) -> None:
+        run = ev.decode(msg.data).run_id
+        finished.add(run)
+        if run in done:
+            done[run].set()
 
-    async with anyio.create_task_group() as tg:
-        for i in range(len(runs)):
-            tg.start_soon(wait, i)
-    return results
+    subs = [await nc.subscribe(f"events.*.*.{kind}", cb=on_end) for kind in sorted(TERMINAL_KINDS)]
+    try:
+        runs = [await publish_task(js, agent, text) for agent, text in tasks]
+        for run in runs:
+            done[run] = anyio.Event()
+            if run in finished:
+                done[run].set()
+        for run in runs:
+            await done[run].wait()
+        if ended is not None:
+            ended.append(time.perf_counter())
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+    return [(await RunLog(js).read(run)).events for run in runs]
 
 
 class _Sink:
@@ -338,9 +358,10 @@ async def in_flight(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any,
                     await run_tasks(js, warm)
                     for n in levels:
                         task = f"fan: {args.flight_turns}x1 add"
-                        c0, t0 = cpu_seconds(host.pid), time.perf_counter()
-                        results = await run_tasks(js, [(f"bench:f{mode}{r}-{n}-{i}", task) for i in range(n)])
-                        wall, used = time.perf_counter() - t0, cpu_seconds(host.pid) - c0
+                        c0, t0, end = cpu_seconds(host.pid), time.perf_counter(), []
+                        results = await run_tasks(js, [(f"bench:f{mode}{r}-{n}-{i}", task) for i in range(n)],
+                                                  end)
+                        wall, used = end[0] - t0, cpu_seconds(host.pid) - c0
                         assert all(ev.kind_of(res[-1]) == "run.completed" for res in results)
                         turns = sum(isinstance(e, ev.ModelResponded) for res in results for e in res)
                         rate.setdefault((mode, n), []).append(turns / wall)
@@ -464,10 +485,10 @@ async def main() -> None:
                 try:
                     await run_tasks(js, [(f"bench:w{k}-{i}", "fan: 1x4") for i in range(8)])  # warm pools
                     for name, task, shape in workloads:
-                        cpu0, t0 = cpu_seconds(host.pid), time.perf_counter()
+                        cpu0, t0, end = cpu_seconds(host.pid), time.perf_counter(), []
                         results = await run_tasks(js, [(f"bench:{name}{k}-{i}", task)
-                                                       for i in range(args.agents)])
-                        wall, cpu = time.perf_counter() - t0, cpu_seconds(host.pid) - cpu0
+                                                       for i in range(args.agents)], end)
+                        wall, cpu = end[0] - t0, cpu_seconds(host.pid) - cpu0
                         calls = sum(isinstance(e, ev.ToolCalled) for r in results for e in r)
                         assert all(ev.kind_of(r[-1]) == "run.completed" for r in results)
                         rate = calls / wall
