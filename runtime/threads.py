@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
@@ -38,6 +39,7 @@ from runtime.nats.subjects import THREADS_BUCKET
 
 MAX_THREAD_NAME = 200
 CACHE_SIZE = 1024  # conversations a host keeps at hand: the latest of each thread it served recently
+CACHE_BYTES = 64 * 1024 * 1024  # and at most this much of them (their messages as msgpack)
 
 
 def check_thread(name: str) -> str:
@@ -59,34 +61,53 @@ def thread_key(actor: str, thread: str) -> str:
 
 class Conversations:
     """The conversations runs ended with, by (run id, seq): a host remembers the one each run it drove
-    ended with, so the thread's next run does not read the logs back. Bounded; oldest forgotten first."""
+    ended with, so the thread's next run does not read the logs back.
 
-    def __init__(self, size: int = CACHE_SIZE) -> None:
-        self.size = size
-        self._items: OrderedDict[str, kernel.Conversation] = OrderedDict()  # run id -> its latest
+    Bounded by count (`size`) and by bytes (`max_bytes`: each entry weighs its messages as msgpack, so
+    entries of one thread that share messages are counted more than once: an upper estimate); the least
+    recently used go first. A count alone would let idle threads with long conversations hold a host's
+    memory (1,024 of them at 500 KB each is 500 MB); a forgotten conversation is read back from the log."""
+
+    def __init__(self, size: int = CACHE_SIZE, max_bytes: int = CACHE_BYTES) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self.bytes = 0  # what the entries held now weigh
+        self._items: OrderedDict[str, tuple[kernel.Conversation, int]] = OrderedDict()  # run id -> latest
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, run_id: str) -> bool:
+        """Whether a conversation of `run_id` is held (without making it recently used)."""
+        return run_id in self._items
 
     def get(self, run_id: str, seq: int | None = None) -> kernel.Conversation | None:
         """The conversation of `run_id` after its events below `seq` (None: the one it ended with)."""
-        conv = self._items.get(run_id)
-        if conv is None or (seq is not None and conv.seq != seq):
+        held = self._items.get(run_id)
+        if held is None or (seq is not None and held[0].seq != seq):
             return None
         self._items.move_to_end(run_id)
-        return conv
+        return held[0]
 
     def put(self, conv: kernel.Conversation) -> None:
         """Remember `conv` (a later one of the same run replaces an earlier one)."""
         known = self._items.get(conv.run_id)
-        if known is None or known.seq <= conv.seq:
-            self._items[conv.run_id] = conv
+        if known is None or known[0].seq <= conv.seq:
+            weight = len(_messages_encoder.encode(conv.messages))
+            self.bytes += weight - (known[1] if known is not None else 0)
+            self._items[conv.run_id] = (conv, weight)
         self._items.move_to_end(conv.run_id)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        while self._items and (len(self._items) > self.size or self.bytes > self.max_bytes):
+            _, (_, weight) = self._items.popitem(last=False)
+            self.bytes -= weight
 
     def remember(self, state: kernel.State) -> kernel.Conversation:
         """The conversation the run of `state` ended with (all its events), remembered."""
         conv = ended_with(state)
         self.put(conv)
         return conv
+
+
+_messages_encoder = msgspec.msgpack.Encoder()
 
 
 def ended_with(state: kernel.State) -> kernel.Conversation:

@@ -31,7 +31,7 @@ from runtime.streaming import Delta, subscribe
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
 from runtime.testing.scripts import SPIN
-from runtime.threads import Threads, conversation, conversation_for, fold_run
+from runtime.threads import Conversations, Threads, conversation, conversation_for, fold_run
 from runtime.types import Message, ToolCall
 from runtime.worker import Worker
 
@@ -76,6 +76,29 @@ def test_a_summary_replaces_the_older_messages_and_stays_pinned():
     (call,) = kernel.decide(state)
     assert isinstance(call, kernel.CallModel)  # the window keeps the summary (pinned) and the newest two
     assert [m.content for m in call.messages] == ["sys", history.SUMMARY_HEAD + "they said hi", "m9", "next"]
+
+
+def test_the_conversations_a_host_remembers_are_bounded_by_count_and_by_bytes():
+    """Least recently used first: by count, and by what their messages weigh (a few idle threads with
+    long conversations must not hold the host's memory); a later conversation of a run replaces its
+    earlier one and its weight; an entry heavier than the whole budget is not kept."""
+    def conv(run: str, seq: int, size: int) -> kernel.Conversation:
+        return kernel.Conversation(run, seq, (Message(role="user", content="x" * size),))
+
+    cache = Conversations(size=3, max_bytes=10_000)
+    for run in ("a", "b", "c"):
+        cache.put(conv(run, 1, 100))
+    assert cache.get("a") is not None  # `a` is now the most recently used: b, c, a
+    cache.put(conv("d", 1, 100))  # one too many: `b`, the least recently used, goes
+    assert [r for r in "abcd" if r in cache] == ["a", "c", "d"]
+    cache.put(conv("c", 2, 4_000))  # replaces c@1 and its weight: a, d, c
+    assert cache.get("c", 1) is None and cache.get("c", 2) is not None and len(cache) == 3
+    cache.put(conv("e", 1, 5_900))  # past 10,000 bytes: `a` goes (the count), then `d` (the bytes)
+    assert [r for r in "acde" if r in cache] == ["c", "e"]
+    assert cache.bytes == sum(len(msgspec.msgpack.encode(held.messages))
+                              for held in (cache.get("c"), cache.get("e")) if held is not None) <= 10_000
+    cache.put(conv("huge", 1, 20_000))
+    assert "huge" not in cache and len(cache) == 0 and cache.bytes == 0
 
 
 def test_an_unfinished_exchange_is_closed_for_the_next_run():

@@ -229,6 +229,13 @@ async def test_a_hundred_agents_each_run_a_task_concurrently(nats_server, topo, 
             async with anyio.create_task_group() as tg:
                 for i in runs:
                     tg.start_soon(wait, i)
+            # idle agents cost nothing: no actor, driver or waiting task once the last runs' actors let go
+            # (after their index entries), and no conversation remembered for runs in no thread (the issue's
+            # 100,000-agent RSS figure is bench/scale.py's)
+            with anyio.fail_after(10):
+                while host.actors or host.drivers or host.waiting:
+                    await anyio.sleep(0.02)
+            assert len(host.conversations) == 0
     assert len(results) == 100
     for i, events in results.items():
         assert kinds(events)[-1] == "run.completed", (i, kinds(events))

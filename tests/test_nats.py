@@ -193,6 +193,25 @@ async def test_partition_consumer_gets_only_its_partition_in_order(js) -> None:
     await psub.unsubscribe()
 
 
+async def test_fetch_batch_never_returns_more_than_the_batch() -> None:
+    """nats-py's fetch hands over every message already on the inbox (late deliveries of a fetch that timed
+    out) whatever the batch; a worker sized its buffer by the batch and overflowed. The surplus comes back,
+    in order, from the next calls before anything is fetched again."""
+
+    class Psub:
+        def __init__(self) -> None:
+            self.fetches = 0
+
+        async def fetch(self, batch: int, timeout: float) -> list[str]:
+            self.fetches += 1
+            return ["m0", "m1", "m2", "m3", "m4"] if self.fetches == 1 else ["m5"]
+
+    psub = Psub()
+    got = [await fetch_batch(psub, 2, 0.1) for _ in range(4)]  # type: ignore[arg-type]
+    assert got == [["m0", "m1"], ["m2", "m3"], ["m4"], ["m5"]]
+    assert psub.fetches == 2
+
+
 async def test_same_task_msg_id_is_stored_once(js) -> None:
     await ensure_topology(js, partitions=2)
     a1 = await js.publish(task_subject("p"), b"t", headers={HDR_MSG_ID: "task-1"})

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ from runtime.host.commands import publish_task
 from runtime.log import RunLog
 from runtime.model.client import ModelClient
 from runtime.observe.logs import json_handler, log_context
-from runtime.observe.metrics import HostMetrics, WorkerMetrics, metric_names, serve_metrics
+from runtime.observe.metrics import UNKNOWN_AGENT, HostMetrics, WorkerMetrics, metric_names, serve_metrics
 from runtime.testing import ScriptedModelServer
 from runtime.worker import Worker, build_registry
 
@@ -132,6 +133,47 @@ def dashboard_names() -> set[str]:
     assert exprs, "the dashboard has no queries"
     found = {n for e in exprs for n in re.findall(r"\bsa_[a-z_]+", e)}
     return {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in found}
+
+
+def test_agent_labels_stay_bounded_by_the_bundles_the_host_serves():
+    """A task for an agent no bundle defines still makes a run (started, failed unknown_agent); counted
+    under its own name, any publisher could add a series per made-up name. Instances fold into their
+    bundle. Before the host is watched, the bundle name is all there is."""
+    metrics = HostMetrics()
+    metrics.observe(ev.RunStarted(run_id="r0", actor="early", input="x"))
+    metrics.watch_host(SimpleNamespace(agents={"calc": None}, partitions=[], drivers={}, waiting={}))
+    for i in range(3):
+        metrics.observe(ev.RunStarted(run_id=f"r{i}", actor=f"made-up-{i}", input="x"))
+        metrics.observe(ev.RunFailed(run_id=f"r{i}", actor=f"made-up-{i}", reason="unknown_agent"))
+    metrics.observe(ev.RunStarted(run_id="r9", actor="calc:alice", input="x"))
+    started = {s.labels["agent"]: s.value for fam in metrics.registry.collect()
+               for s in fam.samples if s.name == "sa_runs_started_total"}
+    assert started == {"early": 1.0, UNKNOWN_AGENT: 3.0, "calc": 1.0}
+    failed = metrics.registry.get_sample_value("sa_runs_failed_total",
+                                               {"agent": UNKNOWN_AGENT, "reason": "unknown_agent"})
+    assert failed == 3.0
+
+
+def test_turns_of_runs_the_host_let_go_of_are_forgotten_oldest_first(monkeypatch):
+    """A turn is timed from its first model request to turn.completed; a run handed over or superseded
+    mid-turn never completes it here, so the open turns are bounded: past the bound the oldest opened go
+    (their turn is then not timed), and a run still asking keeps its place."""
+    monkeypatch.setattr("runtime.observe.metrics.MAX_OPEN_TURNS", 3)
+    metrics = HostMetrics()
+
+    def ask(run: str, turn: int) -> None:
+        metrics.observe(ev.ModelRequested(run_id=run, actor="calc", request_id=f"{run}/{turn}", turn=turn,
+                                          ts=float(turn)))
+
+    ask("a", 1)
+    ask("b", 1)
+    ask("c", 1)
+    ask("a", 2)  # a new turn of `a`: now the newest
+    ask("d", 1)  # one too many: `b`, the oldest, goes
+    for run, turn in (("a", 2), ("b", 1), ("c", 1), ("d", 1)):
+        metrics.observe(ev.TurnCompleted(run_id=run, actor="calc", turn=turn, ts=10.0))
+    timed = metrics.registry.get_sample_value("sa_turn_duration_seconds_count", {"agent": "calc"})
+    assert timed == 3.0  # a, c and d; not b
 
 
 def test_the_dashboard_uses_exactly_the_metric_names_the_code_exposes():

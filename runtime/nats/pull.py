@@ -28,7 +28,11 @@ is not enough: they join one at a time, and the first one alone would have taken
 
 `fetch_batch` is `psub.fetch` for loops that pull a batch at a time (the workers): nats-py's `fetch` signals
 "nothing" three ways (its TimeoutError, ``[]``, a bare asyncio.TimeoutError) and raises 503 while a cluster
-elects a consumer leader; `fetch_batch` folds all of them into ``[]``.
+elects a consumer leader; `fetch_batch` folds all of them into ``[]``. It also never returns more than
+`batch` messages, which nats-py's `fetch` does: it first drains every message already on the subscription's
+inbox, however many, and a fetch that timed out leaves its late deliveries there. A worker sizes its local
+buffer by the batch it asked for (a surplus overflowed it and killed the worker: seen on a loaded box);
+the surplus is kept and handed out first by the next call, without a round trip.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -174,15 +179,26 @@ async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event) ->
     return None
 
 
+# messages a fetch delivered beyond the batch asked for, per subscription: the next fetch's first
+_SURPLUS: weakref.WeakKeyDictionary[JetStreamContext.PullSubscription, list[Msg]] = \
+    weakref.WeakKeyDictionary()
+
+
 async def fetch_batch(psub: JetStreamContext.PullSubscription, batch: int, timeout: float) -> list[Msg]:
-    """`psub.fetch` with its three "no messages" outcomes folded into `[]`, and NATS trouble too.
+    """`psub.fetch` with its three "no messages" outcomes folded into `[]`, and NATS trouble too; at most
+    `batch` messages (see the module docstring: a surplus is returned by the next call).
 
     nats-py raises its TimeoutError (usual), returns `[]` (batch > 1, sometimes) or leaks a bare
     asyncio.TimeoutError from `_fetch_n` (rare); the nats one subclasses asyncio's, so one except
     covers both.
     """
+    kept = _SURPLUS.pop(psub, None)
+    if kept:
+        if len(kept) > batch:
+            _SURPLUS[psub] = kept[batch:]
+        return kept[:batch]
     try:
-        return await psub.fetch(batch=batch, timeout=timeout)
+        msgs = await psub.fetch(batch=batch, timeout=timeout)
     except TimeoutError:  # asyncio.TimeoutError is TimeoutError on 3.11
         return []
     except (nats.errors.Error, nats.js.errors.APIError) as e:
@@ -190,6 +206,10 @@ async def fetch_batch(psub: JetStreamContext.PullSubscription, batch: int, timeo
         # caller's loop must survive it, so this is "nothing yet", after a pause
         await backoff("fetch", e, delay=0.25, level=logging.DEBUG, logger=log)
         return []
+    if len(msgs) > batch:
+        _SURPLUS[psub] = msgs[batch:]
+        del msgs[batch:]
+    return msgs
 
 
 def _status(msg: Msg) -> str | None:

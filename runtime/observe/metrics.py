@@ -13,14 +13,18 @@ come from its counters (`WorkerStats`, read at scrape time) and one call per fin
 from NATS by a poll every `QUEUE_POLL_S` beside the process's work (`poll_queues`), never inline.
 
 The names are the contract with the dashboard (`deploy/grafana/structured-agents.json`, checked against
-`metric_names()` by the tests). Labels stay bounded: `agent` is the bundle (never `bundle:instance`),
-`tool` a tool name, `error_kind` one of the kinds of rule 7, `reason` how a run failed.
+`metric_names()` by the tests). Labels stay bounded: `agent` is the bundle (never `bundle:instance`), and
+once the host is watched only a bundle it serves: a task for an agent no bundle defines still makes a run
+(`run.started`, `run.failed` unknown_agent), and counting it under its own name would let any publisher add
+a series per made-up name; it counts under `UNKNOWN_AGENT`. `tool` is a tool name, `error_kind` one of the
+kinds of rule 7, `reason` how a run failed. The only per-run state, a turn's start time, is dropped when the
+turn or the run ends, and bounded for runs this host stopped driving mid-turn (handed over, superseded).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 import anyio
@@ -40,8 +44,8 @@ QUEUE_POLL_S = 10.0
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-def _agent(actor: str) -> str:
-    return actor.partition(":")[0]
+UNKNOWN_AGENT = "<unknown>"  # the `agent` of a bundle the host does not serve (no bundle name holds a '>')
+MAX_OPEN_TURNS = 65_536  # turns timed at once; a host drives `max_runs` (256 by default) runs at a time
 
 
 class QueueMetrics:
@@ -95,23 +99,35 @@ class HostMetrics:
         self.sandbox_seconds = Histogram("sa_sandbox_duration_seconds", "A script's time in the Monty "
                                          "sandbox", ["tool"], buckets=LATENCY_BUCKETS, registry=r)
         self.queues = QueueMetrics(r)
-        self._turns: dict[str, tuple[int, float]] = {}  # run id -> (open turn, when it started)
+        self._turns: dict[str, tuple[int, float]] = {}  # run id -> (open turn, when it started); oldest first
+        self._served: Container[str] | None = None  # the host's bundles, once `watch_host` is called
+
+    def _agent(self, actor: str) -> str:
+        """The `agent` label of `actor`: its bundle, or `UNKNOWN_AGENT` for one the watched host does not
+        serve (see the module docstring)."""
+        bundle = actor.partition(":")[0]
+        if self._served is not None and bundle not in self._served:
+            return UNKNOWN_AGENT
+        return bundle
 
     def observe(self, event: ev.Event) -> None:
         """Count one appended event (the host's `on_event` hook): a few dict lookups, no I/O."""
         match event:
             case ev.ModelRequested():
                 if self._turns.get(event.run_id, (0, 0.0))[0] != event.turn:
+                    self._turns.pop(event.run_id, None)  # re-inserted last: the oldest go first
                     self._turns[event.run_id] = (event.turn, event.ts)
+                    if len(self._turns) > MAX_OPEN_TURNS:  # runs this host let go of mid-turn
+                        del self._turns[next(iter(self._turns))]
             case ev.ModelResponded():
-                agent = _agent(event.actor)
+                agent = self._agent(event.actor)
                 self.model_seconds.labels(agent).observe(event.latency_ms / 1000.0)
                 if event.usage.prompt_tokens:
                     self.tokens.labels(agent, "input").inc(event.usage.prompt_tokens)
                 if event.usage.completion_tokens:
                     self.tokens.labels(agent, "output").inc(event.usage.completion_tokens)
             case ev.ModelFailed():
-                self.model_failed.labels(_agent(event.actor), event.error_kind).inc()
+                self.model_failed.labels(self._agent(event.actor), event.error_kind).inc()
             case ev.ToolCompleted():
                 self.tool_seconds.labels(event.tool).observe(event.duration_ms / 1000.0)
             case ev.ToolFailed():
@@ -122,21 +138,23 @@ class HostMetrics:
             case ev.TurnCompleted():
                 turn = self._turns.pop(event.run_id, None)
                 if turn is not None and turn[0] == event.turn:
-                    self.turn_seconds.labels(_agent(event.actor)).observe(max(0.0, event.ts - turn[1]))
+                    self.turn_seconds.labels(self._agent(event.actor)).observe(max(0.0, event.ts - turn[1]))
             case ev.RunStarted():
-                self.runs_started.labels(_agent(event.actor)).inc()
+                self.runs_started.labels(self._agent(event.actor)).inc()
             case ev.RunCompleted():
                 self._turns.pop(event.run_id, None)
-                self.runs_completed.labels(_agent(event.actor)).inc()
+                self.runs_completed.labels(self._agent(event.actor)).inc()
             case ev.RunFailed():
                 self._turns.pop(event.run_id, None)
-                self.runs_failed.labels(_agent(event.actor), event.reason).inc()
+                self.runs_failed.labels(self._agent(event.actor), event.reason).inc()
             case ev.RunCancelled():
                 self._turns.pop(event.run_id, None)
-                self.runs_cancelled.labels(_agent(event.actor)).inc()
+                self.runs_cancelled.labels(self._agent(event.actor)).inc()
 
     def watch_host(self, host: Any) -> None:
-        """Gauges read from `host` (a `runtime.host.Host`) when scraped."""
+        """Gauges read from `host` (a `runtime.host.Host`) when scraped; from now on `agent` labels only
+        the bundles it serves."""
+        self._served = host.agents
         r = self.registry
         Gauge("sa_host_partitions_owned", "Task partitions this host serves", registry=r).set_function(
             _safe_len(lambda: host.partitions))
@@ -216,6 +234,7 @@ def metric_names() -> set[str]:
     host, worker = HostMetrics(), WorkerMetrics()
 
     class _Stub:  # just enough of a host and a worker for the gauges to register
+        agents: dict[str, Any] = {}  # noqa: RUF012
         partitions: list[int] = []  # noqa: RUF012
         drivers: dict[str, Any] = {}  # noqa: RUF012
         waiting: dict[str, Any] = {}  # noqa: RUF012
@@ -228,4 +247,5 @@ def metric_names() -> set[str]:
     return {m.name for r in (host.registry, worker.registry) for m in r.collect()}
 
 
-__all__ = ["HostMetrics", "QueueMetrics", "WorkerMetrics", "metric_names", "serve_metrics"]
+__all__ = ["MAX_OPEN_TURNS", "UNKNOWN_AGENT", "HostMetrics", "QueueMetrics", "WorkerMetrics", "metric_names",
+           "serve_metrics"]
