@@ -4,7 +4,7 @@ We run our own loop instead of `model.generate` because the server needs to stop
 (client disconnect, stop strings, the grammar terminating), stream text as it is produced, and measure the
 mask's cost per token; with `generate` each of these is a callback fighting its control flow. The loop is
 single-sequence on purpose: the 135M model on 2 cores is bound by the per-token forward, and the worker queue
-(`worker.py`) runs one request at a time so no state is ever shared between requests.
+(`generation.py`) runs one request at a time so no state is ever shared between requests.
 
 The forward itself is `decoder.FastSession` (packed weights, a preallocated KV cache, a hand-written Llama
 step that reproduces transformers' logits bit for bit, about twice as fast on one thread) or, when that is
