@@ -348,10 +348,8 @@ def _from_wire(reply: ChatReply) -> tuple[str, list[dict[str, Any]] | None, Usag
     choice = reply.choices[0]
     message = choice.message
     calls = [_without_nulls(c) for c in message.tool_calls] if message.tool_calls else None
-    usage = reply.usage
-    counts = Usage(prompt_tokens=usage.prompt_tokens or 0,
-                   completion_tokens=usage.completion_tokens or 0) if usage is not None else Usage()
-    return message.content or "", calls, counts, choice.finish_reason or "stop", reply.model or ""
+    usage = _usage(reply.usage)
+    return message.content or "", calls, usage, choice.finish_reason or "stop", reply.model or ""
 
 
 def _without_nulls(value: Any) -> Any:
@@ -361,6 +359,7 @@ def _without_nulls(value: Any) -> Any:
 
 
 def _usage(usage: Any) -> Usage:
+    """Token counts from a reply's usage object (the SDK's model or `runtime.model.wire`'s), if any."""
     if usage is None:
         return Usage()
     return Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0)
