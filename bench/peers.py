@@ -401,12 +401,9 @@ class Runtime:
         path = rb.bundle(self.tmp, self.url)
         self.host = rb.start_host(self.server.url, path, self.tmp / "host.log", "--max-runs", "4096")
         self.workers = self.wb.start_workers(self.server.url, path.parent, 2, 16, self.tmp)
-        self.waiting: dict[str, asyncio.Future[Any]] = {}
-        self.ended: dict[str, Any] = {}
+        self.endings = await rb.Endings(self.nc).open()
         self.walls = True  # read each run's events for its turn walls (the latency phase)
         self.legs: dict[tuple[str, str], list[float]] = {}  # gaps between consecutive events, ms
-        for kind in ("completed", "failed", "cancelled"):
-            await self.nc.subscribe(f"events.*.*.run.{kind}", cb=self._ending)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Messages each kind of connection sent to / got from nats-server so far (its /connz counters;
@@ -422,26 +419,13 @@ class Runtime:
             out[name] = (sent + c["in_msgs"], got + c["out_msgs"])
         return out
 
-    async def _ending(self, msg: Any) -> None:
-        from runtime import events as ev
-
-        event = ev.decode(msg.data)
-        waiter = self.waiting.pop(event.run_id, None)
-        if waiter is not None:
-            waiter.set_result(event)
-        else:  # it ended before its publisher registered (possible only in theory: the ack comes first)
-            self.ended[event.run_id] = event
-
     async def agent(self, i: int) -> list[float]:
         from runtime import events as ev
         from runtime.host.commands import publish_task
         from runtime.log import RunLog
 
         run = await publish_task(self.js, f"bench:p{i}-{time.monotonic_ns()}", f"fan: {TURNS - 1}x1 add")
-        end = self.ended.pop(run, None)
-        if end is None:
-            future = self.waiting[run] = asyncio.get_running_loop().create_future()
-            end = await future
+        end = await self.endings.wait(run)
         assert ev.kind_of(end) == "run.completed", end
         if not self.walls:  # a throughput phase: every agent is 5 turns
             return [0.0] * TURNS

@@ -184,40 +184,62 @@ async def monty_alone(path: Path, n: int, concurrency: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+class Endings:
+    """Every run's ending as it is appended, from core subscriptions on the ending events: how a client that
+    only needs the outcome learns it, with no consumer per run (one per run would load these two cores with
+    the watcher's work). Open it before publishing the tasks it waits for."""
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self._ended: dict[str, ev.Event] = {}
+        self._waiting: dict[str, asyncio.Future[ev.Event]] = {}
+        self._subs: list[Any] = []
+
+    async def open(self) -> Endings:
+        from runtime.log import TERMINAL_KINDS
+
+        for kind in sorted(TERMINAL_KINDS):
+            self._subs.append(await self.nc.subscribe(f"events.*.*.{kind}", cb=self._on_end))
+        return self
+
+    async def _on_end(self, msg: Any) -> None:
+        event = ev.decode(msg.data)
+        waiter = self._waiting.pop(event.run_id, None)
+        if waiter is not None:
+            waiter.set_result(event)
+        else:  # it ended before anyone waited for it
+            self._ended[event.run_id] = event
+
+    async def wait(self, run: str) -> ev.Event:
+        """The ending event of `run` (at once if it already ended)."""
+        end = self._ended.pop(run, None)
+        if end is None:
+            future = self._waiting[run] = asyncio.get_running_loop().create_future()
+            end = await future
+        return end
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+
 async def run_tasks(js: Any, tasks: list[tuple[str, str]], ended: list[float] | None = None
                     ) -> list[list[ev.Event]]:
-    """Publish `tasks`, wait until every run has ended, then read each run's events. The endings come from
-    core subscriptions on run endings made before the first publish, as a client that only needs the
-    outcome would; a consumer per run to follow it live would load these two cores with the watcher's work
-    (and the scripted model server shares this process). `ended` gets the `perf_counter` time the last run
-    ended, for rates that must not include reading the events back."""
+    """Publish `tasks`, wait until every run has ended (`Endings`: the scripted model server shares this
+    process), then read each run's events. `ended` gets the `perf_counter` time the last run ended, for
+    rates that must not include reading the events back."""
     from runtime.host.commands import publish_task
-    from runtime.log import TERMINAL_KINDS, RunLog
+    from runtime.log import RunLog
 
-    nc = js._nc
-    done: dict[str, anyio.Event] = {}
-    finished: set[str] = set()
-
-    async def on_end(msg: Any) -> None:
-        run = ev.decode(msg.data).run_id
-        finished.add(run)
-        if run in done:
-            done[run].set()
-
-    subs = [await nc.subscribe(f"events.*.*.{kind}", cb=on_end) for kind in sorted(TERMINAL_KINDS)]
+    endings = await Endings(js._nc).open()
     try:
         runs = [await publish_task(js, agent, text) for agent, text in tasks]
         for run in runs:
-            done[run] = anyio.Event()
-            if run in finished:
-                done[run].set()
-        for run in runs:
-            await done[run].wait()
+            await endings.wait(run)
         if ended is not None:
             ended.append(time.perf_counter())
     finally:
-        for sub in subs:
-            await sub.unsubscribe()
+        await endings.close()
     return [(await RunLog(js).read(run)).events for run in runs]
 
 
