@@ -17,7 +17,7 @@ from runtime.host.commands import publish_task
 from runtime.log import RunLog
 from runtime.replay import verify
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import SaProcess
+from runtime.testing.fleet import SaProcess, start_all
 
 pytestmark = pytest.mark.anyio
 
@@ -48,10 +48,7 @@ async def test_pending_approvals_survive_a_host_kill_9(nats_server, tmp_path):
             worker = SaProcess("worker", ["worker", "--bundle", str(bundle), "--concurrency", "2"], url,
                                tmp_path / "worker.log", "serving")
             procs = [host, worker]
-            for p in procs:
-                p.start()
-            for p in procs:
-                await anyio.to_thread.run_sync(p.wait_ready)
+            await anyio.to_thread.run_sync(start_all, procs)
 
             edit = await publish_task(js, "ctl:edit", "pay: 500 to acme", task_id="edit")
             deny = await publish_task(js, "ctl:deny", "pay: 700 to bob", task_id="deny")

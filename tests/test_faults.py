@@ -45,7 +45,7 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import SaProcess, StepModel, step_task
+from runtime.testing.fleet import SaProcess, StepModel, start_all, step_task
 from runtime.testing.scripts import APPEND_LINE, SUBMIT
 
 pytestmark = pytest.mark.anyio
@@ -105,10 +105,7 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
             workers = [SaProcess(f"worker{i}", ["worker", "--bundle", str(bundle), "--concurrency", "2"],
                             cluster.url, tmp_path / f"worker{i}.log", "serving") for i in range(3)]
             procs = hosts + workers
-            for p in procs:
-                p.start()
-            for p in procs:
-                await anyio.to_thread.run_sync(p.wait_ready)
+            await anyio.to_thread.run_sync(start_all, procs)
             t0 = time.monotonic()
 
             async def publish() -> None:

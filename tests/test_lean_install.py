@@ -23,7 +23,7 @@ from runtime import events as ev
 from runtime import nats as bus
 from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import CLI, SaProcess
+from runtime.testing.fleet import CLI, SaProcess, start_all
 
 pytestmark = pytest.mark.anyio
 
@@ -132,10 +132,7 @@ async def test_a_task_runs_end_to_end_on_a_lean_host_and_worker(lean_env, tmp_pa
             worker = SaProcess("worker", ["worker", "--bundle", str(bundle), "--concurrency", "2"], url,
                                tmp_path / "worker.log", "serving")
             procs = [host, worker]
-            for p in procs:
-                p.start()
-            for p in procs:
-                await anyio.to_thread.run_sync(p.wait_ready)
+            await anyio.to_thread.run_sync(start_all, procs)
             sent = await anyio.to_thread.run_sync(
                 lambda: sa({**lean_env, "NATS_URL": url}, "send", "lean", "compute: 6 * 7", "--follow",
                            "--json", "--timeout", "60"))

@@ -113,4 +113,13 @@ class SaProcess:
                 self.proc.wait()
 
 
-__all__ = ["CLI", "SaProcess", "StepModel", "hermes_call", "step_task"]
+def start_all(procs: list[SaProcess], timeout: float = 90.0) -> None:
+    """Start every process at once, then wait for each one's ready line (blocking: from async code, run it
+    in a thread)."""
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.wait_ready(timeout)
+
+
+__all__ = ["CLI", "SaProcess", "StepModel", "hermes_call", "start_all", "step_task"]
