@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runtime import events as ev  # noqa: E402
-from runtime.host.commands import publish_task  # noqa: E402
+from runtime.commands import publish_task  # noqa: E402
 from runtime.log import RunLog  # noqa: E402
 from runtime.nats.cluster import LocalCluster  # noqa: E402
 from runtime.nats.connection import close, connect  # noqa: E402

@@ -421,7 +421,7 @@ class Runtime:
 
     async def agent(self, i: int) -> list[float]:
         from runtime import events as ev
-        from runtime.host.commands import publish_task
+        from runtime.commands import publish_task
         from runtime.log import RunLog
 
         run = await publish_task(self.js, f"bench:p{i}-{time.monotonic_ns()}", f"fan: {TURNS - 1}x1 add")

@@ -228,7 +228,7 @@ async def run_tasks(js: Any, tasks: list[tuple[str, str]], ended: list[float] | 
     """Publish `tasks`, wait until every run has ended (`Endings`: the scripted model server shares this
     process), then read each run's events. `ended` gets the `perf_counter` time the last run ended, for
     rates that must not include reading the events back."""
-    from runtime.host.commands import publish_task
+    from runtime.commands import publish_task
     from runtime.log import RunLog
 
     endings = await Endings(js._nc).open()

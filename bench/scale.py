@@ -307,7 +307,7 @@ class Fleet:
 
     async def publish(self, agents: list[str], task: str) -> dict[str, tuple[str, float]]:
         """One task per agent, pipelined; agent -> (run id, publish time)."""
-        from runtime.host.commands import run_id_for
+        from runtime.commands import run_id_for
 
         sent: dict[str, tuple[str, float]] = {}
         pending = []

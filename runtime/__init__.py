@@ -40,8 +40,8 @@ _LAZY: dict[str, str] = {name: module for module, names in {
     "runtime.events": _EVENTS,
     "runtime.kernel": "KernelConfig State evolve decide fold",
     "runtime.log": "RunLog RunHistory Superseded LogRejected",
-    "runtime.fork": "fork Forked ForkError",
-    "runtime.control": "Control ControlError",
+    "runtime.client.fork": "fork Forked ForkError",
+    "runtime.client.control": "Control ControlError",
     "runtime.loop": "RunOutcome run_task",
     "runtime.tools": "Tool ToolContext ScriptTool PythonTool discover_tools",
     "runtime.scripts": "Limits Script load",
@@ -53,7 +53,8 @@ _LAZY: dict[str, str] = {name: module for module, names in {
 if TYPE_CHECKING:
     from runtime.agent import Agent, LocalWorkspace
     from runtime.bundle import Bundle, BundleError, load_bundle
-    from runtime.control import Control, ControlError
+    from runtime.client.control import Control, ControlError
+    from runtime.client.fork import Forked, ForkError, fork
     from runtime.events import (
         ApprovalDenied,
         ApprovalGranted,
@@ -89,7 +90,6 @@ if TYPE_CHECKING:
         ToolRedelivered,
         TurnCompleted,
     )
-    from runtime.fork import Forked, ForkError, fork
     from runtime.host import Host, HostConfig
     from runtime.kernel import KernelConfig, State, decide, evolve, fold
     from runtime.log import LogRejected, RunHistory, RunLog, Superseded

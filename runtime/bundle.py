@@ -29,7 +29,7 @@ worker loads to know the agent's tools::
         timeout: 5s                           #   (runtime.tools.hosted): timeout, concurrency, retry
         concurrency: 4
         retry: {attempts: 3, backoff: 200ms, exceptions: [ConnectionError]}
-      - agent: researcher                     # another agent as a tool: a durable sub-run (runtime.subruns)
+      - agent: researcher                     # another agent as a tool: a durable sub-run
         description: Finds facts on the web.  #   (max_depth: how deep sub-runs may nest)
       - path: tools/transfer.pym
         approval:                             # a call waits for an operator when `when` holds

@@ -36,13 +36,13 @@ EXPECTED = "395"  # what the default task's answer must contain
 
 async def _run(console: Console, task: str, url: str, model_url: str) -> int:
     from runtime import events as ev
+    from runtime.client.replay import timeline, verify, watch
+    from runtime.commands import publish_task
     from runtime.host import Host, close_agents, load_agents
-    from runtime.host.commands import publish_task
     from runtime.log import RunLog
     from runtime.nats.connection import close, connect
     from runtime.nats.jetstream import jetstream_for
     from runtime.nats.topology import ensure_topology
-    from runtime.replay import timeline, verify, watch
     from runtime.worker import Worker, build_registry
 
     agents = load_agents([BUNDLE], local_model_url=model_url)

@@ -88,7 +88,7 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     bundle_digest: str = ""
     # A run in a thread continues the conversation its thread's previous run ended with, by reference
     # (never a copy, so a long thread does not re-store its history): the messages folded from the events
-    # of `previous_run` with seq < `previous_seq` (`runtime.threads`).
+    # of `previous_run` with seq < `previous_seq` (`runtime.log.threads`).
     thread: str | None = None
     previous_run: str | None = None
     previous_seq: int | None = None
@@ -442,7 +442,8 @@ class Cancel(_Command, frozen=True, kw_only=True, tag="cancel"):
 
 
 class Approve(_Command, frozen=True, kw_only=True, tag="approve"):
-    """Let a waiting call run; with `arguments`, with these instead of the model's (`runtime.control`)."""
+    """Let a waiting call run; with `arguments`, with these instead of the model's (`runtime.client.control`).
+    """
 
     run_id: str
     call_id: str

@@ -107,11 +107,11 @@ class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
     notes: tuple[ScriptNote, ...] = ()
     worker: str = ""
     attempt: int = 1  # the delivery that produced it (> 1: a redelivery after a crash or timeout)
-    earlier: tuple[str, ...] = ()  # why each earlier delivery ended without an outcome (`runtime.attempts`)
+    earlier: tuple[str, ...] = ()  # why each earlier delivery ended without an outcome
     started: float = 0.0  # unix time the worker began this delivery
     writes: int = 0  # workspace writes the ResultHandler applied for it
     finished: float = 0.0  # unix time the worker finished
-    # a big output lives in the object store (runtime.payloads): `result.output` is None, this says where
+    # a big output lives in the object store (runtime.log.payloads): `result.output` is None, this says where
     ref: ev.PayloadRef | None = None
 
     @property

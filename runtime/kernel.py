@@ -25,17 +25,18 @@ How a run flows:
                  ─▶ turn.completed   (the tool results join the conversation, in call order)
                  ─▶ run.completed | run.failed | the next CallModel
 
-A fork (`runtime.fork`) starts with `run.forked`, a `run.started` that also names its source; it folds
+A fork (`runtime.client.fork`) starts with `run.forked`, a `run.started` that also names its source; it folds
 the same way (with the fork's own system prompt when an edit gave one), so the copied events that follow
 put the kernel exactly where the source was.
 
 Threads: a run in a thread starts from the conversation its thread's previous run ended with. The kernel
-does not read that run's log: the runner folds it (`runtime.threads`) and passes the result to `initial` as
-a `Conversation`, and `run.started` names it by reference (`previous_run`, `previous_seq`). `evolve` checks
-the two agree, so a run can never silently fold against the wrong history. Those messages count as recorded
-(they are in the previous run's log), so the first `model.requested` of the run stores only the new task:
-a thread's storage grows with its new messages, never with its history. A run that starts a long thread
-from a summary has it in `run.started` (`summary` replaces the first `summarised` earlier messages).
+does not read that run's log: the runner folds it (`runtime.log.threads`) and passes the result to
+`initial` as a `Conversation`, and `run.started` names it by reference (`previous_run`, `previous_seq`).
+`evolve` checks the two agree, so a run can never silently fold against the wrong history. Those
+messages count as recorded (they are in the previous run's log), so the first `model.requested` of the
+run stores only the new task: a thread's storage grows with its new messages, never with its history.
+A run that starts a long thread from a summary has it in `run.started` (`summary` replaces the first
+`summarised` earlier messages).
 
 A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
@@ -463,7 +464,7 @@ def _earlier(state: State, ev: RunStarted) -> tuple[Message, ...]:
     if conv is None or conv.run_id != ev.previous_run or conv.seq != ev.previous_seq:
         given = f"run {conv.run_id} up to seq {conv.seq}" if conv is not None else "none"
         raise EvolveError(f"run {ev.run_id} continues run {ev.previous_run} up to seq {ev.previous_seq}, but "
-                          f"the conversation given is {given}: read it with runtime.threads.conversation")
+                          f"the conversation given is {given}: read it with runtime.log.threads.conversation")
     if ev.summary is None:
         return conv.messages
     return (history.summary_message(ev.summary), *conv.messages[ev.summarised:])

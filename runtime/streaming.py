@@ -3,7 +3,7 @@
 The host asks the model for a stream (SSE) and publishes each fragment on ``stream.<actor>.<run>`` the
 moment it arrives, so a person watching a long turn sees it being written. The durable truth stays
 `model.responded` in the run log: these messages are core NATS (at most once, no replay), and a follower
-that joins late reads the log first and the stream after (`runtime.replay.watch`). For any reply, the
+that joins late reads the log first and the stream after (`runtime.client.replay.watch`). For any reply, the
 concatenation of a request's `text` deltas equals the recorded `model.responded.text`.
 
 One JSON object per message (any NATS client can subscribe: ``nats sub 'stream.demo.>'``):

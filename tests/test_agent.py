@@ -12,8 +12,8 @@ from host_helpers import hermes_call, write_bundle
 
 from runtime import Agent, LocalWorkspace, kernel
 from runtime import events as ev
+from runtime.client.replay import verify
 from runtime.model import ModelClient
-from runtime.replay import verify
 from runtime.testing import ScriptedModelServer, last_message
 
 pytestmark = pytest.mark.anyio

@@ -21,10 +21,11 @@ from nats_fixtures import AUTH_CONF, PASSWORDS
 
 from runtime import events as ev
 from runtime import nats as bus
+from runtime.commands import publish_command, publish_task
 from runtime.host import Host, HostConfig, load_agents
-from runtime.host.commands import publish_command, publish_task
 from runtime.jobs import ToolJob
 from runtime.log import RunLog
+from runtime.log.threads import thread_key
 from runtime.model.client import ModelClient
 from runtime.nats.auth import ROLES, default_users, server_config
 from runtime.nats.connection import explain_refusal
@@ -44,7 +45,6 @@ from runtime.nats.subjects import (
     tool_subject,
 )
 from runtime.testing import Reply, ScriptedModelServer
-from runtime.threads import thread_key
 from runtime.worker import Worker, build_registry
 
 pytestmark = pytest.mark.anyio
@@ -348,7 +348,7 @@ async def test_a_fork_by_a_role_that_may_not_write_events_is_refused(secured: Em
     """The run log retries what looks like an outage; a publish the permissions forbid is not one: the
     fork fails with the server's reason instead of retrying forever, and nothing is written."""
     from runtime import events as ev
-    from runtime.fork import ForkError, fork
+    from runtime.client.fork import ForkError, fork
     from runtime.log import RunLog
     from runtime.nats.topology import ensure_topology
 

@@ -127,7 +127,7 @@ async def _tasks_stored(url: str) -> int:
 def test_send_before_any_host_exits_1_creates_nothing_and_wait_sends_once_a_host_made_the_streams():
     import anyio
 
-    from runtime.host.commands import run_id_for
+    from runtime.commands import run_id_for
 
     server = bus.EmbeddedNats().start()  # a server of its own: no streams at all
     try:

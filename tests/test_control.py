@@ -17,8 +17,8 @@ from host_helpers import kinds, running_host, running_worker, wait_until
 
 from runtime import events as ev
 from runtime import nats as bus
+from runtime.commands import publish_task
 from runtime.host import Host
-from runtime.host.commands import publish_task
 from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer
 from runtime.worker import Worker

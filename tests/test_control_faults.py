@@ -13,9 +13,9 @@ from host_helpers import kinds
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.bundle import load_bundle
-from runtime.host.commands import publish_task
+from runtime.client.replay import verify
+from runtime.commands import publish_task
 from runtime.log import RunLog
-from runtime.replay import verify
 from runtime.testing import ScriptedModelServer
 from runtime.testing.fleet import SaProcess, start_all
 

@@ -22,16 +22,16 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import history, kernel
 from runtime import nats as bus
-from runtime.control import Control
+from runtime.client.control import Control
+from runtime.client.replay import verify, watch
+from runtime.commands import publish_task, run_id_for
 from runtime.host import Host
-from runtime.host.commands import publish_task, run_id_for
 from runtime.log import RunLog
-from runtime.replay import verify, watch
+from runtime.log.threads import Conversations, Threads, conversation, conversation_for, fold_run
 from runtime.streaming import Delta, subscribe
 from runtime.testing import ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
 from runtime.testing.scripts import SPIN
-from runtime.threads import Conversations, Threads, conversation, conversation_for, fold_run
 from runtime.types import Message, ToolCall
 from runtime.worker import Worker
 
@@ -372,7 +372,7 @@ async def test_interrupt_cancels_the_active_run_and_the_new_one_continues_its_co
 
 @pytest.mark.anyio
 async def test_a_fork_of_a_thread_run_continues_the_same_conversation(nats_server, topo, tmp_path: Path):
-    from runtime.fork import fork
+    from runtime.client.fork import fork
 
     bundle = write_bundle(tmp_path, "chat", tools=())
     async with running_fleet(nats_server.url, topo, bundle, responder=chat_model, worker=False) as env:

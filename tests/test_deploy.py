@@ -183,7 +183,7 @@ def test_k8s_deployments_use_real_commands_flags_and_env(manifests: list[dict[st
     assert config_maps["sa-config"]["data"]["SA_REPLICAS"] == "3"
     for cm in config_maps.values():
         if "SA_PAYLOAD_THRESHOLD" in cm["data"]:
-            from runtime.payloads import threshold_from_env
+            from runtime.log.payloads import threshold_from_env
 
             assert threshold_from_env(cm["data"]) > 0  # a value the runtime accepts
 

@@ -15,11 +15,12 @@ import anyio
 import pytest
 from test_worker import BUSY, collect_outcomes, job, start_worker, stop
 
-from runtime import dlq, events
+from runtime import events
 from runtime.jobs import ToolJob
 from runtime.nats.pull import fetch_batch
 from runtime.nats.subjects import DLQ, HDR_MSG_ID, TOOLS, WORKERS_CONSUMER
 from runtime.nats.topology import ensure_topology
+from runtime.worker import dlq
 
 pytestmark = pytest.mark.anyio
 

@@ -13,15 +13,15 @@ from host_helpers import calc_responder, hermes_call, kinds, running_host, runni
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.commands import publish_task
 from runtime.host import load_agents
-from runtime.host.commands import publish_task
 from runtime.host.driver import RunDriver
 from runtime.jobs import ToolJob
 from runtime.log import RunLog, Superseded, run_filter
+from runtime.log.payloads import Payloads
 from runtime.model.client import ModelClient
 from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET
 from runtime.nats.topology import ensure_topology
-from runtime.payloads import Payloads
 from runtime.testing import ScriptedModelServer, last_message
 
 pytestmark = pytest.mark.anyio

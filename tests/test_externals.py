@@ -26,9 +26,9 @@ from typer.testing import CliRunner
 from runtime import events as ev
 from runtime.bundle import BundleError, load_bundle
 from runtime.cli import app
+from runtime.commands import publish_task
 from runtime.externals import ExecutionContext, ExternalsError, Grants, Secrets, call_key, load_factory
 from runtime.externals.builtins import builtin_externals
-from runtime.host.commands import publish_task
 from runtime.jobs import ToolJob
 from runtime.log import RunLog
 from runtime.nats.subjects import EVENTS, TOOLS

@@ -29,7 +29,7 @@ import anyio
 import pytest
 
 from runtime import events as ev
-from runtime.host.commands import publish_task
+from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.cluster import LocalCluster
 from runtime.nats.connection import close, connect

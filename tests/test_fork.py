@@ -17,13 +17,13 @@ from runtime import events as ev
 from runtime import kernel
 from runtime import nats as bus
 from runtime.bundle import load_bundle
-from runtime.diff import diverge
-from runtime.fork import ForkError, fork, fork_points, plan, ranges
-from runtime.host.commands import publish_task
+from runtime.client.diff import diverge
+from runtime.client.fork import ForkError, fork, fork_points, plan, ranges
+from runtime.client.replay import verify
+from runtime.commands import publish_task
 from runtime.log import RunHistory, RunLog
 from runtime.nats.topology import ensure_topology
 from runtime.observe.traces import trace_of
-from runtime.replay import verify
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio

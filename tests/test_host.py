@@ -15,7 +15,7 @@ from host_helpers import Env, kinds, running_fleet, write_bundle
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.host.commands import publish_command, publish_task, run_id_for
+from runtime.commands import publish_command, publish_task, run_id_for
 from runtime.log import RunLog
 from runtime.testing import Reply
 

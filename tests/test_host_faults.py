@@ -21,12 +21,12 @@ import pytest
 from host_helpers import Env, calc_responder, hermes_call, kinds, running_host, running_worker, write_bundle
 
 from runtime import events as ev
-from runtime.host.commands import publish_task
+from runtime.client.replay import describe
+from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.kv import workspace_kv
 from runtime.nats.subjects import DEFAULT_TOOL_ACK_WAIT_S, TOOLS, WORKERS_CONSUMER
 from runtime.nats.topology import ensure_topology
-from runtime.replay import describe
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio

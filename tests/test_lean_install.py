@@ -79,8 +79,8 @@ def test_the_blocker_really_blocks(lean_env):
 def test_host_worker_and_cli_modules_import_without_the_model_extra(lean_env):
     code = (
         "import sys\n"
-        "import runtime, runtime.cli, runtime.host, runtime.worker, runtime.host.commands, runtime.log\n"
-        "import runtime.model.client, runtime.model.constraints, runtime.status\n"
+        "import runtime, runtime.cli, runtime.host, runtime.worker, runtime.commands, runtime.log\n"
+        "import runtime.model.client, runtime.model.constraints, runtime.client.status\n"
         "from runtime.extras import missing\n"
         f"loaded = sorted(m for m in sys.modules if m.partition('.')[0] in {BLOCKED!r})\n"
         "print('loaded:', loaded, 'missing:', missing('model'))\n"

@@ -29,7 +29,7 @@ from nats.js.errors import KeyNotFoundError
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.host.commands import publish_command, publish_task
+from runtime.commands import publish_command, publish_task
 from runtime.host.leases import LeaseConfig, Leases
 from runtime.testing import Reply, ScriptedModelServer
 

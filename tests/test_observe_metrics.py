@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime import events as ev
 from runtime import nats as bus
+from runtime.commands import publish_task
 from runtime.host import Host, HostConfig, load_agents
-from runtime.host.commands import publish_task
 from runtime.log import RunLog
 from runtime.model.client import ModelClient
 from runtime.observe.logs import json_handler, log_context

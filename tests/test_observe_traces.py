@@ -20,7 +20,7 @@ from otlp_receiver import ReceivedSpan, Receiver
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.host.commands import publish_task
+from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.observe.exporter import TraceExporter, otlp_exporter, traces_url
 from runtime.observe.traces import render_tree, span_id_for, trace_id_for, trace_of

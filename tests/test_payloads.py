@@ -14,10 +14,10 @@ from test_worker import collect_outcomes, job
 from runtime import events
 from runtime.events import PayloadRef
 from runtime.log import RunLog
+from runtime.log.payloads import DEFAULT_THRESHOLD, PayloadError, Payloads, object_name, threshold_from_env
 from runtime.nats.kv import applied_kv
 from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET, TOOLS
 from runtime.nats.topology import ensure_topology
-from runtime.payloads import DEFAULT_THRESHOLD, PayloadError, Payloads, object_name, threshold_from_env
 from runtime.types import Message, ToolCall
 from runtime.worker import Worker, build_registry
 

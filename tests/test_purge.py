@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 from runtime import events as ev
 from runtime.cli import app
 from runtime.log import RunLog
+from runtime.log.payloads import Payloads, object_name
 from runtime.nats.connection import connect
 from runtime.nats.kv import fleet_kv, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import ACTIVE_BUCKET, EVENTS, active_key
 from runtime.nats.topology import ensure_topology
-from runtime.payloads import Payloads, object_name
 
 BIG = "x" * 10_000  # over the 4 KiB threshold below: stored as an object
 

@@ -12,10 +12,10 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import kernel
 from runtime.bundle import load_bundle
-from runtime.host.commands import publish_task
+from runtime.client.replay import describe, summarize, timeline, verify
+from runtime.commands import publish_task
 from runtime.log import RunLog, Superseded
 from runtime.nats.topology import ensure_topology
-from runtime.replay import describe, summarize, timeline, verify
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio

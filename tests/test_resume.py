@@ -11,11 +11,11 @@ from host_helpers import calc_responder, kinds, running_host, running_worker, wr
 
 from runtime import events as ev
 from runtime.bundle import load_bundle
+from runtime.client.replay import verify
 from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv
 from runtime.nats.subjects import ACTIVE_BUCKET, active_key, partition_of
 from runtime.nats.topology import ensure_topology, read_partitions
-from runtime.replay import verify
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio

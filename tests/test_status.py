@@ -13,8 +13,8 @@ from host_helpers import Env, calc_responder, hosts, running_worker, wait_until,
 from rich.console import Console
 
 from runtime import nats as bus
-from runtime.host.commands import publish_task
-from runtime.status import gather, render
+from runtime.client.status import gather, render
+from runtime.commands import publish_task
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio

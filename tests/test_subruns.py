@@ -15,13 +15,20 @@ import pytest
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.bundle import BundleError, load_bundle
-from runtime.host.commands import publish_command, publish_task
+from runtime.client.replay import describe
+from runtime.commands import (
+    DEPTH,
+    PARENT_CALL,
+    PARENT_RUN,
+    child_actor,
+    child_run_id,
+    publish_command,
+    publish_task,
+)
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.subjects import EVENTS
-from runtime.replay import describe
-from runtime.subruns import DEPTH, PARENT_CALL, PARENT_RUN, child_actor, child_run_id
 from runtime.testing import Reply, ScriptedModelServer, last_message
 from runtime.testing.fleet import hermes_call
 from tests.host_helpers import SUBMIT, hosts, running_host, running_worker, wait_until

@@ -22,7 +22,7 @@ from ui_helpers import HOSTILE, Gate, serving, ui_responder
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.host.commands import publish_task
+from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.topology import ensure_topology
 from runtime.ui.app import create_app

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from ui_helpers import HOSTILE, Stack
 
-from runtime.host.commands import publish_task
+from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.ui.export import export_run
 

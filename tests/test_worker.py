@@ -14,7 +14,13 @@ import anyio
 import pytest
 
 from runtime import events
-from runtime.attempts import (
+from runtime.jobs import ToolJob, ToolOutcome
+from runtime.nats.kv import workspace_kv
+from runtime.nats.pull import fetch_batch
+from runtime.nats.subjects import DLQ, RESULTS, TOOLS, WORKERS_CONSUMER, dlq_subject, tool_subject
+from runtime.nats.topology import ensure_partition_consumers, ensure_topology
+from runtime.worker import Worker, build_registry
+from runtime.worker.attempts import (
     JobHeartbeats,
     consumer_ack_wait,
     explain,
@@ -22,12 +28,6 @@ from runtime.attempts import (
     record_end,
     sync_ack_wait,
 )
-from runtime.jobs import ToolJob, ToolOutcome
-from runtime.nats.kv import workspace_kv
-from runtime.nats.pull import fetch_batch
-from runtime.nats.subjects import DLQ, RESULTS, TOOLS, WORKERS_CONSUMER, dlq_subject, tool_subject
-from runtime.nats.topology import ensure_partition_consumers, ensure_topology
-from runtime.worker import Worker, build_registry
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Run control for operators: `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (`runtime.control`).
+"""Run control for operators: `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (`runtime.client.control`).
 
     sa cancel RUN [--reason R]                    end a run; a tool it is running stops at once
     sa approvals [AGENT] [--json]                 calls waiting for a person: arguments, run, age, deadline
@@ -30,7 +30,7 @@ def _run(command: str, url: str, op: Any) -> Any:
     """Run `op(control)` on a fresh connection; a `ControlError` exits 1 with its message."""
     import anyio
 
-    from runtime.control import Control, ControlError
+    from runtime.client.control import Control, ControlError
 
     async def main() -> Any:
         from runtime import nats as bus

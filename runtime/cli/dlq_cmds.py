@@ -1,7 +1,7 @@
 """`sa dlq`: list dead-lettered tool jobs; `sa dlq replay SEQ|--all`: send them back to the workers.
 
 A module of its own (registered in `runtime.cli`) because dead letters are an operator's concern
-separate from running agents; see `runtime.dlq` for how jobs get there and what a replay means.
+separate from running agents; see `runtime.worker.dlq` for how jobs get there and what a replay means.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def dlq(
         return
     import anyio
 
-    from runtime import dlq as dead
+    from runtime.worker import dlq as dead
 
     letters = anyio.run(_with_js, _servers(nats_url), dead.list_dead_letters, backend="asyncio")
     if as_json:
@@ -86,7 +86,7 @@ def replay(
     """
     import anyio
 
-    from runtime import dlq as dead
+    from runtime.worker import dlq as dead
 
     if not seq and not all_:
         typer.echo("sa dlq replay: name the sequence(s) to replay (see `sa dlq`) or pass --all", err=True)

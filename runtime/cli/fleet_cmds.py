@@ -434,14 +434,14 @@ def status(
         return
     from rich.console import Console
 
-    from runtime.status import render
+    from runtime.client.status import render
 
     Console().print(render(report))
 
 
 async def _status(url: str) -> dict[str, Any]:
     from runtime import nats as bus
-    from runtime.status import gather
+    from runtime.client.status import gather
 
     nc = await bus.connect(url, name="sa-status", max_reconnect_attempts=3)
     try:
@@ -535,7 +535,7 @@ def _host_log(*, info: bool) -> None:
 
 def _partitions(h: Any) -> str:
     """What a ready host serves, in one phrase: "partitions 0-15 (16 of 16)"."""
-    from runtime.status import partition_ranges
+    from runtime.client.status import partition_ranges
 
     return f"partitions {partition_ranges(h.partitions)} ({len(h.partitions)} of {h.total_partitions})"
 

@@ -1,4 +1,4 @@
-"""`sa fork`: a new run from any past event of a run, re-firing nothing before it (`runtime.fork`).
+"""`sa fork`: a new run from any past event of a run, re-firing nothing before it (`runtime.client.fork`).
 
     sa fork RUN --at SEQ                              the same run again from seq SEQ
     sa fork RUN --at SEQ --output CALL_ID=JSON        ... as if call CALL_ID (e.g. 2.0) had returned JSON
@@ -124,9 +124,9 @@ async def _fork(url: str, run: str, at: int, edit: Any, follow: bool, as_json: b
 
     from runtime import events as ev
     from runtime import nats as bus
-    from runtime.fork import ForkError
-    from runtime.fork import fork as fork_run
-    from runtime.replay import watch
+    from runtime.client.fork import ForkError
+    from runtime.client.fork import fork as fork_run
+    from runtime.client.replay import watch
 
     nc = await bus.connect(url, name="sa-fork", max_reconnect_attempts=3)
     try:

@@ -1,4 +1,5 @@
-"""Reading a run back: `sa replay` (`runtime.replay` renders and verifies; `runtime.diff` compares).
+"""Reading a run back: `sa replay` (`runtime.client.replay` renders and verifies; `runtime.client.diff`
+compares).
 
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
     sa replay RUN --thread                every run of RUN's thread, in order
@@ -70,12 +71,12 @@ def replay(
     else:
         from rich.console import Console
 
-        from runtime.replay import timeline
+        from runtime.client.replay import timeline
 
         Console().print(timeline(runlog.events, title=f"run {run} · {runlog.actor}"))
     if verify:
         from runtime.bundle import BundleError, load_bundle
-        from runtime.replay import verify as verify_log
+        from runtime.client.replay import verify as verify_log
 
         path = bundle or (Path(index.bundle) if index is not None and index.bundle else None)
         if path is None:
@@ -139,7 +140,7 @@ async def _conversation(url: str, config: Any, events: list[Any]) -> Any:
     logs: `--verify` folds the run with it."""
     from runtime import nats as bus
     from runtime.log import RunLog
-    from runtime.threads import conversation_for
+    from runtime.log.threads import conversation_for
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
@@ -153,9 +154,9 @@ async def _replay_thread(url: str, run: str, as_json: bool) -> int:
 
     from runtime import events as ev
     from runtime import nats as bus
+    from runtime.client.replay import timeline
     from runtime.log import RunLog
-    from runtime.replay import timeline
-    from runtime.threads import Threads
+    from runtime.log.threads import Threads
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
     try:
@@ -190,7 +191,7 @@ async def _diff(url: str, a: str, b: str, as_json: bool) -> int:
     from rich.console import Console
 
     from runtime import nats as bus
-    from runtime.diff import diverge, fact, render
+    from runtime.client.diff import diverge, fact, render
     from runtime.log import RunLog
 
     nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)

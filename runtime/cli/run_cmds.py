@@ -81,7 +81,7 @@ async def _send(url: str, agent: str, task: str, follow: bool, instance: str | N
 
     from runtime import events as ev
     from runtime import nats as bus
-    from runtime.replay import watch
+    from runtime.client.replay import watch
 
     console = Console()
     nc = await bus.connect(url, name="sa-send", max_reconnect_attempts=3)
@@ -121,7 +121,7 @@ async def publish(js: Any, agent: str, task: str, *, task_id: str | None, instan
     from nats.errors import TimeoutError as NatsTimeoutError
     from nats.js.errors import NoStreamResponseError
 
-    from runtime.host.commands import publish_task
+    from runtime.commands import publish_task
 
     task_id = task_id or uuid.uuid4().hex
     start = anyio.current_time()

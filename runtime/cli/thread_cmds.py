@@ -4,7 +4,7 @@
     sa threads AGENT THREAD       one thread's runs in order: status and task of each
 
 A thread is made by its first task (`sa send AGENT TEXT --thread T`); its runs continue one conversation
-(`runtime.threads`). `sa replay RUN --thread` shows the timelines of a thread's runs in order. Exit codes:
+(`runtime.log.threads`). `sa replay RUN --thread` shows the timelines of a thread's runs in order. Exit codes:
 0 success; 2 bad usage (no server, unknown thread).
 """
 
@@ -41,7 +41,7 @@ async def _threads(url: str, agent: str | None, thread: str | None, as_json: boo
     from rich.table import Table
 
     from runtime import nats as bus
-    from runtime.threads import Threads
+    from runtime.log.threads import Threads
 
     nc = await bus.connect(url, name="sa-threads", max_reconnect_attempts=3)
     try:

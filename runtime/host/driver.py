@@ -64,7 +64,7 @@ from nats.js.errors import BadRequestError
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.host.agent import AgentRuntime
+from runtime.host.served import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.nats.retry import retrying
@@ -103,7 +103,7 @@ class RunDriver:
         self.state, self.last_seq = state, last_seq
         self.task_id: str | None = None  # for the runs index
         self.forked: tuple[str, int] | None = None  # a fork's source run and seq, for the runs index
-        self.thread: str | None = None  # the conversation the run belongs to (`runtime.threads`)
+        self.thread: str | None = None  # the conversation the run belongs to (`runtime.log.threads`)
         self.streamer: StreamPublisher | None = None  # set: model output is published as it is generated
         self.on_event, self.clock = on_event, clock
         self.log = log or run_log_for(js)

@@ -2,7 +2,7 @@
 
 How a task flows
 ----------------
-1. A publisher puts a task on ``agents.<agent>.tasks`` (format: `runtime.host.commands`); TASKS stores it
+1. A publisher puts a task on ``agents.<agent>.tasks`` (format: `runtime.commands`); TASKS stores it
    as ``tasks.<p>.<agent>``. The host consumes every partition it serves through ONE durable consumer per
    partition (plus one per partition on RESULTS), whatever the number of agents: 10,000 agents cost 2N
    consumers, never 10,000 (nats-server caps a stream at 1,000). Which partitions: a fair share of them,
@@ -81,9 +81,8 @@ from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.commands import split_actor
 from runtime.host.actors import Actor, Actors, Task
-from runtime.host.agent import AgentRuntime
-from runtime.host.commands import split_actor
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
 from runtime.host.leases import Leases, new_host_id
@@ -91,8 +90,10 @@ from runtime.host.partitions import Partitions
 from runtime.host.recovery import Recovery
 from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
+from runtime.host.served import AgentRuntime
 from runtime.host.summary import summarise
 from runtime.log import RunLog
+from runtime.log.threads import Conversations, Threads, conversation
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
@@ -103,7 +104,6 @@ from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
 from runtime.observe.traces import TRACEPARENT, TRACESTATE
 from runtime.streaming import StreamPublisher
-from runtime.threads import Conversations, Threads, conversation
 
 log = logging.getLogger("runtime.host")
 

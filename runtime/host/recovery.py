@@ -2,7 +2,7 @@
 
 At every takeover of a partition (`recover`), before consuming anything: read the partition's unfinished
 runs from the ``active`` bucket (`runtime.host.runs_index`), fold each run's events (`log.RunLog.read`; a
-run in a thread with the conversation it continues, `runtime.threads.fold_run`) and queue it first in its
+run in a thread with the conversation it continues, `runtime.log.threads.fold_run`) and queue it first in its
 actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is pending:
 an answered model call is never made again, a job already answered is never re-published, a job still out
 is re-published with the same Msg-Id (deduplicated by TOOLS; the workers' ``applied`` markers make its
@@ -24,17 +24,17 @@ from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.commands import split_actor
 from runtime.host.actors import Actors
-from runtime.host.agent import AgentRuntime
-from runtime.host.commands import split_actor
 from runtime.host.config import HostConfig, HostStats
 from runtime.host.driver import RunDriver
 from runtime.host.runs_index import RunsIndex
+from runtime.host.served import AgentRuntime
 from runtime.log import RunLog
+from runtime.log.threads import Conversations, fold_run
 from runtime.nats.kv import kv_entries
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import active_filter
-from runtime.threads import Conversations, fold_run
 
 log = logging.getLogger("runtime.host")
 

@@ -1,6 +1,6 @@
 """Where a message of a served partition goes: a task to its actor, a command or an outcome to its run.
 
-A task-subject message (`runtime.host.commands`) is one of:
+A task-subject message (`runtime.commands`) is one of:
 * a task: queued in its actor's mailbox, its run id derived from it (`commands.run_id_for`); it keeps its
   unit of the back-pressure budget while it waits. First the host admits it (`admit`): when its actor or
   thread is busy, the bundle's `conversation.double_texting` may refuse it or interrupt the active run;
@@ -30,8 +30,8 @@ from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.commands import PARENT_RUN, BadCommand, decode, run_id_for, split_actor
 from runtime.host.actors import Actors, Task
-from runtime.host.commands import PARENT_RUN, BadCommand, decode, run_id_for, split_actor
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, ack_quietly
 from runtime.host.partitions import Guarded

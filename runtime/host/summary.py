@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from runtime import history, kernel
-from runtime.host.agent import AgentRuntime
+from runtime.host.served import AgentRuntime
 from runtime.types import Message
 
 log = logging.getLogger("runtime.host")

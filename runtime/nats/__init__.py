@@ -12,7 +12,7 @@
 - `cluster`     `LocalCluster`: a 3-node cluster on loopback from deploy/nats/nats.conf
 
 The pure names (`subjects`, `records`) are imported here at once; the others load on first use, so a module
-that only needs names (`runtime.jobs`, `runtime.host.commands`) never loads nats-py.
+that only needs names (`runtime.jobs`, `runtime.commands`) never loads nats-py.
 """
 
 from __future__ import annotations

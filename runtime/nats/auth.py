@@ -21,8 +21,8 @@ The roles (subjects in `runtime.nats.subjects`):
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
   and dead letters, reads and writes the workspace, ``applied``, ``attempts``, ``workers`` and
   ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
-  ``run.cancelled`` (to stop a cancelled job's sandbox). For agent tools (`runtime.subruns`) it publishes
-  the child's task on ``agents.<agent>.subtasks`` (a subject of its own: a worker cannot publish an
+  ``run.cancelled`` (to stop a cancelled job's sandbox). For agent tools (`runtime.worker.subruns`) it
+  publishes the child's task on ``agents.<agent>.subtasks`` (a subject of its own: a worker cannot publish an
   ordinary task, and a host takes a task there only if it names its parent run) and a cancel for it on
   ``ops.*.<its own name>``, as an operator would, and reads every run's end through the ``subruns``
   consumer of EVENTS. It may not write events, forward commands under another name, create or change

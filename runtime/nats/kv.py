@@ -29,8 +29,8 @@ The buckets:
     partition N over scans only that partition's unfinished runs (`active_filter`), never the whole
     ``runs`` index. Removed with a purge whose marker expires (`ACTIVE_PURGE_TTL_S`).
 
-* object store ``payloads``: payloads too big for an event (`runtime.payloads`), named per run and
-  bounded by age (`runtime.nats.retention`); a purged run's objects are deleted with it (`runtime.log_purge`).
+* object store ``payloads``: payloads too big for an event (`runtime.log.payloads`), named per run and
+  bounded by age (`runtime.nats.retention`); a purged run's objects are deleted with it (`runtime.log.purge`).
 """
 
 from __future__ import annotations

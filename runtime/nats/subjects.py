@@ -2,7 +2,7 @@
 
 Why a module of its own: the host, the workers, replay and the CLI must agree on one set of names, and none
 of them may hand-build a subject string. It is pure (no nats-py, no I/O), so the wire-format modules
-(`runtime.jobs`, `runtime.host.commands`) import it without loading a NATS client.
+(`runtime.jobs`, `runtime.commands`) import it without loading a NATS client.
 
 Subjects and streams (`runtime.nats.topology` creates them)
 ----------------------------------------------------------
@@ -40,7 +40,7 @@ RESULTS    ``results.<p>.<actor>.<run>``         WorkQueue  tool outcomes (`Tool
                                                             tool.* events itself. Workers never write EVENTS:
                                                             one writer per run keeps the sequence contiguous.
 DLQ        ``dlq.<original subject>``            Limits     dead letters: malformed jobs and jobs whose
-                                                            deliveries ran out (`runtime.dlq`).
+                                                            deliveries ran out (`runtime.worker.dlq`).
 =========  ====================================  =========  ==================================================
 
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
@@ -77,19 +77,19 @@ LEASES_BUCKET = "leases"
 HOSTS_BUCKET = "hosts"
 WORKERS_BUCKET = "workers"
 ACTIVE_BUCKET = "active"
-THREADS_BUCKET = "threads"  # conversations: actor + thread -> its runs in order (`runtime.threads`)
+THREADS_BUCKET = "threads"  # conversations: actor + thread -> its runs in order (`runtime.log.threads`)
 STREAM_PREFIX = "stream"  # a run's live model output on core NATS: stream.<actor>.<run>
-ATTEMPTS_BUCKET = "attempts"  # why a tool job's earlier deliveries ended (`runtime.attempts`)
+ATTEMPTS_BUCKET = "attempts"  # why a tool job's earlier deliveries ended (`runtime.worker.attempts`)
 ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a takeover's scan
 WORKERS_CONSUMER = "workers"
-SUBRUNS_CONSUMER = "subruns"  # the EVENTS consumer of run ends, for agent tools (`runtime.subruns`)
+SUBRUNS_CONSUMER = "subruns"  # the EVENTS consumer of run ends, for agent tools (`runtime.worker.subruns`)
 COMMANDS_PREFIX = "ops"  # operators' commands: ops.<agent>.<operator> (`command_subject`)
 ANONYMOUS = "anonymous"  # the operator name of a connection that authenticated as nobody
 
 DEFAULT_PARTITIONS = 16
 ENV_REPLICAS = "SA_REPLICAS"
 DUPLICATE_WINDOW_S = 300.0  # ≥ 2 min: covers a restarted publisher retrying with the same Msg-Id
-DEFAULT_TOOL_ACK_WAIT_S = 3.0  # workers heartbeat held jobs every AckWait/4 (`runtime.attempts`)
+DEFAULT_TOOL_ACK_WAIT_S = 3.0  # workers heartbeat held jobs every AckWait/4 (`runtime.worker.attempts`)
 DEFAULT_TOOL_MAX_DELIVER = 5
 DEFAULT_TOOL_MAX_ACK_PENDING = 1024
 
@@ -117,7 +117,7 @@ ENV_VARS: dict[str, str] = {
     ENV_REPLICAS: "stream and bucket replicas when the topology is created or updated (3 on a 3-node "
                   "cluster); unset: keep what the streams have, 1 for new ones",
     "SA_PAYLOAD_THRESHOLD": "size above which tool outputs, model responses and task inputs go to the "
-                            "object store (default 256kb; runtime.payloads)",
+                            "object store (default 256kb; runtime.log.payloads)",
     "SA_EVENTS_MAX_AGE": "`sa host`/`sa up`: how long EVENTS keeps an event (default 90d; 0: no bound; "
                          "runtime.nats.retention)",
     "SA_EVENTS_MAX_BYTES": "`sa host`/`sa up`: EVENTS size bound, oldest events dropped first "

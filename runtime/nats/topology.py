@@ -16,7 +16,7 @@ One consumer per partition is allowed on a WorkQueue stream because partition fi
 
 Consumers. Every stream sets ``max_consumers`` explicitly (nats-server 2.15 silently caps at 1,000 otherwise,
 and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with a short AckWait (3 s by default:
-workers heartbeat every job they hold four times per AckWait, `runtime.attempts`, so AckWait bounds how
+workers heartbeat every job they hold four times per AckWait, `runtime.worker.attempts`, so AckWait bounds how
 long a dead worker's job waits, not how long a tool may run), MaxDeliver 5 and a bounded MaxAckPending
 (back-pressure).
 """

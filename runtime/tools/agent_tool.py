@@ -1,9 +1,9 @@
 """`AgentTool`: another agent offered to a model as a tool (`- agent: researcher` in a bundle).
 
 Calling it is delegating: the task text goes to the other agent as a task of its own, a durable child run
-(`runtime.subruns`), and the call's result is the child's output. What the model sees is one parameter,
+(`runtime.worker.subruns`), and the call's result is the child's output. What the model sees is one parameter,
 `task`. This object only describes the tool and carries its settings; running it needs NATS, so a
-worker does that (`runtime.subruns.start_child`), never `execute` in process.
+worker does that (`runtime.worker.subruns.start_child`), never `execute` in process.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from nats.js.errors import (
 
 from runtime.events import PayloadRef
 from runtime.jobs import ToolJob
+from runtime.log.payloads import Payloads
 from runtime.nats.kv import allow_atomic_writes, applied_kv, kv_entries, workspace_kv
 from runtime.nats.subjects import (
     BATCH_MAX_MESSAGES,
@@ -64,7 +65,6 @@ from runtime.nats.subjects import (
     HDR_MSG_ID,
     workspace_bucket,
 )
-from runtime.payloads import Payloads
 
 DEFAULT_MOUNT = "/data"
 HDR_JOB = "Sa-Job"
@@ -123,7 +123,7 @@ class ResultHandler(Protocol):
 
 class Recorded(msgspec.Struct, frozen=True):
     """The marker value of an applied job: its validated output and how many writes it made. A big
-    output lives in the object store (`ref`, `runtime.payloads`): a KV value is one NATS message."""
+    output lives in the object store (`ref`, `runtime.log.payloads`): a KV value is one NATS message."""
 
     output: Any
     writes: int

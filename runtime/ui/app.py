@@ -29,8 +29,8 @@ client going away itself (rather than waiting for the next write to fail), so th
 soon as the page closes, even on a run that is quiet for hours.
 
 Commands (fork, cancel, approve, deny) go through the same functions as `sa fork` and `sa cancel` /
-`sa approve` / `sa deny` (`runtime.fork`, `runtime.control`), so they are checked the same way, and their
-errors come back as the same messages with status 400.
+`sa approve` / `sa deny` (`runtime.client.fork`, `runtime.client.control`), so they are checked the same way,
+and their errors come back as the same messages with status 400.
 
 Safety: the app binds to loopback by default; a command must be a JSON POST, which a cross-site form cannot
 send without a CORS preflight this app never answers; every page carries a Content-Security-Policy that
@@ -60,8 +60,8 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import events as ev
 from runtime import kernel, streaming
-from runtime.control import Control, operator
-from runtime.fork import fork, fork_points
+from runtime.client.control import Control, operator
+from runtime.client.fork import fork, fork_points
 from runtime.log import RunLog
 from runtime.nats.connection import explain_refusal
 from runtime.nats.jetstream import jetstream_for
@@ -167,10 +167,10 @@ class Inspector:
         return view
 
     async def _thread(self, actor: str, first: ev.Event, index: dict[str, RunIndex]) -> dict[str, Any] | None:
-        """The thread a run belongs to, as its runs in order (`runtime.threads`), or None."""
+        """The thread a run belongs to, as its runs in order (`runtime.log.threads`), or None."""
         if not isinstance(first, ev.RunStarted) or first.thread is None:
             return None
-        from runtime.threads import Threads
+        from runtime.log.threads import Threads
 
         record, _ = await Threads(self.js).get(actor, first.thread)
         runs = record.runs if record is not None else [first.run_id]

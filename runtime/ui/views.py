@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 
 from runtime import events as ev
+from runtime.client.replay import describe, summarize
 from runtime.nats.records import RunIndex
 from runtime.nats.retention import parse_age
-from runtime.replay import describe, summarize
 
 FAILED_KINDS = frozenset({"run.failed", "model.failed", "tool.failed", "script.failed", "approval.denied"})
 SEARCH_CHARS = 64_000  # how much of a run's text the index search looks at (inputs, outputs, replies)
@@ -288,9 +288,9 @@ def fork_tree(run_id: str, parent: tuple[str, int | None] | None,
 def subruns(run_id: str, events: Sequence[ev.Event], index: dict[str, RunIndex]) -> dict[str, Any]:
     """A run's place among sub-runs (agents called as tools): the parent run and call its `run.started`
     names, and the children its calls started, found where they must be: a child's run id is derived from
-    the agent (the tool's name), this run and the call (`runtime.subruns.child_run_id`), so a call whose
+    the agent (the tool's name), this run and the call (`runtime.commands.child_run_id`), so a call whose
     derived id is in the runs index started that child."""
-    from runtime.subruns import PARENT_CALL, PARENT_RUN, child_run_id
+    from runtime.commands import PARENT_CALL, PARENT_RUN, child_run_id
 
     first = events[0] if events else None
     parent = None

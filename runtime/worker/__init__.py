@@ -18,9 +18,10 @@ Modules, one concept each (`loop` first: its docstring is the per-job protocol a
 - `subruns`   — agent tools: the call becomes a child run (`Delegated`); the `SubrunWatch` answers it
 - `stats`     — `WorkerStats` (the counters) and the `WorkerBeat` that `sa status` reads
 
-Outside this package, for now: the job and outcome wire messages (`runtime.jobs`, shared with the host),
-job heartbeats and the history of earlier deliveries (`runtime.attempts`), dead letters (`runtime.dlq`,
-shared with `sa dlq`).
+- `attempts`  — job heartbeats and the history of a job's earlier deliveries
+- `dlq`       — dead letters: a job no worker could finish, kept with its reason, listed and replayed
+
+The job and outcome wire messages are `runtime.jobs`, shared with the host.
 """
 
 from runtime.worker.loop import Worker, serve

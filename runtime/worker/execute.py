@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from runtime.attempts import explain
 from runtime.externals import ExecutionContext
 from runtime.jobs import ToolJob, ToolOutcome
-from runtime.payloads import PayloadError
+from runtime.log.payloads import PayloadError
 from runtime.scripts import Limits, LimitsError
 from runtime.tools import ToolContext
 from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import JobContext, WorkspaceConflict, WriteError
 from runtime.types import ScriptNote, ToolResult
+from runtime.worker.attempts import explain
 from runtime.worker.externals import provide_externals, scrubbed, task_metadata
 from runtime.worker.subruns import Delegated, delegate
 

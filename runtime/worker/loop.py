@@ -4,13 +4,14 @@
     await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
 
 All workers bind the one durable pull consumer `workers` on the TOOLS stream (`runtime.nats.topology`),
-so jobs spread over processes and machines. A worker heartbeats every job it holds (`runtime.attempts`),
-so a job a dead worker held is redelivered to another AckWait (3 s by default) after its last heartbeat,
-however long the tool may run. Per job, in this order (each step's failure mode in brackets):
+so jobs spread over processes and machines. A worker heartbeats every job it holds
+(`runtime.worker.attempts`), so a job a dead worker held is redelivered to another AckWait (3 s by
+default) after its last heartbeat, however long the tool may run. Per job, in this order (each step's
+failure mode in brackets):
 
 1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
    the last delivery (`num_delivered >= MaxDeliver`) of a job that never produced an outcome is not
-   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.dlq`);
+   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.worker.dlq`);
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
 3. look up the tool [unknown: an `input` failure outcome, as the kernel reports a tool it does not know;
@@ -20,13 +21,14 @@ however long the tool may run. Per job, in this order (each step's failure mode 
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
 5. publish the `ToolOutcome` to RESULTS with Msg-Id `<run>/<call>` and wait for the ack (an output
    over the payload threshold goes to the object store first and the outcome carries its ref:
-   `runtime.payloads`);
+   `runtime.log.payloads`);
 6. ack the job.
 
 Steps 1, 5 and 6 are here (`Worker.handle`); steps 2 to 4 are `runtime.worker.execute`. A crash anywhere
 repeats from step 1 on redelivery; every step is idempotent, so the repetition costs time, never a
 duplicate write or a second outcome. The outcome of a redelivery says which delivery it is and why the
-earlier ones ended (`runtime.attempts.explain`), and the host records that as a `tool.redelivered` event.
+earlier ones ended (`runtime.worker.attempts.explain`), and the host records that as a `tool.redelivered`
+event.
 NATS trouble after the run (publish or KV errors) naks the job with a delay, recording why, instead of
 acking a job whose outcome nobody will see.
 
@@ -56,11 +58,10 @@ import anyio.abc
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from runtime import dlq
-from runtime.attempts import JobHeartbeats, deliveries, record_end, retry_delay, sync_ack_wait
 from runtime.externals import ExternalsFactory, Secrets
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.log import RunLog
+from runtime.log.payloads import Payloads
 from runtime.nats.connection import close, connect
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.pull import fetch_batch
@@ -74,7 +75,6 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
-from runtime.payloads import Payloads
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -84,6 +84,8 @@ from runtime.tools.data import (
     WorkspaceDataProvider,
     WorkspaceResultHandler,
 )
+from runtime.worker import dlq
+from runtime.worker.attempts import JobHeartbeats, deliveries, record_end, retry_delay, sync_ack_wait
 from runtime.worker.cancel import Cancels
 from runtime.worker.execute import execute
 from runtime.worker.externals import ExternalRecords

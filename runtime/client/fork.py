@@ -268,7 +268,7 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
     its tools; without it the bundle the runs index names is loaded if it can be, else edits are checked
     for their place only. Raises `ForkError` (nothing written) when the fork cannot be made as asked."""
     from runtime import nats as bus
-    from runtime.host.commands import publish_command
+    from runtime.commands import publish_command
 
     runs = RunLog(js)
     source = source or await runs.read(run_id)
@@ -287,7 +287,7 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
     new_run = new_run or new_fork_id()
     conversation = None
     if isinstance(source.events[0], ev.RunStarted) and source.events[0].previous_run is not None:
-        from runtime.threads import conversation_for
+        from runtime.log.threads import conversation_for
 
         conversation = await conversation_for(runs, config or kernel.KernelConfig(), source.events)
     events = plan(source, at_seq, new_run, edit, config=config, output_model=output_model,
@@ -323,7 +323,7 @@ def _edited_bundle(edit: BundleEdit, actor: str) -> Any:
     """The bundle a `BundleEdit` names, loaded and checked to be a version of the run's own agent; None
     when the edit gives only a digest (a host that has that version loaded will drive the fork)."""
     from runtime.bundle import BundleError, load_bundle
-    from runtime.host.commands import split_actor
+    from runtime.commands import split_actor
 
     if not edit.path:
         return None

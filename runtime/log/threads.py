@@ -37,20 +37,8 @@ from runtime.nats.kv import fleet_kv, kv_entries, put_kv
 from runtime.nats.records import ThreadRecord
 from runtime.nats.subjects import THREADS_BUCKET
 
-MAX_THREAD_NAME = 200
 CACHE_SIZE = 1024  # conversations a host keeps at hand: the latest of each thread it served recently
 CACHE_BYTES = 64 * 1024 * 1024  # and at most this much of them (their messages as msgpack)
-
-
-def check_thread(name: str) -> str:
-    """Return `name` if it can name a thread; raise ValueError saying what is wrong otherwise."""
-    if not name or not name.strip():
-        raise ValueError("a thread name must not be empty")
-    if len(name) > MAX_THREAD_NAME:
-        raise ValueError(f"a thread name has at most {MAX_THREAD_NAME} characters, got {len(name)}")
-    if any(ord(c) < 32 for c in name):
-        raise ValueError(f"thread name {name!r} contains a control character")
-    return name
 
 
 def thread_key(actor: str, thread: str) -> str:
@@ -216,5 +204,5 @@ class Threads:
         return sorted(records, key=lambda r: r.updated, reverse=True)
 
 
-__all__ = ["Conversations", "Threads", "check_thread", "conversation", "conversation_for", "ended_with",
+__all__ = ["Conversations", "Threads", "conversation", "conversation_for", "ended_with",
            "fold_run", "thread_key"]

@@ -10,7 +10,7 @@ Every operation checks its input against the run's log first (read through `runt
 unknown run, an unknown call, a call already decided, edited arguments that fail the tool's schema, a
 run that already ended: each is a `ControlError` whose message says what was wrong and what to do, and
 nothing is published, so nothing is appended. Otherwise the command is published where the run's host
-reads it (`runtime.host.commands.publish_command`) and the operation waits until the host has recorded
+reads it (`runtime.commands.publish_command`) and the operation waits until the host has recorded
 the verdict in the log, returning that event: an operator learns what happened, not only what was
 asked (a timeout verdict or the run's end may have come first).
 
@@ -35,7 +35,7 @@ import anyio
 from nats.js import JetStreamContext
 
 from runtime import events as ev
-from runtime.host.commands import publish_command
+from runtime.commands import publish_command
 from runtime.host.runs_index import WAITING_FOR_APPROVAL
 from runtime.log import RunLog
 from runtime.nats.kv import kv_entries, runs_kv

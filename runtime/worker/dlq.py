@@ -47,7 +47,7 @@ from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.nats.subjects import DLQ, HDR_MSG_ID, TOOLS, WORKERS_CONSUMER, dlq_subject
 from runtime.types import ToolResult
 
-log = logging.getLogger("runtime.dlq")
+log = logging.getLogger("runtime.worker.dlq")
 
 HDR_SUBJECT = "Sa-Original-Subject"
 HDR_STREAM = "Sa-Stream"

@@ -49,15 +49,19 @@ from runtime.nats.subjects import (
     subtask_subject,
     task_subject,
 )
-from runtime.threads import check_thread
 
-log = logging.getLogger("runtime.host")
+log = logging.getLogger("runtime.commands")
 
 
-# The task metadata a sub-run's task names its parent with (`runtime.subruns` writes it; the router takes a
-# task on the sub-run subject only with `PARENT_RUN`): here, beside the task format, so both read one copy.
+# The task metadata a sub-run's task names its parent with (`runtime.worker.subruns` writes it; the router
+# takes a task on the sub-run subject only with `PARENT_RUN`): here, beside the task format, so both read it.
 PARENT_RUN, PARENT_CALL, DEPTH = "sa.parent_run", "sa.parent_call", "sa.depth"
 PARENT_ACTOR, PARENT_PARTITION, PARENT_TOOL = "sa.parent_actor", "sa.parent_partition", "sa.parent_tool"
+
+
+MAX_THREAD_NAME = 200
+# the instance prefix of a sub-run's actor (`child_actor`): a host tells a child run's actor by it
+SUB_PREFIX = "sub-"
 
 
 class BadCommand(ValueError):
@@ -84,6 +88,31 @@ def run_id_for(agent: str, task_id: str | None = None, *, stream_seq: int | None
         raise ValueError("a run id needs a task id or the task's stream sequence")
     key = f"{agent}\x00id:{task_id}" if task_id is not None else f"{agent}\x00seq:{stream_seq}"
     return "r" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+def check_thread(name: str) -> str:
+    """Return `name` if it can name a thread; raise ValueError saying what is wrong otherwise."""
+    if not name or not name.strip():
+        raise ValueError("a thread name must not be empty")
+    if len(name) > MAX_THREAD_NAME:
+        raise ValueError(f"a thread name has at most {MAX_THREAD_NAME} characters, got {len(name)}")
+    if any(ord(c) < 32 for c in name):
+        raise ValueError(f"thread name {name!r} contains a control character")
+    return name
+
+
+def child_task_id(parent_run: str, call_id: str) -> str:
+    """The task id of the child a call starts: the same on every delivery and after every recovery."""
+    return SUB_PREFIX + hashlib.blake2b(f"{parent_run}\x00{call_id}".encode(), digest_size=10).hexdigest()
+
+
+def child_actor(agent: str, parent_run: str, call_id: str) -> str:
+    """The actor the child runs as: an instance of `agent` of its own."""
+    return actor_key(agent, child_task_id(parent_run, call_id))
+
+
+def child_run_id(agent: str, parent_run: str, call_id: str) -> str:
+    return run_id_for(child_actor(agent, parent_run, call_id), child_task_id(parent_run, call_id))
 
 
 @dataclass(frozen=True)
@@ -180,7 +209,7 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
 
     A task id is generated when none is given, so the run id is known at once and the publish is
     idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice. A `thread` makes
-    the run continue that conversation of the actor (`runtime.threads`). `subrun`: the task of a child
+    the run continue that conversation of the actor (`runtime.log.threads`). `subrun`: the task of a child
     run, on the sub-run subject only tool workers may use (`subtask_subject`).
     """
     if thread is not None:

@@ -69,7 +69,7 @@ def render(d: Divergence) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from runtime.replay import describe, summarize
+    from runtime.client.replay import describe, summarize
 
     if d.identical:
         return Text(f"runs {d.a} and {d.b} record the same {d.common} event(s)")

@@ -26,12 +26,12 @@ stream can never accept (over the server's message size even after offloading, o
 `LogRejected` at once: retrying it would wedge the run's actor forever, so the writer records why the
 run cannot go on instead (`runtime.host.driver`).
 
-Big payloads. An event whose encoding is over the payload threshold (`runtime.payloads`, 256 KiB by
+Big payloads. An event whose encoding is over the payload threshold (`runtime.log.payloads`, 256 KiB by
 default, always below the server's max_payload) has its big fields stored in the object store and the
 log keeps a stub with a `PayloadRef` (`events.externalize`). `read` gives whole events back (digest-checked);
 `follow` yields events as stored unless asked to resolve, because a live view wants to be fast and a
 stub still says what happened. Objects are named per run and content-addressed within it
-(`runtime.payloads`), so a retried offload is a lookup and a purged run takes exactly its own objects.
+(`runtime.log.payloads`), so a retried offload is a lookup and a purged run takes exactly its own objects.
 
 Reading every run (`tail`): a durable pull consumer on all of EVENTS, for a reader that derives something
 from the log and must neither miss an event nor lose its place (the trace exporter): it acks what it has
@@ -62,11 +62,11 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.log_purge import Purged, purge_runs
+from runtime.log.payloads import Payloads
+from runtime.log.purge import Purged, purge_runs
 from runtime.nats import subjects as names
 from runtime.nats.connection import refused_publish
 from runtime.nats.pull import fetch_batch
-from runtime.payloads import Payloads
 from runtime.types import Message, ToolCall
 
 log = logging.getLogger("runtime.log")
@@ -285,7 +285,7 @@ class RunLog:
     async def ends(self, durable: str, *, ack_wait: float = 30.0) -> Tail:
         """Every run's end (`run.completed`, `run.failed`, `run.cancelled`) appended after the durable
         consumer `durable` was first made, through it: how the tool workers learn that a sub-run ended,
-        to answer its parent's call (`runtime.subruns`), without holding anything while it runs."""
+        to answer its parent's call (`runtime.worker.subruns`), without holding anything while it runs."""
         names.check_token(durable, "consumer name")
         # `name` as well: the create goes to CONSUMER.CREATE.<stream>.<name>, which a worker may use
         ends = [f"events.*.*.{k}" for k in sorted(TERMINAL_KINDS)]
@@ -321,7 +321,7 @@ class RunLog:
     async def purge(self, run_ids: list[str], *, dry_run: bool = False) -> list[Purged]:
         """Delete each finished run of `run_ids`: its events, its payload objects and its `runs` index
         entry; a run still in flight is skipped with the reason, never touched. With `dry_run`, report
-        what would go and delete nothing. One `Purged` per run, in order (`runtime.log_purge`)."""
+        what would go and delete nothing. One `Purged` per run, in order (`runtime.log.purge`)."""
         return await purge_runs(self.js, self.payloads, list(run_ids), dry_run=dry_run,
                                 terminal_kinds=TERMINAL_KINDS)
 
@@ -343,7 +343,7 @@ class RunLog:
 
     async def write_run(self, events: list[ev.Event]) -> RunHistory:
         """Write a whole new run from its stamped events (the first a `run.started`), as its single
-        writer; raises `Superseded` if the run exists. How a fork (`runtime.fork`) is written."""
+        writer; raises `Superseded` if the run exists. How a fork (`runtime.client.fork`) is written."""
         first = events[0] if events else None
         if not isinstance(first, ev.RunStarted):
             raise ValueError("a new run's log starts with its run.started (or run.forked)")

@@ -46,7 +46,7 @@ from runtime.nats.kv import last_per_subject, payloads_store
 from runtime.nats.subjects import PAYLOADS_BUCKET, check_token
 from runtime.types import ToolResult
 
-log = logging.getLogger("runtime.payloads")
+log = logging.getLogger("runtime.log.payloads")
 
 DEFAULT_THRESHOLD = 256 * 1024
 ENV_THRESHOLD = "SA_PAYLOAD_THRESHOLD"

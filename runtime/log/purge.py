@@ -15,7 +15,7 @@ runs. A run is deleted only when it is over everywhere it could still be going o
 Anything else is "in flight": skipped, with the reason, never deleted.
 
 What goes, in this order, so that a purge cut short is finished by running it again: the run's payload
-objects (named `<run>/...`: no other run references them, `runtime.payloads`), its events (one purge of
+objects (named `<run>/...`: no other run references them, `runtime.log.payloads`), its events (one purge of
 `events.*.<run>.>`), then its index entry, through which purge finds runs. Shared objects written before
 objects were named per run are left to the store's age bound.
 """
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from runtime.log.payloads import Payloads, StoredObject
 from runtime.nats.kv import fleet_kv, kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import ACTIVE_BUCKET, EVENTS, RUNS_BUCKET, check_token
-from runtime.payloads import Payloads, StoredObject
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 

@@ -59,7 +59,7 @@ def describe(event: ev.Event) -> str:
             return f"forked from {event.source_run} at seq {event.source_seq}{edit}"
         case ev.RunStarted():
             deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
-            parent = event.metadata.get("sa.parent_run")  # a sub-run (`runtime.subruns`) names its parent
+            parent = event.metadata.get("sa.parent_run")  # a sub-run names its parent
             child = f"  sub-run of {parent} (call {event.metadata.get('sa.parent_call')})" if parent else ""
             thread = ""
             if event.thread is not None:
@@ -387,7 +387,7 @@ def _copied_under_other_config(events: Sequence[ev.Event]) -> int:
 def verify(config: kernel.KernelConfig, events: Sequence[ev.Event],
            conversation: kernel.Conversation | None = None) -> Verification:
     """Re-fold `events` with the kernel; check `decide` predicted every event the runner chose to write.
-    A run that continues a conversation (a thread's) needs it: `runtime.threads.conversation_for`."""
+    A run that continues a conversation (a thread's) needs it: `runtime.log.threads.conversation_for`."""
     out = Verification()
     state = kernel.initial(config, conversation)
     copied = _copied_under_other_config(events)
