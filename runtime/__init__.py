@@ -1,188 +1,99 @@
 """structured-agents: an event-sourced actor runtime for many concurrent LLM agents on NATS.
 
-The public API, in one place:
+    from runtime import Agent, Client
 
-    from runtime import Agent
     agent = Agent.from_bundle("bundles/demo")                 # a bundle, run in this process
-    result = await agent.run("What is 17 * 23 + 4?")          # RunOutcome: output, status, events
+    outcome = await agent.run("What is 17 * 23 + 4?")         # RunOutcome: output, status, events
 
-- agents and bundles: `Agent`, `load_bundle`, `Bundle`, `BundleError`, `RunOutcome`
-- the wire schema: `Task`, `Cancel`, `Approve`, `Deny`, `Event` and every event type (`RunStarted`, ...)
-- the kernel: `KernelConfig`, `State`, `evolve`, `decide`, `fold`
-- the run log: `RunLog`, `RunHistory`, `Superseded`, `LogRejected`
-- run control for operators: `Control` (cancel, pending approvals, approve, deny), `ControlError`
-- fork a run from any past event: `fork`, `Forked`, `ForkError`, the edits (`OutputEdit`, `ReplyEdit`,
-  `EditedCall`, `BundleEdit`, `SystemEdit`) and the fork's first event `RunForked`
-- tools and scripts: `Tool`, `ToolContext`, `ScriptTool`, `PythonTool`, `discover_tools`, `load`, `Script`,
-  `Limits`; the shared vocabulary `ToolCall`, `ToolResult`, `ToolError`, `ToolSchema`, `Message`
-- serving: `Host`, `HostConfig` (`sa host`), `Worker` (`sa worker`)
+    async with await Client.connect() as client:              # the fleet (`sa up`, `sa host`, `sa worker`)
+        print(await client.run("demo", "What is 17 * 23 + 4?", result_timeout=60))
 
-Everything else (`runtime.nats`, `runtime.host.driver`, `runtime.scripts.pool`, ...) is implementation:
-importable, but free to change. Names load on first use, so `import runtime` stays cheap (`sa run` does
-not pay for nats, torch or xgrammar when it only needs the sandbox).
+The public API is the `TYPE_CHECKING` block below, grouped by what a user does; each name is written there
+once, and the loader reads that block to know where a name lives, so the API and `__all__` cannot drift
+apart (tests/test_public_api.py imports every name). Event and command types are the `events` namespace
+(`runtime.events.RunStarted`), not names of their own here. Everything else (`runtime.nats`,
+`runtime.host.driver`, `runtime.scripts.pool`, ...) is implementation: importable, but free to change.
+
+Names load on first use, so `import runtime` stays cheap: `sa check` and `sa run` need the sandbox, not
+nats-py, torch or xgrammar.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_EVENTS = ("Task Cancel Approve Deny Command Event EventDecodeError PayloadRef RunStarted ModelRequested "
-           "ModelResponded ModelFailed ToolCalled ScriptStarted ScriptPrinted ScriptCompleted ScriptFailed "
-           "ToolRedelivered ToolCompleted ToolFailed ApprovalRequested ApprovalGranted ApprovalDenied "
-           "TurnCompleted RunCompleted RunFailed RunCancelled RunForked OutputEdit ReplyEdit EditedCall "
-           "BundleEdit SystemEdit")
-_LAZY: dict[str, str] = {name: module for module, names in {
-    "runtime.agent": "Agent LocalWorkspace",
-    "runtime.bundle": "Bundle BundleError load_bundle",
-    "runtime.events": _EVENTS,
-    "runtime.kernel": "KernelConfig State evolve decide fold",
-    "runtime.log": "RunLog RunHistory Superseded LogRejected",
-    "runtime.client.fork": "fork Forked ForkError",
-    "runtime.client.control": "Control ControlError",
-    "runtime.loop": "RunOutcome run_task",
-    "runtime.tools": "Tool ToolContext ScriptTool PythonTool discover_tools",
-    "runtime.scripts": "Limits Script load",
-    "runtime.types": "ToolCall ToolResult ToolError ToolSchema Message Usage",
-    "runtime.host": "Host HostConfig",
-    "runtime.worker": "Worker",
-}.items() for name in names.split()}
-
 if TYPE_CHECKING:
-    from runtime.agent import Agent, LocalWorkspace
-    from runtime.bundle import Bundle, BundleError, load_bundle
-    from runtime.client.control import Control, ControlError
-    from runtime.client.fork import Forked, ForkError, fork
-    from runtime.events import (
-        ApprovalDenied,
-        ApprovalGranted,
-        ApprovalRequested,
-        Approve,
-        BundleEdit,
-        Cancel,
-        Command,
-        Deny,
-        EditedCall,
-        Event,
-        EventDecodeError,
-        ModelFailed,
-        ModelRequested,
-        ModelResponded,
-        OutputEdit,
-        PayloadRef,
-        ReplyEdit,
-        RunCancelled,
-        RunCompleted,
-        RunFailed,
-        RunForked,
-        RunStarted,
-        ScriptCompleted,
-        ScriptFailed,
-        ScriptPrinted,
-        ScriptStarted,
-        SystemEdit,
-        Task,
-        ToolCalled,
-        ToolCompleted,
-        ToolFailed,
-        ToolRedelivered,
-        TurnCompleted,
-    )
-    from runtime.host import Host, HostConfig
-    from runtime.kernel import KernelConfig, State, decide, evolve, fold
-    from runtime.log import LogRejected, RunHistory, RunLog, Superseded
-    from runtime.loop import RunOutcome, run_task
-    from runtime.scripts import Limits, Script, load
-    from runtime.tools import PythonTool, ScriptTool, Tool, ToolContext, discover_tools
-    from runtime.types import Message, ToolCall, ToolError, ToolResult, ToolSchema, Usage
-    from runtime.worker import Worker
+    # the groups below are the API's table of contents: keep them in this order
+    # isort: off
+
+    # run an agent in this process
+    from runtime.agent import Agent as Agent, LocalWorkspace as LocalWorkspace
+    from runtime.loop import RunOutcome as RunOutcome, run_task as run_task
+
+    # the fleet from outside: give agents tasks, hold their runs, steer and check them
+    from runtime.client import Client as Client, SyncClient as SyncClient, RunHandle as RunHandle
+    from runtime.client import RunError as RunError, RunFailedError as RunFailedError
+    from runtime.client import RunCancelledError as RunCancelledError, NotSent as NotSent
+    from runtime.client import ControlError as ControlError, ForkError as ForkError
+
+    # serve a fleet: `sa host`, `sa worker`
+    from runtime.host import Host as Host, HostConfig as HostConfig
+    from runtime.worker import Worker as Worker
+
+    # bundles, tools and the sandbox
+    from runtime.bundle import Bundle as Bundle, BundleError as BundleError, load_bundle as load_bundle
+    from runtime.tools import Tool as Tool, ToolContext as ToolContext, ScriptTool as ScriptTool
+    from runtime.tools import PythonTool as PythonTool, discover_tools as discover_tools
+    from runtime.scripts import Limits as Limits, Script as Script, load as load
+
+    # the kernel (the pure state machine) and the run log it is folded from
+    from runtime.kernel import KernelConfig as KernelConfig, State as State
+    from runtime.kernel import evolve as evolve, decide as decide, fold as fold
+    from runtime.log import RunLog as RunLog
+
+    # the shared vocabulary, and every event and command type as one namespace
+    from runtime.types import ToolCall as ToolCall, ToolResult as ToolResult, ToolError as ToolError
+    from runtime.types import ToolSchema as ToolSchema, Message as Message, Usage as Usage
+    from runtime import events as events
+
+    # isort: on
+
+
+def _exports() -> dict[str, tuple[str, str]]:
+    """Public name -> (module, attribute), read from the `TYPE_CHECKING` block above, in its order."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body
+                 if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                 and node.test.id == "TYPE_CHECKING")
+    out: dict[str, tuple[str, str]] = {}
+    for node in block.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                out[alias.asname or alias.name] = (node.module, alias.name)
+    return out
+
+
+_EXPORTS = _exports()
+__all__ = list(_EXPORTS)  # built from the block above: each name is written once
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module 'runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, attribute = where
+    if module == __name__:  # `from runtime import events`: a submodule
+        value: object = importlib.import_module(f"{module}.{attribute}")
+    else:
+        value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-__all__ = [
-    "Agent",
-    "ApprovalDenied",
-    "ApprovalGranted",
-    "ApprovalRequested",
-    "Approve",
-    "Bundle",
-    "BundleEdit",
-    "BundleError",
-    "Cancel",
-    "Command",
-    "Control",
-    "ControlError",
-    "Deny",
-    "EditedCall",
-    "Event",
-    "EventDecodeError",
-    "ForkError",
-    "Forked",
-    "Host",
-    "HostConfig",
-    "KernelConfig",
-    "Limits",
-    "LocalWorkspace",
-    "LogRejected",
-    "Message",
-    "ModelFailed",
-    "ModelRequested",
-    "ModelResponded",
-    "OutputEdit",
-    "PayloadRef",
-    "PythonTool",
-    "ReplyEdit",
-    "RunCancelled",
-    "RunCompleted",
-    "RunFailed",
-    "RunForked",
-    "RunHistory",
-    "RunLog",
-    "RunOutcome",
-    "RunStarted",
-    "Script",
-    "ScriptCompleted",
-    "ScriptFailed",
-    "ScriptPrinted",
-    "ScriptStarted",
-    "ScriptTool",
-    "State",
-    "Superseded",
-    "SystemEdit",
-    "Task",
-    "Tool",
-    "ToolCall",
-    "ToolCalled",
-    "ToolCompleted",
-    "ToolContext",
-    "ToolError",
-    "ToolFailed",
-    "ToolRedelivered",
-    "ToolResult",
-    "ToolSchema",
-    "TurnCompleted",
-    "Usage",
-    "Worker",
-    "decide",
-    "discover_tools",
-    "evolve",
-    "fold",
-    "fork",
-    "load",
-    "load_bundle",
-    "run_task",
-]
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,8 +1,40 @@
-"""What an outside process does with the fleet: run control, fork, replay and verify, diff, status.
+"""What an outside process does with the fleet: give agents tasks, hold their runs, steer and check them.
 
-- `control` — `Control`: cancel a run, list its pending approvals, approve (with edits) or deny
-- `fork`    — `fork`: a new run from any past event of another, with "what if" edits, nothing re-run
-- `replay`  — a run's timeline, the live view, `verify` (the kernel re-decides the log)
+    async with await Client.connect() as client:
+        handle = await client.start("calc", "17 * 23 + 4")
+        print(await handle.result(timeout=60))
+
+- `client`  — `Client`: connect, `start` (idempotent by task id) -> `RunHandle`, `run`, runs, threads, status
+- `handle`  — `RunHandle`: `result` (or `RunFailedError` / `RunCancelledError`), `events`, `tokens`, `cancel`,
+              `approve` / `deny`, `fork`, `replay`, `verify`
+- `sync`    — `SyncClient`: the same, blocking, for code that is not async
+- `submit`  — a task stored exactly once, or `NotSent` saying why
+- `control` — `Control`: the operator commands (cancel, approve with edits, deny), checked against the log
+- `fork`    — a new run from any past event of another, with "what if" edits, nothing re-run
+- `replay`  — a run's timeline and live view, `verify` (the kernel re-decides the log)
 - `diff`    — where two runs (a fork and its source) diverge
 - `status`  — hosts, partitions, workers, queue depths, runs in flight
+
+`sa` and `sa ui` reach runs through this package and nothing else.
 """
+
+from runtime.client.client import Client, RunInfo
+from runtime.client.control import ControlError, Pending
+from runtime.client.fork import (
+    BundleEdit,
+    EditedCall,
+    Forked,
+    ForkEdit,
+    ForkError,
+    OutputEdit,
+    ReplyEdit,
+    SystemEdit,
+)
+from runtime.client.handle import RunCancelledError, RunError, RunFailedError, RunHandle
+from runtime.client.replay import Verification
+from runtime.client.submit import NotSent
+from runtime.client.sync import SyncClient, SyncRunHandle
+
+__all__ = ["BundleEdit", "Client", "ControlError", "EditedCall", "ForkEdit", "ForkError", "Forked",
+           "NotSent", "OutputEdit", "Pending", "ReplyEdit", "RunCancelledError", "RunError", "RunFailedError",
+           "RunHandle", "RunInfo", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]

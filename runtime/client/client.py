@@ -1,0 +1,191 @@
+"""The one way an outside process uses the fleet: connect, give an agent a task, hold its run.
+
+    async with await Client.connect("nats://localhost:4222") as client:
+        handle = await client.start("planner", "summarise the inbox", thread="inbox")
+        print(await handle.result(timeout=120))
+        print(await client.run("calc", "17 * 23 + 4"))          # start + result
+
+For a Temporal user: `Client.connect` is `Client.connect`, `start` is `start_workflow` (idempotent by task id
+as a workflow id is), `RunHandle.result` / `cancel` / `fetch_history` are `result` / `cancel` / `replay`,
+signals to a waiting workflow are `approve` / `deny`, and `fork` has no equivalent there (a reset re-runs
+activities; a fork never re-calls the model for what it keeps).
+
+Why one client: `sa` and `sa ui` are thin faces over it, so a script, a test and the CLI reach a run by the
+same code, and what the CLI can do a program can do. The client owns its connection (`close`, or use it
+as a context manager) unless it was given one (`Client(nc)`), and it writes nothing but tasks and the
+commands hosts apply: every answer comes from the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.client import Client as NATS
+from nats.js.errors import KeyNotFoundError
+
+from runtime.client.control import Control, Pending
+from runtime.client.handle import RunHandle
+from runtime.client.submit import submit
+from runtime.log import RunLog
+from runtime.nats.connection import close, connect
+from runtime.nats.credentials import Credentials
+from runtime.nats.jetstream import JetStream, jetstream_for
+from runtime.nats.kv import kv_entries, runs_kv
+from runtime.nats.records import RunIndex
+
+if TYPE_CHECKING:
+    from runtime.client.diff import Divergence
+    from runtime.log import Purged
+    from runtime.nats.records import ThreadRecord
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as the runs index lists it (a cache of its log the hosts keep: enough to list runs)."""
+
+    run_id: str
+    actor: str
+    status: str
+    updated: float
+    task_id: str | None
+    last_seq: int
+    bundle: str | None
+    forked_from: str | None
+
+    @classmethod
+    def of(cls, run_id: str, ix: RunIndex) -> RunInfo:
+        return cls(run_id, ix.actor, ix.status, ix.updated, ix.task_id, ix.last_seq, ix.bundle,
+                   ix.forked_from)
+
+    def belongs_to(self, agent: str | None) -> bool:
+        """True for any run when `agent` is None, else for runs of that bundle or bundle:instance."""
+        return agent is None or agent in (self.actor, self.actor.split(":")[0])
+
+
+class Client:
+    """A connection to the fleet (see the module docstring)."""
+
+    def __init__(self, nc: NATS, *, owns_connection: bool = False) -> None:
+        self.nc = nc
+        self.js: JetStream = jetstream_for(nc)
+        self.log = RunLog(self.js)
+        self.control = Control(self.js)
+        self._owns = owns_connection
+
+    @classmethod
+    async def connect(cls, servers: str | Sequence[str] | None = None, *,
+                      credentials: Credentials | None = None, name: str = "sa-client",
+                      **options: Any) -> Client:
+        """Connect to `servers` (default: `NATS_URL`; a comma-separated list for a cluster). Credentials
+        and TLS come from `credentials`, else from the environment as `sa` reads them (NATS_CREDS,
+        NATS_USER / NATS_PASSWORD, NATS_CA / NATS_CERT / NATS_KEY). `options` go to nats-py's `connect`
+        (a client gives up after a few reconnect attempts unless told otherwise)."""
+        opts: dict[str, Any] = {"max_reconnect_attempts": 3}
+        if credentials is not None:
+            opts.update(credentials.connect_options())
+        opts.update(options)
+        return cls(await connect(servers, name=name, **opts), owns_connection=True)
+
+    async def close(self) -> None:
+        """Close the connection if this client opened it."""
+        if self._owns:
+            await close(self.nc)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- runs ------------------------------------------------------------------------------------------
+
+    async def start(self, agent: str, input: str, *, instance: str | None = None, thread: str | None = None,
+                    task_id: str | None = None, metadata: dict[str, Any] | None = None,
+                    timeout: float | None = None, headers: dict[str, str] | None = None,
+                    wait: float = 0.0, on_waiting: Callable[[str], None] | None = None) -> RunHandle:
+        """Give `agent` (a bundle, or `bundle:instance`) a task; return its run's handle once the task is
+        stored. Idempotent by `task_id` (default: a new one): starting the same task id again returns the
+        same run and runs nothing twice. `timeout` is the run's deadline in seconds; `thread` continues a
+        conversation of the agent; `wait` how long to wait for a host to create the streams. Raises
+        `NotSent` if the task was not stored (saying why), `ValueError` for a name that can never be."""
+        run_id, _ = await submit(self.js, agent, input, task_id=task_id, instance=instance, timeout_s=timeout,
+                                 thread=thread, metadata=metadata, headers=headers, wait=wait,
+                                 on_waiting=on_waiting)
+        actor = f"{agent.split(':')[0]}:{instance}" if instance else agent
+        return RunHandle(self, run_id, actor)
+
+    async def run(self, agent: str, input: str, *, result_timeout: float | None = None,
+                  **start: Any) -> Any:
+        """`start(...)` then its handle's `result(result_timeout)`: the output, or the typed error."""
+        handle = await self.start(agent, input, **start)
+        return await handle.result(result_timeout)
+
+    def get(self, run_id: str, actor: str | None = None) -> RunHandle:
+        """A handle on an existing run (nothing is read until it is used)."""
+        return RunHandle(self, run_id, actor)
+
+    async def run_info(self, run_id: str) -> RunInfo | None:
+        """The runs index's entry for one run, or None."""
+        try:
+            entry = await (await runs_kv(self.js)).get(run_id)
+        except KeyNotFoundError:
+            return None
+        return RunInfo.of(run_id, RunIndex.decode(entry.value)) if entry.value else None
+
+    async def runs(self, agent: str | None = None, *, limit: int | None = None) -> list[RunInfo]:
+        """The runs the index lists (of `agent`: a bundle or bundle:instance), most recently updated
+        first, at most `limit`."""
+        entries = await kv_entries(await runs_kv(self.js))
+        rows = [RunInfo.of(key, RunIndex.decode(entry.value)) for key, entry in entries.items()
+                if entry.value]
+        rows = sorted((r for r in rows if r.belongs_to(agent)), key=lambda r: r.updated, reverse=True)
+        return rows[:limit] if limit is not None else rows
+
+    async def approvals(self, agent: str | None = None) -> list[Pending]:
+        """Every call waiting for a person across runs (of `agent`), oldest first."""
+        return await self.control.pending(agent)
+
+    async def purge(self, before: float, *, agent: str | None = None, dry_run: bool = False) -> list[Purged]:
+        """Delete finished runs last updated before unix time `before` (of `agent`): events, payloads and
+        index entries together; runs still in flight are skipped with the reason."""
+        rows = [r for r in await self.runs(agent) if r.updated < before]
+        chosen = [r.run_id for r in sorted(rows, key=lambda r: r.updated)]
+        return await self.log.purge(chosen, dry_run=dry_run)
+
+    async def diff(self, a: str, b: str) -> Divergence:
+        """Where run `b` (a fork of `a`, say) diverges from `a`, and what differs after."""
+        from runtime.client.diff import diverge
+
+        first, second = await self.log.read(a), await self.log.read(b)
+        for run_id, history in ((a, first), (b, second)):
+            if not history.events:
+                raise LookupError(f"no events for run {run_id!r} (see `sa runs`)")
+        return diverge(a, first.events, b, second.events)
+
+    # -- conversations and the fleet -------------------------------------------------------------------
+
+    async def threads(self, agent: str | None = None) -> list[ThreadRecord]:
+        """The conversations (threads) of every actor, or of `agent`'s."""
+        from runtime.log.threads import Threads
+
+        return await Threads(self.js).all(agent)
+
+    async def thread(self, actor: str, thread: str) -> ThreadRecord | None:
+        """One conversation of `actor` with its runs in order, or None."""
+        from runtime.log.threads import Threads
+
+        record, _ = await Threads(self.js).get(actor, thread)
+        return record
+
+    async def status(self) -> dict[str, Any]:
+        """The fleet now: hosts and their partitions, workers, queue depths, runs in flight."""
+        from runtime.client.status import gather
+
+        return await gather(self.js)
+
+
+__all__ = ["Client", "RunInfo"]

@@ -1,0 +1,222 @@
+"""One run as an outside process holds it: await its result, follow it, steer it, fork it, check it.
+
+    handle = await client.start("planner", "summarise the inbox")
+    async for event in handle.events():          # every event, live, from any seq
+        ...
+    output = await handle.result(timeout=60)     # or RunFailedError / RunCancelledError, with the reason
+
+A handle is a run id and a client, nothing more: it holds no subscription between calls, so handles are
+free to make (`client.get(run_id)`) and a handle made in another process, or after a crash, works the same.
+Everything it answers is read from the run's log (`runtime.log`), the one truth; everything it changes
+goes through the commands a host applies (`runtime.client.control`), so a result is what was recorded,
+never what this process believes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from runtime import events as ev
+from runtime.log import TERMINAL_KINDS, RunHistory
+from runtime.streaming import Delta, subscribe
+
+if TYPE_CHECKING:
+    from runtime.bundle import Bundle
+    from runtime.client.client import Client
+    from runtime.client.control import Pending
+    from runtime.client.fork import ForkEdit
+    from runtime.client.replay import Verification
+
+
+class RunError(Exception):
+    """A run that ended without an output: `ending` is its terminal event (failed or cancelled)."""
+
+    def __init__(self, run_id: str, ending: ev.Event, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.ending = ending
+
+
+class RunFailedError(RunError):
+    """The run failed: `reason` is the failure kind the kernel recorded (`max_turns`, `deadline`,
+    `model_failed`, ...), `detail` what the log says about it."""
+
+    def __init__(self, run_id: str, ending: ev.RunFailed) -> None:
+        detail = f": {ending.detail}" if ending.detail else ""
+        super().__init__(run_id, ending, f"run {run_id} failed ({ending.reason}){detail}")
+        self.reason = ending.reason
+        self.detail = ending.detail
+
+
+class RunCancelledError(RunError):
+    """The run was cancelled: `reason` as the operator gave it, `by` the operator the host recorded."""
+
+    def __init__(self, run_id: str, ending: ev.RunCancelled) -> None:
+        said = f": {ending.reason}" if ending.reason else ""
+        by = f" by {ending.by}" if ending.by else ""
+        super().__init__(run_id, ending, f"run {run_id} was cancelled{by}{said}")
+        self.reason = ending.reason
+        self.by = ending.by
+
+
+def outcome(run_id: str, ending: ev.Event) -> Any:
+    """A terminal event as a result: the output of `run.completed`, else the typed error, raised."""
+    if isinstance(ending, ev.RunCompleted):
+        return ending.output
+    if isinstance(ending, ev.RunFailed):
+        raise RunFailedError(run_id, ending)
+    if isinstance(ending, ev.RunCancelled):
+        raise RunCancelledError(run_id, ending)
+    raise ValueError(f"{ev.kind_of(ending)} is not a run's ending")
+
+
+class RunHandle:
+    """A run of the fleet, by id (see the module docstring). `actor` (`bundle` or `bundle:instance`) is
+    optional: reads find the run without it, it only narrows what is read."""
+
+    def __init__(self, client: Client, run_id: str, actor: str | None = None) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.actor = actor
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r}, actor={self.actor!r})"
+
+    # -- waiting ---------------------------------------------------------------------------------------
+
+    async def ending(self, timeout: float | None = None) -> ev.Event:
+        """The run's terminal event (`run.completed`, `run.failed` or `run.cancelled`), waiting for it up
+        to `timeout` seconds (None: as long as it takes; `TimeoutError` after)."""
+        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+            last: ev.Event | None = None
+            async for event in self.client.log.follow(self.run_id, self.actor):
+                last = event
+            if last is None or ev.kind_of(last) not in TERMINAL_KINDS:  # follow returns after the end
+                raise RuntimeError(f"the log of run {self.run_id} ended without a terminal event")
+            return await self.client.log.resolve(last)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """The run's output once it completes; `RunFailedError` / `RunCancelledError` (with the reason the
+        log recorded) if it ends otherwise; `TimeoutError` if it has not ended within `timeout` seconds."""
+        return outcome(self.run_id, await self.ending(timeout))
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    async def history(self) -> RunHistory:
+        """Every event recorded so far, big payloads resolved (empty if the run has no events yet)."""
+        history = await self.client.log.read(self.run_id, self.actor)
+        if history.events and self.actor is None:
+            self.actor = history.actor
+        return history
+
+    async def replay(self) -> list[ev.Event]:
+        """The run's events, in order, as recorded (what `sa replay` shows)."""
+        return list((await self.history()).events)
+
+    async def events(self, *, from_seq: int = 0, follow: bool = True) -> AsyncIterator[ev.Event]:
+        """The run's events from `from_seq` on: with `follow`, live until its terminal event (waiting for
+        the run to start if it has not); without, those recorded now."""
+        if not follow:
+            for event in (await self.history()).events:
+                if event.seq >= from_seq:
+                    yield event
+            return
+        async for event in self.client.log.follow(self.run_id, self.actor, resolve=True):
+            if event.seq >= from_seq:
+                yield event
+
+    async def tokens(self) -> AsyncIterator[Delta]:
+        """The model's output as it is generated (`runtime.streaming`), live, until the run ends. At most
+        once and never stored: what was missed is in the log's `model.responded`."""
+        sub, deltas = await subscribe(self.client.nc, self.run_id, self.actor)
+        send, receive = anyio.create_memory_object_stream[Delta | None](max_buffer_size=100_000)
+        try:
+            async with anyio.create_task_group() as tg:
+                async def pump() -> None:
+                    async with deltas:
+                        async for delta in deltas:
+                            await send.send(delta)
+
+                async def until_end() -> None:
+                    async for _ in self.client.log.follow(self.run_id, self.actor):
+                        pass
+                    await send.send(None)
+
+                tg.start_soon(pump)
+                tg.start_soon(until_end)
+                async with receive:
+                    async for item in receive:
+                        if item is None:
+                            break
+                        yield item
+                tg.cancel_scope.cancel()
+        finally:
+            await sub.unsubscribe()
+
+    async def status(self) -> str | None:
+        """What the runs index says of the run now (`running`, `waiting for approval`, `completed`, ...),
+        or None if it has no entry (not started yet, or purged)."""
+        info = await self.client.run_info(self.run_id)
+        return info.status if info is not None else None
+
+    # -- steering --------------------------------------------------------------------------------------
+
+    async def cancel(self, reason: str = "", *, by: str | None = None) -> ev.Event:
+        """End the run (its running tool is stopped too); returns its ending as recorded, which is another
+        ending if the run ended first. `ControlError` if it had already ended."""
+        return await self.client.control.cancel(self.run_id, reason=reason, by=by)
+
+    async def approvals(self) -> list[Pending]:
+        """The calls of this run waiting for a person."""
+        from runtime.client.control import pending_in
+
+        history = await self.history()
+        return pending_in(self.run_id, history.actor, history.events)
+
+    async def approve(self, call_id: str, *, arguments: dict[str, Any] | None = None, note: str = "",
+                      by: str | None = None) -> ev.ApprovalGranted | ev.ApprovalDenied:
+        """Let a waiting call run (with `arguments` instead of the model's, checked against the tool's
+        schema first); returns the verdict the host recorded."""
+        return await self.client.control.approve(self.run_id, call_id, arguments=arguments, note=note, by=by)
+
+    async def deny(self, call_id: str, reason: str, *,
+                   by: str | None = None) -> ev.ApprovalGranted | ev.ApprovalDenied:
+        """Refuse a waiting call; the model reads `reason` as the tool's error."""
+        return await self.client.control.deny(self.run_id, call_id, reason=reason, by=by)
+
+    async def fork(self, at: int, edit: ForkEdit | None = None, *,
+                   bundle: Bundle | None = None) -> RunHandle:
+        """A new run that keeps this run's events before seq `at` (with `edit` applied there) and goes on
+        from that point without re-calling the model for what it kept; its handle."""
+        from runtime.client.fork import fork
+
+        forked = await fork(self.client.js, self.run_id, at, edit, bundle=bundle)
+        return RunHandle(self.client, forked.run_id, forked.actor)
+
+    async def verify(self, bundle: Bundle | str | Path | None = None) -> Verification:
+        """Re-fold the run with the kernel and check it reproduces every recorded effect. `bundle` is the
+        run's bundle (loaded, or its path); by default the one the runs index names."""
+        from runtime.bundle import load_bundle
+        from runtime.client.replay import verify
+        from runtime.log.threads import conversation_for
+
+        history = await self.history()
+        if not history.events:
+            raise LookupError(f"run {self.run_id} has no events (see `sa runs`)")
+        if bundle is None:
+            info = await self.client.run_info(self.run_id)
+            if info is None or not info.bundle:
+                raise LookupError(f"the bundle of run {self.run_id} is unknown: pass it")
+            bundle = info.bundle
+        loaded = bundle if not isinstance(bundle, str | Path) else load_bundle(bundle)
+        config = loaded.kernel_config()
+        conversation = await conversation_for(self.client.log, config, history.events)
+        return verify(config, history.events, conversation)
+
+
+__all__ = ["RunCancelledError", "RunError", "RunFailedError", "RunHandle", "outcome"]
