@@ -377,80 +377,102 @@ def evolve(state: State, ev: Event) -> State:
 
 
 def _apply(state: State, ev: Event) -> State:
+    """One event's effect on a running run's state: a dispatch, one small function per kind of event."""
     match ev:
         case RunStarted():
-            if state.status != "new":
-                return state
-            system = state.config.system_prompt
-            if isinstance(ev, RunForked) and ev.system_prompt is not None:
-                system = ev.system_prompt  # a fork that goes on with another system prompt
-            head = (Message("system", system),) if system else ()
-            deadline = ev.ts + ev.timeout_s if ev.timeout_s is not None else None
-            earlier = _earlier(state, ev)
-            return replace(
-                state,
-                status="running",
-                run_id=ev.run_id,
-                actor=ev.actor,
-                deadline=deadline,
-                messages=(*head, *earlier, Message("user", ev.input)),
-                recorded=len(head) + len(earlier) if earlier else 0,
-            )
+            return _started(state, ev)
         case ModelRequested():
             turn = _turn_for_model(state, ev.request_id)
             if turn is None:
                 return state
             return replace(state, turn=replace(turn, requested=True), recorded=len(state.messages))
         case ModelFailed():
-            turn = _turn_for_model(state, ev.request_id)
-            if turn is None:
-                return state
-            return replace(
-                state,
-                turn=replace(turn, attempt=turn.attempt + 1, requested=False),
-                consecutive_errors=state.consecutive_errors + 1,
-            )
+            return _model_failed(state, ev)
         case ModelResponded():
             return _responded(state, ev)
         case ToolCalled():
-            turn = state.turn
-            if turn is None or turn.call(ev.call.id) is None:
-                return state
-            return replace(state, turn=replace(turn, called=turn.called | {ev.call.id}))
+            return _tool_called(state, ev)
         case ToolCompleted() | ToolFailed():
             return _result(state, ev.call_id, tool_result(ev))
         case ApprovalRequested():
-            turn = state.turn
-            if turn is None or turn.call(ev.call.id) is None:
-                return state
-            timeouts = turn.approval_timeouts
-            if ev.timeout_s is not None:
-                timeouts = {**timeouts, ev.call.id: (ev.ts + ev.timeout_s, ev.on_timeout, ev.timeout_s)}
-            requested = turn.approvals_requested | {ev.call.id}
-            turn = replace(turn, approvals_requested=requested, approval_timeouts=timeouts)
-            return replace(state, turn=turn)
+            return _approval_requested(state, ev)
         case ApprovalGranted() | ApprovalDenied():
-            turn = state.turn
-            if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.approvals:
-                return state
-            verdict = None if isinstance(ev, ApprovalGranted) else (ev.reason or "no reason given")
-            edited = turn.edited
-            if isinstance(ev, ApprovalGranted) and ev.arguments is not None:
-                edited = {**edited, ev.call_id: dict(ev.arguments)}
-            return replace(state, turn=replace(turn, approvals={**turn.approvals, ev.call_id: verdict},
-                                               edited=edited))
+            return _approval_decided(state, ev)
         case TurnCompleted():
             return _turn_completed(state, ev)
-        case RunCompleted():
-            return replace(state, status="completed", output=ev.output)
-        case RunFailed():
-            return replace(
-                state, status="failed", reason=f"{ev.reason}: {ev.detail}" if ev.detail else ev.reason
-            )
-        case RunCancelled():
-            return replace(state, status="cancelled", reason=ev.reason or "cancelled")
+        case RunCompleted() | RunFailed() | RunCancelled():
+            return _ended(state, ev)
         case _:
             return state  # script.* explain a call; the call's outcome arrives as tool.completed/failed
+
+
+def _started(state: State, ev: RunStarted) -> State:
+    if state.status != "new":
+        return state
+    system = state.config.system_prompt
+    if isinstance(ev, RunForked) and ev.system_prompt is not None:
+        system = ev.system_prompt  # a fork that goes on with another system prompt
+    head = (Message("system", system),) if system else ()
+    deadline = ev.ts + ev.timeout_s if ev.timeout_s is not None else None
+    earlier = _earlier(state, ev)
+    return replace(
+        state,
+        status="running",
+        run_id=ev.run_id,
+        actor=ev.actor,
+        deadline=deadline,
+        messages=(*head, *earlier, Message("user", ev.input)),
+        recorded=len(head) + len(earlier) if earlier else 0,
+    )
+
+
+def _model_failed(state: State, ev: ModelFailed) -> State:
+    turn = _turn_for_model(state, ev.request_id)
+    if turn is None:
+        return state
+    return replace(
+        state,
+        turn=replace(turn, attempt=turn.attempt + 1, requested=False),
+        consecutive_errors=state.consecutive_errors + 1,
+    )
+
+
+def _tool_called(state: State, ev: ToolCalled) -> State:
+    turn = state.turn
+    if turn is None or turn.call(ev.call.id) is None:
+        return state
+    return replace(state, turn=replace(turn, called=turn.called | {ev.call.id}))
+
+
+def _approval_requested(state: State, ev: ApprovalRequested) -> State:
+    turn = state.turn
+    if turn is None or turn.call(ev.call.id) is None:
+        return state
+    timeouts = turn.approval_timeouts
+    if ev.timeout_s is not None:
+        timeouts = {**timeouts, ev.call.id: (ev.ts + ev.timeout_s, ev.on_timeout, ev.timeout_s)}
+    requested = turn.approvals_requested | {ev.call.id}
+    return replace(state, turn=replace(turn, approvals_requested=requested, approval_timeouts=timeouts))
+
+
+def _approval_decided(state: State, ev: ApprovalGranted | ApprovalDenied) -> State:
+    turn = state.turn
+    if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.approvals:
+        return state
+    verdict = None if isinstance(ev, ApprovalGranted) else (ev.reason or "no reason given")
+    edited = turn.edited
+    if isinstance(ev, ApprovalGranted) and ev.arguments is not None:
+        edited = {**edited, ev.call_id: dict(ev.arguments)}
+    return replace(state, turn=replace(turn, approvals={**turn.approvals, ev.call_id: verdict},
+                                       edited=edited))
+
+
+def _ended(state: State, ev: RunCompleted | RunFailed | RunCancelled) -> State:
+    if isinstance(ev, RunCompleted):
+        return replace(state, status="completed", output=ev.output)
+    if isinstance(ev, RunFailed):
+        return replace(state, status="failed", reason=f"{ev.reason}: {ev.detail}" if ev.detail else ev.reason)
+    return replace(state, status="cancelled", reason=ev.reason or "cancelled")
 
 
 def _earlier(state: State, ev: RunStarted) -> tuple[Message, ...]:

@@ -242,7 +242,7 @@ async def run_task(
     which without an implementation simply returns its arguments as the run's output. `constraint` is a
     `runtime.model.DecodingConstraint` (None: no decoding constraint; the openai family still
     gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order. `data` gives
-    each call its files and persists a successful call's writes (`runtime.agent.LocalData`), as a
+    each call its files and persists a successful call's writes (`runtime.loop.LocalData`), as a
     bundle's data provider and result handler do on a worker.
     """
     runner = _Runner(config, run_id or uuid.uuid4().hex[:12], task.agent, client=client, adapter=adapter,

@@ -20,7 +20,8 @@ records the operator its command subject proves (`ops.<agent>.<operator>`), what
 a rule names (`Pending.role`) is recorded in the log.
 
 The runs waiting for a person are found through the runs index, which a host marks
-`waiting for approval` (`runtime.host.runs_index`); their pending calls come from their logs.
+`waiting for approval` (`runtime.nats.records.WAITING_FOR_APPROVAL`); their pending calls come from
+their logs.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime.commands import publish_command
-from runtime.host.runs_index import WAITING_FOR_APPROVAL
 from runtime.log import RunLog
 from runtime.nats.kv import kv_entries, runs_kv
-from runtime.nats.records import RunIndex
+from runtime.nats.records import WAITING_FOR_APPROVAL, RunIndex
 from runtime.nats.subjects import check_token
 from runtime.scripts.validate import validate
 

@@ -17,20 +17,33 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+from nats.aio.client import Client as NATS
 
 from runtime import events as ev
-from runtime.log import TERMINAL_KINDS, RunHistory
+from runtime.client.control import Control, Pending
+from runtime.log import TERMINAL_KINDS, RunHistory, RunLog
+from runtime.nats.jetstream import JetStream
 from runtime.streaming import Delta, subscribe
 
 if TYPE_CHECKING:
     from runtime.bundle import Bundle
-    from runtime.client.client import Client
-    from runtime.client.control import Pending
     from runtime.client.fork import ForkEdit
     from runtime.client.replay import Verification
+
+
+class Fleet(Protocol):
+    """What a handle uses of its client: the connection, the run log, run control, the runs index. A
+    protocol rather than the `Client` class so that the client's module imports this one and not back."""
+
+    nc: NATS
+    js: JetStream
+    log: RunLog
+    control: Control
+
+    async def run_info(self, run_id: str) -> Any: ...
 
 
 class RunError(Exception):
@@ -79,7 +92,7 @@ class RunHandle:
     """A run of the fleet, by id (see the module docstring). `actor` (`bundle` or `bundle:instance`) is
     optional: reads find the run without it, it only narrows what is read."""
 
-    def __init__(self, client: Client, run_id: str, actor: str | None = None) -> None:
+    def __init__(self, client: Fleet, run_id: str, actor: str | None = None) -> None:
         self.client = client
         self.run_id = run_id
         self.actor = actor

@@ -23,14 +23,13 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from runtime import kernel
 from runtime.host.driver import RunDriver
 from runtime.nats.kv import fleet_kv, runs_kv
-from runtime.nats.records import RunIndex
+from runtime.nats.records import WAITING_FOR_APPROVAL, RunIndex
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import ACTIVE_BUCKET, ACTIVE_PURGE_TTL_S, active_key
 
 log = logging.getLogger("runtime.host")
 
 WRITE_RETRY_S = 0.25
-WAITING_FOR_APPROVAL = "waiting for approval"  # a running run that waits for an operator (`sa approvals`)
 
 
 class RunsIndex:

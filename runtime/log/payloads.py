@@ -22,7 +22,7 @@ Who uses it:
 * the run log (`runtime.log`) stores a whole event over the threshold and keeps a stub in EVENTS;
 * the worker offloads a tool output before publishing its `ToolOutcome` (`offload_outcome`), and caps
   printed script text so an outcome always fits in one message; a workspace job's `applied` marker keeps
-  a big output as a ref too (`runtime.data`); the host resolves the outcome (`resolve_outcome`) because
+  a big output as a ref too (`runtime.tools.data`); the host resolves the outcome (`resolve_outcome`) because
   the model's next prompt needs the value.
 """
 

@@ -14,7 +14,7 @@ NATS_CERT/NATS_KEY  client certificate and key (PEM), for servers that verify cl
 ==================  ===========================================================================
 
 The `sa` flags ``--creds --user --password --tls-ca --tls-cert --tls-key`` set the same variables
-(`runtime.cli.auth_options`), so a process and the processes it starts agree. An authenticated connection
+(`runtime.cli.app.credentials`), so a process and the processes it starts agree. An authenticated connection
 gets its own inbox prefix (``_INBOX_<identity>``): the auth config lets each user subscribe only there, so
 no client reads another's replies. Pure apart from reading the files named (no nats-py, no network).
 """

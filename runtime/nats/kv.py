@@ -14,7 +14,7 @@ The buckets:
 
 * ``runs``: key = run id, value = `RunIndex` (msgpack), the run index `sa runs` lists.
 * ``ws_<workspace>``: one per workspace, tool data; key = the file's path relative to ``/data/``
-  (`runtime.data`); history 5 so a bad write can be inspected.
+  (`runtime.tools.data`); history 5 so a bad write can be inspected.
 * ``applied``: one key per tool job whose workspace writes were applied, holding the recorded result, TTL
   one day: a redelivered job replays it instead of writing twice.
 * Fleet buckets, for hosts and workers on many machines. Every key carries a per-message TTL, so a process
@@ -81,7 +81,7 @@ async def runs_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
 
 
 async def applied_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
-    """Markers of tool jobs whose workspace writes were applied (see `runtime.data`)."""
+    """Markers of tool jobs whose workspace writes were applied (see `runtime.tools.data`)."""
     return await _kv(js, KeyValueConfig(bucket=APPLIED_BUCKET, history=1, replicas=replicas,
                                         storage=StorageType.FILE, direct=True, ttl=APPLIED_TTL_S))
 

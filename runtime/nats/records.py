@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
+# the status of a running run that waits for an operator (`sa approvals` lists such runs' calls)
+WAITING_FOR_APPROVAL = "waiting for approval"
+
 
 class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One entry of the `runs` bucket (key = run id): enough to list runs without scanning EVENTS.
@@ -101,4 +104,4 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-__all__ = ["HostBeat", "RunIndex", "WorkerBeat"]
+__all__ = ["WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat"]

@@ -114,18 +114,9 @@ class HostMetrics:
         """Count one appended event (the host's `on_event` hook): a few dict lookups, no I/O."""
         match event:
             case ev.ModelRequested():
-                if self._turns.get(event.run_id, (0, 0.0))[0] != event.turn:
-                    self._turns.pop(event.run_id, None)  # re-inserted last: the oldest go first
-                    self._turns[event.run_id] = (event.turn, event.ts)
-                    if len(self._turns) > MAX_OPEN_TURNS:  # runs this host let go of mid-turn
-                        del self._turns[next(iter(self._turns))]
+                self._turn_opened(event)
             case ev.ModelResponded():
-                agent = self._agent(event.actor)
-                self.model_seconds.labels(agent).observe(event.latency_ms / 1000.0)
-                if event.usage.prompt_tokens:
-                    self.tokens.labels(agent, "input").inc(event.usage.prompt_tokens)
-                if event.usage.completion_tokens:
-                    self.tokens.labels(agent, "output").inc(event.usage.completion_tokens)
+                self._responded(event)
             case ev.ModelFailed():
                 self.model_failed.labels(self._agent(event.actor), event.error_kind).inc()
             case ev.ToolCompleted():
@@ -141,15 +132,33 @@ class HostMetrics:
                     self.turn_seconds.labels(self._agent(event.actor)).observe(max(0.0, event.ts - turn[1]))
             case ev.RunStarted():
                 self.runs_started.labels(self._agent(event.actor)).inc()
-            case ev.RunCompleted():
-                self._turns.pop(event.run_id, None)
-                self.runs_completed.labels(self._agent(event.actor)).inc()
-            case ev.RunFailed():
-                self._turns.pop(event.run_id, None)
-                self.runs_failed.labels(self._agent(event.actor), event.reason).inc()
-            case ev.RunCancelled():
-                self._turns.pop(event.run_id, None)
-                self.runs_cancelled.labels(self._agent(event.actor)).inc()
+            case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
+                self._ended(event)
+
+    def _turn_opened(self, event: ev.ModelRequested) -> None:
+        if self._turns.get(event.run_id, (0, 0.0))[0] != event.turn:
+            self._turns.pop(event.run_id, None)  # re-inserted last: the oldest go first
+            self._turns[event.run_id] = (event.turn, event.ts)
+            if len(self._turns) > MAX_OPEN_TURNS:  # runs this host let go of mid-turn
+                del self._turns[next(iter(self._turns))]
+
+    def _responded(self, event: ev.ModelResponded) -> None:
+        agent = self._agent(event.actor)
+        self.model_seconds.labels(agent).observe(event.latency_ms / 1000.0)
+        if event.usage.prompt_tokens:
+            self.tokens.labels(agent, "input").inc(event.usage.prompt_tokens)
+        if event.usage.completion_tokens:
+            self.tokens.labels(agent, "output").inc(event.usage.completion_tokens)
+
+    def _ended(self, event: ev.RunCompleted | ev.RunFailed | ev.RunCancelled) -> None:
+        self._turns.pop(event.run_id, None)
+        agent = self._agent(event.actor)
+        if isinstance(event, ev.RunCompleted):
+            self.runs_completed.labels(agent).inc()
+        elif isinstance(event, ev.RunFailed):
+            self.runs_failed.labels(agent, event.reason).inc()
+        else:
+            self.runs_cancelled.labels(agent).inc()
 
     def watch_host(self, host: Any) -> None:
         """Gauges read from `host` (a `runtime.host.Host`) when scraped; from now on `agent` labels only

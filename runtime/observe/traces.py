@@ -152,59 +152,65 @@ class TraceBuilder:
         match event:
             case ev.RunStarted():
                 self._started(event)
-                return []
             case ev.ModelRequested():
-                turn = self.turns.get(event.turn)
-                if turn is None:
-                    turn = self.turns[event.turn] = self._open(
-                        f"turn {event.turn}", event, self._root_id(), {"sa.turn": event.turn}, role="turn")
-                attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "chat", "sa.turn": event.turn,
-                                               "sa.attempt": event.attempt, "sa.request_id": event.request_id}
-                model = self.models[event.request_id] = self._open("chat", event, turn.span_id, attrs,
-                                                                   kind="client")
-                if event.sampling.get("model"):
-                    model.attributes["gen_ai.request.model"] = str(event.sampling["model"])
-                return []
-            case ev.ModelResponded():
-                return self._model_ended(event)
-            case ev.ModelFailed():
+                self._model_requested(event)
+            case ev.ModelResponded() | ev.ModelFailed():
                 return self._model_ended(event)
             case ev.ToolCalled():
                 self.tools[event.call.id] = self._open(
                     f"execute_tool {event.call.name}", event, self._turn_id(event.call.id),
                     _tool_attrs(event.call.name, event.call.id))
-                return []
             case ev.ScriptStarted():
-                tool = self.tools.get(event.call_id)
-                parent = tool.span_id if tool else self._turn_id(event.call_id)
-                self.scripts[event.call_id] = self._open(f"script {event.tool}", event, parent, {
-                    "gen_ai.tool.name": event.tool, "sa.worker": event.worker})
-                return []
+                self._script_started(event)
             case ev.ScriptCompleted() | ev.ScriptFailed():
-                script = self.scripts.pop(event.call_id, None)
-                if script is None:
-                    return []
-                script.attributes["sa.sandbox_ms"] = event.duration_ms
-                error = _error(script, event.error) if isinstance(event, ev.ScriptFailed) else None
-                return [self._close(script, event, error)]
+                return self._script_ended(event)
             case ev.ToolRedelivered():
-                tool = self.tools.get(event.call_id)
-                if tool is not None:
-                    tool.events.append(SpanEvent("tool.redelivered", event.ts, {
-                        "sa.attempt": event.attempt, "sa.worker": event.worker,
-                        "sa.earlier": list(event.earlier)}))
-                return []
+                self._redelivered(event)
             case ev.ToolCompleted() | ev.ToolFailed():
                 return self._tool_ended(event)
             case ev.TurnCompleted():
-                turn = self.turns.pop(event.turn, None)
-                if turn is None:
-                    return []
-                turn.attributes.update({"sa.calls_ok": event.calls_ok, "sa.calls_failed": event.calls_failed})
-                return [self._close(turn, event, None)]
+                return self._turn_ended(event)
             case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
                 return self._ended(event)
-        return []  # approvals, printed lines: nothing starts or ends
+        return []  # nothing ended (approvals and printed lines neither start nor end a span)
+
+    def _model_requested(self, event: ev.ModelRequested) -> None:
+        turn = self.turns.get(event.turn)
+        if turn is None:
+            turn = self.turns[event.turn] = self._open(
+                f"turn {event.turn}", event, self._root_id(), {"sa.turn": event.turn}, role="turn")
+        attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "chat", "sa.turn": event.turn,
+                                       "sa.attempt": event.attempt, "sa.request_id": event.request_id}
+        model = self.models[event.request_id] = self._open("chat", event, turn.span_id, attrs, kind="client")
+        if event.sampling.get("model"):
+            model.attributes["gen_ai.request.model"] = str(event.sampling["model"])
+
+    def _script_started(self, event: ev.ScriptStarted) -> None:
+        tool = self.tools.get(event.call_id)
+        parent = tool.span_id if tool else self._turn_id(event.call_id)
+        self.scripts[event.call_id] = self._open(f"script {event.tool}", event, parent, {
+            "gen_ai.tool.name": event.tool, "sa.worker": event.worker})
+
+    def _script_ended(self, event: ev.ScriptCompleted | ev.ScriptFailed) -> list[Span]:
+        script = self.scripts.pop(event.call_id, None)
+        if script is None:
+            return []
+        script.attributes["sa.sandbox_ms"] = event.duration_ms
+        error = _error(script, event.error) if isinstance(event, ev.ScriptFailed) else None
+        return [self._close(script, event, error)]
+
+    def _redelivered(self, event: ev.ToolRedelivered) -> None:
+        tool = self.tools.get(event.call_id)
+        if tool is not None:
+            tool.events.append(SpanEvent("tool.redelivered", event.ts, {
+                "sa.attempt": event.attempt, "sa.worker": event.worker, "sa.earlier": list(event.earlier)}))
+
+    def _turn_ended(self, event: ev.TurnCompleted) -> list[Span]:
+        turn = self.turns.pop(event.turn, None)
+        if turn is None:
+            return []
+        turn.attributes.update({"sa.calls_ok": event.calls_ok, "sa.calls_failed": event.calls_failed})
+        return [self._close(turn, event, None)]
 
     # -- spans ------------------------------------------------------------------------------------------
 
