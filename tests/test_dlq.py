@@ -174,3 +174,47 @@ async def test_sa_dlq_lists_and_replays(js, nats_server) -> None:
     assert (await js.stream_info(TOOLS)).state.messages == 2
     empty = await anyio.to_thread.run_sync(sa, nats_server.url, "dlq")
     assert "no dead letters" in empty.stdout
+
+
+async def test_the_dead_letter_path_works_under_the_shipped_auth_config(secured) -> None:
+    """On a server running deploy/nats/auth.conf, a worker connected as `worker` hears the MaxDeliver
+    advisory and dead-letters the job no worker finished; nothing it does is refused."""
+    from nats_fixtures import PASSWORDS
+
+    from runtime import nats as bus
+    from runtime.nats.credentials import Credentials
+
+    refused: list[str] = []
+
+    async def on_error(err: Exception) -> None:
+        refused.append(str(err))
+
+    def login(role: str) -> dict:
+        return Credentials(user=role, password=PASSWORDS[role]).connect_options()
+
+    admin = await bus.connect(secured.url, name="test-admin", **login("admin"))
+    worker_nc = await bus.connect(secured.url, name="test-worker", error_cb=on_error, **login("worker"))
+    try:
+        ajs = bus.jetstream_for(admin)
+        await ensure_topology(ajs, tool_ack_wait=0.3, tool_max_deliver=2)
+        watch = dlq.MaxDeliveriesWatch(worker_nc, bus.jetstream_for(worker_nc), worker="w-secure")
+        await watch.start()
+        psub = await ajs.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
+        lost = job("4.0", "echo", {"text": "z"}, run="r-secure")
+        await ajs.publish(lost.subject, lost.encode(), headers=lost.headers())
+        for _ in range(2):  # delivered twice and never acked: as if each worker died holding it
+            with anyio.fail_after(10):
+                while not await fetch_batch(psub, 1, 0.5):
+                    pass
+        with anyio.fail_after(15):
+            while watch.settled < 1:
+                assert await fetch_batch(psub, 1, 0.3) == []  # the pull that makes the server give up
+        await watch.stop()
+        await psub.unsubscribe()
+        letters = await dlq.list_dead_letters(ajs)
+        assert [d.deliveries for d in letters] == [2] and "MaxDeliver advisory" in letters[0].reason
+        assert (await ajs.stream_info(TOOLS)).state.messages == 0
+    finally:
+        await bus.close(worker_nc)
+        await bus.close(admin)
+    assert refused == []

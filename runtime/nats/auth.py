@@ -135,6 +135,7 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                f"$JS.ACK.{EVENTS}.{SUBRUNS_CONSUMER}.>",  # the sub-run ends the agent-tool workers answer
                "agents.*.subtasks", f"{COMMANDS_PREFIX}.*.{name}",  # an agent tool's child task and cancel
                "results.>", "dlq.>", "$KV.>", f"$O.{PAYLOADS_BUCKET}.>",
+               f"$JS.API.STREAM.MSG.DELETE.{TOOLS}",  # a job the server gave up on, once dead-lettered
                f"$JS.API.STREAM.PURGE.{_OBJ_PAYLOADS}", "$JS.API.STREAM.CREATE.*",
                "$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.CREATE.>",
                "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.MSG.NEXT.>", "$JS.FC.>"]
@@ -145,8 +146,10 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                 *(f"$JS.API.STREAM.CREATE.{s}" for s in (TASKS, EVENTS, TOOLS, RESULTS, DLQ)),
                 *(f"$JS.API.STREAM.CREATE.{_kv(b)}" for b in (*_FLEET_BUCKETS, APPLIED_BUCKET)),
                 "events.>", "tasks.>", "tools.>"]
-        # a worker follows every run's `run.cancelled` (a plain subscription) to stop a cancelled job
-        return Permissions(pub, [*inbox, "events.*.*.run.cancelled"], pub_deny=deny)
+        # a worker follows every run's `run.cancelled` (a plain subscription) to stop a cancelled job, and
+        # hears the server give up on a tool job (the MaxDeliver advisory) to dead-letter it
+        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TOOLS}.{WORKERS_CONSUMER}"
+        return Permissions(pub, [*inbox, "events.*.*.run.cancelled", advisory], pub_deny=deny)
     raise ValueError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
 
 

@@ -230,21 +230,36 @@ async def read_topology(js: JetStreamContext) -> Topology:
                     int(ci.config.max_deliver or DEFAULT_TOOL_MAX_DELIVER))
 
 
-async def attach_topology(js: JetStreamContext, **ensure: Any) -> Topology:
+class NoTopology(nats.js.errors.NotFoundError):
+    """No host has created the streams yet (a process that may not create them waits for one)."""
+
+    def __str__(self) -> str:
+        return "no host has created the streams and consumers yet: start `sa host` (or `sa up`)"
+
+
+async def attach_topology(js: JetStreamContext, *, create: bool = True, **ensure: Any) -> Topology:
     """The topology for a process starting up: read it, create it (`ensure_topology(**ensure)`) if there is
-    none, and wait out NATS being unavailable (a cluster electing a leader answers nothing for 4-6 s)
-    instead of failing: a host or worker restarted during an election must come up, not crash. A request
-    NATS rejects (a bad configuration) is raised at once."""
+    none and `create`, and wait out NATS being unavailable (a cluster electing a leader answers nothing for
+    4-6 s) instead of failing: a host or worker restarted during an election must come up, not crash. A
+    request NATS rejects (a bad configuration) is raised at once.
+
+    `create=False` is for workers: the hosts own the topology (its partition count is theirs to choose),
+    and a secured worker may not create streams at all (each refused request would stall it for the
+    request timeout), so a worker that starts first waits for a host, saying so every few seconds."""
 
     async def read_or_create() -> Topology:
         try:
             return await read_topology(js)
         except NotFoundError:
+            if not create:
+                raise NoTopology() from None
             await ensure_topology(js, **ensure)
             return await read_topology(js)  # what the server holds: another process may have been first
 
+    delay = 0.5 if create else 2.0
     return await retrying(read_or_create, what="attaching to the NATS topology", fatal=BadRequestError,
-                          retry_on=(nats.errors.Error, nats.js.errors.APIError, TimeoutError), logger=log)
+                          retry_on=(nats.errors.Error, nats.js.errors.APIError, TimeoutError), delay=delay,
+                          logger=log)
 
 
 async def read_partitions(js: JetStreamContext) -> int:

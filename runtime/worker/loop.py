@@ -335,7 +335,7 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
     try:
         js = jetstream_for(nc)
         if ensure:
-            await attach_topology(js)
+            await attach_topology(js, create=False)  # the hosts own it: wait for one
         worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome,
                         externals=externals, secrets=secrets)
         if on_ready is not None:
