@@ -40,7 +40,7 @@ from runtime.types import ToolError
 if TYPE_CHECKING:
     from runtime.scripts.externals import ExternalFailure
     from runtime.scripts.limits import Limits
-    from runtime.scripts.script import Script
+    from runtime.scripts.loaded import LoadedScript
 
 __all__ = ["classify", "frames", "lost_worker"]
 
@@ -77,7 +77,7 @@ def _norm(message: str) -> str:
     return message.strip().strip("'\"")
 
 
-def lost_worker(script: Script, e: RuntimeError) -> ToolError | None:
+def lost_worker(script: LoadedScript, e: RuntimeError) -> ToolError | None:
     """A `crashed` error when the sandbox worker vanished between the feed and its answer (Monty then says
     "this checkout has already been finished"), else None: any other RuntimeError is a host bug."""
     if "checkout" not in str(e):
@@ -91,7 +91,11 @@ def lost_worker(script: Script, e: RuntimeError) -> ToolError | None:
 
 
 def classify(
-    e: MontyError, script: Script, limits: Limits, failures: list[ExternalFailure], fs: ReadOnlyFS | None
+    e: MontyError,
+    script: LoadedScript,
+    limits: Limits,
+    failures: list[ExternalFailure],
+    fs: ReadOnlyFS | None,
 ) -> ToolError:
     """A Monty exception as a `ToolError` written for the model."""
     file = script.filename

@@ -22,7 +22,7 @@ the script first reads them, so nothing else has to change. Problems never raise
 `Script.diagnostics`, and `Script.run` returns them as errors.
 
 This module finds the declarations and blanks their lines; `declarations` reads each one, `check` finds
-what Monty cannot run, and `script` holds the result.
+what Monty cannot run, and the result is a `Script` (`script`: the data of `loaded`, plus `run`).
 """
 
 from __future__ import annotations
