@@ -1,4 +1,4 @@
-"""No import circles inside `runtime/scripts/`.
+"""No import circles inside `runtime/scripts/` and `runtime/bundle/`.
 
 A circle between modules makes each one's meaning depend on the order Python happens to load them in, and
 hides which module is the lower floor. The check reads every `import` statement with `ast` (at module level,
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runtime.scripts",)
+PACKAGES = ("runtime.scripts", "runtime.bundle")
 
 
 def _modules(package: str) -> dict[str, Path]:
