@@ -8,11 +8,12 @@
 
 Loading: `loader` (find the declarations, blank their lines), `declarations` (read one `Input` or
 `@external`), `check` (what Monty cannot run), `schema` (annotations -> JSON Schema), `specs` (what a
-script declares), `script` (the loaded `Script`). Running: `run` (one run, in order), `inputs` (arguments
-checked and coerced), `externals` (host functions wrapped for Monty), `files` (the read-only virtual
-filesystem), `limits`, `pool` (the process-wide Monty pool), `output` (results as plain JSON, checked),
-`errors` (Monty's exceptions as `ToolError`s), `notes` (what observers see of a run). Asking Monty before a
-run: `diagnostics` (`diagnose`, `probe`, `typecheck`). `validate` checks values against JSON Schema.
+script declares), `loaded` (`LoadedScript`: the loaded script as plain data), `script` (`Script`: a
+`LoadedScript` with `run`). Running: `run` (one run, in order), `inputs` (arguments checked and coerced),
+`externals` (host functions wrapped for Monty), `files` (the read-only virtual filesystem), `limits`,
+`pool` (the process-wide Monty pool), `output` (results as plain JSON, checked), `errors` (Monty's
+exceptions as `ToolError`s), `notes` (what observers see of a run). Asking Monty before a run:
+`diagnostics` (`diagnose`, `probe`, `typecheck`). `validate` checks values against JSON Schema.
 
 Everything a caller needs is re-exported here; the modules' other names are implementation details.
 """
@@ -22,13 +23,14 @@ from runtime.scripts.diagnostics import diagnose, probe, typecheck
 from runtime.scripts.externals import to_sandbox
 from runtime.scripts.inputs import check_arguments, coerce
 from runtime.scripts.limits import PRESETS, Limits, LimitsError, parse_duration, parse_size
+from runtime.scripts.loaded import LoadedScript, first_paragraph
 from runtime.scripts.loader import load, loads
 from runtime.scripts.notes import NoteCallback
 from runtime.scripts.output import to_plain
 from runtime.scripts.pool import SandboxPool, configure_pool, get_pool, shutdown, shutdown_sync
 from runtime.scripts.run import run_script
 from runtime.scripts.schema import AnnotationError, is_optional, schema_from_annotation, schema_from_type
-from runtime.scripts.script import Script, first_paragraph
+from runtime.scripts.script import Script
 from runtime.scripts.specs import MISSING, Diagnostic, ExternalSpec, InputSpec, ParamSpec, parameters_schema
 from runtime.types import ScriptNote
 
@@ -42,6 +44,7 @@ __all__ = [
     "InputSpec",
     "Limits",
     "LimitsError",
+    "LoadedScript",
     "NoteCallback",
     "ParamSpec",
     "SandboxPool",

@@ -113,52 +113,8 @@ def read_input(
         report("an Input(...) must be assigned to a plain name", line)
         return None
     var = stmt.target.id
-
-    key: str | None = var
-    if call.args:
-        first = call.args[0]
-        if isinstance(first, ast.Constant) and isinstance(first.value, str):
-            key = first.value
-        else:
-            report(
-                f"Input's first argument must be the input's name as a string literal: Input(\"{var}\")",
-                line,
-            )
-            key = None
-        if len(call.args) > 1:
-            report(
-                f'pass the default by keyword: Input("{var}", default={ast.unparse(call.args[1])})',
-                line,
-            )
-    if key is not None and key != var:
-        report(
-            f"Input name {key!r} differs from its variable {var!r}; they must match: "
-            f'`{var}: ... = Input("{var}")`',
-            line,
-        )
-
-    default: Any = MISSING
-    description: str | None = None
-    for kw in call.keywords:
-        if kw.arg == "default":
-            try:
-                default = ast.literal_eval(kw.value)
-            except (ValueError, SyntaxError, TypeError):
-                report(
-                    f"the default of input {var!r} must be a literal (a number, string, "
-                    f"list, dict, True/False/None), not `{ast.unparse(kw.value)}`",
-                    line,
-                )
-        elif kw.arg == "description":
-            if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
-                description = " ".join(kw.value.value.split())
-            else:
-                report(f"the description of input {var!r} must be a string literal", line)
-        else:
-            report(
-                f"Input() has no argument {kw.arg!r}; it accepts a name, default= and description=",
-                line,
-            )
+    _check_input_name(call, var, line, report)
+    default, description = _input_keywords(call, var, line, report)
 
     annotation = ast.unparse(stmt.annotation)
     try:
@@ -185,6 +141,59 @@ def read_input(
         line=line,
         schema=schema,
     )
+
+
+def _check_input_name(call: ast.Call, var: str, line: int, report: Report) -> None:
+    """`Input("name")`: one positional argument, the name as a string literal, the same as the variable."""
+    key: str | None = var
+    if call.args:
+        first = call.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            key = first.value
+        else:
+            report(
+                f"Input's first argument must be the input's name as a string literal: Input(\"{var}\")",
+                line,
+            )
+            key = None
+        if len(call.args) > 1:
+            report(
+                f'pass the default by keyword: Input("{var}", default={ast.unparse(call.args[1])})',
+                line,
+            )
+    if key is not None and key != var:
+        report(
+            f"Input name {key!r} differs from its variable {var!r}; they must match: "
+            f'`{var}: ... = Input("{var}")`',
+            line,
+        )
+
+
+def _input_keywords(call: ast.Call, var: str, line: int, report: Report) -> tuple[Any, str | None]:
+    """`Input(..., default=<literal>, description="...")`: (the default or MISSING, the description)."""
+    default: Any = MISSING
+    description: str | None = None
+    for kw in call.keywords:
+        if kw.arg == "default":
+            try:
+                default = ast.literal_eval(kw.value)
+            except (ValueError, SyntaxError, TypeError):
+                report(
+                    f"the default of input {var!r} must be a literal (a number, string, "
+                    f"list, dict, True/False/None), not `{ast.unparse(kw.value)}`",
+                    line,
+                )
+        elif kw.arg == "description":
+            if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                description = " ".join(kw.value.value.split())
+            else:
+                report(f"the description of input {var!r} must be a string literal", line)
+        else:
+            report(
+                f"Input() has no argument {kw.arg!r}; it accepts a name, default= and description=",
+                line,
+            )
+    return default, description
 
 
 def read_external(fn: ast.FunctionDef | ast.AsyncFunctionDef, report: Report) -> ExternalSpec:

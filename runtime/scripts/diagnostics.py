@@ -22,12 +22,12 @@ from runtime.scripts.pool import get_pool
 from runtime.scripts.specs import Diagnostic
 
 if TYPE_CHECKING:
-    from runtime.scripts.script import Script
+    from runtime.scripts.loaded import LoadedScript
 
 __all__ = ["diagnose", "probe", "typecheck"]
 
 
-async def diagnose(script: Script, *, use_monty: bool = True, types: bool = False) -> list[Diagnostic]:
+async def diagnose(script: LoadedScript, *, use_monty: bool = True, types: bool = False) -> list[Diagnostic]:
     """All diagnostics for `script`: the static check's, plus (with `use_monty`) anything Monty's own
     parser rejects (`probe`), plus (with `types`) Monty's type check against the declarations' stubs."""
     found = list(script.diagnostics)
@@ -38,7 +38,7 @@ async def diagnose(script: Script, *, use_monty: bool = True, types: bool = Fals
     return found
 
 
-async def probe(script: Script) -> list[Diagnostic]:
+async def probe(script: LoadedScript) -> list[Diagnostic]:
     """Feed the code to Monty's parser without running it (inside `if False:`): Diagnostics for anything
     Monty's parser rejects that the static check did not already report."""
     if not script.ok or not script.code.strip():
@@ -74,7 +74,7 @@ _TYPED = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?P<col>\d+): (?P<msg>.+)
 _typecheck_cache: dict[str, list[Diagnostic]] = {}
 
 
-async def typecheck(script: Script) -> list[Diagnostic]:
+async def typecheck(script: LoadedScript) -> list[Diagnostic]:
     """Monty's own type check (ty) against stubs generated from the declarations; cached per content hash.
 
     The code is fed with type checking on, no inputs, no externals and no files under strict limits.

@@ -19,6 +19,7 @@ declare a missing input.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic_monty import (
@@ -40,7 +41,7 @@ from runtime.types import ToolError
 if TYPE_CHECKING:
     from runtime.scripts.externals import ExternalFailure
     from runtime.scripts.limits import Limits
-    from runtime.scripts.script import Script
+    from runtime.scripts.loaded import LoadedScript
 
 __all__ = ["classify", "frames", "lost_worker"]
 
@@ -77,7 +78,7 @@ def _norm(message: str) -> str:
     return message.strip().strip("'\"")
 
 
-def lost_worker(script: Script, e: RuntimeError) -> ToolError | None:
+def lost_worker(script: LoadedScript, e: RuntimeError) -> ToolError | None:
     """A `crashed` error when the sandbox worker vanished between the feed and its answer (Monty then says
     "this checkout has already been finished"), else None: any other RuntimeError is a host bug."""
     if "checkout" not in str(e):
@@ -91,26 +92,15 @@ def lost_worker(script: Script, e: RuntimeError) -> ToolError | None:
 
 
 def classify(
-    e: MontyError, script: Script, limits: Limits, failures: list[ExternalFailure], fs: ReadOnlyFS | None
+    e: MontyError,
+    script: LoadedScript,
+    limits: Limits,
+    failures: list[ExternalFailure],
+    fs: ReadOnlyFS | None,
 ) -> ToolError:
     """A Monty exception as a `ToolError` written for the model."""
-    file = script.filename
     if isinstance(e, MontyCrashedError):
-        if e.timed_out:
-            return ToolError(
-                "limit",
-                f"the script ran past its {human_duration(limits.max_duration or 0)} time "
-                "limit (max_duration) and its sandbox worker had to be killed. Look for an endless "
-                "loop or very deep recursion, or do less work per call.",
-                detail="duration",
-            )
-        get_pool().record_crash(str(e))
-        return ToolError(
-            "crashed",
-            f"the sandbox worker running {file} died ({e}). It has been replaced; the "
-            "script may be fine, so retrying once is reasonable. If it happens again, look for "
-            "huge allocations or runaway recursion.",
-        )
+        return _crashed(e, script.filename, limits)
     found = frames(e)
     line, trace = _where(found)
     if isinstance(e, MontySyntaxError):
@@ -119,16 +109,76 @@ def classify(
         return ToolError("check", f"type check failed:\n{e.display()}")
     if isinstance(e, MontyConversionError):
         return ToolError("input", f"a value could not be passed into the sandbox: {e}. Use plain JSON data.")
-    inner = e.exception() if isinstance(e, MontyRuntimeError) else None
-    kind_name = type(inner).__name__ if inner is not None else "Error"
-    text = str(e)
-    message = e.display("msg") if isinstance(e, MontyRuntimeError) else text
-    # `line` travels in ToolError.line (for_model shows it); the message quotes the source line itself
-    src_line = (found[-1].source_line or "").strip() if found else ""
-    # quote the failing line, unless it is the script's own `raise` (its message already says it all)
-    src = f" in `{src_line}`" if src_line and not src_line.startswith("raise ") else ""
+    raised = _Raised.read(e, found, line, trace)
+    error = _limit_error(raised, limits)
+    if error is None:
+        error = _unsupported_error(raised)
+    if error is None:
+        error = _external_error(raised, failures)
+    return error if error is not None else _execution_error(raised, script.filename, fs)
 
-    if kind_name == "MemoryError" and ("memory limit" in text or "exceeded its memory limit" in text):
+
+def _crashed(e: MontyCrashedError, file: str, limits: Limits) -> ToolError:
+    """The sandbox worker died: killed for overrunning its time (a `limit`), or for any other reason."""
+    if e.timed_out:
+        return ToolError(
+            "limit",
+            f"the script ran past its {human_duration(limits.max_duration or 0)} time "
+            "limit (max_duration) and its sandbox worker had to be killed. Look for an endless "
+            "loop or very deep recursion, or do less work per call.",
+            detail="duration",
+        )
+    get_pool().record_crash(str(e))
+    return ToolError(
+        "crashed",
+        f"the sandbox worker running {file} died ({e}). It has been replaced; the "
+        "script may be fine, so retrying once is reasonable. If it happens again, look for "
+        "huge allocations or runaway recursion.",
+    )
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """What a script raised while it ran, read once from Monty's exception for the functions below."""
+
+    kind: str  # the exception's type name in the sandbox ("Error" when Monty gives none)
+    text: str  # Monty's whole text, which is where a limit says its name
+    message: str  # the exception's own message
+    line: int | None  # the failing line of the `.pym`
+    trace: str  # a compact traceback (`_where`)
+    depth: int  # how many frames the traceback has
+    source: str  # the failing source line, stripped
+
+    @classmethod
+    def read(cls, e: MontyError, found: list[Frame], line: int | None, trace: str) -> _Raised:
+        inner = e.exception() if isinstance(e, MontyRuntimeError) else None
+        text = str(e)
+        return cls(
+            kind=type(inner).__name__ if inner is not None else "Error",
+            text=text,
+            message=e.display("msg") if isinstance(e, MontyRuntimeError) else text,
+            line=line,
+            trace=trace,
+            depth=len(found),
+            source=(found[-1].source_line or "").strip() if found else "",
+        )
+
+    @property
+    def deliberate(self) -> bool:
+        """The script's own `raise`: its message is the point, and already says it all."""
+        return self.source.startswith("raise ")
+
+    @property
+    def quoted(self) -> str:
+        """` in `<the failing line>`` for a message (`line` travels in ToolError.line, which for_model
+        shows), or "" when there is no line or it is the script's own `raise`."""
+        return f" in `{self.source}`" if self.source and not self.deliberate else ""
+
+
+def _limit_error(raised: _Raised, limits: Limits) -> ToolError | None:
+    """A `limit` error when the run hit one of its limits (memory, time, recursion, host calls), else None."""
+    kind, text, src, line = raised.kind, raised.text, raised.quoted, raised.line
+    if kind == "MemoryError" and ("memory limit" in text or "exceeded its memory limit" in text):
         return ToolError(
             "limit",
             f"the script used more than its {human_size(limits.max_memory or 0)} memory "
@@ -137,7 +187,7 @@ def classify(
             line,
             "memory",
         )
-    if kind_name == "TimeoutError" and "limit exceeded" in text:
+    if kind == "TimeoutError" and "limit exceeded" in text:
         what = "sleeping" if "sleep limit" in text else "running"
         return ToolError(
             "limit",
@@ -147,7 +197,7 @@ def classify(
             line,
             "duration",
         )
-    if kind_name == "RecursionError":
+    if kind == "RecursionError":
         return ToolError(
             "limit",
             f"maximum recursion depth ({limits.max_recursion}, max_recursion) exceeded"
@@ -155,7 +205,7 @@ def classify(
             line,
             "recursion",
         )
-    if kind_name == "RuntimeError" and (m := _SUSPENSION.search(text)):
+    if kind == "RuntimeError" and (m := _SUSPENSION.search(text)):
         return ToolError(
             "limit",
             f"the script made more than {m.group(1)} host calls (externals and file or "
@@ -164,44 +214,68 @@ def classify(
             line,
             "suspensions",
         )
-    if kind_name == "NotImplementedError" and "syntax parser does not yet support" in text:
+    return None
+
+
+def _unsupported_error(raised: _Raised) -> ToolError | None:
+    """A `check` error when Monty met a construct it cannot run (found only when it ran), else None."""
+    if raised.kind == "NotImplementedError" and "syntax parser does not yet support" in raised.text:
         return ToolError(
             "check",
-            f"{message}{src}: Monty cannot run this construct; rewrite it "
+            f"{raised.message}{raised.quoted}: Monty cannot run this construct; rewrite it "
             "(see the .pym guide in README.md)",
-            line,
+            raised.line,
         )
-    if failures:
-        last = failures[-1]
-        same_type = kind_name in (last.type, "Exception")  # host-only exception classes arrive as Exception
-        if same_type and _norm(message) == _norm(last.message):
-            what = f"{last.type}: {last.message}" if last.message else last.type
-            return ToolError(
-                "external",
-                f"external function {last.name!r} raised {what}{src}. The host function failed; check "
-                "the arguments passed to it, or catch the error in the script.",
-                line,
-            )
+    return None
 
-    hint = ""
-    if kind_name == "FileNotFoundError" and fs is not None:
+
+def _external_error(raised: _Raised, failures: list[ExternalFailure]) -> ToolError | None:
+    """An `external` error when what escaped is the exception the last failed host function raised."""
+    if not failures:
+        return None
+    last = failures[-1]
+    same_type = raised.kind in (last.type, "Exception")  # host-only exception classes arrive as Exception
+    if not (same_type and _norm(raised.message) == _norm(last.message)):
+        return None
+    what = f"{last.type}: {last.message}" if last.message else last.type
+    return ToolError(
+        "external",
+        f"external function {last.name!r} raised {what}{raised.quoted}. The host function failed; check "
+        "the arguments passed to it, or catch the error in the script.",
+        raised.line,
+    )
+
+
+def _execution_error(raised: _Raised, file: str, fs: ReadOnlyFS | None) -> ToolError:
+    """Any other exception the script let escape: its type and message, the traceback, and a hint."""
+    trace_text = (
+        f"\nTraceback (most recent call last), {file}:\n{raised.trace}"
+        if raised.depth > 1 and not raised.deliberate
+        else ""
+    )
+    return ToolError(
+        "execution",
+        f"{raised.kind}: {raised.message}{raised.quoted}{trace_text}{_hint(raised, fs)}",
+        raised.line,
+    )
+
+
+def _hint(raised: _Raised, fs: ReadOnlyFS | None) -> str:
+    """What helps with an exception of this type ("" when nothing does): the files that exist, how to
+    declare a missing name, the modules the sandbox has."""
+    kind, text = raised.kind, raised.text
+    if kind == "FileNotFoundError" and fs is not None:
         listing = fs.listing()
-        hint = (
-            ("\nAvailable files: " + ", ".join(listing))
-            if listing
-            else "\nNo files were provided to this run."
-        )
-    elif kind_name == "PermissionError" and "Read-only" in text and READ_ONLY_HINT not in text:
-        hint = f"\n{READ_ONLY_HINT[0].upper()}{READ_ONLY_HINT[1:]}."
-    elif kind_name == "NameError" and (m := re.search(r"name '(\w+)' is not defined", text)):
-        hint = (
+        if not listing:
+            return "\nNo files were provided to this run."
+        return "\nAvailable files: " + ", ".join(listing)
+    if kind == "PermissionError" and "Read-only" in text and READ_ONLY_HINT not in text:
+        return f"\n{READ_ONLY_HINT[0].upper()}{READ_ONLY_HINT[1:]}."
+    if kind == "NameError" and (m := re.search(r"name '(\w+)' is not defined", text)):
+        return (
             f"\nIf {m.group(1)!r} should be an input, declare it: `{m.group(1)}: str = "
             f'Input("{m.group(1)}")`; if it is a host function, declare it with @external.'
         )
-    elif kind_name in ("ModuleNotFoundError", "ImportError"):
-        hint = f"\nModules available in the sandbox: {', '.join(sorted(MODULES))}."
-    deliberate = src_line.startswith("raise ")  # the script's own raise: its message is the point
-    trace_text = (
-        f"\nTraceback (most recent call last), {file}:\n{trace}" if len(found) > 1 and not deliberate else ""
-    )
-    return ToolError("execution", f"{kind_name}: {message}{src}{trace_text}{hint}", line)
+    if kind in ("ModuleNotFoundError", "ImportError"):
+        return f"\nModules available in the sandbox: {', '.join(sorted(MODULES))}."
+    return ""

@@ -29,7 +29,7 @@ import msgspec
 from runtime.types import ToolError
 
 if TYPE_CHECKING:
-    from runtime.scripts.script import Script
+    from runtime.scripts.loaded import LoadedScript
 
 __all__ = ["ExternalFailure", "prepare_externals", "to_sandbox"]
 
@@ -60,7 +60,7 @@ class ExternalFailure(msgspec.Struct):
 
 
 def prepare_externals(
-    script: Script,
+    script: LoadedScript,
     externals: dict[str, Callable[..., Any]] | None,
     failures: list[ExternalFailure],
     loop: asyncio.AbstractEventLoop,

@@ -19,7 +19,7 @@ from runtime.scripts.validate import describe_value, validate
 from runtime.types import ToolError
 
 if TYPE_CHECKING:
-    from runtime.scripts.script import Script
+    from runtime.scripts.loaded import LoadedScript
 
 __all__ = ["check_arguments", "coerce", "prepare_inputs"]
 
@@ -93,7 +93,7 @@ def _type_hint(schema: dict[str, Any]) -> str:
     return "any value"
 
 
-def prepare_inputs(script: Script, inputs: dict[str, Any] | None) -> dict[str, Any] | ToolError:
+def prepare_inputs(script: LoadedScript, inputs: dict[str, Any] | None) -> dict[str, Any] | ToolError:
     """Validated inputs with defaults filled, or an `input` error."""
     inputs = {} if inputs is None else inputs
     error = check_arguments(script.name, script.parameters, inputs)

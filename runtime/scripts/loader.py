@@ -22,7 +22,7 @@ the script first reads them, so nothing else has to change. Problems never raise
 `Script.diagnostics`, and `Script.run` returns them as errors.
 
 This module finds the declarations and blanks their lines; `declarations` reads each one, `check` finds
-what Monty cannot run, and `script` holds the result.
+what Monty cannot run, and the result is a `Script` (`script`: the data of `loaded`, plus `run`).
 """
 
 from __future__ import annotations
@@ -82,78 +82,97 @@ class _Loader:
 
     def load(self) -> Script:
         script = Script(name=self.name, source=self.source, path=self.path)
+        tree = self._parse()
+        if tree is not None:
+            script.docstring = ast.get_docstring(tree)
+            handled = self._read_declarations(tree, script)
+            self._check_hidden_externals(tree, handled, script)
+            for name in set(script.inputs) & set(script.externals):
+                self.report(
+                    "check",
+                    f"{name!r} is declared both as an Input and as an @external; rename one",
+                    script.inputs[name].line,
+                )
+            self._check_nested_declarations(tree, handled)
+            for line, column, message in check_subset(tree, skip=handled):
+                self.report("check", message, line, column)
+            self.diagnostics.sort(key=lambda d: (d.line or 0, d.column or 0))
+            script.code = self._code()
+        script.diagnostics = self.diagnostics
+        return script
+
+    # ---- the steps of `load` ----------------------------------------------------------------------
+
+    def _parse(self) -> ast.Module | None:
+        """The syntax tree, or None after a `parse` diagnostic (the script then has no code to run)."""
         try:
-            tree = ast.parse(self.source, filename=self.file)
+            return ast.parse(self.source, filename=self.file)
         except SyntaxError as e:
             text = (e.text or "").strip()
             where = f": `{text}`" if text else ""
             msg = e.msg if "syntax" in e.msg.lower() else f"syntax error: {e.msg}"
             self.report("parse", f"{msg}{where}", e.lineno, e.offset)
-            script.diagnostics = self.diagnostics
-            return script
         except ValueError as e:  # e.g. "source code string cannot contain null bytes"
             self.report("parse", f"the file cannot be parsed: {e}", None)
-            script.diagnostics = self.diagnostics
-            return script
+        return None
 
-        script.docstring = ast.get_docstring(tree)
+    def _read_declarations(self, tree: ast.Module, script: Script) -> set[int]:
+        """Read the top-level grail import, `Input`s and `@external`s into `script` and blank their lines;
+        the indexes (in `tree.body`) of the statements that were declarations."""
         arg_docs = docstring_params(script.docstring)
         handled: set[int] = set()
         line_owner = self._line_owners(tree)
-
         for index, stmt in enumerate(tree.body):
             if isinstance(stmt, ast.ImportFrom) and stmt.module == "grail" and not stmt.level:
-                handled.add(index)
-                for alias in stmt.names:
-                    if alias.name not in _GRAIL_NAMES:
-                        self.report(
-                            "check",
-                            f"grail has no {alias.name!r} here; a script may import only "
-                            "`external` and `Input` from grail",
-                            stmt.lineno,
-                        )
-                    elif alias.asname and alias.asname != alias.name:
-                        self.report(
-                            "check",
-                            f"import {alias.name} under its own name (not as "
-                            f"{alias.asname!r}); the loader looks for `{alias.name}`",
-                            stmt.lineno,
-                        )
-                self._blank(stmt, line_owner)
+                self._check_grail_import(stmt)
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
                 is_grail_name(d, "external") for d in stmt.decorator_list
             ):
-                handled.add(index)
                 ext = read_external(stmt, self.check)
                 self._declare(script.externals, ext.name, ext, "external")
-                self._blank(stmt, line_owner)
             elif isinstance(stmt, (ast.AnnAssign, ast.Assign)) and is_input_call(stmt.value):
-                handled.add(index)
                 spec = read_input(stmt, arg_docs, self.check)
                 if spec is not None:
                     self._declare(script.inputs, spec.name, spec, "input")
-                self._blank(stmt, line_owner)
+            else:
+                continue
+            handled.add(index)
+            self._blank(stmt, line_owner)
+        return handled
 
+    def _check_grail_import(self, stmt: ast.ImportFrom) -> None:
+        """`from grail import ...` may name only `external` and `Input`, each under its own name."""
+        for alias in stmt.names:
+            if alias.name not in _GRAIL_NAMES:
+                self.report(
+                    "check",
+                    f"grail has no {alias.name!r} here; a script may import only "
+                    "`external` and `Input` from grail",
+                    stmt.lineno,
+                )
+            elif alias.asname and alias.asname != alias.name:
+                self.report(
+                    "check",
+                    f"import {alias.name} under its own name (not as "
+                    f"{alias.asname!r}); the loader looks for `{alias.name}`",
+                    stmt.lineno,
+                )
+
+    def _check_hidden_externals(self, tree: ast.Module, handled: set[int], script: Script) -> None:
+        """A top-level def or class with an @external's name would hide the host function."""
         for index, stmt in enumerate(tree.body):
             if index not in handled and isinstance(
                 stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-            ):
-                if stmt.name in script.externals:
-                    self.report(
-                        "check",
-                        f"{stmt.name!r} is declared @external (line {script.externals[stmt.name].line}) and "
-                        "also defined in the script; the definition would hide the host function; rename one",
-                        stmt.lineno,
-                    )
+            ) and stmt.name in script.externals:
+                self.report(
+                    "check",
+                    f"{stmt.name!r} is declared @external (line {script.externals[stmt.name].line}) and "
+                    "also defined in the script; the definition would hide the host function; rename one",
+                    stmt.lineno,
+                )
 
-        for name in set(script.inputs) & set(script.externals):
-            self.report(
-                "check",
-                f"{name!r} is declared both as an Input and as an @external; rename one",
-                script.inputs[name].line,
-            )
-
-        # Declarations anywhere else would silently never bind: report them.
+    def _check_nested_declarations(self, tree: ast.Module, handled: set[int]) -> None:
+        """Declarations anywhere but the top level would silently never bind: report them."""
         for index, stmt in enumerate(tree.body):
             if index in handled:
                 continue
@@ -175,17 +194,13 @@ class _Loader:
                         node.lineno,
                     )
 
-        for line, column, message in check_subset(tree, skip=handled):
-            self.report("check", message, line, column)
-
-        self.diagnostics.sort(key=lambda d: (d.line or 0, d.column or 0))
-        script.diagnostics = self.diagnostics
+    def _code(self) -> str:
+        """The source with the declaration lines blanked: the same line numbers, so Monty's are the file's."""
         lines = self.source.splitlines(keepends=True)
-        script.code = "".join(
+        return "".join(
             ("\n" if line.endswith(("\n", "\r")) else "") if i + 1 in self.blank else line
             for i, line in enumerate(lines)
         )
-        return script
 
     # ---- helpers --------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import base64
 import datetime
 import decimal
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
@@ -59,33 +60,57 @@ def to_plain(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_plain(v, _depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
-        items = [to_plain(v, _depth + 1) for v in value]
-        try:
-            return sorted(items)
-        except TypeError:
-            return items
+        return _set(value, _depth)
     if isinstance(value, MontyClassProxy):
         return to_plain(dict(value.attributes), _depth + 1)
-    if isinstance(value, MontyClassTypeProxy):
-        return value.name
-    if isinstance(value, MontyStdTypeProxy):
-        return f"<{value.kind} {value.name}>"
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return "base64:" + base64.b64encode(value).decode()
-    if isinstance(value, complex):
-        return str(value)
-    return str(value)
+    for kinds, convert in _LEAVES:
+        if isinstance(value, kinds):
+            return convert(value)
+    return str(value)  # complex, and anything else: its text
+
+
+def _set(value: set[Any] | frozenset[Any], depth: int) -> list[Any]:
+    """A set as a list, sorted when its items can be (so the same set always reads the same)."""
+    items = [to_plain(v, depth + 1) for v in value]
+    try:
+        return sorted(items)
+    except TypeError:
+        return items
+
+
+def _type_name(value: MontyClassTypeProxy) -> str:
+    return value.name
+
+
+def _std_type(value: MontyStdTypeProxy) -> str:
+    return f"<{value.kind} {value.name}>"
+
+
+def _iso(value: datetime.date | datetime.time) -> str:
+    return value.isoformat()
+
+
+def _seconds(value: datetime.timedelta) -> float:
+    return value.total_seconds()
+
+
+def _text(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(value).decode()
+
+
+# values that hold no other values: (their types, how each becomes JSON data), tried in order
+_LEAVES: tuple[tuple[type | tuple[type, ...], Callable[[Any], Any]], ...] = (
+    (MontyClassTypeProxy, _type_name),
+    (MontyStdTypeProxy, _std_type),
+    (decimal.Decimal, str),
+    ((datetime.date, datetime.time), _iso),  # a datetime is a date
+    (datetime.timedelta, _seconds),
+    (PurePath, str),
+    (bytes, _text),
+)
 
 
 def _key(key: Any) -> str:

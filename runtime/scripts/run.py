@@ -34,7 +34,7 @@ from runtime.scripts.pool import get_pool
 from runtime.types import ToolError, ToolResult
 
 if TYPE_CHECKING:
-    from runtime.scripts.script import Script
+    from runtime.scripts.loaded import LoadedScript
 
 __all__ = ["run_script"]
 
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 async def run_script(
-    script: Script,
+    script: LoadedScript,
     inputs: dict[str, Any] | None = None,
     *,
     externals: dict[str, Callable[..., Any]] | None = None,
@@ -81,7 +81,7 @@ async def run_script(
 
 
 async def _run(
-    script: Script,
+    script: LoadedScript,
     inputs: dict[str, Any] | None,
     externals: dict[str, Callable[..., Any]] | None,
     files: dict[str, str | bytes] | None,

@@ -18,8 +18,10 @@ error at the declaration's line, never a silent "string".
 from __future__ import annotations
 
 import ast
+import collections.abc as cabc
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["AnnotationError", "is_optional", "nullable", "schema_from_annotation", "schema_from_type"]
@@ -111,6 +113,11 @@ def _array(kind: str, items: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def _fixed_tuple(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """`tuple[A, B]`: an array of exactly these items, in this order."""
+    return {"type": "array", "prefixItems": items, "minItems": len(items), "maxItems": len(items)}
+
+
 def _object(key: dict[str, Any] | None, value: dict[str, Any] | None, shown: str) -> dict[str, Any]:
     if key is not None and key not in ({"type": "string"}, {}):
         raise AnnotationError(f"{shown}: JSON object keys are strings, so use dict[str, ...]")
@@ -180,33 +187,64 @@ def _from_ast(node: ast.expr) -> dict[str, Any]:
             return {"type": "object"}
         raise AnnotationError(f"type {shown!r} has no JSON Schema mapping; supported: {SUPPORTED}")
     if isinstance(node, ast.Subscript):
-        base = _name_of(node.value)
+        base = _name_of(node.value) or ""
+        generic = _AST_GENERICS.get(base)
+        if generic is None:
+            raise AnnotationError(f"type {shown!r} has no JSON Schema mapping; supported: {SUPPORTED}")
         args = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if base in {"list", "List", "Sequence", "set", "Set", "frozenset", "FrozenSet"}:
-            if len(args) != 1:
-                raise AnnotationError(f"{shown}: {base}[...] takes one item type")
-            return _array(base, _from_ast(args[0]))
-        if base in {"tuple", "Tuple"}:
-            if len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is Ellipsis:
-                return _array(base, _from_ast(args[0]))
-            items = [_from_ast(a) for a in args]
-            return {"type": "array", "prefixItems": items, "minItems": len(items), "maxItems": len(items)}
-        if base in _OBJECTS:
-            if len(args) != 2:
-                raise AnnotationError(f"{shown}: dict[...] takes a key and a value type")
-            return _object(_from_ast(args[0]), _from_ast(args[1]), shown)
-        if base == "Optional":
-            if len(args) != 1:
-                raise AnnotationError(f"{shown}: Optional[...] takes one type")
-            return nullable(_from_ast(args[0]))
-        if base == "Union":
-            return _union([_from_ast(a) for a in args])
-        if base == "Literal":
-            return {"enum": [_literal_value(a) for a in args]}
-        if base == "Annotated" and args:
-            return _from_ast(args[0])
-        raise AnnotationError(f"type {shown!r} has no JSON Schema mapping; supported: {SUPPORTED}")
+        return generic(base, args, shown)
     raise AnnotationError(f"{shown!r} is not a supported type annotation; supported: {SUPPORTED}")
+
+
+# One function per generic written `base[args]` in source text: (base, its argument nodes, the whole
+# annotation as written, for messages) -> the schema.
+
+
+def _ast_array(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    if len(args) != 1:
+        raise AnnotationError(f"{shown}: {base}[...] takes one item type")
+    return _array(base, _from_ast(args[0]))
+
+
+def _ast_tuple(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    if len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is Ellipsis:
+        return _array(base, _from_ast(args[0]))
+    return _fixed_tuple([_from_ast(a) for a in args])
+
+
+def _ast_object(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    if len(args) != 2:
+        raise AnnotationError(f"{shown}: dict[...] takes a key and a value type")
+    return _object(_from_ast(args[0]), _from_ast(args[1]), shown)
+
+
+def _ast_optional(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    if len(args) != 1:
+        raise AnnotationError(f"{shown}: Optional[...] takes one type")
+    return nullable(_from_ast(args[0]))
+
+
+def _ast_union(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    return _union([_from_ast(a) for a in args])
+
+
+def _ast_literal(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    return {"enum": [_literal_value(a) for a in args]}
+
+
+def _ast_annotated(base: str, args: list[ast.expr], shown: str) -> dict[str, Any]:
+    return _from_ast(args[0])  # the metadata after the type says nothing JSON Schema can use
+
+
+_AST_GENERICS: dict[str, Callable[[str, list[ast.expr], str], dict[str, Any]]] = {
+    **dict.fromkeys(("list", "List", "Sequence", "set", "Set", "frozenset", "FrozenSet"), _ast_array),
+    **dict.fromkeys(("tuple", "Tuple"), _ast_tuple),
+    **dict.fromkeys(_OBJECTS, _ast_object),
+    "Optional": _ast_optional,
+    "Union": _ast_union,
+    "Literal": _ast_literal,
+    "Annotated": _ast_annotated,
+}
 
 
 # ---- typing objects (the Python callable path) ------------------------------------------------------
@@ -214,61 +252,103 @@ def _from_ast(node: ast.expr) -> dict[str, Any]:
 
 def schema_from_type(tp: Any) -> dict[str, Any]:
     """JSON Schema for a real type hint (`int`, `list[str]`, `Optional[int]`, `Literal[...]`)."""
-    shown = getattr(tp, "__name__", None) or repr(tp)
+    bare = _bare_type(tp)
+    if bare is not None:
+        return bare
+    if isinstance(tp, str):
+        return schema_from_annotation(tp)
+    origin = typing.get_origin(tp)
+    generic = _TYPE_GENERICS.get(origin) if origin is not None else None
+    if generic is None:
+        shown = getattr(tp, "__name__", None) or repr(tp)
+        raise AnnotationError(f"type {shown!r} has no JSON Schema mapping; supported: {SUPPORTED}")
+    return generic(tp, typing.get_args(tp))
+
+
+_TYPE_SCALARS: dict[Any, dict[str, Any]] = {
+    bool: {"type": "boolean"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    str: {"type": "string"},
+}
+
+
+def _bare_type(tp: Any) -> dict[str, Any] | None:
+    """The schema of a hint that is one name with no arguments (`int`, `None`, `Any`, a bare `list`), or
+    None for anything else."""
     if tp is Any or tp is object:
         return {}
     if tp is None or tp is type(None):
         return {"type": "null"}
-    if tp is bool:
-        return {"type": "boolean"}
-    if tp is int:
-        return {"type": "integer"}
-    if tp is float:
-        return {"type": "number"}
-    if tp is str:
-        return {"type": "string"}
-    if isinstance(tp, str):
-        return schema_from_annotation(tp)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is typing.Annotated:
-        return schema_from_type(args[0])
-    if origin in (typing.Union, types.UnionType):
-        return _union([schema_from_type(a) for a in args])
-    if origin is typing.Literal:
-        for a in args:
-            if not isinstance(a, (str, int, float, bool, type(None))):
-                raise AnnotationError(f"Literal values must be str, int, float, bool or None, not {a!r}")
-        return {"enum": list(args)}
+    if not isinstance(tp, type):
+        return None
+    if tp in _TYPE_SCALARS:
+        return dict(_TYPE_SCALARS[tp])
     if tp in (list, tuple, set, frozenset):
         return _array(tp.__name__, None)
     if tp is dict:
         return {"type": "object"}
-    if origin in (list, set, frozenset):
-        return _array(origin.__name__, schema_from_type(args[0]) if args else None)
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return _array("tuple", schema_from_type(args[0]))
-        items = [schema_from_type(a) for a in args]
-        return {"type": "array", "prefixItems": items, "minItems": len(items), "maxItems": len(items)}
-    if origin is dict:
-        key, value = (*args, None, None)[:2]
-        return _object(
-            schema_from_type(key) if key is not None else None,
-            schema_from_type(value) if value is not None else None,
-            repr(tp),
-        )
-    try:
-        import collections.abc as cabc
+    return None
 
-        if origin in (cabc.Sequence,):
-            return _array("list", schema_from_type(args[0]) if args else None)
-        if origin in (cabc.Mapping,):
-            return _object(
-                schema_from_type(args[0]) if args else None,
-                schema_from_type(args[1]) if len(args) > 1 else None,
-                repr(tp),
-            )
-    except IndexError:  # pragma: no cover - malformed hint
-        pass
-    raise AnnotationError(f"type {shown!r} has no JSON Schema mapping; supported: {SUPPORTED}")
+
+# One function per generic origin (`typing.get_origin`): (the hint, its arguments) -> the schema.
+
+
+def _type_annotated(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    return schema_from_type(args[0])
+
+
+def _type_union(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    return _union([schema_from_type(a) for a in args])
+
+
+def _type_literal(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    for a in args:
+        if not isinstance(a, (str, int, float, bool, type(None))):
+            raise AnnotationError(f"Literal values must be str, int, float, bool or None, not {a!r}")
+    return {"enum": list(args)}
+
+
+def _type_array(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """`list[X]`, `set[X]`, `frozenset[X]` and `Sequence[X]` (an array like a list)."""
+    origin = typing.get_origin(tp)
+    kind = origin.__name__ if origin in (list, set, frozenset) else "list"
+    return _array(kind, schema_from_type(args[0]) if args else None)
+
+
+def _type_tuple(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    if len(args) == 2 and args[1] is Ellipsis:
+        return _array("tuple", schema_from_type(args[0]))
+    return _fixed_tuple([schema_from_type(a) for a in args])
+
+
+def _type_dict(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """`dict[K, V]` (a `None` in either place is read as not given)."""
+    key, value = (*args, None, None)[:2]
+    return _object(
+        schema_from_type(key) if key is not None else None,
+        schema_from_type(value) if value is not None else None,
+        repr(tp),
+    )
+
+
+def _type_mapping(tp: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """`Mapping[K, V]`."""
+    key = schema_from_type(args[0]) if args else None
+    value = schema_from_type(args[1]) if len(args) > 1 else None
+    return _object(key, value, repr(tp))
+
+
+_TYPE_GENERICS: dict[Any, Callable[[Any, tuple[Any, ...]], dict[str, Any]]] = {
+    typing.Annotated: _type_annotated,
+    typing.Union: _type_union,
+    types.UnionType: _type_union,
+    typing.Literal: _type_literal,
+    list: _type_array,
+    set: _type_array,
+    frozenset: _type_array,
+    cabc.Sequence: _type_array,
+    tuple: _type_tuple,
+    dict: _type_dict,
+    cabc.Mapping: _type_mapping,
+}

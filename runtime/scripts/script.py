@@ -1,92 +1,30 @@
-"""`Script`: a loaded `.pym`, with what it declares, what is wrong with it, and the code Monty runs.
+"""`Script`: a loaded `.pym` that can run itself, grail's `GrailScript` (`script.run(inputs, ...)`).
 
-The loader (`runtime.scripts.loader`) makes one from a file or text; nothing else builds one. A `Script`
-is plain data plus a few derived views: the JSON Schema of its inputs (what a model is shown), its load
-problems as a failed `ToolResult` (what a run returns instead of running), type stubs of its declarations
-(for Monty's type checker), and `run`, which hands it to the sandbox (`runtime.scripts.run`).
+Everything a `Script` knows is in `LoadedScript` (`runtime.scripts.loaded`): its declarations, its
+diagnostics and the code Monty runs. `Script` only adds `run`, which hands it to the sandbox
+(`runtime.scripts.run.run_script`). The split exists so that the runner's modules can take the plain
+`LoadedScript` without importing this module, which imports them: nothing in `runtime/scripts/` imports
+its way back to itself.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from runtime.scripts.loaded import LoadedScript
 from runtime.scripts.run import run_script
-from runtime.scripts.specs import Diagnostic, ExternalSpec, InputSpec, parameters_schema
-from runtime.types import ToolResult
 
 if TYPE_CHECKING:
     from runtime.scripts.limits import Limits
     from runtime.scripts.notes import NoteCallback
+    from runtime.types import ToolResult
 
-__all__ = ["Script", "first_paragraph"]
+__all__ = ["Script"]
 
 
-@dataclass(eq=False)
-class Script:
-    """A loaded `.pym`: its declarations, its diagnostics, and the line-preserving code Monty runs."""
-
-    name: str
-    source: str
-    path: str | None = None
-    docstring: str | None = None
-    inputs: dict[str, InputSpec] = field(default_factory=dict)
-    externals: dict[str, ExternalSpec] = field(default_factory=dict)
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    code: str = ""
-
-    @property
-    def filename(self) -> str:
-        """The name errors are reported under: the path as given, or `<name>.pym`."""
-        return self.path or f"{self.name}.pym"
-
-    @property
-    def parsed(self) -> bool:
-        """False when the source does not parse (then inputs, externals and docstring are unknown)."""
-        return not any(d.kind == "parse" for d in self.diagnostics)
-
-    @property
-    def ok(self) -> bool:
-        """True when the script loaded without diagnostics and can run."""
-        return not self.diagnostics
-
-    @cached_property
-    def content_hash(self) -> str:
-        """sha256 of the source (first 16 hex chars): identifies this version of the script."""
-        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
-
-    @property
-    def description(self) -> str:
-        """The docstring's first paragraph on one line ("" without a docstring)."""
-        return first_paragraph(self.docstring)
-
-    @cached_property
-    def parameters(self) -> dict[str, Any]:
-        """JSON Schema of the inputs (an object with `additionalProperties: false`)."""
-        return parameters_schema(self.inputs.values())
-
-    def error(self) -> ToolResult | None:
-        """The load problems as a failed `ToolResult` (kind of the first), or None when the script is ok."""
-        if not self.diagnostics:
-            return None
-        first = self.diagnostics[0]
-        if len(self.diagnostics) == 1:
-            message = first.message
-        else:
-            message = f"{len(self.diagnostics)} problems in {self.filename}:\n" + "\n".join(
-                f"- line {d.line}: {d.message}" if d.line else f"- {d.message}" for d in self.diagnostics
-            )
-        return ToolResult.failure(first.kind, message, line=first.line)
-
-    def stubs(self) -> str:
-        """Type stubs for the declarations (`name: T` and `def f(...) -> R: ...`), e.g. for a type checker."""
-        lines = [f"{spec.name}: {spec.annotation}" for spec in self.inputs.values()]
-        lines += [f"{ext.signature()}: ..." for ext in self.externals.values()]
-        return "\n".join(lines) + ("\n" if lines else "")
+class Script(LoadedScript):
+    """A loaded `.pym` (what `load` and `loads` return): its declarations, its diagnostics, and `run`."""
 
     async def run(self, inputs: dict[str, Any] | None = None, *,
                   externals: dict[str, Callable[..., Any]] | None = None,
@@ -97,17 +35,3 @@ class Script:
         script problems). The same as `runtime.scripts.run.run_script(script, ...)`."""
         return await run_script(self, inputs, externals=externals, files=files, environ=environ,
                                 limits=limits, output_model=output_model, on_event=on_event)
-
-    def __repr__(self) -> str:
-        status = "ok" if self.ok else f"{len(self.diagnostics)} diagnostics"
-        return (
-            f"Script({self.name!r}, inputs={list(self.inputs)}, externals={list(self.externals)}, {status})"
-        )
-
-
-def first_paragraph(docstring: str | None) -> str:
-    """A docstring's first paragraph on one line ("" for none): a tool's description."""
-    if not docstring:
-        return ""
-    paragraph = re.split(r"\n\s*\n", docstring.strip(), maxsplit=1)[0]
-    return " ".join(paragraph.split())

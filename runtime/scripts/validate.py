@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
+from collections.abc import Callable
 from typing import Any
 
 from runtime.jsontypes import is_type, json_type
@@ -161,6 +163,7 @@ def _where(path: str) -> str:
 
 
 def _check(value: Any, schema: Any, path: str, root: Any, errors: list[str], cap: int) -> None:
+    """Append to `errors` every way `value` at `path` breaks `schema`, until there are `cap` of them."""
     if len(errors) >= cap:
         return
     if schema is True or schema == {}:
@@ -173,94 +176,139 @@ def _check(value: Any, schema: Any, path: str, root: Any, errors: list[str], cap
     if "$ref" in schema:
         _check(value, _resolve_ref(schema["$ref"], root), path, root, errors, cap)
     where = _where(path)
+    if not _check_kind(value, schema, where, errors):
+        return
+    if isinstance(value, str):
+        _check_string(value, schema, where, errors)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        _check_number(value, schema, where, errors)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        _check_array(list(value), schema, path, root, errors, cap)
+    if isinstance(value, dict):
+        _check_object(value, schema, path, root, errors, cap)
+    _check_combined(value, schema, path, root, errors, cap)
 
+
+def _check_kind(value: Any, schema: dict[str, Any], where: str, errors: list[str]) -> bool:
+    """False, after recording why, when `value` has none of the schema's types, is not one of its `enum`
+    or is not its `const`: the value's other keywords are then not checked, since their messages would
+    only repeat this one in other words."""
     kind = schema.get("type")
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
         if not any(is_type(value, k) for k in kinds):
             wanted = " or ".join(kinds)
             errors.append(f"{where}expected {wanted}, got {describe_value(value)}")
-            return
+            return False
     if "enum" in schema and not any(_equal(value, v) for v in schema["enum"]):
         allowed_values = ", ".join(json.dumps(v) for v in schema["enum"])
         errors.append(f"{where}must be one of {allowed_values}, got {describe_value(value)}")
-        return
+        return False
     if "const" in schema and not _equal(value, schema["const"]):
         errors.append(f"{where}must be {json.dumps(schema['const'])}, got {describe_value(value)}")
+        return False
+    return True
+
+
+def _check_string(value: str, schema: dict[str, Any], where: str, errors: list[str]) -> None:
+    if "minLength" in schema and len(value) < schema["minLength"]:
+        errors.append(f"{where}must be at least {schema['minLength']} characters long")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        errors.append(f"{where}must be at most {schema['maxLength']} characters long, got {len(value)}")
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{where}must match the pattern {schema['pattern']!r}, got {describe_value(value)}")
+
+
+# (keyword, the comparison that breaks it, how the message states the bound); a comparison with NaN is
+# false, so NaN breaks no bound
+_BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
+    ("minimum", operator.lt, ">="),
+    ("maximum", operator.gt, "<="),
+    ("exclusiveMinimum", operator.le, ">"),
+    ("exclusiveMaximum", operator.ge, "<"),
+)
+
+
+def _check_number(value: float, schema: dict[str, Any], where: str, errors: list[str]) -> None:
+    for keyword, breaks, sign in _BOUNDS:
+        if keyword in schema and breaks(value, schema[keyword]):
+            errors.append(f"{where}must be {sign} {schema[keyword]}, got {value}")
+    if "multipleOf" in schema and math.isfinite(value):
+        q = value / schema["multipleOf"]
+        if abs(q - round(q)) > 1e-9:
+            errors.append(f"{where}must be a multiple of {schema['multipleOf']}, got {value}")
+
+
+def _check_array(items: list[Any], schema: dict[str, Any], path: str, root: Any, errors: list[str],
+                 cap: int) -> None:
+    where = _where(path)
+    if "minItems" in schema and len(items) < schema["minItems"]:
+        errors.append(f"{where}must have at least {schema['minItems']} items, got {len(items)}")
+    if "maxItems" in schema and len(items) > schema["maxItems"]:
+        errors.append(f"{where}must have at most {schema['maxItems']} items, got {len(items)}")
+    if schema.get("uniqueItems"):
+        _check_unique(items, path, errors)
+    prefix = schema.get("prefixItems", [])
+    for i, sub in enumerate(prefix[: len(items)]):
+        _check(items[i], sub, _join(path, i), root, errors, cap)
+    rest = schema.get("items")
+    if rest is not None:
+        _check_rest(items, len(prefix), rest, path, root, errors, cap)
+
+
+def _check_unique(items: list[Any], path: str, errors: list[str]) -> None:
+    """The first item equal to an earlier one, if any (one error: the rest would say the same)."""
+    seen: list[Any] = []
+    for i, item in enumerate(items):
+        if any(_equal(item, s) for s in seen):
+            errors.append(f"{_where(_join(path, i))}duplicate item {describe_value(item)}")
+            return
+        seen.append(item)
+
+
+def _check_rest(items: list[Any], start: int, rest: Any, path: str, root: Any, errors: list[str],
+                cap: int) -> None:
+    """The items after the `prefixItems` (from `start`) against `items`."""
+    if rest is False:
+        if start < len(items):
+            errors.append(f"{_where(path)}has {len(items)} items, at most {start} are allowed")
         return
+    fast = _FAST.get(rest.get("type")) if isinstance(rest, dict) and len(rest) == 1 else None
+    for i in range(start, len(items)):
+        if fast is not None and fast(items[i]):  # a plain scalar of the one type asked: no path to build
+            continue
+        _check(items[i], rest, _join(path, i), root, errors, cap)
+        if len(errors) >= cap:
+            return
 
-    if isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"{where}must be at least {schema['minLength']} characters long")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{where}must be at most {schema['maxLength']} characters long, got {len(value)}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(f"{where}must match the pattern {schema['pattern']!r}, got {describe_value(value)}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{where}must be >= {schema['minimum']}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{where}must be <= {schema['maximum']}, got {value}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            errors.append(f"{where}must be > {schema['exclusiveMinimum']}, got {value}")
-        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            errors.append(f"{where}must be < {schema['exclusiveMaximum']}, got {value}")
-        if "multipleOf" in schema and math.isfinite(value):
-            q = value / schema["multipleOf"]
-            if abs(q - round(q)) > 1e-9:
-                errors.append(f"{where}must be a multiple of {schema['multipleOf']}, got {value}")
 
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = list(value)
-        if "minItems" in schema and len(items) < schema["minItems"]:
-            errors.append(f"{where}must have at least {schema['minItems']} items, got {len(items)}")
-        if "maxItems" in schema and len(items) > schema["maxItems"]:
-            errors.append(f"{where}must have at most {schema['maxItems']} items, got {len(items)}")
-        if schema.get("uniqueItems"):
-            seen: list[Any] = []
-            for i, item in enumerate(items):
-                if any(_equal(item, s) for s in seen):
-                    errors.append(f"{_where(_join(path, i))}duplicate item {describe_value(item)}")
-                    break
-                seen.append(item)
-        prefix = schema.get("prefixItems", [])
-        for i, sub in enumerate(prefix[: len(items)]):
-            _check(items[i], sub, _join(path, i), root, errors, cap)
-        rest = schema.get("items")
-        fast = _FAST.get(rest.get("type")) if isinstance(rest, dict) and len(rest) == 1 else None
-        if fast is not None:  # a list of plain scalars: check in a tight loop, build paths only for failures
-            for i in range(len(prefix), len(items)):
-                if not fast(items[i]):
-                    _check(items[i], rest, _join(path, i), root, errors, cap)
-                    if len(errors) >= cap:
-                        break
-        elif rest is not None:
-            for i in range(len(prefix), len(items)):
-                if rest is False:
-                    errors.append(f"{where}has {len(items)} items, at most {len(prefix)} are allowed")
-                    break
-                _check(items[i], rest, _join(path, i), root, errors, cap)
+def _check_object(value: dict[Any, Any], schema: dict[str, Any], path: str, root: Any, errors: list[str],
+                  cap: int) -> None:
+    where = _where(path)
+    props = schema.get("properties", {})
+    for name in schema.get("required", []):
+        if name not in value:
+            errors.append(f"{_where(_join(path, name))}missing required property")
+    if "minProperties" in schema and len(value) < schema["minProperties"]:
+        errors.append(f"{where}must have at least {schema['minProperties']} properties")
+    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+        errors.append(f"{where}must have at most {schema['maxProperties']} properties")
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        sub_path = _join(path, str(key))
+        if key in props:
+            _check(item, props[key], sub_path, root, errors, cap)
+        elif extra is False:
+            allowed = ", ".join(props) or "none"
+            errors.append(f"{_where(sub_path)}unexpected property (allowed: {allowed})")
+        elif isinstance(extra, dict):
+            _check(item, extra, sub_path, root, errors, cap)
 
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in value:
-                errors.append(f"{_where(_join(path, name))}missing required property")
-        if "minProperties" in schema and len(value) < schema["minProperties"]:
-            errors.append(f"{where}must have at least {schema['minProperties']} properties")
-        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-            errors.append(f"{where}must have at most {schema['maxProperties']} properties")
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            sub_path = _join(path, str(key))
-            if key in props:
-                _check(item, props[key], sub_path, root, errors, cap)
-            elif extra is False:
-                allowed = ", ".join(props) or "none"
-                errors.append(f"{_where(sub_path)}unexpected property (allowed: {allowed})")
-            elif isinstance(extra, dict):
-                _check(item, extra, sub_path, root, errors, cap)
 
+def _check_combined(value: Any, schema: dict[str, Any], path: str, root: Any, errors: list[str],
+                    cap: int) -> None:
+    """`allOf`, `anyOf` / `oneOf` and `not`: the value against other whole schemas."""
+    where = _where(path)
     for sub in schema.get("allOf", []):
         _check(value, sub, path, root, errors, cap)
     if "anyOf" in schema or "oneOf" in schema:
