@@ -425,3 +425,28 @@ def test_the_helm_values_and_manifests_use_the_generated_users_and_roles() -> No
                 assert env_of["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
                     "name": "sa-nats-auth", "key": roles[c["name"]]}
     assert roles == {"host": "host", "worker": "worker", "otel": "operator"}
+
+
+async def test_a_standard_client_without_the_users_inbox_prefix_is_told_which_to_use(
+        seeded: EmbeddedNats) -> None:
+    """A client with the default reply inbox (`_INBOX.`, as every NATS client has unless told) as
+    publisher: its JetStream publish times out, since it may not subscribe to `_INBOX.>`, and the
+    explanation names the prefix it must use; with that prefix the same publish is acknowledged."""
+    plain = await bus.connect(seeded.url, name="plain", max_reconnect_attempts=1,
+                              **{**creds("publisher").connect_options(), "inbox_prefix": "_INBOX"})
+    try:
+        with pytest.raises(nats.errors.TimeoutError) as caught:
+            await plain.jetstream(timeout=1.0).publish(task_subject("calc"), b"hello",
+                                                       headers={HDR_MSG_ID: "inbox-1"})
+    finally:
+        await bus.close(plain)
+    text = explain_refusal(caught.value, creds("publisher"))
+    assert text is not None and "_INBOX_publisher" in text and "inbox_prefix" in text
+    fixed = await nats.connect(seeded.url, user="publisher", password=PASSWORDS["publisher"],
+                               inbox_prefix="_INBOX_publisher", max_reconnect_attempts=1)
+    try:
+        ack = await fixed.jetstream(timeout=5.0).publish(task_subject("calc"), b"hello",
+                                                         headers={HDR_MSG_ID: "inbox-1"})
+    finally:
+        await fixed.close()
+    assert ack.stream == TASKS and ack.duplicate  # the timed-out publish had been stored: same Msg-Id

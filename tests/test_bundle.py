@@ -178,3 +178,12 @@ def test_an_output_model_that_does_not_import_says_which_module_and_why(tmp_path
     """, {"echo.pym": ECHO, "echo2.pym": ECHO})
     assert "cannot import module 'no_such_module_here'" in got["tools[0].output_model"]
     assert "has no 'NoSuchModel'" in got["tools[1].output_model"]
+
+
+def test_a_data_provider_type_that_is_not_a_name_is_a_bundle_error(tmp_path: Path) -> None:
+    got = problems(tmp_path, """\
+        name: ok
+        model: {adapter: hermes}
+        data_provider: {type: [workspace]}
+    """)
+    assert "none, static, workspace" in got["data_provider.type"]

@@ -517,3 +517,13 @@ async def test_external_failures_of_any_exception_type_are_kind_external(exc, sh
     r = await s.run(externals={"get": get})
     assert r.error.kind == "external" and r.error.line == 4
     assert f"external function 'get' raised {shown}" in r.error.message
+
+
+def test_items_of_several_types_are_checked_not_crashed_on():
+    """`list[str | None]` gives `items: {type: [string, null]}`: a list of types, checked item by item."""
+    from runtime.scripts.validate import validate
+
+    schema = {"type": "array", "items": {"type": ["string", "null"]}}
+    assert validate(["a", None], schema) == []
+    errors = validate(["a", 3], schema)
+    assert len(errors) == 1 and "[1]" in errors[0]

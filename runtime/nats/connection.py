@@ -78,6 +78,13 @@ def explain_refusal(exc: BaseException, credentials: Credentials | None = None) 
     if direct is None and not _refusals:
         return None
     refused = direct or _refusals[-1]
+    if "subscription to \"_inbox." in refused.lower():  # a client with the default inbox prefix
+        prefix = f"_INBOX_{creds.identity()}" if creds.authenticated else "_INBOX_<user>"
+        return (f"NATS refused {who} a subscription to the default reply inbox ({refused}): each user may "
+                f"receive replies only under its own prefix, {prefix}. Connect with that inbox prefix "
+                f"(nats-py: connect(..., inbox_prefix=\"{prefix}\"); nats CLI: --inbox-prefix {prefix}); "
+                "a JetStream publish without it times out although the message may be stored, so re-send "
+                "only with the same Nats-Msg-Id")
     return (f"NATS refused an operation for {who}: {refused}. The permissions of this user do not allow it "
             "(see the role table in the README, \"Who may do what\")")
 

@@ -273,7 +273,8 @@ def _check_rest(items: list[Any], start: int, rest: Any, path: str, root: Any, e
         if start < len(items):
             errors.append(f"{_where(path)}has {len(items)} items, at most {start} are allowed")
         return
-    fast = _FAST.get(rest.get("type")) if isinstance(rest, dict) and len(rest) == 1 else None
+    one_type = rest.get("type") if isinstance(rest, dict) and len(rest) == 1 else None
+    fast = _FAST.get(one_type) if isinstance(one_type, str) else None  # `type: [a, b]` takes the full check
     for i in range(start, len(items)):
         if fast is not None and fast(items[i]):  # a plain scalar of the one type asked: no path to build
             continue
