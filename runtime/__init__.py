@@ -2,8 +2,8 @@
 
     from runtime import Agent, Client
 
-    agent = Agent.from_bundle("bundles/demo")                 # a bundle, run in this process
-    outcome = await agent.run("What is 17 * 23 + 4?")         # RunOutcome: output, status, events
+    async with Agent.from_bundle("bundles/demo") as agent:    # a bundle, run in this process
+        outcome = await agent.run("What is 17 * 23 + 4?")     # RunOutcome: output, status, events
 
     async with await Client.connect() as client:              # the fleet (`sa up`, `sa host`, `sa worker`)
         print(await client.run("demo", "What is 17 * 23 + 4?", result_timeout=60))

@@ -1,7 +1,7 @@
 """A bundle run in this process: the same kernel, model step and tools a host uses, without NATS.
 
-    agent = Agent.from_bundle("bundles/demo")
-    result = await agent.run("What is 17 * 23 + 4?")
+    async with Agent.from_bundle("bundles/demo") as agent:
+        result = await agent.run("What is 17 * 23 + 4?")
     result.output, result.status, result.events
 
 Why it exists: the bundle is the one way to describe an agent, so a library user, a notebook or a test
@@ -16,8 +16,8 @@ after the call succeeded, all or none; a malformed `writes` fails the call with 
 a worker. (A workspace shared between processes is what the NATS workspace is for: use `sa host`.)
 
 The model: the bundle's `model.base_url`; `local` means the embedded model server, found at
-`model_url` or `SA_LOCAL_MODEL_URL` (start one with `sa model serve`). Pass `client` to use another
-(tests pass one for `runtime.testing.ScriptedModelServer`).
+`model_url`, else `SA_LOCAL_MODEL_URL`, else the one a running `sa up` started (`runtime.running`).
+Pass `client` to use another (tests pass one for `runtime.testing.ScriptedModelServer`).
 """
 
 from __future__ import annotations
@@ -146,11 +146,13 @@ def model_client(bundle: Bundle, model_url: str | None = None, *, api_key: str |
 
     spec = bundle.spec.model
     if bundle.uses_local_model:
-        url = model_url or os.environ.get("SA_LOCAL_MODEL_URL")
+        from runtime.running import running_model_url
+
+        url = model_url or os.environ.get("SA_LOCAL_MODEL_URL") or running_model_url()
         if not url:
-            raise ValueError(f"bundle {bundle.name} uses the local model, but no local model server is "
-                             "running: start one with `sa up` or `sa model serve` and pass its URL "
-                             "(or set SA_LOCAL_MODEL_URL)")
+            raise ValueError(f"bundle {bundle.name} uses the local model, but no local model server was "
+                             "found: start `sa up` (it is found by itself) or `sa model serve`, and pass "
+                             "its URL as model_url=... (or set SA_LOCAL_MODEL_URL)")
         base_url, model = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1"), "local"
     else:
         base_url, model = spec.base_url, spec.name

@@ -71,7 +71,27 @@ async def test_a_workspace_bundle_reads_its_files_and_keeps_what_its_tools_wrote
     assert done.output["lines"] == 2
 
 
-async def test_a_local_model_bundle_without_a_model_server_says_how_to_start_one(monkeypatch):
+async def test_a_local_model_bundle_without_a_model_server_says_how_to_start_one(monkeypatch, tmp_path):
     monkeypatch.delenv("SA_LOCAL_MODEL_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no `sa up` state file
     with pytest.raises(ValueError, match="sa model serve"):
+        Agent.from_bundle(DEMO)
+
+
+async def test_a_local_model_bundle_finds_the_model_of_a_running_sa_up(monkeypatch, tmp_path):
+    """`sa up` records its model server's URL; an in-process agent of a `local` bundle uses it."""
+    import json
+    import os
+
+    from runtime.running import state_file
+
+    monkeypatch.delenv("SA_LOCAL_MODEL_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    state_file().parent.mkdir(parents=True)
+    state_file().write_text(json.dumps({"nats_url": "nats://127.0.0.1:1", "pid": os.getpid(),
+                                        "model_url": "http://127.0.0.1:9/v1"}))
+    async with Agent.from_bundle(DEMO) as agent:
+        assert str(agent.client.base_url).rstrip("/") == "http://127.0.0.1:9/v1"
+    state_file().write_text(json.dumps({"model_url": "http://127.0.0.1:9/v1", "pid": 2**22 + 12345}))
+    with pytest.raises(ValueError, match="sa model serve"):  # a stale file (its `sa up` is gone) is ignored
         Agent.from_bundle(DEMO)

@@ -209,7 +209,7 @@ def data_provider_section(spec: Any, default_ws: str | None, root: Path
     if not isinstance(spec, dict) or "type" not in spec:
         return DataProviderSpec(), [(path, f"use one of {', '.join(_PROVIDERS)}, or a mapping with 'type'")]
     kind = spec["type"]
-    if not isinstance(kind, str) or kind not in _PROVIDER_KEYS:
+    if not isinstance(spec["type"], str) or spec["type"] not in _PROVIDER_KEYS:
         return DataProviderSpec(), [(f"{path}.type", f"unknown data provider {kind!r}; "
                                                      f"use one of {', '.join(_PROVIDERS)}")]
     problems: list[Problem] = [(f"{path}.{k}", f"not a key of the {kind} provider; allowed: "
