@@ -245,3 +245,23 @@ def test_a_worker_with_json_logs_writes_nothing_but_json_lines(nats_server):
     assert "serving calculator" in records[0]["message"] and records[0]["logger"] == "runtime.cli"
     assert any(r["message"].startswith("sa worker: stopped after 0 job(s)") for r in records)
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+
+
+def test_metrics_bind_loopback_by_default_and_carry_the_process_metrics():
+    """A process's own RSS, CPU and open files are exposed beside the `sa_*` families, and the server
+    listens on loopback unless told otherwise (metrics name the agents and tools a fleet runs)."""
+    import urllib.request
+
+    from runtime.observe.metrics import serve_metrics
+
+    metrics = HostMetrics()
+    server = serve_metrics(0, metrics.registry)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
+        value = next(line for line in text.splitlines() if line.startswith(family + " "))
+        assert float(value.split()[1]) > 0, value

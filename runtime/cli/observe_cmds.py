@@ -119,7 +119,7 @@ def start_metrics(port: int | None, metrics: Any) -> None:
     from runtime.observe.metrics import serve_metrics
 
     try:
-        serve_metrics(port, metrics.registry)
+        serve_metrics(port, metrics.registry, "0.0.0.0")
     except OSError as e:
         typer.echo(f"error: --metrics-port {port}: {e} (pick a free port)", err=True)
         raise typer.Exit(2) from None

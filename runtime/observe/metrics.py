@@ -29,7 +29,16 @@ from typing import Any
 
 import anyio
 from nats.js import JetStreamContext
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -77,7 +86,7 @@ class HostMetrics:
     """A host's metrics: counters and histograms from its events (`observe`), gauges from the host."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
+        r = self.registry = registry or _process_registry()
         self.runs_started = Counter("sa_runs_started", "Runs started", ["agent"], registry=r)
         self.runs_completed = Counter("sa_runs_completed", "Runs that completed", ["agent"], registry=r)
         self.runs_failed = Counter("sa_runs_failed", "Runs that failed, by reason", ["agent", "reason"],
@@ -211,7 +220,7 @@ class WorkerMetrics:
     sandbox time and failures by tool and error kind."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
+        r = self.registry = registry or _process_registry()
         self.jobs = Counter("sa_worker_jobs", "Jobs finished by tool and outcome (ok, failed)",
                             ["tool", "outcome"], registry=r)
         self.failures = Counter("sa_worker_tool_failures", "Jobs whose tool failed, by error kind",
@@ -231,15 +240,32 @@ class WorkerMetrics:
         self.registry.register(_WorkerStatsCollector(worker))
 
 
-def serve_metrics(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> Any:
-    """`GET /metrics` on `port` from a daemon thread (prometheus-client's own server); returns it, with
-    `.server_port` the port bound (0 asks for a free one)."""
+def _process_registry() -> CollectorRegistry:
+    """A registry with the process metrics a Prometheus user expects of any process (resident memory,
+    CPU seconds, open and maximum file descriptors, start time: `process_*`) and the Python runtime's
+    (`python_info`, `python_gc_*`)."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, addr: str = LOOPBACK) -> Any:
+    """`GET /metrics` on `addr`:`port` from a daemon thread (prometheus-client's own server); returns it,
+    with `.server_port` the port bound (0 asks for a free one). Loopback by default: metrics name the
+    agents and tools a fleet runs, so reaching them from other machines is a choice (`0.0.0.0` in a
+    container whose port the scraper reaches, as the deploy manifests do)."""
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server
 
 
 def metric_names() -> set[str]:
-    """Every metric family a host or a worker exposes (the dashboard's vocabulary), without suffixes."""
+    """Every `sa_*` metric family a host or a worker exposes (the dashboard's vocabulary), without
+    suffixes; the standard `process_*` / `python_*` families come on top."""
     host, worker = HostMetrics(), WorkerMetrics()
 
     class _Stub:  # just enough of a host and a worker for the gauges to register
@@ -253,8 +279,8 @@ def metric_names() -> set[str]:
 
     host.watch_host(_Stub())
     worker.watch_worker(_Stub())
-    return {m.name for r in (host.registry, worker.registry) for m in r.collect()}
+    return {m.name for r in (host.registry, worker.registry) for m in r.collect() if m.name.startswith("sa_")}
 
 
-__all__ = ["MAX_OPEN_TURNS", "UNKNOWN_AGENT", "HostMetrics", "QueueMetrics", "WorkerMetrics", "metric_names",
-           "serve_metrics"]
+__all__ = ["LOOPBACK", "MAX_OPEN_TURNS", "UNKNOWN_AGENT", "HostMetrics", "QueueMetrics", "WorkerMetrics",
+           "metric_names", "serve_metrics"]
