@@ -1,0 +1,101 @@
+"""The run log (`runtime.log.RunLog`) on a real nats-server: one writer per run, reads that give back what
+was written (big values through the object store), following a run to its end, and copying a prefix into
+a new run with every id re-derived."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from runtime import events as ev
+from runtime import nats as bus
+from runtime.log import TERMINAL_KINDS, RunLog, Superseded
+from runtime.types import ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def log(js) -> RunLog:
+    await bus.ensure_topology(js, partitions=2)
+    return RunLog(js)
+
+
+def stamped(event: ev.Event, seq: int, actor: str = "calc") -> ev.Event:
+    return ev.stamp(event, seq=seq, ts=1_700_000_000.0 + seq, actor=actor)
+
+
+def a_run(run_id: str, output: object = "done") -> list[ev.Event]:
+    call = ToolCall(id=f"{run_id}/1.0", name="add", arguments={"a": 1, "b": 2})
+    return [stamped(e, i) for i, e in enumerate([
+        ev.RunStarted(run_id=run_id, input="1 + 2"),
+        ev.ModelRequested(run_id=run_id, request_id=f"{run_id}/1", turn=1),
+        ev.ModelResponded(run_id=run_id, request_id=f"{run_id}/1", turn=1, calls=(call,)),
+        ev.ToolCalled(run_id=run_id, call=call),
+        ev.ToolCompleted(run_id=run_id, call_id=call.id, tool="add", output=3),
+        ev.RunCompleted(run_id=run_id, output=output),
+    ])]
+
+
+async def test_the_single_writer_appends_and_a_stale_one_is_superseded(log: RunLog) -> None:
+    events = a_run("rw1")
+    last = await log.create(events[0])
+    assert last is not None
+    assert await log.create(events[0]) is None  # a re-sent task finds its run instead of starting another
+    for e in events[1:3]:
+        last = await log.append(e, expect=last)
+    stale = last - 1
+    with pytest.raises(Superseded, match="another writer appended first"):
+        await log.append(events[3], expect=stale)
+    assert await log.append(events[3], expect=last) > last  # the owner goes on
+    again = await log.append(events[3], expect=last)  # its own retry whose ack was lost: the same place
+    assert again == (await log.last("rw1", "calc"))[0]
+
+
+async def test_an_unstamped_event_is_refused_before_anything_is_written(log: RunLog) -> None:
+    with pytest.raises(ValueError, match="not stamped"):
+        await log.append(ev.RunStarted(run_id="rw2", input="x"), expect=0)
+    assert (await log.read("rw2")).events == []
+
+
+async def test_read_gives_back_what_was_written_with_big_values_resolved(log: RunLog) -> None:
+    big = "x" * (400 * 1024)  # over the object-store threshold (256 KiB): stored by reference
+    written = await log.write_run(a_run("rw3", output=big))
+    raw = await log.read("rw3", resolve=False)
+    assert raw.events[-1].ref is not None  # the stub in the stream...
+    back = await log.read("rw3")
+    assert back.events == written.events and back.events[-1].output == big  # ...the value when read
+    assert back.actor == "calc" and back.last_seq == written.last_seq
+
+
+async def test_follow_ends_after_the_terminal_event_even_when_it_starts_first(log: RunLog) -> None:
+    events = a_run("rw4")
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async for e in log.follow("rw4"):
+            seen.append(ev.kind_of(e))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)  # before the run exists: it waits for the first event
+        await anyio.sleep(0)
+        with anyio.fail_after(10):
+            await log.write_run(events)
+    assert seen == [ev.kind_of(e) for e in events] and seen[-1] in TERMINAL_KINDS
+
+
+async def test_a_prefix_copied_to_a_new_run_folds_to_the_source_state_at_that_point(log: RunLog) -> None:
+    from runtime import kernel
+
+    await log.write_run(a_run("rw5"))
+    copy = await log.copy_prefix("rw5", 4, "rw5-fork")
+    assert [ev.kind_of(e) for e in copy.events] == ["run.started", "model.requested", "model.responded",
+                                                   "tool.called"]
+    assert all(e.run_id == "rw5-fork" for e in copy.events)
+    assert copy.events[3].call.id == "rw5-fork/1.0"  # every id re-derived for the new run
+    state = kernel.fold(kernel.KernelConfig(), copy.events)
+    assert state.turn is not None and state.turn.called == {"rw5-fork/1.0"}  # the call is pending there
+    with pytest.raises(Superseded):
+        await log.copy_prefix("rw5", 2, "rw5-fork")  # the new run exists already
+    with pytest.raises(ValueError, match="a prefix must keep 1 to 6"):
+        await log.copy_prefix("rw5", 9, "rw5-other")
