@@ -7,6 +7,8 @@
 - `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every
                 function `"strict": true`) for the tools the server constrains itself
 - `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
+- `reply`       what ends a streamed reply (a finish_reason or `[DONE]`; anything else was cut short), and a
+                JSON completion sent for a streamed request read as the whole reply it is
 - `step`        `ModelStep`: render, call, parse; the one model step the host and the in-process loop share
 
     step = ModelStep(get_adapter("qwen3"), tools, DecodingConstraint("ebnf"))

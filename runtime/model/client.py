@@ -6,9 +6,10 @@
 
 Why a wrapper over `openai.AsyncOpenAI` rather than the bare client: the runtime needs one result
 type (`Completion`, the same for streaming and not), one failure type (`ModelError`, which the loop
-records as a `model.failed` event instead of crashing), retries it controls (backoff on 429, 5xx and
-connection errors, honouring `Retry-After`; never on 4xx request errors, which would fail the same
-way again), and a guard against vLLM's removed `guided_*` fields, which vLLM ignores silently.
+records as a `model.failed` event instead of crashing), retries it controls (backoff on 429, 5xx,
+connection errors and streams cut short, honouring `Retry-After`; never on 4xx request errors, which would
+fail the same way again), and a guard against vLLM's removed `guided_*` fields, which vLLM ignores silently.
+What counts as a whole streamed reply is `runtime.model.reply`'s to say.
 
 Configuration comes from arguments or the environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY` (vLLM
 needs none; a placeholder is sent), `OPENAI_MODEL`. Without a model name the first model the server
@@ -25,7 +26,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -34,8 +35,10 @@ import httpx2
 import msgspec
 import openai
 from openai import AsyncStream
+from openai._streaming import ServerSentEvent
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from runtime.model.reply import NotACompletion, StreamCut, StreamEnd, completion_chunk, is_json
 from runtime.model.transport import AiohttpTransport, Pool
 from runtime.model.wire import ChatReply, ChatWire
 from runtime.types import Usage
@@ -168,7 +171,10 @@ class ModelClient:
         With `stream=True` the reply arrives as SSE and `on_text` (sync or async) sees each content
         fragment as it comes; the returned `Completion` is the same as without streaming. If a
         streamed attempt fails and is retried, `on_text` sees the new attempt's fragments from the start.
-        `on_tool_call` sees each fragment of a native tool call the same way.
+        `on_tool_call` sees each fragment of a native tool call the same way. A stream cut short (it ends
+        with neither a `finish_reason` nor `data: [DONE]`, or its connection drops mid-body) is a failed
+        attempt, retried like a connection error; a server that answers with one JSON completion instead of
+        a stream is read as that whole reply (`runtime.model.reply`).
         """
         _refuse_guided(extras)
         started = time.monotonic()
@@ -190,7 +196,7 @@ class ModelClient:
                     text, calls, usage, finish, served = await self._stream(params, on_text, on_tool_call)
                 else:
                     text, calls, usage, finish, served = await self._once(params)
-            except (openai.APIStatusError, openai.APIConnectionError) as exc:
+            except (openai.APIStatusError, openai.APIConnectionError, StreamCut) as exc:
                 status = getattr(exc, "status_code", None)
                 retryable = status is None or status in _RETRY_STATUS
                 if not retryable or attempt > self.max_retries:
@@ -256,7 +262,7 @@ class ModelClient:
         return await self._client.post(
             "/chat/completions", content=body, cast_to=ChatCompletion,
             options=options,  # type: ignore[call-overload]
-            stream=stream, stream_cls=AsyncStream[object] if raw_chunks else AsyncStream[ChatCompletionChunk],
+            stream=stream, stream_cls=_RawChunks if raw_chunks else AsyncStream[ChatCompletionChunk],
         )
 
     async def _once(self, params: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
@@ -278,46 +284,100 @@ class ModelClient:
         on_tool_call: ToolCallCallback | None = None,
     ) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
         params = {**params, "stream": True, "stream_options": {"include_usage": True}}
+        end = StreamEnd()
         if self._wire is not None:
             body, options = self._request(params)
-            stream: Any = aclosing(self._wire.stream(body, **options))  # released on any exit
+            stream: Any = aclosing(self._wire.stream(body, end, **options))  # released on any exit
         else:
             stream = await self._post(params, stream=True, raw_chunks=True)
+            end = stream.end
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
-        usage, finish, served = Usage(), "stop", ""
-        async with stream as chunks:
-            async for chunk in chunks:  # plain dicts in the OpenAI chunk shape (see `_post`)
-                served = chunk.get("model") or served
-                if chunk.get("usage"):
-                    usage = _usage_of(chunk["usage"])
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content")
-                    if content:
-                        parts.append(content)
-                        if on_text is not None:
-                            result = on_text(content)
-                            if result is not None:
-                                await result
-                    for tc in delta.get("tool_calls") or ():
-                        index = tc.get("index", 0)
-                        slot = calls.setdefault(
-                            index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                        fn = tc.get("function") or {}
-                        name, arguments = fn.get("name") or "", fn.get("arguments") or ""
-                        if tc.get("id"):
-                            slot["id"] = tc["id"]
-                        slot["function"]["name"] += name
-                        slot["function"]["arguments"] += arguments
-                        if on_tool_call is not None:
-                            result = on_tool_call(index, tc.get("id") or "", name, arguments)
-                            if result is not None:
-                                await result
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
+        usage, finish, served, count = Usage(), "", "", 0
+        try:
+            async with stream as chunks:
+                async for chunk in chunks:  # plain dicts in the OpenAI chunk shape (see `_post`)
+                    count += 1
+                    served = chunk.get("model") or served
+                    if chunk.get("usage"):
+                        usage = _usage_of(chunk["usage"])
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        content = delta.get("content")
+                        if content:
+                            parts.append(content)
+                            if on_text is not None:
+                                result = on_text(content)
+                                if result is not None:
+                                    await result
+                        for tc in delta.get("tool_calls") or ():
+                            index = tc.get("index", 0)
+                            slot = calls.setdefault(index, {
+                                "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                            fn = tc.get("function") or {}
+                            name, arguments = fn.get("name") or "", fn.get("arguments") or ""
+                            if tc.get("id"):
+                                slot["id"] = tc["id"]
+                            slot["function"]["name"] += name
+                            slot["function"]["arguments"] += arguments
+                            if on_tool_call is not None:
+                                result = on_tool_call(index, tc.get("id") or "", name, arguments)
+                                if result is not None:
+                                    await result
+                        if choice.get("finish_reason"):
+                            finish = choice["finish_reason"]
+        except openai.APIConnectionError as exc:
+            if isinstance(exc, openai.APITimeoutError) or end.content_type is None:
+                raise  # a silent server, or one never reached: said as such
+            raise StreamCut(f"the connection dropped after {count} chunk{'s' if count != 1 else ''}: "
+                            f"{exc.__cause__ or exc}") from exc
+        finish = end.finish(finish, count)  # StreamCut if the body ended before the reply did
         ordered = [calls[i] for i in sorted(calls)] or None
         return "".join(parts), ordered, usage, finish, served
+
+
+class _RawChunks(AsyncStream[object]):
+    """The SDK's stream of raw chunks (see `_post`), which also records how the body ended (`end`), as
+    `ChatWire.stream` does on the direct path: `data: [DONE]` seen, or a JSON body read whole. The SDK's SSE
+    decoder finds no event in a JSON body (a server that ignored `"stream": true`) and would yield nothing:
+    such a body is read here as the one chunk that carries the whole completion.
+
+    The SDK stops at `[DONE]` without saying so, and a body that just ends looks the same to its caller;
+    `_iter_events` (private, like the other SDK internals this client leans on) is where the events pass by.
+    If a new SDK renamed it, `[DONE]` would go unseen and a reply without a finish_reason would read as cut:
+    tests/test_model_replies.py checks that case in every mode."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.end = StreamEnd(content_type=self.response.headers.get("content-type", ""))
+
+    async def __stream__(self) -> AsyncIterator[object]:
+        if not is_json(self.end.content_type or ""):
+            async for chunk in super().__stream__():
+                yield chunk
+            return
+        try:
+            whole = await self.response.aread()
+        except httpx2.TimeoutException as exc:  # mapped as the SDK maps them while reading a stream
+            raise openai.APITimeoutError(request=self.response.request) from exc
+        except httpx2.RequestError as exc:
+            raise openai.APIConnectionError(message=f"{type(exc).__name__}: {exc}",
+                                            request=self.response.request) from exc
+        finally:
+            await self.response.aclose()
+        try:
+            chunk = completion_chunk(whole)
+        except NotACompletion as exc:
+            raise openai.APIResponseValidationError(
+                response=self.response, body=whole.decode(errors="replace"), message=str(exc)) from exc
+        self.end.done = True
+        yield chunk
+
+    async def _iter_events(self) -> AsyncIterator[ServerSentEvent]:
+        async for event in super()._iter_events():
+            if event.data.startswith("[DONE]"):
+                self.end.done = True
+            yield event
 
 
 def http_mode() -> str:
@@ -389,4 +449,6 @@ def _describe(exc: Exception, base_url: str, attempts: int) -> str:
         return f"cannot reach the model server at {base_url}{tries}: {exc.__cause__ or exc}"
     if isinstance(exc, openai.APIStatusError):
         return f"model server answered HTTP {exc.status_code}{tries}: {exc.message}"
+    if isinstance(exc, StreamCut):
+        return f"the model server at {base_url} cut its streamed reply short{tries}: {exc}"
     return f"model request failed{tries}: {exc}"

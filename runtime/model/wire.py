@@ -27,6 +27,7 @@ import msgspec
 import openai
 from openai._models import FinalRequestOptions
 
+from runtime.model.reply import NotACompletion, StreamEnd, completion_chunk, is_json
 from runtime.model.transport import Pool
 
 # headers of the SDK's request that describe one attempt, or that aiohttp sets itself
@@ -107,16 +108,31 @@ class ChatWire:
                 response=self._response(response, data), body=data.decode(errors="replace"),
                 message=f"the server's reply is not a chat completion: {exc}") from exc
 
-    async def stream(self, body: bytes, *, headers: Mapping[str, str] | None = None,
+    async def stream(self, body: bytes, end: StreamEnd, *, headers: Mapping[str, str] | None = None,
                      params: Mapping[str, str] | None = None, timeout: float | None = None
                      ) -> AsyncIterator[dict[str, Any]]:
-        """A streamed completion: each server-sent chunk as the decoded JSON dict, until `[DONE]`."""
+        """A streamed completion: each server-sent chunk as the decoded JSON dict, until `[DONE]` or the end
+        of the body; `end` records which (`runtime.model.reply` says why the caller needs to know). A server
+        that ignored `"stream": true` and sent one JSON completion yields it as one chunk holding all of it.
+        """
         merged, limits = self._request_parts(headers, timeout)
         try:
             async with self._pool.session().post(self.url, data=body, headers=merged, params=params,
                                                  timeout=limits, proxy=self._proxy) as response:
                 if response.status >= 400:
                     raise self._status_error(response, await response.read())
+                end.content_type = response.headers.get("Content-Type", "")
+                if is_json(end.content_type):
+                    whole = await response.read()
+                    try:
+                        chunk = completion_chunk(whole)
+                    except NotACompletion as exc:
+                        raise openai.APIResponseValidationError(
+                            response=self._response(response, whole), body=whole.decode(errors="replace"),
+                            message=str(exc)) from exc
+                    end.done = True
+                    yield chunk
+                    return
                 event, data = "", []
                 async for raw in response.content:  # one line at a time, as it arrives
                     line = raw.rstrip(b"\r\n")
@@ -134,6 +150,7 @@ class ChatWire:
                     payload = b"\n".join(data)
                     event, data, kind = "", [], event
                     if payload.startswith(b"[DONE]"):
+                        end.done = True
                         return
                     chunk = _any.decode(payload)
                     if isinstance(chunk, dict) and chunk.get("error"):
