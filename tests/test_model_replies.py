@@ -22,7 +22,7 @@ import pytest
 from host_helpers import kinds, running_host, running_worker, write_bundle
 
 from runtime import events as ev
-from runtime.host.commands import publish_task
+from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.model.adapters import get_adapter
 from runtime.model.client import HTTP_MODES, ModelClient, ModelError
