@@ -157,7 +157,8 @@ def model_client(bundle: Bundle, model_url: str | None = None, *, api_key: str |
     else:
         base_url, model = spec.base_url, spec.name
     key = os.environ.get(spec.api_key_env) if spec.api_key_env else api_key
-    return ModelClient(base_url=base_url, model=model, api_key=key,
+    provider = spec.provider or ("structured-agents" if bundle.uses_local_model else None)
+    return ModelClient(base_url=base_url, model=model, api_key=key, provider=provider,
                        timeout=parse_duration(spec.timeout, field="timeout") or 60.0)
 
 

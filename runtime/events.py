@@ -190,6 +190,8 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested"):
     constraint_digest: str = ""
     sampling: dict[str, Any] = {}
     tools: tuple[str, ...] = ()  # names offered when fewer than all the agent's tools (a forced last turn)
+    provider: str = ""  # who serves the model (`gen_ai.provider.name`: vllm, openai, ...)
+    server: str = ""  # the model server's host:port (`server.address`, `server.port`)
 
 
 class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):
@@ -206,6 +208,7 @@ class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):
     latency_ms: float = 0.0
     parse_error: str | None = None
     model: str = ""  # the model that answered, as the server named it (traces: `gen_ai.response.model`)
+    response_id: str = ""  # the server's id for the completion (traces: `gen_ai.response.id`)
 
 
 class ModelFailed(_Event, frozen=True, kw_only=True, tag="model.failed"):

@@ -142,7 +142,7 @@ class _Runner:
                 await self.emit(decision)
 
     async def call_model(self, effect: kernel.CallModel) -> None:
-        await self.emit(self.step.requested(effect, self.run_id))
+        await self.emit(self.step.requested(effect, self.run_id, self.client))
         left = effect.deadline - self.clock() if effect.deadline is not None else None
         await self.emit(await self.step.call(self.client, effect, self.run_id, timeout=left))
 

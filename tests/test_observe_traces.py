@@ -252,3 +252,41 @@ def test_a_run_that_fails_mid_turn_ends_its_open_spans_as_errors_and_a_refused_c
     assert spans["chat"].error is None and spans["chat"].end_seq == 2
     assert len({s.span_id for s in spans.values()}) == 5
     assert trace_of(events) == trace_of(list(events))  # derived twice: equal, ids included
+
+
+def test_chat_spans_carry_provider_server_request_parameters_response_id_and_the_thread():
+    from runtime.types import ToolCall, Usage
+
+    run = "r-attrs"
+    call = ToolCall(f"{run}/1.0", "add", {})
+    events = _stamped([
+        ev.RunStarted(run_id=run, input="x", thread="support-7"),
+        ev.ModelRequested(run_id=run, request_id=f"{run}/m1", turn=1, provider="vllm", server="gpu-3:8000",
+                          sampling={"temperature": 0.2, "max_tokens": 256, "seed": 7, "stop": ["x"]}),
+        ev.ModelResponded(run_id=run, request_id=f"{run}/m1", turn=1, calls=(call,), usage=Usage(5, 6),
+                          response_id="chatcmpl-42", model="qwen"),
+        ev.ToolCalled(run_id=run, call=call),
+        ev.RunCompleted(run_id=run, output=1),
+    ])
+    spans = {s.name: s for s in trace_of(events)}
+    chat = spans["chat qwen"].attributes
+    assert chat["gen_ai.provider.name"] == "vllm"
+    assert (chat["server.address"], chat["server.port"]) == ("gpu-3", 8000)
+    assert chat["gen_ai.request.temperature"] == 0.2 and chat["gen_ai.request.max_tokens"] == 256
+    assert chat["gen_ai.request.seed"] == 7 and "gen_ai.request.stop" not in chat
+    assert chat["gen_ai.response.id"] == "chatcmpl-42"
+    assert chat["gen_ai.conversation.id"] == "calc/support-7"
+    assert spans["invoke_agent calc"].attributes["gen_ai.conversation.id"] == "calc/support-7"
+
+
+def test_a_script_span_lasts_as_long_as_the_worker_measured_the_sandbox_run():
+    run = "r-script"
+    events = _stamped([
+        ev.RunStarted(run_id=run, input="x"),
+        ev.ModelRequested(run_id=run, request_id=f"{run}/m1", turn=1),
+        ev.ScriptStarted(run_id=run, call_id=f"{run}/1.0", tool="add", worker="w1", ts=200.0039),
+        ev.ScriptCompleted(run_id=run, call_id=f"{run}/1.0", tool="add", duration_ms=4.5, ts=200.0045),
+    ])
+    script = next(s for s in trace_of(events) if s.name == "script add")
+    assert abs((script.end - script.start) * 1000 - 4.5) < 1e-6  # the worker's 4.5 ms, not the 0.6 ms between
+    assert script.end == 200.0045

@@ -85,6 +85,7 @@ class ModelSpec(_Strict):
     api_key_env: str | None = None
     timeout: float | str = 60.0
     sampling: dict[str, Any] = {}
+    provider: str | None = None  # `gen_ai.provider.name` in traces (default: from the server's address)
 
 
 class ConstraintSpec(_Strict):

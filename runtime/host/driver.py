@@ -298,7 +298,7 @@ class RunDriver:
         the reply. A lost OCC race cancels the call (the task group) and raises `Superseded`."""
         turn = self.state.turn
         if not (turn is not None and turn.requested):  # recovered after `model.requested`: don't record twice
-            await self.append(self.agent.step.requested(effect, self.run_id))
+            await self.append(self.agent.step.requested(effect, self.run_id, self.agent.client))
         left = effect.deadline - self.clock() if effect.deadline is not None else None
         reply: list[ev.ModelResponded | ev.ModelFailed] = []
 

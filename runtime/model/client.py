@@ -28,7 +28,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import httpx2
@@ -74,6 +74,18 @@ class Completion(msgspec.Struct, frozen=True):
     latency_ms: float
     model: str = ""
     attempts: int = 1
+    id: str = ""  # the server's id for the completion (`gen_ai.response.id`)
+
+
+class _Reply(NamedTuple):
+    """One attempt's reply, as either path reads it (before the client adds timing and attempts)."""
+
+    text: str
+    calls: list[dict[str, Any]] | None
+    usage: Usage
+    finish: str
+    model: str
+    id: str
 
 
 class ModelError(Exception):
@@ -86,6 +98,20 @@ class ModelError(Exception):
         self.status = status
         self.attempts = attempts
         self.retryable = retryable
+
+
+# well-known `gen_ai.provider.name` values by the host of the API (OpenTelemetry's GenAI conventions)
+_PROVIDERS = (("api.openai.com", "openai"), (".openai.azure.com", "azure.ai.openai"),
+              ("api.mistral.ai", "mistral_ai"), ("api.groq.com", "groq"), ("api.deepseek.com", "deepseek"),
+              ("generativelanguage.googleapis.com", "gcp.gemini"), ("api.x.ai", "x_ai"))
+
+
+def provider_of(base_url: str) -> str:
+    """The `gen_ai.provider.name` of a server, from its address: a well-known API by its host name, else
+    `vllm`, the OpenAI-compatible server this runtime is built for (a bundle's `model.provider` or
+    `ModelClient(provider=...)` names another)."""
+    host = httpx2.URL(base_url).host
+    return next((name for suffix, name in _PROVIDERS if host == suffix or host.endswith(suffix)), "vllm")
 
 
 TextCallback = Callable[[str], Awaitable[None] | None]
@@ -107,9 +133,13 @@ class ModelClient:
         backoff_base: float = 0.5,
         backoff_max: float = 20.0,
         max_connections: int = 1000,
+        provider: str | None = None,
     ) -> None:
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
+        self.provider = provider or provider_of(self.base_url)
+        url = httpx2.URL(self.base_url)
+        self.server = (url.host, url.port or (443 if url.scheme == "https" else 80))
         self.max_retries = max(0, max_retries)
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -193,9 +223,9 @@ class ModelClient:
             attempt += 1
             try:
                 if stream:
-                    text, calls, usage, finish, served = await self._stream(params, on_text, on_tool_call)
+                    reply = await self._stream(params, on_text, on_tool_call)
                 else:
-                    text, calls, usage, finish, served = await self._once(params)
+                    reply = await self._once(params)
             except (openai.APIStatusError, openai.APIConnectionError, StreamCut) as exc:
                 status = getattr(exc, "status_code", None)
                 retryable = status is None or status in _RETRY_STATUS
@@ -211,13 +241,14 @@ class ModelClient:
             except openai.OpenAIError as exc:
                 raise ModelError(_describe(exc, self.base_url, attempt), attempts=attempt) from exc
             return Completion(
-                text=text,
-                tool_calls=calls,
-                usage=usage,
-                finish_reason=finish,
+                text=reply.text,
+                tool_calls=reply.calls,
+                usage=reply.usage,
+                finish_reason=reply.finish,
                 latency_ms=(time.monotonic() - started) * 1000.0,
-                model=served or name,
+                model=reply.model or name,
                 attempts=attempt,
+                id=reply.id,
             )
 
     def _backoff(self, attempt: int, exc: Exception) -> float:
@@ -265,7 +296,7 @@ class ModelClient:
             stream=stream, stream_cls=_RawChunks if raw_chunks else AsyncStream[ChatCompletionChunk],
         )
 
-    async def _once(self, params: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+    async def _once(self, params: dict[str, Any]) -> _Reply:
         if self._wire is not None:
             body, options = self._request(params)
             reply = await self._wire.complete(body, **options)
@@ -277,12 +308,13 @@ class ModelClient:
         message = choice.message
         calls = [c.model_dump(exclude_none=True) for c in message.tool_calls] if message.tool_calls else None
         usage = _usage(response.usage)
-        return message.content or "", calls, usage, choice.finish_reason or "stop", response.model or ""
+        finish = choice.finish_reason or "stop"
+        return _Reply(message.content or "", calls, usage, finish, response.model or "", response.id or "")
 
     async def _stream(
         self, params: dict[str, Any], on_text: TextCallback | None,
         on_tool_call: ToolCallCallback | None = None,
-    ) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+    ) -> _Reply:
         params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         end = StreamEnd()
         if self._wire is not None:
@@ -293,12 +325,13 @@ class ModelClient:
             end = stream.end
         parts: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
-        usage, finish, served, count = Usage(), "", "", 0
+        usage, finish, served, reply_id, count = Usage(), "", "", "", 0
         try:
             async with stream as chunks:
                 async for chunk in chunks:  # plain dicts in the OpenAI chunk shape (see `_post`)
                     count += 1
                     served = chunk.get("model") or served
+                    reply_id = chunk.get("id") or reply_id
                     if chunk.get("usage"):
                         usage = _usage_of(chunk["usage"])
                     for choice in chunk.get("choices") or ():
@@ -333,7 +366,7 @@ class ModelClient:
                             f"{exc.__cause__ or exc}") from exc
         finish = end.finish(finish, count)  # StreamCut if the body ended before the reply did
         ordered = [calls[i] for i in sorted(calls)] or None
-        return "".join(parts), ordered, usage, finish, served
+        return _Reply("".join(parts), ordered, usage, finish, served, reply_id)
 
 
 class _RawChunks(AsyncStream[object]):
@@ -400,7 +433,7 @@ def http_client(timeout: float, max_connections: int = 1000, *, mode: str = "dir
     return httpx2.AsyncClient(timeout=timeout, follow_redirects=True, transport=transport)
 
 
-def _from_wire(reply: ChatReply) -> tuple[str, list[dict[str, Any]] | None, Usage, str, str]:
+def _from_wire(reply: ChatReply) -> _Reply:
     """`_once`'s fields from a reply decoded by `runtime.model.wire` (what the SDK path reads from its
     models: tool calls as dicts without their null fields)."""
     if not reply.choices:
@@ -409,7 +442,8 @@ def _from_wire(reply: ChatReply) -> tuple[str, list[dict[str, Any]] | None, Usag
     message = choice.message
     calls = [_without_nulls(c) for c in message.tool_calls] if message.tool_calls else None
     usage = _usage(reply.usage)
-    return message.content or "", calls, usage, choice.finish_reason or "stop", reply.model or ""
+    return _Reply(message.content or "", calls, usage, choice.finish_reason or "stop", reply.model or "",
+                  reply.id or "")
 
 
 def _without_nulls(value: Any) -> Any:

@@ -59,14 +59,17 @@ class ModelStep:
             self._narrowed[key] = ModelStep(self.adapter, effect.tools, self.constraint)
         return self._narrowed[key]
 
-    def requested(self, effect: kernel.CallModel, run_id: str) -> ev.ModelRequested:
-        """The `model.requested` event recording this effect (unstamped)."""
+    def requested(self, effect: kernel.CallModel, run_id: str,
+                  client: ModelClient | None = None) -> ev.ModelRequested:
+        """The `model.requested` event recording this effect (unstamped); with `client`, who serves it."""
         step = self._for(effect)
         return ev.ModelRequested(
             run_id=run_id, request_id=effect.id, turn=effect.turn, attempt=effect.attempt,
             messages=effect.new_messages, context_start=effect.context_start,
             constraint_digest=step.constraint_digest, sampling=dict(effect.sampling),
-            tools=() if step is self else tuple(t.name for t in step.tools))
+            tools=() if step is self else tuple(t.name for t in step.tools),
+            provider=client.provider if client is not None else "",
+            server=f"{client.server[0]}:{client.server[1]}" if client is not None else "")
 
     async def call(
         self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None,
@@ -112,6 +115,7 @@ class ModelStep:
             latency_ms=completion.latency_ms,
             parse_error="; ".join(reply.errors) if reply.errors else None,
             model=completion.model,
+            response_id=completion.id,
         )
 
 

@@ -62,6 +62,7 @@ class ChatReply(msgspec.Struct):
     choices: list[Choice] = []
     usage: UsageBody | None = None
     model: str | None = None
+    id: str | None = None
 
 
 _reply = msgspec.json.Decoder(ChatReply)

@@ -43,6 +43,13 @@ from runtime import events as ev
 
 AttrValue = str | bool | int | float | list[str]
 
+# a request's sampling parameters as GenAI request attributes
+_SAMPLING_ATTRS = {"temperature": "gen_ai.request.temperature", "top_p": "gen_ai.request.top_p",
+                   "top_k": "gen_ai.request.top_k", "max_tokens": "gen_ai.request.max_tokens",
+                   "max_completion_tokens": "gen_ai.request.max_tokens", "seed": "gen_ai.request.seed",
+                   "frequency_penalty": "gen_ai.request.frequency_penalty",
+                   "presence_penalty": "gen_ai.request.presence_penalty"}
+
 TRACEPARENT = "traceparent"  # the W3C header / metadata key
 TRACESTATE = "tracestate"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -129,6 +136,7 @@ class TraceBuilder:
         self.run_id = ""
         self.trace_id = 0
         self.agent = ""
+        self.thread = ""  # `gen_ai.conversation.id`: the actor's thread, when the run is in one
         self.run: _Open | None = None
         self._parent: SpanContext | None = None
         self.turns: dict[int, _Open] = {}
@@ -180,7 +188,17 @@ class TraceBuilder:
             turn = self.turns[event.turn] = self._open(
                 f"turn {event.turn}", event, self._root_id(), {"sa.turn": event.turn}, role="turn")
         attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "chat", "sa.turn": event.turn,
-                                       "sa.attempt": event.attempt, "sa.request_id": event.request_id}
+                                       "sa.attempt": event.attempt, "sa.request_id": event.request_id,
+                                       "gen_ai.provider.name": event.provider or "openai"}
+        if self.thread:
+            attrs["gen_ai.conversation.id"] = self.thread
+        host, _, port = event.server.rpartition(":")
+        if host and port.isdigit():
+            attrs["server.address"], attrs["server.port"] = host, int(port)
+        for key, attribute in _SAMPLING_ATTRS.items():
+            value = event.sampling.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                attrs[attribute] = value
         model = self.models[event.request_id] = self._open("chat", event, turn.span_id, attrs, kind="client")
         if event.sampling.get("model"):
             model.attributes["gen_ai.request.model"] = str(event.sampling["model"])
@@ -196,6 +214,8 @@ class TraceBuilder:
         if script is None:
             return []
         script.attributes["sa.sandbox_ms"] = event.duration_ms
+        if event.duration_ms > 0:  # the worker's own clock: the run began duration_ms before it ended
+            script.start = min(script.start, event.ts - event.duration_ms / 1000.0)
         error = _error(script, event.error) if isinstance(event, ev.ScriptFailed) else None
         return [self._close(script, event, error)]
 
@@ -225,6 +245,8 @@ class TraceBuilder:
                                        "sa.actor": event.actor}
         if event.task_id:
             attrs["sa.task_id"] = event.task_id
+        if event.thread:
+            self.thread = attrs["gen_ai.conversation.id"] = f"{event.actor}/{event.thread}"
         if event.bundle_digest:
             attrs["sa.bundle_digest"] = event.bundle_digest
         if isinstance(event, ev.RunForked):
@@ -266,6 +288,8 @@ class TraceBuilder:
             return [self._close(model, event, event.error)]
         for call in event.calls:
             self._turn_of_call[call.id] = event.turn
+        if event.response_id:
+            model.attributes["gen_ai.response.id"] = event.response_id
         if event.model:
             model.name = f"chat {event.model}"
             model.attributes["gen_ai.response.model"] = event.model
