@@ -22,6 +22,7 @@ from ui_helpers import HOSTILE, Gate, serving, ui_responder
 
 from runtime import events as ev
 from runtime import nats as bus
+from runtime.client import Client
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.topology import ensure_topology
@@ -43,12 +44,13 @@ async def _consumers_of(js: Any, run_id: str) -> list[str]:
             if run_id in (c.config.filter_subject or "")]
 
 
-async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path):
+async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: Path):
     await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
     bundle = write_bundle(tmp_path)
     gate = Gate()
     async with running_fleet(nats_server.url, js, bundle, responder=ui_responder(gate)) as env, \
-            serving(create_app(js=js)) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+            serving(create_app(client=Client(nc))) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as client:
         pair = await publish_task(js, "calc", "pair: 2 + 3 | 10 * 4")
         hostile = await publish_task(js, "calc", "hostile: show it")
         failing = await publish_task(js, "calc", "compute: 1 / 0")
@@ -220,7 +222,7 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         assert "script-src 'self'" in page.headers["content-security-policy"]
 
 
-async def test_big_payload_is_fetched_on_demand(nats_server, js):
+async def test_big_payload_is_fetched_on_demand(nats_server, nc, js):
     """An event whose big fields live in the object store comes as a stub; its own URL gives it whole."""
     await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
     big = "x" * 300_000 + " the end"
@@ -230,7 +232,8 @@ async def test_big_payload_is_fetched_on_demand(nats_server, js):
     assert last is not None
     await log.append(ev.stamp(ev.RunCompleted(run_id="rbig", output="ok"), seq=1, ts=1_700_000_001.0,
                               actor="calc"), expect=last)
-    async with serving(create_app(js=js)) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+    async with serving(create_app(client=Client(nc))) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as client:
         view = (await client.get("/api/runs/rbig")).json()
         stub = view["events"][0]
         assert stub["ref"]["size"] > 300_000 and stub["data"]["input"] == ""
@@ -345,7 +348,7 @@ async def test_on_a_secured_server_the_inspector_acts_as_its_own_user(tmp_path: 
             assert last is not None
             await log.append(ev.stamp(ev.ModelRequested(run_id="rsec", request_id="rsec/1", turn=1), seq=1,
                                       ts=1_700_000_001.0, actor="calc"), expect=last)
-            app = create_app(js=operator.jetstream(), fork_wait=3.0)
+            app = create_app(client=Client(operator), fork_wait=3.0)
             async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
                 view = (await client.get("/api/runs/rsec")).json()
                 assert [e["kind"] for e in view["events"]] == ["run.started", "model.requested"]

@@ -358,7 +358,7 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert page.evaluate("typeof window.__pwned") == "undefined"
 
     # the one-file export: opened from disk, same page, no request leaves the file, nothing runs
-    html = stack.call(export_run(stack.js, hostile))
+    html = stack.call(export_run(stack.client, hostile))
     path = tmp_path / "run.html"
     path.write_text(html)
     requests: list[str] = []

@@ -18,6 +18,7 @@ import uvicorn
 from host_helpers import calc_responder, running_fleet, write_bundle
 
 from runtime import nats as bus
+from runtime.client import Client
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.topology import ensure_topology
 from runtime.testing import last_message
@@ -130,6 +131,7 @@ class Stack:
         self.ready: concurrent.futures.Future[str] = concurrent.futures.Future()
         self.stop_event: asyncio.Event | None = None
         self.js: Any = None
+        self.client: Any = None
         self.env: Any = None
         self.base = ""
 
@@ -148,13 +150,14 @@ class Stack:
         self.stop_event = asyncio.Event()
         nc = await bus.connect(self.nats.url, name="ui-test")
         try:
-            self.js = nc.jetstream()
+            self.client = Client(nc)
+            self.js = self.client.js
             await ensure_topology(self.js, partitions=2, tool_ack_wait=2.0)
             bundle = write_ui_bundle(self.root)
             responder = ui_responder(self.gate)
             async with running_fleet(self.nats.url, self.js, bundle, responder=responder) as env:
                 self.env = env
-                async with serving(create_app(js=self.js)) as base:
+                async with serving(create_app(client=self.client)) as base:
                     self.ready.set_result(base)
                     await self.stop_event.wait()
         except BaseException as e:
