@@ -282,14 +282,14 @@ async def test_sa_replay_html_prints_one_file(nats_server, js, tmp_path: Path):
 
 
 async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
-    """`sa ui` as a user starts it: the address on stderr, the app answering there; a taken port or no
-    NATS server is exit 2 with what to do."""
+    """`sa ui` as a user starts it: the address on stderr, the app answering there and to the names given
+    with --allow-host; a taken port, no NATS server or a name that is not one is exit 2 with what to do."""
     env_vars = {"XDG_DATA_HOME": "/nonexistent-sa-test", "PATH": "/usr/bin:/bin",
                 "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     cli = [sys.executable, "-c", "from runtime.cli import main; main()"]
     await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
-    proc = subprocess.Popen([*cli, "ui", "--port", "0", "--nats", nats_server.url], env=env_vars,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cli, "ui", "--port", "0", "--nats", nats_server.url, "--allow-host",
+                             "inspector.test"], env=env_vars, stderr=subprocess.PIPE, text=True)
     try:
         line = await anyio.to_thread.run_sync(proc.stderr.readline)  # type: ignore[union-attr]
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -308,6 +308,11 @@ async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
             index = await client.get("/")
             assert index.status_code == 200 and 'id="filters"' in index.text
             assert (await client.get("/static/run.js")).status_code == 200
+            # the names it answers to: its own, and the one given with --allow-host, not another
+            named = await client.get("/api/health", headers={"Host": f"inspector.test:{match.group(1)}"})
+            assert named.status_code == 200
+            other = await client.get("/api/health", headers={"Host": f"other.test:{match.group(1)}"})
+            assert other.status_code == 400 and "--allow-host other.test" in other.json()["error"]
 
             with socket.create_server(("127.0.0.1", 0)) as taken:
                 port = str(taken.getsockname()[1])
@@ -321,6 +326,10 @@ async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
     alone = await anyio.to_thread.run_sync(lambda: subprocess.run(
         [*cli, "ui"], env=env_vars, capture_output=True, text=True, timeout=60))
     assert alone.returncode == 2 and "no NATS server" in alone.stderr
+    bad = await anyio.to_thread.run_sync(lambda: subprocess.run(
+        [*cli, "ui", "--nats", nats_server.url, "--allow-host", "a/b"], env=env_vars, capture_output=True,
+        text=True, timeout=60))
+    assert bad.returncode == 2 and "sa ui: 'a/b' is not a host name" in bad.stderr, bad.stderr
 
 
 async def test_on_a_secured_server_the_inspector_acts_as_its_own_user(tmp_path: Path):

@@ -1,7 +1,9 @@
 """The inspector in a real headless Chromium (Debian's `chromium`, driven by Playwright): the runs index and
 its filters, a run's timeline with parallel calls side by side, expanding events, following a live run to
-its end, forking from the page, escaping of a model reply full of HTML, and the one-file export opened from
-disk with no network. One fleet (NATS, host, worker, scripted model, `sa ui`'s app) serves the module.
+its end, forking from the page, escaping of a model reply full of HTML, the one-file export opened from
+disk with no network, and the door: a DNS-rebound name gets nothing, a page of another origin cannot send
+commands, and the inspector's own page opened by another name it was given can. One fleet (NATS, host,
+worker, scripted model, `sa ui`'s app) serves the module.
 
 Each step saves a screenshot under tests/artifacts/ui/ (git-ignored). The browser is required: without
 /usr/bin/chromium these tests fail and say how to install it (`make browser`)."""
@@ -9,19 +11,23 @@ Each step saves a screenshot under tests/artifacts/ui/ (git-ignored). The browse
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from ui_helpers import HOSTILE, Stack
+from ui_helpers import HOSTILE, OTHER_NAME, Stack
 
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.ui.export import export_run
 
 CHROMIUM = Path("/usr/bin/chromium")
+REBOUND = "rebound.test"  # an attacker's DNS name, rebound to 127.0.0.1 after its page loaded
 ARTIFACTS = Path(__file__).parent / "artifacts" / "ui"
 TIMEOUT_MS = 30_000
 # elements that exist only if the page parsed the reply as HTML (the page's own <b>s hold tool names)
@@ -47,7 +53,10 @@ def browser() -> Iterator[Any]:
 
     with sync_playwright() as p:
         # root in a container: Chromium's sandbox needs user namespaces it may not have
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        # names resolved to loopback: the inspector's other name, and a rebound attacker's
+        rules = f"MAP {OTHER_NAME} 127.0.0.1, MAP {REBOUND} 127.0.0.1"
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox",
+                                                                    f"--host-resolver-rules={rules}"])
         try:
             yield b
         finally:
@@ -374,6 +383,79 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert page.evaluate(INJECTED) == 0
     assert requests == [path.as_uri()], requests
     shot(page, "14-export-opened-from-disk")
+
+
+@contextmanager
+def elsewhere() -> Iterator[str]:
+    """A page of another origin (a plain web server on another loopback port) for the block; its URL."""
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<!doctype html><title>elsewhere</title><p>a page elsewhere"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def port_of(stack: Stack) -> str:
+    return stack.base.rsplit(":", 1)[1]
+
+
+def test_a_rebound_name_gets_nothing(stack: Stack, runs: dict[str, str], page: Any):
+    """DNS rebinding: a page of the attacker's name whose address became 127.0.0.1 is, to the browser, its
+    own origin, so its script could read the inspector's answers. The inspector answers none of them."""
+    response = page.goto(f"http://{REBOUND}:{port_of(stack)}/runs/{runs['pair']}")
+    assert response.status == 400
+    assert f"not to the Host '{REBOUND}:{port_of(stack)}'" in page.text_content("body")
+    assert f"--allow-host {REBOUND}" in page.text_content("body")
+    shot(page, "17-rebound-name-refused")
+    read = page.evaluate("fetch('/api/runs').then(r => r.status)")
+    assert read == 400
+    page.sa_errors.clear()  # the refused fetch
+
+
+def test_a_page_of_another_origin_cannot_send_commands(stack: Stack, page: Any):
+    """A page elsewhere posts a command the only way a browser lets it without a preflight (no-cors,
+    text/plain): it reaches the inspector and is refused for its Origin. The same command from the
+    inspector's own page, opened by the other name it was given, goes through."""
+    stack.gate.reset()
+    held = run_task(stack, "hold: 4 * 4", wait=False)
+    wait_for_kind(stack, held, "tool.completed")
+    with elsewhere() as other:
+        page.goto(other)
+        with page.expect_response(lambda r: r.url.endswith("/cancel")) as caught:
+            sent = page.evaluate("""url => fetch(url, {
+                method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"},
+                body: JSON.stringify({reason: "from elsewhere"})}).then(() => "sent")""",
+                f"{stack.base}/api/runs/{held}/cancel")
+    assert sent == "sent" and caught.value.status == 403  # (it was 415, not JSON, before the Origin check)
+    assert page.sa_errors == ["Failed to load resource: the server responded with a status of 403 "
+                              "(Forbidden)"]
+    page.sa_errors.clear()
+    assert stack.call(stack.client.get(held).status()) == "running"
+
+    page.goto(f"http://{OTHER_NAME}:{port_of(stack)}/runs/{held}")
+    page.wait_for_selector("body[data-status=running]")
+    page.click(".cancel-open")
+    page.fill(".cancel-reason", "from the inspector's own page")
+    page.click(".cancel-confirm")
+    page.wait_for_selector("body[data-status=cancelled]")
+    assert "from the inspector's own page" in run_output(page)
+    shot(page, "18-own-page-by-another-name")
+    stack.gate.release()
 
 
 def run_output(page: Any) -> str:

@@ -27,6 +27,9 @@ from runtime.ui.app import create_app
 
 T = TypeVar("T")
 
+# A DNS name the browser tests resolve to 127.0.0.1: the inspector is told it is its own (a proxy's, say)
+OTHER_NAME = "inspector.test"
+
 # What a model reply may hold that a page must never run: shown as text, or the page is broken.
 HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'><b>bold?</b>"
 
@@ -157,7 +160,7 @@ class Stack:
             responder = ui_responder(self.gate)
             async with running_fleet(self.nats.url, self.js, bundle, responder=responder) as env:
                 self.env = env
-                async with serving(create_app(client=self.client)) as base:
+                async with serving(create_app(client=self.client, allow_hosts=[OTHER_NAME])) as base:
                     self.ready.set_result(base)
                     await self.stop_event.wait()
         except BaseException as e:

@@ -6,7 +6,7 @@
              runs index, a run, one event whole, its thread, pending approvals, the export
 - `actions`  what a page may change, through `RunHandle`: fork, cancel, approve, deny
 - `follow`   live following: a run's events and tokens as server-sent events until it ends
-- `guard`    the Content-Security-Policy and friends on every answer
+- `guard`    the door: the Host names it answers to, the origins it takes commands from, the CSP
 - `routes`   the HTTP routes: a request in, a call of the above, JSON out
 - `app`      `create_app`: the parts put together over one client
 - `export`   `render_html`: a run's page as one self-contained file, no network needed to open it

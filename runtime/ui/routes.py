@@ -19,7 +19,8 @@
 Every failure is `{"error": message}` with the status that says whose it is to fix (`failure`): 400 and
 415 the request's, 404 a run or event that is not there, 403 a refusal (NATS would not let the
 inspector's user do it), 500 the inspector's own. A command takes a JSON body only: a cross-site form
-cannot send one, and a cross-origin script cannot without a CORS preflight this app never answers.
+cannot send one, and a cross-origin script cannot without a CORS preflight this app never answers (the
+Origin check in `runtime.ui.guard` comes first).
 """
 
 from __future__ import annotations
