@@ -54,7 +54,8 @@ async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: P
         pair = await publish_task(js, "calc", "pair: 2 + 3 | 10 * 4")
         hostile = await publish_task(js, "calc", "hostile: show it")
         failing = await publish_task(js, "calc", "compute: 1 / 0")
-        for run_id in (pair, hostile, failing):
+        empty = await publish_task(js, "calc", "empty: say nothing")
+        for run_id in (pair, hostile, failing, empty):
             await Env(nats_server.url, js, env.host, env.server, []).wait_run(run_id)
 
         # -- the index: every filter narrows to the runs it should ----------------------------------------
@@ -75,6 +76,24 @@ async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: P
         assert row["output"] == '{"answer":"pair done"}'
         assert body["facets"]["agents"] == ["calc"] and "calculator" in body["facets"]["tools"]
         assert "execution" in body["facets"]["errors"] and "completed" in body["facets"]["statuses"]
+        # -- flags: a completed run with no token and an empty answer is picked out of the completed ones --
+        suspicious = await _runs(client, flag="suspicious")
+        assert [r["run_id"] for r in suspicious] == [empty]
+        assert [(f["name"], f["why"]) for f in suspicious[0]["flags"]] == [
+            ("no-tokens", "completed without the model using a single token: was a model called at all?"),
+            ("empty-output", 'completed with an empty output: {"answer":""}')]
+        assert {r["run_id"] for r in await _runs(client, flag="empty-output")} == {empty}
+        assert await _runs(client, flag="tool-redelivered") == []
+        assert all(r["flags"] == [] for r in await _runs(client) if r["run_id"] != empty)
+        odd = await client.get("/api/runs", params={"flag": "odd"})
+        assert odd.status_code == 400 and "flag='odd'" in odd.json()["error"]
+        flagged = (await client.get(f"/api/runs/{empty}")).json()
+        assert [f["name"] for f in flagged["flags"]] == ["no-tokens", "empty-output"]
+        async with client.stream("GET", f"/api/runs/{empty}/follow") as stream:
+            ends = [json.loads(line[6:]) async for line in stream.aiter_lines() if line.startswith("data: ")]
+        assert [f["name"] for f in ends[-1]["flags"]] == ["no-tokens", "empty-output"]
+        assert ends[-1]["summary"]["status"] == "completed"
+
         bad = await client.get("/api/runs", params={"since": "yesterday-ish"})
         assert bad.status_code == 400 and "since='yesterday-ish'" in bad.json()["error"] and "'2h'" in \
             bad.json()["error"]
@@ -122,6 +141,7 @@ async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: P
                     if kind == "token":  # the model's output as generated, before it is recorded
                         tokens.setdefault(data["request_id"], []).append(data.get("text", ""))
                     if kind == "event":
+                        assert data["flags"] == []  # the run's flags so far, with each event
                         seen.append(data["event"])
                         if data["event"]["kind"] == "tool.completed":
                             gate.release()  # only now may the run finish: what follows arrived live

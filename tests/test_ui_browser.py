@@ -112,7 +112,7 @@ def wait_reloaded(page: Any, before: str | None) -> None:
 @pytest.fixture(scope="module")
 def runs(stack: Stack) -> dict[str, str]:
     return {"pair": run_task(stack, "pair: 2 + 3 | 10 * 4"), "hostile": run_task(stack, "hostile: show it"),
-            "failing": run_task(stack, "compute: 1 / 0")}
+            "failing": run_task(stack, "compute: 1 / 0"), "empty": run_task(stack, "empty: say nothing")}
 
 
 def test_runs_index_filters(stack: Stack, runs: dict[str, str], page: Any):
@@ -151,6 +151,41 @@ def test_runs_index_filters(stack: Stack, runs: dict[str, str], page: Any):
     assert visible_runs(page) == {runs["pair"]}
     assert page.input_value("input[name=q]") == "10 * 4"
     assert page.input_value("select[name=status]") == "completed"
+
+
+def test_suspicious_runs_are_flagged_and_filterable(stack: Stack, runs: dict[str, str], page: Any):
+    """A run that completed without a token and with an empty answer looks like any completed run by its
+    status: its flags say otherwise, in the index (and its filter) and on its page."""
+    empty = runs["empty"]
+    page.goto(stack.base + "/")
+    row = f"#runs tr[data-run='{empty}']"
+    page.wait_for_selector(row)
+    assert page.get_attribute(row, "data-flags") == "no-tokens empty-output"
+    chips = page.locator(f"{row} .flag-chip")
+    assert chips.all_text_contents() == ["⚑ no-tokens", "⚑ empty-output"]
+    assert "without the model using a single token" in (chips.first.get_attribute("title") or "")
+    assert page.get_attribute(f"#runs tr[data-run='{runs['pair']}']", "data-flags") == ""
+
+    loaded = page.get_attribute("body", "data-loaded")
+    page.select_option("select[name=flag]", "suspicious")
+    wait_reloaded(page, loaded)
+    assert empty in visible_runs(page) and runs["pair"] not in visible_runs(page)
+    assert "flag=suspicious" in page.url
+    shot(page, "19-index-suspicious")
+
+    page.click(f"#runs a[href='/runs/{empty}']")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.eval_on_selector_all("#flags li", "ls => ls.map(l => l.dataset.flag)") == \
+        ["no-tokens", "empty-output"]
+    assert 'completed with an empty output: {"answer":""}' in page.text_content("#flags")
+    shot(page, "20-run-page-flagged")
+    page.goto(f"{stack.base}/runs/{runs['pair']}")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.locator("#flags").count() == 0
+
+    page.goto(stack.base + "/?flag=empty-output")  # a shared link keeps the filter
+    page.wait_for_selector(row)
+    assert page.input_value("select[name=flag]") == "empty-output" and empty in visible_runs(page)
 
 
 def test_run_page_turns_lanes_and_expanding(stack: Stack, runs: dict[str, str], page: Any):
@@ -241,6 +276,12 @@ def test_page_that_goes_away_releases_its_follower(stack: Stack, browser: Any):
     stack.call(stack.env.wait_run(held))
 
 
+def approvals(stack: Stack) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{stack.base}/api/approvals", params={"agent": "calc"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["approvals"]
+
+
 def wait_followers(stack: Stack, n: int, timeout: float = 20.0) -> None:
     """Until the inspector has `n` live views open (fails the test after `timeout`)."""
     import anyio
@@ -304,6 +345,8 @@ def test_fork_from_the_page(stack: Stack, runs: dict[str, str], page: Any):
 def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     paid = run_task(stack, "pay: 250", wait=False)
     wait_for_kind(stack, paid, "approval.requested")
+    assert [(a["tool"], a["arguments"], a["role"]) for a in approvals(stack) if a["run_id"] == paid] == \
+        [("transfer", {"amount": 250}, "finance")]  # the calls waiting across runs, as `sa approvals`
     page.goto(f"{stack.base}/runs/{paid}")
     box = page.locator(".approval")
     box.wait_for()
@@ -315,6 +358,7 @@ def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     box.locator(".approve").click()
     page.wait_for_selector("body[data-status=completed]")
     assert '\\"sent\\": 90' in run_output(page)
+    assert [a for a in approvals(stack) if a["run_id"] == paid] == []
     granted = page.locator(".event[data-kind='approval.granted']")
     granted.locator(".toggle").click()
     assert "capped at 90" in granted.locator(".detail").text_content()

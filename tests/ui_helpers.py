@@ -21,7 +21,7 @@ from runtime import nats as bus
 from runtime.client import Client
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.topology import ensure_topology
-from runtime.testing import last_message
+from runtime.testing import Reply, last_message
 from runtime.testing.fleet import hermes_call
 from runtime.ui.app import create_app
 
@@ -67,12 +67,13 @@ class Gate:
         self.event.clear()
 
 
-def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], str]:
+def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], Reply | str]:
     """`calc_responder`, plus: `pair: A | B` makes two calculator calls in one reply (parallel lanes);
-    `hostile:` submits `HOSTILE`; `hold: EXPR` calls the calculator, then waits for the gate to submit;
-    `pay: N` calls `transfer` (over 100 it waits for approval), then submits what the tool said."""
+    `hostile:` submits `HOSTILE`; `empty:` submits an empty answer in a reply that counts no tokens (a run
+    the inspector flags); `hold: EXPR` calls the calculator, then waits for the gate to submit; `pay: N`
+    calls `transfer` (over 100 it waits for approval), then submits what the tool said."""
 
-    def respond(body: dict[str, Any]) -> str:
+    def respond(body: dict[str, Any]) -> Reply | str:
         task = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
         answered = "<tool_response>" in last_message(body)
         if task.startswith("pair:"):
@@ -87,6 +88,8 @@ def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], str]:
             return hermes_call("transfer", {"amount": int(task.split(":", 1)[1])})
         if task.startswith("hostile:"):
             return hermes_call("submit", {"answer": HOSTILE})
+        if task.startswith("empty:"):  # what a broken model stub does: nothing said, no token counted
+            return Reply.of_text(hermes_call("submit", {"answer": ""}), prompt_tokens=0, completion_tokens=0)
         if task.startswith("hold:"):
             if answered:
                 gate.event.wait(60)

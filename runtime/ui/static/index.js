@@ -2,7 +2,7 @@
 "use strict";
 
 const form = document.getElementById("filters");
-const FIELDS = ["agent", "status", "tool", "error", "since", "q"];
+const FIELDS = ["agent", "status", "tool", "error", "since", "flag", "q"];
 const FACETS = {agent: "agents", status: "statuses", tool: "tools", error: "errors"};
 const REFRESH_MS = 3000;  // while a listed run is still running, the list refreshes itself
 let refreshTimer = null;
@@ -32,10 +32,11 @@ function row(run) {
       run.forked_at !== null && run.forked_at !== undefined ? " @" + run.forked_at : "")
     : null;
   const errors = (run.errors || []).map((e) => el("span", {class: "chip error-chip"}, e));
-  return el("tr", {dataset: {run: run.run_id}},
+  const flags = run.flags || [];
+  return el("tr", {dataset: {run: run.run_id, flags: flags.map((f) => f.name).join(" ")}},
     el("td", {class: "mono"}, el("a", {href: runHref(run.run_id)}, run.run_id), forked),
     el("td", {}, run.actor),
-    el("td", {}, statusBadge(run.status)),
+    el("td", {}, statusBadge(run.status), flags.map(flagChip)),
     el("td", {class: "nowrap"}, fmtTime(run.started || run.updated)),
     el("td", {class: "num"}, took),
     el("td", {class: "num"}, run.turns === undefined ? "" : run.turns),
@@ -87,7 +88,7 @@ function init() {
     field.value = value;
   }
   form.addEventListener("submit", (event) => { event.preventDefault(); load(); });
-  for (const name of ["agent", "status", "tool", "error", "since"]) {
+  for (const name of ["agent", "status", "tool", "error", "since", "flag"]) {
     form.elements[name].addEventListener("change", load);
   }
   document.getElementById("reset").addEventListener("click", () => {
