@@ -109,10 +109,17 @@ def wait_reloaded(page: Any, before: str | None) -> None:
     page.wait_for_function("before => (document.body.dataset.loaded || before) !== before", arg=before)
 
 
+# an instance name as long as a real deployment's (a customer id and a region): longer than its column
+LONG_INSTANCE = "customer-7f3a9c2e-4b1d-4e8a-9f0c-2d6b8e1a5c3f-europe-west"
+
+
 @pytest.fixture(scope="module")
 def runs(stack: Stack) -> dict[str, str]:
+    long = stack.call(publish_task(stack.js, "calc", "compute: 2 + 2", instance=LONG_INSTANCE))
+    stack.call(stack.env.wait_run(long))
     return {"pair": run_task(stack, "pair: 2 + 3 | 10 * 4"), "hostile": run_task(stack, "hostile: show it"),
-            "failing": run_task(stack, "compute: 1 / 0"), "empty": run_task(stack, "empty: say nothing")}
+            "failing": run_task(stack, "compute: 1 / 0"), "empty": run_task(stack, "empty: say nothing"),
+            "long": long}
 
 
 def test_runs_index_filters(stack: Stack, runs: dict[str, str], page: Any):
@@ -186,6 +193,43 @@ def test_suspicious_runs_are_flagged_and_filterable(stack: Stack, runs: dict[str
     page.goto(stack.base + "/?flag=empty-output")  # a shared link keeps the filter
     page.wait_for_selector(row)
     assert page.input_value("select[name=flag]") == "empty-output" and empty in visible_runs(page)
+
+
+def test_the_index_table_stays_inside_the_page(stack: Stack, runs: dict[str, str], page: Any):
+    """Long ids and agent names are cut short inside their column (the whole name is the cell's title),
+    the table never makes the page wider than the window, and the header spans the page. Narrower than
+    the table's minimum, the table scrolls inside its own box."""
+    def geometry() -> dict[str, Any]:
+        return page.evaluate("""() => {
+          const box = (s) => document.querySelector(s).getBoundingClientRect();
+          return {page: document.documentElement.scrollWidth, window: innerWidth,
+                  header: box("header.top").width, main: box("main").right, wrap: box(".table-wrap").right,
+                  table: box("#runs").width, wrapWidth: box(".table-wrap").width};
+        }""")
+
+    long = f"#runs tr[data-run='{runs['long']}']"
+    for width, name in ((1400, "21-index-wide"), (1000, "22-index-narrow")):
+        page.set_viewport_size({"width": width, "height": 800})
+        page.goto(stack.base + "/")
+        page.wait_for_selector(long)
+        g = geometry()
+        assert g["page"] == g["window"] == g["header"] == width, g
+        assert g["wrap"] <= g["main"], g
+        agent = page.locator(f"{long} td").nth(1)
+        assert agent.get_attribute("title") == f"calc:{LONG_INSTANCE}"
+        assert agent.evaluate("td => td.scrollWidth > td.clientWidth")  # cut short, not widening the column
+        cells = [page.locator(f"{long} td").nth(i).bounding_box() for i in range(3)]
+        assert cells[0]["x"] + cells[0]["width"] <= cells[1]["x"] and cells[1]["x"] + cells[1]["width"] <= \
+            cells[2]["x"], cells
+        shot(page, name)
+    assert g["table"] > g["wrapWidth"]  # at 1000 px the table scrolls inside its box, the page does not
+    page.set_viewport_size({"width": 1400, "height": 800})
+    assert geometry()["table"] <= geometry()["wrapWidth"]
+
+    page.set_viewport_size({"width": 1000, "height": 800})  # and the run page of that agent fits too
+    page.goto(f"{stack.base}/runs/{runs['long']}")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.evaluate("document.documentElement.scrollWidth") == 1000
 
 
 def test_run_page_turns_lanes_and_expanding(stack: Stack, runs: dict[str, str], page: Any):

@@ -28,22 +28,24 @@ function fillSelect(select, values, chosen) {
 function row(run) {
   const took = run.ended && run.started ? fmtMs((run.ended - run.started) * 1000) : "";
   const forked = run.forked_from
-    ? el("div", {class: "forked"}, "↳ forked from ", el("a", {href: runHref(run.forked_from)}, run.forked_from),
+    ? el("div", {class: "forked", title: "forked from " + run.forked_from}, "↳ forked from ",
+      el("a", {href: runHref(run.forked_from)}, run.forked_from),
       run.forked_at !== null && run.forked_at !== undefined ? " @" + run.forked_at : "")
     : null;
   const errors = (run.errors || []).map((e) => el("span", {class: "chip error-chip"}, e));
   const flags = run.flags || [];
+  // long ids, agents and texts are cut short inside their column (the whole text is the cell's title)
   return el("tr", {dataset: {run: run.run_id, flags: flags.map((f) => f.name).join(" ")}},
-    el("td", {class: "mono"}, el("a", {href: runHref(run.run_id)}, run.run_id), forked),
-    el("td", {}, run.actor),
+    el("td", {class: "mono clip"}, el("a", {href: runHref(run.run_id), title: run.run_id}, run.run_id), forked),
+    el("td", {class: "clip", title: run.actor}, run.actor),
     el("td", {}, statusBadge(run.status), flags.map(flagChip)),
-    el("td", {class: "nowrap"}, fmtTime(run.started || run.updated)),
+    el("td", {}, fmtTime(run.started || run.updated)),
     el("td", {class: "num"}, took),
     el("td", {class: "num"}, run.turns === undefined ? "" : run.turns),
     el("td", {class: "num"}, run.tokens === undefined ? "" : run.tokens),
     el("td", {}, (run.tools || []).map((t) => el("span", {class: "chip"}, t)), errors),
-    el("td", {class: "snippet"}, run.input || ""),
-    el("td", {class: "snippet"}, run.output || ""));
+    el("td", {class: "snippet", title: run.input || ""}, run.input || ""),
+    el("td", {class: "snippet", title: run.output || ""}, run.output || ""));
 }
 
 async function load() {
