@@ -22,7 +22,12 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only for the types: `sa replay --html` imports this module without nats-py's weight
+    from nats.js import JetStreamContext
+
+    from runtime.client import Client
 
 STATIC = Path(__file__).parent / "static"
 _STYLE_TAG = '<link rel="stylesheet" href="/static/style.css">'
@@ -49,7 +54,7 @@ class NoSuchRun(LookupError):
     """The run has no events (the message says where to find run ids)."""
 
 
-async def export_run(source: Any, run_id: str) -> str:
+async def export_run(source: Client | JetStreamContext, run_id: str) -> str:
     """The one-file HTML of a run read through the fleet client (`source`: a `runtime.client.Client`, or a
     JetStream context, wrapped in one): its events whole (big payloads fetched), its index entry and fork
     tree. `NoSuchRun` if it has no events."""
