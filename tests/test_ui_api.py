@@ -22,6 +22,7 @@ from ui_helpers import HOSTILE, Gate, serving, ui_responder
 
 from runtime import events as ev
 from runtime import nats as bus
+from runtime.client import Client
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.topology import ensure_topology
@@ -43,16 +44,18 @@ async def _consumers_of(js: Any, run_id: str) -> list[str]:
             if run_id in (c.config.filter_subject or "")]
 
 
-async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path):
+async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: Path):
     await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
     bundle = write_bundle(tmp_path)
     gate = Gate()
     async with running_fleet(nats_server.url, js, bundle, responder=ui_responder(gate)) as env, \
-            serving(create_app(js=js)) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+            serving(create_app(client=Client(nc))) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as client:
         pair = await publish_task(js, "calc", "pair: 2 + 3 | 10 * 4")
         hostile = await publish_task(js, "calc", "hostile: show it")
         failing = await publish_task(js, "calc", "compute: 1 / 0")
-        for run_id in (pair, hostile, failing):
+        empty = await publish_task(js, "calc", "empty: say nothing")
+        for run_id in (pair, hostile, failing, empty):
             await Env(nats_server.url, js, env.host, env.server, []).wait_run(run_id)
 
         # -- the index: every filter narrows to the runs it should ----------------------------------------
@@ -73,6 +76,24 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         assert row["output"] == '{"answer":"pair done"}'
         assert body["facets"]["agents"] == ["calc"] and "calculator" in body["facets"]["tools"]
         assert "execution" in body["facets"]["errors"] and "completed" in body["facets"]["statuses"]
+        # -- flags: a completed run with no token and an empty answer is picked out of the completed ones --
+        suspicious = await _runs(client, flag="suspicious")
+        assert [r["run_id"] for r in suspicious] == [empty]
+        assert [(f["name"], f["why"]) for f in suspicious[0]["flags"]] == [
+            ("no-tokens", "completed without the model using a single token: was a model called at all?"),
+            ("empty-output", 'completed with an empty output: {"answer":""}')]
+        assert {r["run_id"] for r in await _runs(client, flag="empty-output")} == {empty}
+        assert await _runs(client, flag="tool-redelivered") == []
+        assert all(r["flags"] == [] for r in await _runs(client) if r["run_id"] != empty)
+        odd = await client.get("/api/runs", params={"flag": "odd"})
+        assert odd.status_code == 400 and "flag='odd'" in odd.json()["error"]
+        flagged = (await client.get(f"/api/runs/{empty}")).json()
+        assert [f["name"] for f in flagged["flags"]] == ["no-tokens", "empty-output"]
+        async with client.stream("GET", f"/api/runs/{empty}/follow") as stream:
+            ends = [json.loads(line[6:]) async for line in stream.aiter_lines() if line.startswith("data: ")]
+        assert [f["name"] for f in ends[-1]["flags"]] == ["no-tokens", "empty-output"]
+        assert ends[-1]["summary"]["status"] == "completed"
+
         bad = await client.get("/api/runs", params={"since": "yesterday-ish"})
         assert bad.status_code == 400 and "since='yesterday-ish'" in bad.json()["error"] and "'2h'" in \
             bad.json()["error"]
@@ -120,6 +141,7 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
                     if kind == "token":  # the model's output as generated, before it is recorded
                         tokens.setdefault(data["request_id"], []).append(data.get("text", ""))
                     if kind == "event":
+                        assert data["flags"] == []  # the run's flags so far, with each event
                         seen.append(data["event"])
                         if data["event"]["kind"] == "tool.completed":
                             gate.release()  # only now may the run finish: what follows arrived live
@@ -220,7 +242,7 @@ async def test_index_run_view_follow_and_errors(nats_server, js, tmp_path: Path)
         assert "script-src 'self'" in page.headers["content-security-policy"]
 
 
-async def test_big_payload_is_fetched_on_demand(nats_server, js):
+async def test_big_payload_is_fetched_on_demand(nats_server, nc, js):
     """An event whose big fields live in the object store comes as a stub; its own URL gives it whole."""
     await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
     big = "x" * 300_000 + " the end"
@@ -230,7 +252,8 @@ async def test_big_payload_is_fetched_on_demand(nats_server, js):
     assert last is not None
     await log.append(ev.stamp(ev.RunCompleted(run_id="rbig", output="ok"), seq=1, ts=1_700_000_001.0,
                               actor="calc"), expect=last)
-    async with serving(create_app(js=js)) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+    async with serving(create_app(client=Client(nc))) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as client:
         view = (await client.get("/api/runs/rbig")).json()
         stub = view["events"][0]
         assert stub["ref"]["size"] > 300_000 and stub["data"]["input"] == ""
@@ -279,14 +302,14 @@ async def test_sa_replay_html_prints_one_file(nats_server, js, tmp_path: Path):
 
 
 async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
-    """`sa ui` as a user starts it: the address on stderr, the app answering there; a taken port or no
-    NATS server is exit 2 with what to do."""
+    """`sa ui` as a user starts it: the address on stderr, the app answering there and to the names given
+    with --allow-host; a taken port, no NATS server or a name that is not one is exit 2 with what to do."""
     env_vars = {"XDG_DATA_HOME": "/nonexistent-sa-test", "PATH": "/usr/bin:/bin",
                 "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     cli = [sys.executable, "-c", "from runtime.cli import main; main()"]
     await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
-    proc = subprocess.Popen([*cli, "ui", "--port", "0", "--nats", nats_server.url], env=env_vars,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cli, "ui", "--port", "0", "--nats", nats_server.url, "--allow-host",
+                             "inspector.test"], env=env_vars, stderr=subprocess.PIPE, text=True)
     try:
         line = await anyio.to_thread.run_sync(proc.stderr.readline)  # type: ignore[union-attr]
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -305,6 +328,11 @@ async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
             index = await client.get("/")
             assert index.status_code == 200 and 'id="filters"' in index.text
             assert (await client.get("/static/run.js")).status_code == 200
+            # the names it answers to: its own, and the one given with --allow-host, not another
+            named = await client.get("/api/health", headers={"Host": f"inspector.test:{match.group(1)}"})
+            assert named.status_code == 200
+            other = await client.get("/api/health", headers={"Host": f"other.test:{match.group(1)}"})
+            assert other.status_code == 400 and "--allow-host other.test" in other.json()["error"]
 
             with socket.create_server(("127.0.0.1", 0)) as taken:
                 port = str(taken.getsockname()[1])
@@ -318,6 +346,10 @@ async def test_sa_ui_serves_and_refuses_bad_usage(nats_server, js):
     alone = await anyio.to_thread.run_sync(lambda: subprocess.run(
         [*cli, "ui"], env=env_vars, capture_output=True, text=True, timeout=60))
     assert alone.returncode == 2 and "no NATS server" in alone.stderr
+    bad = await anyio.to_thread.run_sync(lambda: subprocess.run(
+        [*cli, "ui", "--nats", nats_server.url, "--allow-host", "a/b"], env=env_vars, capture_output=True,
+        text=True, timeout=60))
+    assert bad.returncode == 2 and "sa ui: 'a/b' is not a host name" in bad.stderr, bad.stderr
 
 
 async def test_on_a_secured_server_the_inspector_acts_as_its_own_user(tmp_path: Path):
@@ -345,7 +377,7 @@ async def test_on_a_secured_server_the_inspector_acts_as_its_own_user(tmp_path: 
             assert last is not None
             await log.append(ev.stamp(ev.ModelRequested(run_id="rsec", request_id="rsec/1", turn=1), seq=1,
                                       ts=1_700_000_001.0, actor="calc"), expect=last)
-            app = create_app(js=operator.jetstream(), fork_wait=3.0)
+            app = create_app(client=Client(operator), fork_wait=3.0)
             async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
                 view = (await client.get("/api/runs/rsec")).json()
                 assert [e["kind"] for e in view["events"]] == ["run.started", "model.requested"]

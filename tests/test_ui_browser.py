@@ -1,7 +1,9 @@
 """The inspector in a real headless Chromium (Debian's `chromium`, driven by Playwright): the runs index and
 its filters, a run's timeline with parallel calls side by side, expanding events, following a live run to
-its end, forking from the page, escaping of a model reply full of HTML, and the one-file export opened from
-disk with no network. One fleet (NATS, host, worker, scripted model, `sa ui`'s app) serves the module.
+its end, forking from the page, escaping of a model reply full of HTML, the one-file export opened from
+disk with no network, and the door: a DNS-rebound name gets nothing, a page of another origin cannot send
+commands, and the inspector's own page opened by another name it was given can. One fleet (NATS, host,
+worker, scripted model, `sa ui`'s app) serves the module.
 
 Each step saves a screenshot under tests/artifacts/ui/ (git-ignored). The browser is required: without
 /usr/bin/chromium these tests fail and say how to install it (`make browser`)."""
@@ -9,19 +11,23 @@ Each step saves a screenshot under tests/artifacts/ui/ (git-ignored). The browse
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from ui_helpers import HOSTILE, Stack
+from ui_helpers import HOSTILE, OTHER_NAME, Stack
 
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.ui.export import export_run
 
 CHROMIUM = Path("/usr/bin/chromium")
+REBOUND = "rebound.test"  # an attacker's DNS name, rebound to 127.0.0.1 after its page loaded
 ARTIFACTS = Path(__file__).parent / "artifacts" / "ui"
 TIMEOUT_MS = 30_000
 # elements that exist only if the page parsed the reply as HTML (the page's own <b>s hold tool names)
@@ -47,7 +53,10 @@ def browser() -> Iterator[Any]:
 
     with sync_playwright() as p:
         # root in a container: Chromium's sandbox needs user namespaces it may not have
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        # names resolved to loopback: the inspector's other name, and a rebound attacker's
+        rules = f"MAP {OTHER_NAME} 127.0.0.1, MAP {REBOUND} 127.0.0.1"
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox",
+                                                                    f"--host-resolver-rules={rules}"])
         try:
             yield b
         finally:
@@ -100,10 +109,17 @@ def wait_reloaded(page: Any, before: str | None) -> None:
     page.wait_for_function("before => (document.body.dataset.loaded || before) !== before", arg=before)
 
 
+# an instance name as long as a real deployment's (a customer id and a region): longer than its column
+LONG_INSTANCE = "customer-7f3a9c2e-4b1d-4e8a-9f0c-2d6b8e1a5c3f-europe-west"
+
+
 @pytest.fixture(scope="module")
 def runs(stack: Stack) -> dict[str, str]:
+    long = stack.call(publish_task(stack.js, "calc", "compute: 2 + 2", instance=LONG_INSTANCE))
+    stack.call(stack.env.wait_run(long))
     return {"pair": run_task(stack, "pair: 2 + 3 | 10 * 4"), "hostile": run_task(stack, "hostile: show it"),
-            "failing": run_task(stack, "compute: 1 / 0")}
+            "failing": run_task(stack, "compute: 1 / 0"), "empty": run_task(stack, "empty: say nothing"),
+            "long": long}
 
 
 def test_runs_index_filters(stack: Stack, runs: dict[str, str], page: Any):
@@ -142,6 +158,78 @@ def test_runs_index_filters(stack: Stack, runs: dict[str, str], page: Any):
     assert visible_runs(page) == {runs["pair"]}
     assert page.input_value("input[name=q]") == "10 * 4"
     assert page.input_value("select[name=status]") == "completed"
+
+
+def test_suspicious_runs_are_flagged_and_filterable(stack: Stack, runs: dict[str, str], page: Any):
+    """A run that completed without a token and with an empty answer looks like any completed run by its
+    status: its flags say otherwise, in the index (and its filter) and on its page."""
+    empty = runs["empty"]
+    page.goto(stack.base + "/")
+    row = f"#runs tr[data-run='{empty}']"
+    page.wait_for_selector(row)
+    assert page.get_attribute(row, "data-flags") == "no-tokens empty-output"
+    chips = page.locator(f"{row} .flag-chip")
+    assert chips.all_text_contents() == ["⚑ no-tokens", "⚑ empty-output"]
+    assert "without the model using a single token" in (chips.first.get_attribute("title") or "")
+    assert page.get_attribute(f"#runs tr[data-run='{runs['pair']}']", "data-flags") == ""
+
+    loaded = page.get_attribute("body", "data-loaded")
+    page.select_option("select[name=flag]", "suspicious")
+    wait_reloaded(page, loaded)
+    assert empty in visible_runs(page) and runs["pair"] not in visible_runs(page)
+    assert "flag=suspicious" in page.url
+    shot(page, "19-index-suspicious")
+
+    page.click(f"#runs a[href='/runs/{empty}']")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.eval_on_selector_all("#flags li", "ls => ls.map(l => l.dataset.flag)") == \
+        ["no-tokens", "empty-output"]
+    assert 'completed with an empty output: {"answer":""}' in page.text_content("#flags")
+    shot(page, "20-run-page-flagged")
+    page.goto(f"{stack.base}/runs/{runs['pair']}")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.locator("#flags").count() == 0
+
+    page.goto(stack.base + "/?flag=empty-output")  # a shared link keeps the filter
+    page.wait_for_selector(row)
+    assert page.input_value("select[name=flag]") == "empty-output" and empty in visible_runs(page)
+
+
+def test_the_index_table_stays_inside_the_page(stack: Stack, runs: dict[str, str], page: Any):
+    """Long ids and agent names are cut short inside their column (the whole name is the cell's title),
+    the table never makes the page wider than the window, and the header spans the page. Narrower than
+    the table's minimum, the table scrolls inside its own box."""
+    def geometry() -> dict[str, Any]:
+        return page.evaluate("""() => {
+          const box = (s) => document.querySelector(s).getBoundingClientRect();
+          return {page: document.documentElement.scrollWidth, window: innerWidth,
+                  header: box("header.top").width, main: box("main").right, wrap: box(".table-wrap").right,
+                  table: box("#runs").width, wrapWidth: box(".table-wrap").width};
+        }""")
+
+    long = f"#runs tr[data-run='{runs['long']}']"
+    for width, name in ((1400, "21-index-wide"), (1000, "22-index-narrow")):
+        page.set_viewport_size({"width": width, "height": 800})
+        page.goto(stack.base + "/")
+        page.wait_for_selector(long)
+        g = geometry()
+        assert g["page"] == g["window"] == g["header"] == width, g
+        assert g["wrap"] <= g["main"], g
+        agent = page.locator(f"{long} td").nth(1)
+        assert agent.get_attribute("title") == f"calc:{LONG_INSTANCE}"
+        assert agent.evaluate("td => td.scrollWidth > td.clientWidth")  # cut short, not widening the column
+        cells = [page.locator(f"{long} td").nth(i).bounding_box() for i in range(3)]
+        assert cells[0]["x"] + cells[0]["width"] <= cells[1]["x"] and cells[1]["x"] + cells[1]["width"] <= \
+            cells[2]["x"], cells
+        shot(page, name)
+    assert g["table"] > g["wrapWidth"]  # at 1000 px the table scrolls inside its box, the page does not
+    page.set_viewport_size({"width": 1400, "height": 800})
+    assert geometry()["table"] <= geometry()["wrapWidth"]
+
+    page.set_viewport_size({"width": 1000, "height": 800})  # and the run page of that agent fits too
+    page.goto(f"{stack.base}/runs/{runs['long']}")
+    page.wait_for_selector("body[data-status=completed]")
+    assert page.evaluate("document.documentElement.scrollWidth") == 1000
 
 
 def test_run_page_turns_lanes_and_expanding(stack: Stack, runs: dict[str, str], page: Any):
@@ -232,6 +320,12 @@ def test_page_that_goes_away_releases_its_follower(stack: Stack, browser: Any):
     stack.call(stack.env.wait_run(held))
 
 
+def approvals(stack: Stack) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{stack.base}/api/approvals", params={"agent": "calc"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["approvals"]
+
+
 def wait_followers(stack: Stack, n: int, timeout: float = 20.0) -> None:
     """Until the inspector has `n` live views open (fails the test after `timeout`)."""
     import anyio
@@ -295,6 +389,8 @@ def test_fork_from_the_page(stack: Stack, runs: dict[str, str], page: Any):
 def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     paid = run_task(stack, "pay: 250", wait=False)
     wait_for_kind(stack, paid, "approval.requested")
+    assert [(a["tool"], a["arguments"], a["role"]) for a in approvals(stack) if a["run_id"] == paid] == \
+        [("transfer", {"amount": 250}, "finance")]  # the calls waiting across runs, as `sa approvals`
     page.goto(f"{stack.base}/runs/{paid}")
     box = page.locator(".approval")
     box.wait_for()
@@ -306,6 +402,7 @@ def test_approve_deny_and_cancel_from_the_page(stack: Stack, page: Any):
     box.locator(".approve").click()
     page.wait_for_selector("body[data-status=completed]")
     assert '\\"sent\\": 90' in run_output(page)
+    assert [a for a in approvals(stack) if a["run_id"] == paid] == []
     granted = page.locator(".event[data-kind='approval.granted']")
     granted.locator(".toggle").click()
     assert "capped at 90" in granted.locator(".detail").text_content()
@@ -358,7 +455,7 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert page.evaluate("typeof window.__pwned") == "undefined"
 
     # the one-file export: opened from disk, same page, no request leaves the file, nothing runs
-    html = stack.call(export_run(stack.js, hostile))
+    html = stack.call(export_run(stack.client, hostile))
     path = tmp_path / "run.html"
     path.write_text(html)
     requests: list[str] = []
@@ -374,6 +471,79 @@ def test_a_reply_full_of_html_is_shown_as_text(stack: Stack, runs: dict[str, str
     assert page.evaluate(INJECTED) == 0
     assert requests == [path.as_uri()], requests
     shot(page, "14-export-opened-from-disk")
+
+
+@contextmanager
+def elsewhere() -> Iterator[str]:
+    """A page of another origin (a plain web server on another loopback port) for the block; its URL."""
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<!doctype html><title>elsewhere</title><p>a page elsewhere"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def port_of(stack: Stack) -> str:
+    return stack.base.rsplit(":", 1)[1]
+
+
+def test_a_rebound_name_gets_nothing(stack: Stack, runs: dict[str, str], page: Any):
+    """DNS rebinding: a page of the attacker's name whose address became 127.0.0.1 is, to the browser, its
+    own origin, so its script could read the inspector's answers. The inspector answers none of them."""
+    response = page.goto(f"http://{REBOUND}:{port_of(stack)}/runs/{runs['pair']}")
+    assert response.status == 400
+    assert f"not to the Host '{REBOUND}:{port_of(stack)}'" in page.text_content("body")
+    assert f"--allow-host {REBOUND}" in page.text_content("body")
+    shot(page, "17-rebound-name-refused")
+    read = page.evaluate("fetch('/api/runs').then(r => r.status)")
+    assert read == 400
+    page.sa_errors.clear()  # the refused fetch
+
+
+def test_a_page_of_another_origin_cannot_send_commands(stack: Stack, page: Any):
+    """A page elsewhere posts a command the only way a browser lets it without a preflight (no-cors,
+    text/plain): it reaches the inspector and is refused for its Origin. The same command from the
+    inspector's own page, opened by the other name it was given, goes through."""
+    stack.gate.reset()
+    held = run_task(stack, "hold: 4 * 4", wait=False)
+    wait_for_kind(stack, held, "tool.completed")
+    with elsewhere() as other:
+        page.goto(other)
+        with page.expect_response(lambda r: r.url.endswith("/cancel")) as caught:
+            sent = page.evaluate("""url => fetch(url, {
+                method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"},
+                body: JSON.stringify({reason: "from elsewhere"})}).then(() => "sent")""",
+                f"{stack.base}/api/runs/{held}/cancel")
+    assert sent == "sent" and caught.value.status == 403  # (it was 415, not JSON, before the Origin check)
+    assert page.sa_errors == ["Failed to load resource: the server responded with a status of 403 "
+                              "(Forbidden)"]
+    page.sa_errors.clear()
+    assert stack.call(stack.client.get(held).status()) == "running"
+
+    page.goto(f"http://{OTHER_NAME}:{port_of(stack)}/runs/{held}")
+    page.wait_for_selector("body[data-status=running]")
+    page.click(".cancel-open")
+    page.fill(".cancel-reason", "from the inspector's own page")
+    page.click(".cancel-confirm")
+    page.wait_for_selector("body[data-status=cancelled]")
+    assert "from the inspector's own page" in run_output(page)
+    shot(page, "18-own-page-by-another-name")
+    stack.gate.release()
 
 
 def run_output(page: Any) -> str:

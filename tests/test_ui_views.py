@@ -114,3 +114,87 @@ def test_export_is_one_inert_file_without_urls():
 
     digest = base64.b64encode(hashlib.sha256(script.group(1).encode()).digest()).decode()
     assert f"script-src 'sha256-{digest}'" in html and "default-src 'none'" in html
+
+
+def _stamped(raw: list[ev.Event]) -> list[ev.Event]:
+    return [ev.stamp(e, seq=i, ts=T0 + i, actor="calc") for i, e in enumerate(raw)]
+
+
+NO_USAGE = Usage(0, 0)
+
+
+def _bare(output: object, *, usage: Usage = NO_USAGE) -> list[ev.Event]:
+    """A one-turn run that submits `output` straight away, its reply using `usage` tokens."""
+    return _stamped([
+        ev.RunStarted(run_id="r2", input="anything"),
+        ev.ModelRequested(run_id="r2", request_id="r2/1", turn=1),
+        ev.ModelResponded(run_id="r2", request_id="r2/1", turn=1, usage=usage),
+        ev.RunCompleted(run_id="r2", output=output),
+    ])
+
+
+def _names(events: list[ev.Event]) -> list[str]:
+    return [f.name for f in views.flags(events)]
+
+
+def test_flags_name_what_makes_a_completed_run_suspicious():
+    assert _names(_run()) == []  # tokens used, an output: nothing to look at
+    assert _names(_bare("", usage=Usage(0, 0))) == ["no-tokens", "empty-output"]
+    assert _names(_bare("42", usage=Usage(0, 0))) == ["no-tokens"]
+    for empty in (None, "", "  \n", {}, [], {"answer": ""}, {"answer": {"parts": []}}):
+        assert _names(_bare(empty, usage=Usage(3, 1))) == ["empty-output"], empty
+    for full in (0, False, {"answer": 0}, ["x"], {"answer": "", "value": 2}):
+        assert _names(_bare(full, usage=Usage(3, 1))) == [], full
+    why = views.flags(_bare({"answer": ""}))[1].why
+    assert why == 'completed with an empty output: {"answer":""}'
+
+    # a run that did not complete is not "completed without tokens": its ending already says what happened
+    running = _bare("")[:-1]
+    assert _names(running) == []
+    ending = ev.stamp(ev.RunFailed(run_id="r2", reason="max_turns"), seq=3, ts=T0 + 3, actor="calc")
+    assert _names([*running, ending]) == []
+
+
+def test_flags_for_a_retried_model_call_and_a_redelivered_tool():
+    call = ToolCall("r3/1.0", "calculator", {"expression": "1 + 1"})
+    events = _stamped([
+        ev.RunStarted(run_id="r3", input="add"),
+        ev.ModelRequested(run_id="r3", request_id="r3/1", turn=1),
+        ev.ModelFailed(run_id="r3", request_id="r3/1", turn=1, error="503", error_kind="http"),
+        ev.ModelRequested(run_id="r3", request_id="r3/1#1", turn=1, attempt=1),
+        ev.ModelFailed(run_id="r3", request_id="r3/1#1", turn=1, error="503", error_kind="http"),
+        ev.ModelRequested(run_id="r3", request_id="r3/1#2", turn=1, attempt=2),
+        ev.ModelResponded(run_id="r3", request_id="r3/1#2", turn=1, calls=(call,), usage=Usage(9, 3)),
+        ev.ToolCalled(run_id="r3", call=call),
+        ev.ToolRedelivered(run_id="r3", call_id=call.id, tool="calculator", attempt=2, worker="w2",
+                           earlier=("w1 stopped heartbeating",)),
+        ev.ToolCompleted(run_id="r3", call_id=call.id, tool="calculator", output={"value": 2}),
+        ev.RunCompleted(run_id="r3", output={"answer": "2"}),
+    ])
+    found = views.flags(events)
+    assert [f.name for f in found] == ["model-retried", "tool-redelivered"]
+    assert "turn 1: 3 attempts" in found[0].why
+    assert "calculator call 1.0 ran on delivery 2 (w1 stopped heartbeating)" in found[1].why
+    # the first attempt alone is no retry, and a failed call without a redelivery is no redelivery
+    assert _names(events[:2] + events[6:8] + events[9:]) == []
+
+
+def test_flags_reach_the_digest_the_filter_the_index_row_and_the_run_view():
+    flagged, clean = views.digest("r2", _bare("", usage=Usage(0, 0))), views.digest("r1", _run())
+    entry = RunIndex(status="completed", actor="calc", partition=0, updated=T0)
+
+    def admits(d: views.Digest, flag: str) -> bool:
+        flt = views.RunFilter.from_query({"flag": flag})
+        assert flt.needs_events  # flags come from the events, not the index entry
+        return flt.admits_entry(entry) and flt.admits(d)
+
+    assert admits(flagged, "suspicious") and not admits(clean, "suspicious")
+    assert admits(flagged, "empty-output") and not admits(flagged, "tool-redelivered")
+    with pytest.raises(views.FilterError, match=r"flag='odd'.*'suspicious'.*no-tokens, empty-output"):
+        views.RunFilter.from_query({"flag": "odd"})
+    row = views.index_row("r2", entry, flagged)
+    assert [f["name"] for f in row["flags"]] == ["no-tokens", "empty-output"] and row["flags"][0]["why"]
+    assert views.index_row("r1", entry, clean)["flags"] == []
+    view = views.run_view("r2", "calc", _bare("", usage=Usage(0, 0)))
+    assert [f["name"] for f in view["flags"]] == ["no-tokens", "empty-output"]
+    json.dumps(view)

@@ -18,13 +18,17 @@ import uvicorn
 from host_helpers import calc_responder, running_fleet, write_bundle
 
 from runtime import nats as bus
+from runtime.client import Client
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.topology import ensure_topology
-from runtime.testing import last_message
+from runtime.testing import Reply, last_message
 from runtime.testing.fleet import hermes_call
 from runtime.ui.app import create_app
 
 T = TypeVar("T")
+
+# A DNS name the browser tests resolve to 127.0.0.1: the inspector is told it is its own (a proxy's, say)
+OTHER_NAME = "inspector.test"
 
 # What a model reply may hold that a page must never run: shown as text, or the page is broken.
 HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'><b>bold?</b>"
@@ -63,12 +67,13 @@ class Gate:
         self.event.clear()
 
 
-def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], str]:
+def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], Reply | str]:
     """`calc_responder`, plus: `pair: A | B` makes two calculator calls in one reply (parallel lanes);
-    `hostile:` submits `HOSTILE`; `hold: EXPR` calls the calculator, then waits for the gate to submit;
-    `pay: N` calls `transfer` (over 100 it waits for approval), then submits what the tool said."""
+    `hostile:` submits `HOSTILE`; `empty:` submits an empty answer in a reply that counts no tokens (a run
+    the inspector flags); `hold: EXPR` calls the calculator, then waits for the gate to submit; `pay: N`
+    calls `transfer` (over 100 it waits for approval), then submits what the tool said."""
 
-    def respond(body: dict[str, Any]) -> str:
+    def respond(body: dict[str, Any]) -> Reply | str:
         task = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
         answered = "<tool_response>" in last_message(body)
         if task.startswith("pair:"):
@@ -83,6 +88,8 @@ def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], str]:
             return hermes_call("transfer", {"amount": int(task.split(":", 1)[1])})
         if task.startswith("hostile:"):
             return hermes_call("submit", {"answer": HOSTILE})
+        if task.startswith("empty:"):  # what a broken model stub does: nothing said, no token counted
+            return Reply.of_text(hermes_call("submit", {"answer": ""}), prompt_tokens=0, completion_tokens=0)
         if task.startswith("hold:"):
             if answered:
                 gate.event.wait(60)
@@ -130,6 +137,7 @@ class Stack:
         self.ready: concurrent.futures.Future[str] = concurrent.futures.Future()
         self.stop_event: asyncio.Event | None = None
         self.js: Any = None
+        self.client: Any = None
         self.env: Any = None
         self.base = ""
 
@@ -148,13 +156,14 @@ class Stack:
         self.stop_event = asyncio.Event()
         nc = await bus.connect(self.nats.url, name="ui-test")
         try:
-            self.js = nc.jetstream()
+            self.client = Client(nc)
+            self.js = self.client.js
             await ensure_topology(self.js, partitions=2, tool_ack_wait=2.0)
             bundle = write_ui_bundle(self.root)
             responder = ui_responder(self.gate)
             async with running_fleet(self.nats.url, self.js, bundle, responder=responder) as env:
                 self.env = env
-                async with serving(create_app(js=self.js)) as base:
+                async with serving(create_app(client=self.client, allow_hosts=[OTHER_NAME])) as base:
                     self.ready.set_result(base)
                     await self.stop_event.wait()
         except BaseException as e:

@@ -154,6 +154,12 @@ class Client:
         rows = sorted((r for r in rows if r.belongs_to(agent)), key=lambda r: r.updated, reverse=True)
         return rows[:limit] if limit is not None else rows
 
+    async def index(self) -> dict[str, RunIndex]:
+        """The runs index's entries whole, by run id, in no order: what `runs` lists, with the fields its
+        rows leave out (a fork's `forked_at`, the partition), for a view that draws fork trees."""
+        entries = await kv_entries(await runs_kv(self.js))
+        return {key: RunIndex.decode(entry.value) for key, entry in entries.items() if entry.value}
+
     async def approvals(self, agent: str | None = None) -> list[Pending]:
         """Every call waiting for a person across runs (of `agent`), oldest first."""
         return await self.control.pending(agent)

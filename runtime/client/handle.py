@@ -171,6 +171,55 @@ class RunHandle:
         finally:
             await sub.unsubscribe()
 
+    # -- as stored: what a timeline or an index shows (the inspector) --------------------------------------
+
+    async def stored(self) -> RunHistory:
+        """Every event recorded so far as the log keeps it: an event whose big fields were moved to the
+        object store stays a stub naming them (`event.ref`). Nothing is fetched, so a page listing a run of
+        large tool outputs costs one read; `whole(event)` fetches one event's fields when someone opens it."""
+        history = await self.client.log.read(self.run_id, self.actor, resolve=False)
+        if history.events and self.actor is None:
+            self.actor = history.actor
+        return history
+
+    async def whole(self, event: ev.Event) -> ev.Event:
+        """`event` (one of `stored`'s) whole: a stub's fields fetched from the object store and checked
+        against their digest; an event that is not a stub as it is."""
+        return await self.client.log.resolve(event)
+
+    async def watch(self) -> AsyncIterator[ev.Event | Delta]:
+        """The run as a live view shows it: every event from the first as stored (see `stored`), and the
+        model's output as it is generated (`tokens`) in between, ending after the terminal event.
+
+        One ordered consumer and one core subscription, both released when the caller stops iterating
+        (close the iterator, e.g. with `contextlib.aclosing`). The stream is subscribed before the log is
+        read, so no delta published meanwhile is missed; a delta is at most once and never stored."""
+        sub, deltas = await subscribe(self.client.nc, self.run_id, self.actor)
+        send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
+        try:
+            async with anyio.create_task_group() as tg:
+                async def pump_deltas() -> None:
+                    async with deltas:
+                        async for delta in deltas:
+                            await send.send(delta)
+
+                async def pump_events() -> None:
+                    async for event in self.client.log.follow(self.run_id, self.actor):
+                        await send.send(event)
+                    await send.send(None)
+
+                tg.start_soon(pump_deltas)
+                tg.start_soon(pump_events)
+                async with receive:
+                    async for item in receive:
+                        if item is None:
+                            break
+                        yield item
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):  # also when the caller was cancelled (a page gone)
+                await sub.unsubscribe()
+
     async def status(self) -> str | None:
         """What the runs index says of the run now (`running`, `waiting for approval`, `completed`, ...),
         or None if it has no entry (not started yet, or purged)."""

@@ -1,11 +1,18 @@
-"""The run inspector: a web app over the run log (`sa ui`) and a run as one HTML file (`sa replay --html`).
+"""The run inspector: a web app over the fleet (`sa ui`) and a run as one HTML file (`sa replay --html`).
 
-- `views`   what the pages show, as plain data: event views, the runs-index digests and filters, fork trees
-- `app`     `create_app`: the Starlette app (pages, JSON API, live following over server-sent events, fork)
-- `export`  `render_html`: a run's page as one self-contained file, no network needed to open it
-- `static/` the pages themselves: plain HTML, CSS and JavaScript, no build step, no CDN
+- `views`    what the pages show, as plain data: event views, run flags, the runs-index digests and
+             filters, fork trees (pure: events in, dicts out)
+- `reads`    what the pages read, through `runtime.client` (`Client`, `RunHandle`) and nothing else: the
+             runs index, a run, one event whole, its thread, pending approvals, the export
+- `actions`  what a page may change, through `RunHandle`: fork, cancel, approve, deny
+- `follow`   live following: a run's events and tokens as server-sent events until it ends
+- `guard`    the door: the Host names it answers to, the origins it takes commands from, the CSP
+- `routes`   the HTTP routes: a request in, a call of the above, JSON out
+- `app`      `create_app`: the parts put together over one client
+- `export`   `render_html`: a run's page as one self-contained file, no network needed to open it
+- `static/`  the pages themselves: plain HTML, CSS and JavaScript, no build step, no CDN
 
-Everything is read through `runtime.log.RunLog`; the inspector adds nothing to a run's hot path.
+The inspector adds nothing to a run's hot path: it reads the log through the client, as `sa` does.
 """
 
 from runtime.ui.export import render_html

@@ -22,7 +22,12 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only for the types: `sa replay --html` imports this module without nats-py's weight
+    from nats.js import JetStreamContext
+
+    from runtime.client import Client
 
 STATIC = Path(__file__).parent / "static"
 _STYLE_TAG = '<link rel="stylesheet" href="/static/style.css">'
@@ -49,21 +54,20 @@ class NoSuchRun(LookupError):
     """The run has no events (the message says where to find run ids)."""
 
 
-async def export_run(js: Any, run_id: str) -> str:
-    """The one-file HTML of a run read from NATS: its events whole (big payloads fetched) through the run
-    log, its index entry and fork tree from the `runs` bucket. `NoSuchRun` if it has no events."""
-    from runtime.log import RunLog
-    from runtime.nats.kv import kv_entries, runs_kv
-    from runtime.nats.records import RunIndex
+async def export_run(source: Client | JetStreamContext, run_id: str) -> str:
+    """The one-file HTML of a run read through the fleet client (`source`: a `runtime.client.Client`, or a
+    JetStream context, wrapped in one): its events whole (big payloads fetched), its index entry and fork
+    tree. `NoSuchRun` if it has no events."""
     from runtime.nats.subjects import check_token
+    from runtime.ui.reads import as_client
     from runtime.ui.views import run_view
 
     check_token(run_id, "run id")
-    history = await RunLog(js).read(run_id)
+    client = as_client(source)
+    history = await client.get(run_id).history()
     if not history.events:
         raise NoSuchRun(f"no events for run {run_id!r} (see `sa runs`)")
-    kv = await runs_kv(js)
-    index = {key: RunIndex.decode(e.value) for key, e in (await kv_entries(kv)).items() if e.value}
+    index = await client.index()
     view = run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
                     exported=True)
     return render_html({**view, "exported_at": time.time()})

@@ -94,6 +94,84 @@ def _snippet(value: Any) -> str:
     return text if len(text) <= SNIPPET else text[: SNIPPET - 1] + "…"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# flags: what makes a run worth a second look even when its status says all is well
+# ---------------------------------------------------------------------------------------------------------
+
+SUSPICIOUS = "suspicious"  # the index filter that admits a run with any flag
+FLAGS = ("no-tokens", "empty-output", "model-retried", "tool-redelivered")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One reason to look again at a run: `name` (one of `FLAGS`) and `why`, a sentence naming what in
+    its events raised it."""
+
+    name: str
+    why: str
+
+
+def _empty(value: Any) -> bool:
+    """True for an output with nothing in it: None, a blank string, or containers of only such values
+    (`{"answer": ""}` is as empty as `""`: a terminal tool called with nothing to say)."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, dict):
+        return all(_empty(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_empty(v) for v in value)
+    return False
+
+
+def _short(call_id: str) -> str:
+    return call_id.rsplit("/", 1)[-1]
+
+
+def flags(events: Sequence[ev.Event]) -> list[Flag]:
+    """Why a run deserves a second look, from its events alone, in `FLAGS` order.
+
+    A status of `completed` says the kernel reached an ending, not that the work happened: a run that
+    completed without a single token (no model behind it, a usage-less stub), or with an empty output,
+    passes every status filter. Retries and redeliveries are not failures either, but they are where
+    duplicated side effects and slow runs come from. Pure: the runs index (per digest), the run page and
+    the live view all call this one function, so they cannot disagree."""
+    tokens = 0
+    attempts: dict[int, int] = {}
+    redelivered: list[str] = []
+    ending: ev.Event | None = None
+    for e in events:
+        if isinstance(e, ev.ModelResponded):
+            tokens += e.usage.prompt_tokens + e.usage.completion_tokens
+        elif isinstance(e, ev.ModelRequested) and e.attempt > 0:
+            attempts[e.turn] = max(attempts.get(e.turn, 0), e.attempt)
+        elif isinstance(e, ev.ToolRedelivered):
+            earlier = f" ({e.earlier[-1]})" if e.earlier else ""
+            redelivered.append(f"{e.tool} call {_short(e.call_id)} ran on delivery {e.attempt}{earlier}")
+        elif isinstance(e, ev.RunCompleted | ev.RunFailed | ev.RunCancelled):
+            ending = e
+    out: list[Flag] = []
+    if isinstance(ending, ev.RunCompleted):
+        if tokens == 0:
+            out.append(Flag("no-tokens", "completed without the model using a single token: was a model "
+                                         "called at all?"))
+        if _empty(ending.output):
+            shown = msgspec.json.encode(ending.output).decode()[:SNIPPET]
+            out.append(Flag("empty-output", f"completed with an empty output: {shown}"))
+    if attempts:
+        turns = ", ".join(f"turn {t}: {n + 1} attempts" for t, n in sorted(attempts.items()))
+        out.append(Flag("model-retried", f"a model call failed and was made again ({turns})"))
+    if redelivered:
+        out.append(Flag("tool-redelivered", "a tool job was delivered again after a worker stopped or gave "
+                                            "it back: " + "; ".join(redelivered)))
+    return out
+
+
+def flag_views(found: Iterable[Flag]) -> list[dict[str, str]]:
+    return [dataclasses.asdict(f) for f in found]
+
+
 @dataclass
 class Digest:
     """What the runs index needs to know of one run's events: read once per new `last_seq`, then cached."""
@@ -112,6 +190,11 @@ class Digest:
     forked_from: str | None = None
     forked_at: int | None = None
     search: str = ""  # lower-cased text of inputs, outputs and replies, for `q`
+    flags: list[Flag] = field(default_factory=list)
+
+    @property
+    def flag_names(self) -> list[str]:
+        return [f.name for f in self.flags]
 
 
 def digest(run_id: str, events: Sequence[ev.Event], last_seq: int = 0) -> Digest:
@@ -154,6 +237,7 @@ def digest(run_id: str, events: Sequence[ev.Event], last_seq: int = 0) -> Digest
         elif isinstance(e, ev.RunCancelled):
             out.output = _snippet(f"cancelled: {e.reason}" if e.reason else "cancelled")
     out.tools, out.errors = list(tools), list(errors)
+    out.flags = flags(events)
     out.search = "\n".join(texts)[:SEARCH_CHARS].lower()
     return out
 
@@ -195,18 +279,26 @@ class RunFilter:
     since: float | None = None
     until: float | None = None
     q: str = ""
+    flag: str = ""  # a name of `FLAGS`, or `SUSPICIOUS` for any of them
+
+    def __post_init__(self) -> None:
+        if self.flag and self.flag != SUSPICIOUS and self.flag not in FLAGS:
+            raise FilterError(f"flag={self.flag!r}: use {SUSPICIOUS!r} (any flag) or one of "
+                              f"{', '.join(FLAGS)}")
 
     @classmethod
     def from_query(cls, params: dict[str, str], now: float | None = None) -> RunFilter:
         return cls(agent=params.get("agent", "").strip(), status=params.get("status", "").strip(),
                    tool=params.get("tool", "").strip(), error=params.get("error", "").strip(),
                    since=parse_time(params.get("since", ""), "since", now),
-                   until=parse_time(params.get("until", ""), "until", now), q=params.get("q", "").strip())
+                   until=parse_time(params.get("until", ""), "until", now), q=params.get("q", "").strip(),
+                   flag=params.get("flag", "").strip())
 
     @property
     def needs_events(self) -> bool:
         """True if the filter looks inside runs (their digests), not only at their index entries."""
-        return bool(self.tool or self.error or self.q or self.until is not None or self.since is not None)
+        return bool(self.tool or self.error or self.q or self.flag or self.until is not None or
+                    self.since is not None)
 
     def admits_entry(self, entry: RunIndex) -> bool:
         """The cheap test on the index entry alone (a run last updated before `since` cannot have started
@@ -226,6 +318,8 @@ class RunFilter:
             return False
         if self.until is not None and d.started > self.until:
             return False
+        if self.flag and not (d.flags if self.flag == SUSPICIOUS else self.flag in d.flag_names):
+            return False
         return not self.q or self.q.lower() in d.search
 
 
@@ -236,7 +330,7 @@ def index_row(run_id: str, entry: RunIndex, d: Digest | None) -> dict[str, Any]:
                            "forked_from": entry.forked_from, "forked_at": entry.forked_at}
     if d is not None:
         row.update(started=d.started, ended=d.ended, input=d.input, output=d.output, tools=d.tools,
-                   errors=d.errors, turns=d.turns, tokens=d.tokens)
+                   errors=d.errors, turns=d.turns, tokens=d.tokens, flags=flag_views(d.flags))
         row["forked_from"] = row["forked_from"] or d.forked_from
         row["forked_at"] = row["forked_at"] if row["forked_at"] is not None else d.forked_at
     return row
@@ -323,8 +417,10 @@ def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunI
         "fork_tree": fork_tree(run_id, parent, index or {}),
         "subruns": subruns(run_id, events, index or {}),
         "fork_points": list(fork_points) if fork_points is not None else None,
+        "flags": flag_views(flags(events)),
     }
 
 
-__all__ = ["Digest", "FilterError", "RunFilter", "call_of", "digest", "event_view", "facets", "fork_tree",
-           "index_row", "parse_time", "run_view", "start_of", "summary_view", "turn_of"]
+__all__ = ["FLAGS", "SUSPICIOUS", "Digest", "FilterError", "Flag", "RunFilter", "call_of", "digest",
+           "event_view", "facets", "flag_views", "flags", "fork_tree", "index_row", "parse_time", "run_view",
+           "start_of", "summary_view", "turn_of"]

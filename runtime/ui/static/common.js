@@ -83,6 +83,11 @@ function statusBadge(status) {
   return el("span", {class: "badge status-" + (status || "unknown").replace(/[^a-z0-9]+/gi, "-")}, status || "unknown");
 }
 
+// A run's flag (`views.flags`): why it deserves a second look, the reason in full as the chip's title.
+function flagChip(flag) {
+  return el("span", {class: "chip flag-chip", title: flag.why, dataset: {flag: flag.name}}, "⚑ " + flag.name);
+}
+
 function runHref(runId) {
   return "/runs/" + encodeURIComponent(runId);
 }

@@ -2,7 +2,7 @@
 "use strict";
 
 const form = document.getElementById("filters");
-const FIELDS = ["agent", "status", "tool", "error", "since", "q"];
+const FIELDS = ["agent", "status", "tool", "error", "since", "flag", "q"];
 const FACETS = {agent: "agents", status: "statuses", tool: "tools", error: "errors"};
 const REFRESH_MS = 3000;  // while a listed run is still running, the list refreshes itself
 let refreshTimer = null;
@@ -28,21 +28,24 @@ function fillSelect(select, values, chosen) {
 function row(run) {
   const took = run.ended && run.started ? fmtMs((run.ended - run.started) * 1000) : "";
   const forked = run.forked_from
-    ? el("div", {class: "forked"}, "↳ forked from ", el("a", {href: runHref(run.forked_from)}, run.forked_from),
+    ? el("div", {class: "forked", title: "forked from " + run.forked_from}, "↳ forked from ",
+      el("a", {href: runHref(run.forked_from)}, run.forked_from),
       run.forked_at !== null && run.forked_at !== undefined ? " @" + run.forked_at : "")
     : null;
   const errors = (run.errors || []).map((e) => el("span", {class: "chip error-chip"}, e));
-  return el("tr", {dataset: {run: run.run_id}},
-    el("td", {class: "mono"}, el("a", {href: runHref(run.run_id)}, run.run_id), forked),
-    el("td", {}, run.actor),
-    el("td", {}, statusBadge(run.status)),
-    el("td", {class: "nowrap"}, fmtTime(run.started || run.updated)),
+  const flags = run.flags || [];
+  // long ids, agents and texts are cut short inside their column (the whole text is the cell's title)
+  return el("tr", {dataset: {run: run.run_id, flags: flags.map((f) => f.name).join(" ")}},
+    el("td", {class: "mono clip"}, el("a", {href: runHref(run.run_id), title: run.run_id}, run.run_id), forked),
+    el("td", {class: "clip", title: run.actor}, run.actor),
+    el("td", {}, statusBadge(run.status), flags.map(flagChip)),
+    el("td", {}, fmtTime(run.started || run.updated)),
     el("td", {class: "num"}, took),
     el("td", {class: "num"}, run.turns === undefined ? "" : run.turns),
     el("td", {class: "num"}, run.tokens === undefined ? "" : run.tokens),
     el("td", {}, (run.tools || []).map((t) => el("span", {class: "chip"}, t)), errors),
-    el("td", {class: "snippet"}, run.input || ""),
-    el("td", {class: "snippet"}, run.output || ""));
+    el("td", {class: "snippet", title: run.input || ""}, run.input || ""),
+    el("td", {class: "snippet", title: run.output || ""}, run.output || ""));
 }
 
 async function load() {
@@ -87,7 +90,7 @@ function init() {
     field.value = value;
   }
   form.addEventListener("submit", (event) => { event.preventDefault(); load(); });
-  for (const name of ["agent", "status", "tool", "error", "since"]) {
+  for (const name of ["agent", "status", "tool", "error", "since", "flag"]) {
     form.elements[name].addEventListener("change", load);
   }
   document.getElementById("reset").addEventListener("click", () => {

@@ -62,6 +62,11 @@ function renderOverview() {
       stat("model time", fmtMs(s.model_ms)), stat("tool time", fmtMs(s.tool_ms)),
       stat("wall time", fmtMs(s.wall_s * 1000)), stat("started", fmtTime(started ? started.ts : 0))),
   ]);
+  const flags = view.flags || [];
+  if (flags.length) {  // a run whose status says all is well, and whose events say look again
+    box.appendChild(el("div", {class: "flags", id: "flags"}, el("h3", {}, "worth a second look"),
+      el("ul", {}, flags.map((f) => el("li", {dataset: {flag: f.name}}, flagChip(f), " ", f.why)))));
+  }
   const io = el("div", {class: "io"});
   if (started) io.appendChild(el("div", {}, el("h3", {}, "input"),
     started.ref ? el("p", {class: "muted"}, "in the object store: expand event 0") :
@@ -515,6 +520,7 @@ function follow() {
       state.bySeq.set(data.event.seq, data.event);
     }
     state.view.summary = data.summary;
+    state.view.flags = data.flags;
     schedule();
   });
   source.addEventListener("end", async () => {
