@@ -88,7 +88,7 @@ async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_se
 
     # a consumer on one partition that delivered one task (not acknowledged): that one is held, not waiting
     busy = next(p for p in range(4) if per_partition[p] >= 1)
-    name, _ = await bus.ensure_partition_consumers(js, busy)
+    name, _ = await bus.ensure_partition_consumers(js, busy, "calc")
     sub = await js.pull_subscribe_bind(name, stream=bus.TASKS)
     (msg,) = await sub.fetch(1, timeout=5)
     status = await gather(js)
