@@ -18,7 +18,9 @@ the bundles stored in it (`subjects.stored_bundle`) and notes since when each bu
 (`HostBeat.agents`) has been seen so. A bundle unserved for `unserved_after` by that watch has its messages
 read through a consumer of the sweeper's own over every partition (`subjects.unserved_task_filters`): each
 task fails ``unknown_agent``; a command (cancel, approve, resume) is logged and terminated, since no host
-holds a run of it; a message that is not a command is terminated, as a host does.
+holds a run of it; a message that is not a command is terminated, as a host does. A message published for
+an actor that names no agent at all (``agents.:.tasks``: its bundle token is empty, so no filter can name
+it) is logged and deleted at once.
 
 Races. The sweeper's consumer overlaps every slot consumer of the bundle, and a WorkQueue stream refuses a
 consumer that overlaps another: while a host holds a slot of the bundle the sweeper cannot read its tasks
@@ -91,9 +93,13 @@ class Unserved:
             self.since.clear()  # another host sweeps; should it go, this one starts its own watch
             return 0
         served = _served(beats)
-        waiting = await self._waiting_bundles()
+        waiting = await self._waiting_subjects()
+        bundles = {stored_bundle(subject) for subject in waiting}
         now = time.monotonic()
-        self.since = {b: self.since.get(b, now) for b in waiting if b not in served}
+        self.since = {b: self.since.get(b, now) for b in bundles if b and b not in served}
+        for subject in waiting:
+            if stored_bundle(subject) == "":  # published for an actor of ":" alone: no agent at all
+                await self._drop_nameless(subject)
         failed = 0
         for bundle, since in list(self.since.items()):
             if now - since >= self.after:
@@ -109,17 +115,17 @@ class Unserved:
                 log.debug("unreadable heartbeat of %s: %s", key, e)
         return out
 
-    async def _waiting_bundles(self) -> set[str]:
-        """The bundles of the TASKS messages no consumer can deliver (none when every message is some
-        consumer's, pending or held: the common case, answered without listing subjects)."""
+    async def _waiting_subjects(self) -> list[str]:
+        """The stored TASKS subjects (in the current form) when some message is no consumer's; none when
+        every message is some consumer's, pending or held: the common case, answered without listing
+        subjects."""
         info = await self.js.stream_info(TASKS)
         consumers = await consumer_infos(self.js, TASKS)
         held = sum((c.num_pending or 0) + (c.num_ack_pending or 0) for c in consumers)
         if info.state.messages <= held:
-            return set()
+            return []
         listed = await self.js.stream_info(TASKS, subjects_filter="tasks.>")
-        bundles = {stored_bundle(subject) for subject in (listed.state.subjects or {})}
-        return {b for b in bundles if b is not None}
+        return [subject for subject in listed.state.subjects or {} if stored_bundle(subject) is not None]
 
     async def _fail(self, bundle: str) -> int:
         """Fail every task stored for `bundle`, through a consumer of its own; 0 if a host serves it now."""
@@ -160,6 +166,19 @@ class Unserved:
                       self.after)
         return failed
 
+    async def _drop_nameless(self, subject: str) -> None:
+        """Drop the messages stored on `subject`, published for an actor that names no agent (such as
+        ``agents.:.tasks``), as a host drops any message that is not a command: no consumer's filter can
+        name their empty bundle token, so they are read by sequence and deleted."""
+        while True:
+            try:
+                raw = await self.js.get_msg(TASKS, subject=subject)
+            except NotFoundError:
+                return
+            log.error("rejected a message on %s (stream sequence %s): its subject names no agent", subject,
+                      raw.seq)
+            await self.js.delete_msg(TASKS, raw.seq or 0)
+
     async def _one(self, msg: Msg, detail: str) -> int:
         """Fail one task (1), or terminate a command or a message that is none (0)."""
         try:
@@ -176,8 +195,8 @@ class Unserved:
             await msg.term()
             return 0
         seq = msg.metadata.sequence.stream
-        item = Task(cmd, msg, run_id_for(addressed.agent, cmd.task_id, stream_seq=seq),
-                    int(msg.subject.split(".")[1]), seq)
+        run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=seq)
+        item = Task(cmd, msg, run_id, int(msg.subject.split(".")[1]), seq)
         log.error("task for %s (run %s): no live host serves the agent", addressed.agent, item.run_id)
         await self.refuse(addressed.agent, item, "unknown_agent", detail)
         self.stats.unserved_failed += 1
