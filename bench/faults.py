@@ -55,6 +55,8 @@ from runtime.nats.subjects import (  # noqa: E402
     LEASES_BUCKET,
     TOOLS,
     WORKERS_CONSUMER,
+    bundle_token,
+    parse_lease_key,
     workspace_bucket,
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
@@ -173,12 +175,13 @@ class Bench:
 
     async def kill_host(self) -> tuple[float, set[str]]:
         leases = await kv_entries(await fleet_kv(self.js, LEASES_BUCKET))
-        holder = {int(k[1:]): e.value.decode() for k, e in leases.items()}
+        holder = {parse_lease_key(k): e.value.decode() for k, e in leases.items()}  # (bundle, p) -> host
         active = await kv_entries(await fleet_kv(self.js, ACTIVE_BUCKET))
         count: dict[str, set[str]] = {}
-        for key in active:
+        for key, entry in active.items():
             p, run = key.split(".", 1)
-            count.setdefault(holder.get(int(p[1:]), ""), set()).add(run)
+            slot = (bundle_token(entry.value.decode()), int(p[1:]))
+            count.setdefault(holder.get(slot, ""), set()).add(run)
         victim = max(self.hosts, key=lambda h: len(count.get(h.id, ())))
         theirs = count.get(victim.id, set())
         victim.kill9()

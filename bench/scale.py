@@ -57,6 +57,7 @@ from runtime.nats.subjects import (  # noqa: E402
     RUNS_BUCKET,
     event_subject,
     occ_headers,
+    parse_lease_key,
     partition_of,
     run_events_filter,
     task_subject,
@@ -454,7 +455,7 @@ async def takeover_time(tmp: Path) -> list[Row]:
         log = (fleet.tmp / "host0.log").read_text()
         victim_id = log.split(" as ", 1)[1].split(";")[0]
         leases = {k: e.value.decode() for k, e in (await kv_entries(kv)).items()}
-        theirs = {int(k[1:]) for k, h in leases.items() if h == victim_id}
+        theirs = {slot[1] for k, h in leases.items() if h == victim_id and (slot := parse_lease_key(k))}
         runs = [r for a, (r, _) in sent.items() if partition_of(a, 8) in theirs]
         victim.send_signal(signal.SIGKILL)
         victim.wait()

@@ -166,7 +166,7 @@ async def op_write_threads(js: Any, role: str) -> None:
 
 
 async def op_steal_partition_consumer(js: Any, role: str) -> None:
-    await bus.ensure_partition_consumers(js, 0)
+    await bus.ensure_partition_consumers(js, 0, AGENT)
 
 
 async def op_purge_events(js: Any, role: str) -> None:
@@ -341,7 +341,7 @@ async def test_tasks_and_commands_share_the_agent_partition(seeded: EmbeddedNats
     finally:
         await bus.close(nc)
     p = bus.partition_of("zeta", 4)
-    assert subjects == {f"tasks.{p}.zeta.agents.tasks": 1, f"tasks.{p}.zeta.ops.operator": 1}
+    assert subjects == {f"tasks.{p}.zeta.agents.tasks.zeta": 1, f"tasks.{p}.zeta.ops.operator.zeta": 1}
 
 
 async def test_a_fork_by_a_role_that_may_not_write_events_is_refused(secured: EmbeddedNats) -> None:

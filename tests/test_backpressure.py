@@ -56,7 +56,7 @@ async def test_a_flood_of_tasks_keeps_the_host_within_its_bound_and_all_complete
             async def sample() -> None:
                 while True:
                     held = sum(len(a.mailbox) + (a.current is not None) for a in host.actors.values())
-                    acks = [(await js.consumer_info(TASKS, task_consumer_name(p))).num_ack_pending
+                    acks = [(await js.consumer_info(TASKS, task_consumer_name(p, "calc"))).num_ack_pending
                             for p in range(4)]
                     tools = (await js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending
                     samples.append((host.budget.used, held, len(host.drivers), sum(acks), tools))

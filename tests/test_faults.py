@@ -41,6 +41,8 @@ from runtime.nats.subjects import (
     LEASES_BUCKET,
     TOOLS,
     WORKERS_CONSUMER,
+    bundle_token,
+    parse_lease_key,
     workspace_bucket,
 )
 from runtime.nats.topology import ensure_topology
@@ -202,11 +204,11 @@ async def scenario(tmp_path: Path, runs: int, seed: int, timeout: float) -> dict
 async def busiest_host(js: Any, hosts: list[SaProcess]) -> tuple[SaProcess, int] | None:
     """The host process serving the most unfinished runs right now (None if none serves any)."""
     leases = await kv_entries(await fleet_kv(js, LEASES_BUCKET))
-    holder = {int(k[1:]): e.value.decode() for k, e in leases.items()}
+    holder = {parse_lease_key(k): e.value.decode() for k, e in leases.items()}  # (bundle, partition) -> host
     active = await kv_entries(await fleet_kv(js, ACTIVE_BUCKET))
     count: dict[str, int] = {}
-    for key in active:
-        h = holder.get(int(key.split(".")[0][1:]))
+    for key, entry in active.items():
+        h = holder.get((bundle_token(entry.value.decode()), int(key.split(".")[0][1:])))
         if h is not None:
             count[h] = count.get(h, 0) + 1
     live = [(h, count.get(h.id, 0)) for h in hosts if h.proc is not None and h.proc.poll() is None]

@@ -16,6 +16,7 @@ from host_helpers import Env, kinds, running_fleet, write_bundle
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.commands import publish_command, publish_task, run_id_for
+from runtime.host import HostConfig
 from runtime.log import RunLog
 from runtime.testing import Reply
 
@@ -103,25 +104,31 @@ async def test_instances_of_one_bundle_are_separate_actors(fleet: Env):
     assert b[0].actor == "calc:bob" and b[-1].output == {"answer": "16"}
 
 
-async def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(fleet: Env, caplog):
-    js, host = fleet.js, fleet.host
-    await js.publish("agents.calc.tasks", b'{"input": ')  # broken JSON
-    await js.publish("agents.calc.tasks", b"\xff\xfe\x00garbage")  # not a command at all
-    await js.publish("agents.calc.tasks", b'{"kind": "task", "input": 5}')  # wrong type
-    unknown = await publish_task(js, "nosuch", "compute: 1")
-    ok = await publish_task(js, "calc", "compute: 5 - 2")
-    failed = await fleet.wait_run(unknown)
-    good = await fleet.wait_run(ok)
-    with anyio.fail_after(10):
-        while host.stats.rejected < 3:
-            await anyio.sleep(0.05)
+async def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(nats_server, topo, tmp_path, caplog):
+    js = topo
+    # unserved_after=0: a task for an agent no host serves fails at once (by default it waits a minute
+    # for a host serving it; tests/test_host_bundles.py shows the wait)
+    config = HostConfig(task_ack_wait=2.0, unserved_after=0.0)
+    async with running_fleet(nats_server.url, js, write_bundle(tmp_path), config=config) as fleet:
+        host = fleet.host
+        await js.publish("agents.calc.tasks", b'{"input": ')  # broken JSON
+        await js.publish("agents.calc.tasks", b"\xff\xfe\x00garbage")  # not a command at all
+        await js.publish("agents.calc.tasks", b'{"kind": "task", "input": 5}')  # wrong type
+        unknown = await publish_task(js, "nosuch", "compute: 1")
+        ok = await publish_task(js, "calc", "compute: 5 - 2")
+        failed = await fleet.wait_run(unknown)
+        good = await fleet.wait_run(ok)
+        with anyio.fail_after(10):
+            while host.stats.rejected < 3:
+                await anyio.sleep(0.05)
     assert kinds(failed) == ["run.started", "run.failed"]
     assert failed[-1].reason == "unknown_agent" and "calc" in failed[-1].detail
     assert good[-1].output == {"answer": "3"}
     text = caplog.text
     assert "not valid JSON" in text and "neither msgpack, JSON nor UTF-8" in text and "$.input" in text
-    info = await js.consumer_info(bus.TASKS, bus.task_consumer_name(bus.partition_of("calc", 4)))
+    info = await js.consumer_info(bus.TASKS, bus.task_consumer_name(bus.partition_of("calc", 4), "calc"))
     assert info.num_pending == 0 and info.num_ack_pending == 0  # nothing left to be redelivered forever
+    assert (await js.stream_info(bus.TASKS)).state.messages == 0  # the unknown agent's task too
 
 
 async def test_plain_text_and_json_tasks_from_any_client(fleet: Env):

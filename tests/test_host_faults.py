@@ -21,6 +21,7 @@ import pytest
 from host_helpers import Env, calc_responder, hermes_call, kinds, running_host, running_worker, write_bundle
 
 from runtime import events as ev
+from runtime import nats as bus
 from runtime.client.replay import describe
 from runtime.commands import publish_task
 from runtime.log import RunLog
@@ -100,6 +101,61 @@ async def test_kill_9_of_the_host_mid_run_resumes_without_repeating_recorded_mod
     called = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
     completed = [e.call_id for e in events if isinstance(e, ev.ToolCompleted)]
     assert len(called) == len(set(called)) == 4 and sorted(completed) == sorted(called)
+
+
+def served_as(log: Path) -> str:
+    """The host id a `sa host` process announced in its ready line."""
+    return log.read_text().split("sa host: serving", 1)[1].split(" as ", 1)[1].split(";", 1)[0]
+
+
+async def test_kill_9_of_a_host_beside_hosts_of_another_bundle_its_bundles_other_host_takes_over(
+        nats_server, topo, tmp_path: Path):
+    """Two `sa host` processes serve `adder`, a third serves `xss`. The adder host that is killed mid-run has
+    its partitions taken by the other adder host, never by the xss host, and every run finishes once."""
+    js = topo
+    with ScriptedModelServer(responder=calc_responder) as server:
+        adder = write_bundle(tmp_path, "adder", base_url=server.base_url)
+        xss = write_bundle(tmp_path, "xss", base_url=server.base_url)
+        args = ["--task-ack-wait", "2"]
+        logs = {name: tmp_path / f"{name}.log" for name in ("a1", "a2", "x")}
+        url, ready = nats_server.url, "sa host: serving"
+        async with running_worker(url, [adder, xss]):
+            with process(["host", str(adder), *args], url, logs["a1"], ready) as a1, \
+                    process(["host", str(adder), *args], url, logs["a2"], ready), \
+                    process(["host", str(xss), *args], url, logs["x"], ready):
+                ids = {name: served_as(log) for name, log in logs.items()}
+                kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
+
+                async def holders() -> dict[tuple[str, int], str]:
+                    entries = await bus.kv_entries(kv)
+                    return {slot: e.value.decode() for k, e in entries.items()
+                            if (slot := bus.parse_lease_key(k)) is not None}
+
+                with anyio.fail_after(30):  # both adder hosts hold their share
+                    while sorted((await holders()).values()).count(ids["a1"]) != 2:
+                        await anyio.sleep(0.05)
+                theirs = {p for (b, p), h in (await holders()).items() if h == ids["a1"]}
+                actors = [f"adder:k{i}" for i in range(40)]
+                victims = [a for a in actors if bus.partition_of(a, 4) in theirs][:4]
+                others = [a for a in actors if bus.partition_of(a, 4) not in theirs][:4]
+                runs = [await publish_task(js, a, "chain: 3") for a in victims + others]
+                xss_run = await publish_task(js, "xss:k0", "compute: 2 + 2")
+                with anyio.fail_after(60):
+                    async for e in RunLog(js).follow(runs[0]):
+                        if isinstance(e, ev.ToolCalled):
+                            kill9(a1)  # mid-run: its job is out, its outcome has no host to go to
+                            break
+                env = Env(nats_server.url, js, None, server, [])
+                results = [await env.wait_run(r, timeout=90) for r in runs]
+                xss_events = await env.wait_run(xss_run)
+                after = await holders()
+    for events in results:
+        assert kinds(events)[-1] == "run.completed" and events[-1].output == {"answer": "chained 3"}
+        assert [e.seq for e in events] == list(range(len(events)))  # one writer: no gap, no fork
+        assert kinds(events).count("run.started") == 1
+    assert kinds(xss_events)[-1] == "run.completed"
+    assert {after[("adder", p)] for p in range(4)} == {ids["a2"]}
+    assert {after[("xss", p)] for p in range(4)} == {ids["x"]}
 
 
 def thread_responder(body: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from nats.js.errors import KeyNotFoundError
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.commands import publish_command, publish_task
-from runtime.host.leases import LeaseConfig, Leases
+from runtime.host.leases import LeaseConfig, Leases, Slot
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -71,7 +71,7 @@ async def lease_changes(js) -> AsyncIterator[list[Change]]:
 
 def after_last_put_of(changes: list[Change], partition: int, holder: str) -> list[Op]:
     """The changes of `partition`'s lease after `holder`'s last put of it."""
-    ops = [(op, who) for key, op, who in changes if key == bus.lease_key(partition)]
+    ops = [(op, who) for key, op, who in changes if key == bus.lease_key(partition, "calc")]
     last = max(i for i, (op, who) in enumerate(ops) if op is None and who == holder)
     return ops[last + 1:]
 
@@ -92,7 +92,8 @@ async def test_hosts_share_the_partitions_fairly_and_a_stopping_host_hands_over_
                 assert_disjoint_cover([a, b], 5)  # ceil(5/2) = 3: one host has 3, the other 2
                 kv = await bus.fleet_kv(topo, bus.LEASES_BUCKET)
                 holders = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
-                assert holders == {bus.lease_key(p): h.host.id for h in (a, b) for p in h.host.partitions}
+                assert holders == {bus.lease_key(p, "calc"): h.host.id
+                                   for h in (a, b) for p in h.host.partitions}
                 beats = await bus.kv_entries(await bus.fleet_kv(topo, bus.HOSTS_BUCKET))
                 assert set(beats) == {a.host.id, b.host.id}
                 assert a.host.stats.lost == 5 - len(a.host.partitions)  # a let go of exactly its excess
@@ -166,24 +167,26 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
     log: list[tuple[str, int]] = []
     at_fence: dict[int, tuple[str, int, int]] = {}  # partition -> (holder in KV, its revision, revision held)
 
-    async def gain(p: int) -> None:
-        log.append(("gain", p))
+    async def gain(slot: Slot) -> None:
+        log.append(("gain", slot[1]))
 
-    async def loss(p: int, why: str) -> None:
+    async def loss(slot: Slot, why: str) -> None:
+        p = slot[1]
         if why == "fenced":  # what the lease says at the moment this host stops serving
             try:
-                entry = await kv.get(bus.lease_key(p))
-                at_fence[p] = (entry.value.decode(), entry.revision, leases.held[p].revision)
+                entry = await kv.get(bus.lease_key(p, "calc"))
+                at_fence[p] = (entry.value.decode(), entry.revision, leases.held[slot].revision)
             except KeyNotFoundError:  # too late: it expired first
-                at_fence[p] = ("(expired)", 0, leases.held[p].revision)
+                at_fence[p] = ("(expired)", 0, leases.held[slot].revision)
         log.append((why, p))
 
     def beat() -> bus.HostBeat:
         return bus.HostBeat(name="h1", started=0.0, ttl=FAST.ttl)
 
-    leases = Leases(js, "h1", 2, on_gain=gain, on_loss=loss, beat=beat, config=FAST)
+    leases = Leases(js, "h1", 2, bundles=["calc"], on_gain=gain, on_loss=loss, beat=beat, config=FAST)
+    both = [("calc", 0), ("calc", 1)]
     await leases.tick()
-    assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == [0, 1]
+    assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == both
     log.clear()
 
     real_put = bus.put_kv
@@ -196,7 +199,7 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
         tg.start_soon(leases._fence_watch, stop)
         monkeypatch.setattr(bus, "put_kv", unreachable)
         await leases.tick()  # renewals fail: still held, still served until the fence
-        assert leases.serving == [0, 1]
+        assert leases.serving == both
         await wait_until(lambda: len(log) == 2, timeout=5)
         # it stopped serving while the lease still held this host's revision: before it could expire
         assert sorted(at_fence) == [0, 1]
@@ -206,12 +209,12 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
         monkeypatch.setattr(bus, "put_kv", real_put)
         log.clear()
         await leases.tick()  # NATS is back: renewed (or, had the key expired, re-acquired) and served again
-        assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == [0, 1]
+        assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == both
         # a lease that vanished (by protocol only expiry does that): lost at the next renewal
-        await kv.delete(bus.lease_key(0))
+        await kv.delete(bus.lease_key(0, "calc"))
         log.clear()
-        await leases._renew(0)
-        assert log == [("lost", 0)] and leases.serving == [1]
+        await leases._renew(("calc", 0))
+        assert log == [("lost", 0)] and leases.serving == [("calc", 1)]
         stop.set()
     await leases.release_all()
     assert await bus.kv_entries(kv) == {}

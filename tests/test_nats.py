@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from nats.js.api import SubjectTransform
 from nats.js.errors import BadRequestError
 
 from runtime.nats.connection import connect, servers_from_env
@@ -28,17 +30,30 @@ from runtime.nats.subjects import (
     TOOLS,
     WORKERS_CONSUMER,
     agent_of_task_subject,
+    bundle_of_slug,
+    bundle_slug,
+    bundle_token,
     event_subject,
     job_msg_id,
+    lease_key,
     occ_headers,
+    parse_lease_key,
+    parse_task_subject,
     partition_of,
     result_subject,
     run_events_filter,
+    stored_bundle,
+    task_consumer_name,
     task_subject,
     tool_subject,
     workspace_bucket,
 )
-from runtime.nats.topology import ensure_partition_consumers, ensure_topology, read_topology
+from runtime.nats.topology import (
+    ensure_partition_consumers,
+    ensure_topology,
+    ensure_transforms,
+    read_topology,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -110,6 +125,19 @@ def test_tokens_and_subjects() -> None:
     assert job_msg_id("r1", "c7") == "r1/c7"
     assert agent_of_task_subject("tasks.3.planner") == "planner"
     assert agent_of_task_subject("agents.planner.tasks") == "planner"
+    # as stored now: the bundle (and instance) follow as tokens of their own; older forms still parse
+    assert parse_task_subject("tasks.3.planner:a.agents.tasks.planner.a") == ("planner:a", None)
+    assert parse_task_subject("tasks.3.planner:a.ops.alice.planner.a") == ("planner:a", "alice")
+    assert parse_task_subject("tasks.3.planner:a.ops.alice") == ("planner:a", "alice")
+    assert stored_bundle("tasks.3.planner:a.agents.tasks.planner.a") == "planner"
+    assert stored_bundle("results.3.planner:a.r1.planner.a") == "planner"
+    assert stored_bundle("tasks.3.planner:a.agents.tasks") is None
+    assert [bundle_token(a) for a in ("p", "p:a", "p::a", ":a")] == ["p", "p", "p", "a"]
+    # a slot's lease key and consumer names; a bundle name that is no plain word is spelled in base32
+    assert lease_key(3, "planner") == "planner.p3" and parse_lease_key("planner.p3") == ("planner", 3)
+    assert parse_lease_key(lease_key(0, "pl@n:x")) == ("pl@n:x", 0) and parse_lease_key("p3") is None
+    assert task_consumer_name(3, "planner") == "tasks-p3-planner"
+    assert bundle_of_slug(bundle_slug("né")) == "né" and bundle_slug("a-b_c") == "a-b_c"
     with pytest.raises(ValueError, match=r"agent 'a\.b' contains '\.'"):
         task_subject("a.b")
     with pytest.raises(ValueError, match="must not be empty"):
@@ -141,7 +169,7 @@ async def test_embedded_server_async_and_durable_store(tmp_path) -> None:
     async with EmbeddedNats(tmp_path) as server:
         nc = await connect(server.url)
         js = nc.jetstream()
-        msg = await js.get_last_msg(TASKS, f"tasks.{partition_of('x', 4)}.x.agents.tasks")
+        msg = await js.get_last_msg(TASKS, f"tasks.{partition_of('x', 4)}.x.agents.tasks.x")
         assert msg.data == b"kept"
         await nc.close()
 
@@ -169,17 +197,21 @@ async def test_partition_transform_matches_client_side_hash(js) -> None:
     for a in agents:
         await js.publish(task_subject(a), a.encode())
     subjects = (await js.stream_info(TASKS, subjects_filter=">")).state.subjects
-    assert subjects == {f"tasks.{partition_of(a, 8)}.{a}.agents.tasks": 1 for a in agents}
+    # the agent's bundle and instance follow as tokens of their own (NATS's split at ":")
+    split = {a: a.replace(":", ".") for a in agents}
+    assert subjects == {f"tasks.{partition_of(a, 8)}.{a}.agents.tasks.{split[a]}": 1 for a in agents}
     assert len({partition_of(a, 8) for a in agents}) > 4  # really spread
 
 
-async def test_partition_consumer_gets_only_its_partition_in_order(js) -> None:
+async def test_a_slot_consumer_gets_only_its_bundles_tasks_of_its_partition_in_order(js) -> None:
     await ensure_topology(js, partitions=4)
-    tcons, _ = await ensure_partition_consumers(js, 2)
-    mine = [a for a in (f"ag{i}" for i in range(30)) if partition_of(a, 4) == 2]
-    others = [a for a in (f"ag{i}" for i in range(30)) if partition_of(a, 4) != 2]
+    tcons, _ = await ensure_partition_consumers(js, 2, "ag")
+    # another bundle's slot of the same partition consumes beside it (WorkQueue filters must not overlap)
+    other, _ = await ensure_partition_consumers(js, 2, "zz")
+    actors = ["ag", *(f"ag:{i}" for i in range(30)), *(f"zz:{i}" for i in range(30))]
+    mine = [a for a in actors if partition_of(a, 4) == 2 and a.startswith("ag")]
     for i in range(3):
-        for a in [*mine, *others]:
+        for a in actors:
             await js.publish(task_subject(a), f"{a}#{i}".encode())
     psub = await js.pull_subscribe_bind(durable=tcons, stream=TASKS)
     got = []
@@ -187,9 +219,36 @@ async def test_partition_consumer_gets_only_its_partition_in_order(js) -> None:
         for m in batch:
             got.append((agent_of_task_subject(m.subject), m.data.decode()))
             await m.ack()
-    assert {a for a, _ in got} == set(mine)
+    assert {a for a, _ in got} == set(mine) and len(mine) > 1
     for a in mine:
         assert [d for x, d in got if x == a] == [f"{a}#{i}" for i in range(3)]
+    theirs = [a for a in actors if partition_of(a, 4) == 2 and a.startswith("zz")]
+    assert (await js.consumer_info(TASKS, other)).num_pending == 3 * len(theirs) > 0
+    await psub.unsubscribe()
+
+
+async def test_streams_of_an_older_version_get_the_bundle_token_and_keep_their_tasks(js) -> None:
+    """A host attaching to streams made before bundles had a token of their own updates their transforms;
+    a task stored before that, for the bundle's own actor, still reaches the bundle's slot."""
+    await ensure_topology(js, partitions=4)
+    for name, transform in ((TASKS, SubjectTransform(
+            src="*.*.*", dest="tasks.{{partition(4,2)}}.{{wildcard(2)}}.{{wildcard(1)}}.{{wildcard(3)}}")),
+                            (RESULTS, None)):
+        config = (await js.stream_info(name)).config
+        await js.update_stream(dataclasses.replace(config, subject_transform=transform))
+    await js.publish(task_subject("calc"), b"before")
+    assert await ensure_transforms(js) and not await ensure_transforms(js)  # changed once, then as it is
+    await js.publish(task_subject("calc"), b"after")
+    await js.publish(result_subject(1, "calc:i", "r1"), b"outcome")
+    p = partition_of("calc", 4)
+    subjects = (await js.stream_info(TASKS, subjects_filter=">")).state.subjects
+    assert subjects == {f"tasks.{p}.calc.agents.tasks": 1, f"tasks.{p}.calc.agents.tasks.calc": 1}
+    outcomes = (await js.stream_info(RESULTS, subjects_filter=">")).state.subjects
+    assert outcomes == {"results.1.calc:i.r1.calc.i": 1}
+    tasks, _ = await ensure_partition_consumers(js, p, "calc")
+    psub = await js.pull_subscribe_bind(durable=tasks, stream=TASKS)
+    got = [m.data for m in await fetch_batch(psub, 10, 0.5)]
+    assert got == [b"before", b"after"]
     await psub.unsubscribe()
 
 

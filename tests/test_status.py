@@ -88,7 +88,7 @@ async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_se
 
     # a consumer on one partition that delivered one task (not acknowledged): that one is held, not waiting
     busy = next(p for p in range(4) if per_partition[p] >= 1)
-    name, _ = await bus.ensure_partition_consumers(js, busy)
+    name, _ = await bus.ensure_partition_consumers(js, busy, "calc")
     sub = await js.pull_subscribe_bind(name, stream=bus.TASKS)
     (msg,) = await sub.fetch(1, timeout=5)
     status = await gather(js)
@@ -97,6 +97,32 @@ async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_se
     assert status["queues"]["tasks_pending"] == 4 and status["queues"]["tasks_held"] == 1
     await msg.ack()
     await sub.unsubscribe()
+
+
+async def test_status_shows_each_hosts_bundles_and_the_tasks_no_host_serves(nats_server, topo, tmp_path):
+    """Hosts serving different bundles each hold every partition of their own bundle; a task for an agent no
+    host serves waits, and status says for which agent."""
+    js = topo
+    adder, xss = write_bundle(tmp_path, "adder"), write_bundle(tmp_path, "xss")
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with hosts(nats_server.url, [adder], server, 1, unserved_after=3600.0) as (a,), \
+                hosts(nats_server.url, [xss], server, 1, unserved_after=3600.0) as (x,):
+            await wait_until(lambda: len(a.host.slots) == len(x.host.slots) == 4)
+            await publish_task(js, "ghost:1", "compute: 1")
+            status = await gather(js)
+    by_id = {h["id"]: h for h in status["hosts"]}
+    assert by_id[a.host.id]["leases"] == {"adder": [0, 1, 2, 3]} and by_id[a.host.id]["agents"] == ["adder"]
+    assert by_id[x.host.id]["leases"] == {"xss": [0, 1, 2, 3]}
+    assert by_id[x.host.id]["partitions"] == [0, 1, 2, 3]
+    assert status["unserved_partitions"] == []
+    assert [p["hosts"] for p in status["partitions"]] == [{"adder": a.host.id, "xss": x.host.id}] * 4
+    assert status["unserved_agents"] == {"ghost": 1}
+    ghost = bus.partition_of("ghost:1", 4)
+    assert [p["tasks_pending"] for p in status["partitions"]] == [int(p == ghost) for p in range(4)]
+    console = Console(record=True, width=200)
+    console.print(render(status))
+    text = console.export_text()
+    assert f"adder: {a.host.id}; xss: {x.host.id}" in text and "ghost: 1" in text
 
 
 def test_status_without_a_server_says_what_to_do(tmp_path):

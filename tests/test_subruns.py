@@ -165,7 +165,7 @@ async def test_kill_the_parents_host_while_its_child_runs_one_child_and_the_pare
         boss, helper = agent_bundle(tmp_path, "boss", delegates="helper"), agent_bundle(tmp_path, "helper")
         async with hosts(nats_server.url, [boss, helper], server, 2, lease=FAST) as (a, b), \
                 running_worker(nats_server.url, [boss, helper]):
-            await wait_until(lambda: len(a.host.partitions) + len(b.host.partitions) == 5)
+            await wait_until(lambda: len(a.host.slots) + len(b.host.slots) == 2 * 5)  # 2 bundles x 5
             parent = await publish_task(js, "boss", "find the capital")
             owner = None
 

@@ -4,24 +4,29 @@
     Console().print(render(status))    # tables for people
 
 Everything comes from the buckets and streams the processes already keep (runtime.nats): hosts from their
-heartbeats in ``hosts``, who serves which partition from ``leases``, workers from ``workers``, queue
-depths from stream and consumer state, runs in flight from the ``active`` bucket (one key per unfinished
-run, by partition). Nothing here asks a host or a worker anything, so it works with any number of them,
-on any machines, and with none.
+heartbeats in ``hosts``, who serves which partition of which bundle from ``leases`` (hosts serving
+different bundles each hold their own bundles' share of a partition: `runtime.host.leases`), workers from
+``workers``, queue depths from stream and consumer state, runs in flight from the ``active`` bucket (one key
+per unfinished run, by partition). Nothing here asks a host or a worker anything, so it works with any
+number of them, on any machines, and with none.
+
+A partition is unserved while some bundle a live host serves (or that holds a lease) has no holder for it;
+``unserved_agents`` counts the tasks waiting in TASKS for a bundle no live host serves (they wait for one,
+`runtime.host.unserved`).
 
 Queue depths, per partition and in all:
-* tasks waiting = in TASKS, not yet delivered to any host: the partition consumer's ``num_pending`` (this
-  grows when hosts are at their back-pressure bound); a partition no host has served yet has no consumer,
-  so every message of it in the stream is waiting (counted from the stream's per-subject counts).
-  Tasks held = ``num_ack_pending``: delivered, in a host's mailbox or running, not yet acknowledged;
-* results waiting / held = the same for RESULTS and the partition's result consumer;
+* tasks held = delivered to a host, in its mailbox or running, not yet acknowledged: the ``num_ack_pending``
+  of the partition's consumers (one per bundle served there). Tasks waiting = the rest of the partition's
+  messages in TASKS (the stream's per-subject counts; a WorkQueue stream keeps a message until it is
+  acknowledged): not yet delivered, because hosts are at their back-pressure bound or no host serves the
+  task's bundle;
+* results waiting / held = the same for RESULTS and the partitions' result consumers;
 * tool jobs = the ``workers`` consumer's pending and ack-pending (held by workers); DLQ = dead letters.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -38,17 +43,25 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
     buckets = {name: await bus.fleet_kv(js, name) for name in
                (bus.LEASES_BUCKET, bus.HOSTS_BUCKET, bus.WORKERS_BUCKET, bus.ACTIVE_BUCKET)}
 
-    holders = {}
+    holders: dict[tuple[str, int], str] = {}  # (bundle, partition) -> the host holding its lease
     for key, entry in (await bus.kv_entries(buckets[bus.LEASES_BUCKET])).items():
-        if key.startswith("p") and key[1:].isdigit():
-            holders[int(key[1:])] = entry.value.decode()
+        slot = bus.parse_lease_key(key)
+        if slot is not None and slot[1] < n:
+            holders[slot] = entry.value.decode()
     hosts = []
+    served: set[str] = set()
     for key, entry in sorted((await bus.kv_entries(buckets[bus.HOSTS_BUCKET])).items()):
         beat = bus.HostBeat.decode(entry.value)
-        held = sorted(p for p, holder in holders.items() if holder == key)  # the leases, not the beat's copy
-        hosts.append({"id": key, "partitions": held, "runs": beat.runs, "queued": beat.queued,
-                      "max_runs": beat.max_runs, "agents": beat.agents, "lease_ttl": beat.ttl,
-                      "up_s": round(now - beat.started, 1), "beat_age_s": _age(now, entry)})
+        served.update(beat.agents)
+        leases: dict[str, list[int]] = {}  # the leases, not the beat's copy
+        for (bundle, p), holder in sorted(holders.items()):
+            if holder == key:
+                leases.setdefault(bundle, []).append(p)
+        hosts.append({"id": key, "partitions": sorted({p for ps in leases.values() for p in ps}),
+                      "leases": leases, "runs": beat.runs, "queued": beat.queued, "max_runs": beat.max_runs,
+                      "agents": beat.agents, "lease_ttl": beat.ttl, "up_s": round(now - beat.started, 1),
+                      "beat_age_s": _age(now, entry)})
+    bundles = sorted(served | {bundle for bundle, _ in holders})
     in_flight = [0] * n
     for key in await bus.kv_entries(buckets[bus.ACTIVE_BUCKET]):
         digits = key.split(".", 1)[0][1:]
@@ -56,10 +69,13 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
             in_flight[int(digits)] += 1
 
     partitions = []
-    task_queues = await _partition_queues(js, bus.TASKS, bus.task_consumer_name, n)
-    result_queues = await _partition_queues(js, bus.RESULTS, bus.result_consumer_name, n)
+    task_queues = await _partition_queues(js, bus.TASKS, n)
+    result_queues = await _partition_queues(js, bus.RESULTS, n)
     for p, (tasks, results) in enumerate(zip(task_queues, result_queues, strict=True)):
-        partitions.append({"partition": p, "host": holders.get(p), "runs_in_flight": in_flight[p],
+        by_bundle = {bundle: holders.get((bundle, p)) for bundle in bundles}
+        held_by = sorted({h for h in by_bundle.values() if h is not None})
+        partitions.append({"partition": p, "host": ", ".join(held_by) or None, "hosts": by_bundle,
+                           "runs_in_flight": in_flight[p],
                            "tasks_pending": tasks["pending"], "tasks_held": tasks["ack_pending"],
                            "results_pending": results["pending"], "results_held": results["ack_pending"]})
 
@@ -78,7 +94,9 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
         "replicas": topo.replicas,
         "hosts": hosts,
         "partitions": partitions,
-        "unserved_partitions": [p for p in range(n) if p not in holders],
+        "unserved_partitions": [p for p in range(n)
+                                if not bundles or any((b, p) not in holders for b in bundles)],
+        "unserved_agents": await _unserved_agents(js, served),
         "workers": workers,
         "queues": {
             "tasks_pending": sum(p["tasks_pending"] for p in partitions),
@@ -103,24 +121,51 @@ def _age(now: float, entry: Any) -> float | None:
 
 
 async def _consumer(js: JetStreamContext, stream: str, name: str) -> dict[str, int] | None:
-    """A partition consumer's undelivered and delivered-unacknowledged counts; None if it does not exist."""
+    """A consumer's undelivered and delivered-unacknowledged counts; None if it does not exist."""
     try:
         info = await js.consumer_info(stream, name)
-    except NotFoundError:  # a partition no host has served yet
+    except NotFoundError:
         return None
     return {"pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0}
 
 
-async def _partition_queues(js: JetStreamContext, stream: str, consumer_name: Callable[[int], str],
-                            n: int) -> list[dict[str, int]]:
-    """Per partition of `stream`: messages not yet delivered (`pending`) and delivered but not yet
-    acknowledged (`ack_pending`). A partition without its consumer was never delivered from: all of its
-    messages in the stream are pending."""
-    found = [await _consumer(js, stream, consumer_name(p)) for p in range(n)]
-    if all(c is not None for c in found):
-        return [c for c in found if c is not None]
+async def _partition_queues(js: JetStreamContext, stream: str, n: int) -> list[dict[str, int]]:
+    """Per partition of `stream`: messages delivered but not yet acknowledged (`ack_pending`, summed over
+    the partition's consumers, one per bundle served there) and the rest of its messages in the stream
+    (`pending`: not yet delivered to anyone)."""
     in_stream = await _messages_by_partition(js, stream, n)
-    return [c if c is not None else {"pending": in_stream[p], "ack_pending": 0} for p, c in enumerate(found)]
+    held = [0] * n
+    try:
+        consumers = await bus.consumer_infos(js, stream)
+    except NotFoundError:
+        consumers = []
+    for info in consumers:
+        p = _partition_of_consumer(info)
+        if p is not None and p < n:
+            held[p] += info.num_ack_pending or 0
+    return [{"pending": max(0, in_stream[p] - held[p]), "ack_pending": held[p]} for p in range(n)]
+
+
+def _partition_of_consumer(info: Any) -> int | None:
+    """The partition a host's consumer reads (the second token of its filters), None for any other."""
+    config = info.config
+    filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    tokens = filters[0].split(".") if filters else []
+    return int(tokens[1]) if len(tokens) > 1 and tokens[1].isdigit() else None
+
+
+async def _unserved_agents(js: JetStreamContext, served: set[str]) -> dict[str, int]:
+    """Bundle -> tasks and commands waiting in TASKS for it while no live host serves it."""
+    out: dict[str, int] = {}
+    try:
+        info = await js.stream_info(bus.TASKS, subjects_filter="tasks.>")
+    except NotFoundError:
+        return out
+    for subject, count in (info.state.subjects or {}).items():
+        bundle = bus.stored_bundle(subject)
+        if bundle is not None and bundle not in served:
+            out[bundle] = out.get(bundle, 0) + count
+    return dict(sorted(out.items()))
 
 
 async def _messages_by_partition(js: JetStreamContext, stream: str, n: int) -> list[int]:
@@ -158,20 +203,30 @@ def render(status: dict[str, Any]) -> Any:
     unserved = status["unserved_partitions"]
     head.add_row("hosts", str(len(status["hosts"])), "unserved partitions",
                  f"[red]{unserved}[/]" if unserved else "none")
+    waiting = status.get("unserved_agents") or {}
+    if waiting:
+        head.add_row("", "", "tasks for agents no host serves",
+                     "[red]" + ", ".join(f"{b}: {c}" for b, c in waiting.items()) + "[/]")
     head.add_row("workers", str(len(status["workers"])), "dead letters", str(q["dlq"]))
 
     hosts = Table(title="hosts", title_justify="left")
     for col in ("host", "partitions", "runs", "queued", "bound", "agents", "up", "beat"):
         hosts.add_column(col)
     for h in status["hosts"]:
-        hosts.add_row(h["id"], partition_ranges(h["partitions"]), str(h["runs"]), str(h["queued"]),
+        leases = h.get("leases") or {}
+        held = (partition_ranges(h["partitions"]) if len(leases) <= 1 else
+                "; ".join(f"{b}: {partition_ranges(ps)}" for b, ps in leases.items()))
+        hosts.add_row(h["id"], held, str(h["runs"]), str(h["queued"]),
                       str(h["max_runs"]), ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
 
     parts = Table(title="partitions", title_justify="left")
     for col in ("p", "host", "runs in flight", "tasks (waiting/held)", "results (waiting/held)"):
         parts.add_column(col)
     for p in status["partitions"]:
-        parts.add_row(str(p["partition"]), p["host"] or "[red]unserved[/]", str(p["runs_in_flight"]),
+        by_bundle = p.get("hosts") or {}
+        who = (p["host"] or "[red]unserved[/]") if len(by_bundle) <= 1 else \
+            "; ".join(f"{b}: {h or '[red]unserved[/]'}" for b, h in by_bundle.items())
+        parts.add_row(str(p["partition"]), who, str(p["runs_in_flight"]),
                       f"{p['tasks_pending']}/{p['tasks_held']}",
                       f"{p['results_pending']}/{p['results_held']}")
 

@@ -8,7 +8,8 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
 
 - `host`       — `Host`, the coordinator: assembles the parts below; starts and drives a task's run
 - `config`     — `HostConfig` (what a host is told) and `HostStats` (what it counts)
-- `partitions` — taking and losing a partition, its consumers; `Guarded` drops acks for a lost one
+- `partitions` — taking and losing a slot (a partition of a bundle), its consumers; `Guarded` drops acks
+                 for a lost one
 - `routing`    — a task-subject message to its actor or run (forwarded if need be), an outcome to its driver
 - `actors`     — actors and their mailboxes: one task at a time per actor, every actor concurrently
 - `recovery`   — folding existing runs from their log at a takeover, or after a lost append race
@@ -16,7 +17,8 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
 - `driver`     — `RunDriver`: one run's kernel loop; appends through the run log; model calls; tool jobs
 - `served`     — `AgentRuntime`: one bundle's kernel config, model step and model client
 - `serve`      — `load_agents`, `serve` (connect, run a host until stopped), `close_agents`
-- `leases`     — which host serves which partition: expiring KV leases, fair shares, fencing
+- `leases`     — which host serves which slot: expiring KV leases, fair shares per bundle, fencing
+- `unserved`   — tasks of agents no live host serves: waited for, failed `unknown_agent` after a while
 
 The continuous pull consumer and the back-pressure budget are `runtime.nats.pull`.
 """

@@ -8,7 +8,7 @@ crash loses none of them) and a `Resume`, a run recovered from its log that goes
 What an item is worked on with (starting a task's run, driving a run) is the coordinator's
 (`runtime.host.host`); here is what the actors hold and how it is given back: every item carries one unit
 of the host's `runtime.nats.pull.Budget`, released when its work is over or when it is dropped because its
-partition went to another host (`forget`, `drop`).
+slot (its partition of its bundle, `runtime.host.leases.Slot`) went to another host (`forget`, `drop`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import anyio
 from runtime import events as ev
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, RunDriver
+from runtime.host.leases import Slot
 from runtime.log import Superseded
 from runtime.nats.pull import Budget
+from runtime.nats.subjects import bundle_token
 
 log = logging.getLogger("runtime.host")
 
@@ -53,6 +55,12 @@ def partition_of_item(item: Item) -> int:
     return item.partition if isinstance(item, Task) else item.driver.partition
 
 
+def slot_of(actor: str, partition: int) -> Slot:
+    """The slot a run or task of `actor` in `partition` belongs to: its bundle's share of the partition
+    (the bundle as the streams store it, so the slot whose consumer delivered the message)."""
+    return bundle_token(actor), partition
+
+
 def run_of_item(item: Item) -> str:
     return item.run_id if isinstance(item, Task) else item.driver.run_id
 
@@ -62,14 +70,14 @@ class Actor:
     key: str
     mailbox: deque[Item] = field(default_factory=deque)
     running: bool = False
-    current: tuple[int, anyio.CancelScope] | None = None  # the partition of the item in hand, its scope
+    current: tuple[Slot, anyio.CancelScope] | None = None  # the slot of the item in hand, its scope
 
 
 class Actors:
     """Every actor of a host, and the runs they hold: `waiting` (tasks still in a mailbox) and `drivers`
     (runs being driven, or queued to resume). `start`, `drive` and `refold` are the coordinator's."""
 
-    def __init__(self, *, budget: Budget, stats: HostStats, serves: Callable[[int], bool],
+    def __init__(self, *, budget: Budget, stats: HostStats, serves: Callable[[Slot], bool],
                  spawn: Callable[..., None], start: Callable[[str, Task], Awaitable[None]],
                  drive: Callable[[RunDriver], Awaitable[None]],
                  refold: Callable[[str, str, int], Awaitable[None]]) -> None:
@@ -115,37 +123,40 @@ class Actors:
             self.drivers.pop(item.driver.run_id, None)
         self.budget.release()
 
-    def drop(self, p: int) -> int:
-        """Partition `p` is gone: forget its queued items and cancel the work in hand on it; how many
-        items were dropped."""
+    def drop(self, slot: Slot) -> int:
+        """Slot `slot` is gone: forget its queued items and cancel the work in hand on it; how many items
+        were dropped."""
         dropped = 0
         for actor in list(self.by_key.values()):
+            if bundle_token(actor.key) != slot[0]:
+                continue
             kept: deque[Item] = deque()
             for item in actor.mailbox:
-                if partition_of_item(item) == p:
+                if partition_of_item(item) == slot[1]:
                     self.forget(item)
                     dropped += 1
                 else:
                     kept.append(item)
             actor.mailbox = kept
-            if actor.current is not None and actor.current[0] == p:
+            if actor.current is not None and actor.current[0] == slot:
                 actor.current[1].cancel()
         return dropped
 
-    def busy(self, p: int) -> bool:
-        """Whether an actor still works on an item of partition `p`."""
-        return any(a.current is not None and a.current[0] == p for a in self.by_key.values())
+    def busy(self, slot: Slot) -> bool:
+        """Whether an actor still works on an item of slot `slot`."""
+        return any(a.current is not None and a.current[0] == slot for a in self.by_key.values())
 
     async def _loop(self, actor: Actor) -> None:
         try:
             while actor.mailbox:
                 item = actor.mailbox.popleft()
                 p = partition_of_item(item)
-                if not self.serves(p):  # its partition went while it waited
+                slot = slot_of(actor.key, p)
+                if not self.serves(slot):  # its slot went while it waited
                     self.forget(item)
                     continue
                 with anyio.CancelScope() as scope:
-                    actor.current = (p, scope)
+                    actor.current = (slot, scope)
                     try:
                         if isinstance(item, Task):
                             await self.start(actor.key, item)
@@ -154,11 +165,11 @@ class Actors:
                     except Superseded as e:
                         self.stats.superseded += 1
                         log.warning("%s: %s; this host stops driving it", actor.key, e)
-                        if self.serves(p):
+                        if self.serves(slot):
                             self.spawn(self.refold, run_of_item(item), actor.key, p)
                     except Exception:
                         log.exception("%s: unexpected error; the run is resumed at the next takeover of "
-                                      "partition %d", actor.key, p)
+                                      "partition %d of %s", actor.key, p, slot[0])
                 actor.current = None
                 if scope.cancelled_caught:
                     self.stats.handed_over += 1
@@ -172,4 +183,4 @@ class Actors:
                 self.by_key.pop(actor.key, None)
 
 
-__all__ = ["Actor", "Actors", "Item", "Resume", "Task", "partition_of_item", "run_of_item"]
+__all__ = ["Actor", "Actors", "Item", "Resume", "Task", "partition_of_item", "run_of_item", "slot_of"]

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from runtime.host.leases import LeaseConfig
 
 DEFAULT_MAX_RUNS = 256
+DEFAULT_UNSERVED_AFTER_S = 60.0  # longer than a host's restart, short enough for a typo to be told
 
 
 @dataclass
 class HostConfig:
-    partitions: Iterable[int] | None = None  # serve exactly these (no leases); None: take a share by lease
+    partitions: Iterable[int] | None = None  # these of every bundle, no leases; None: a share by lease
     task_ack_wait: float = 30.0  # a dead host's un-started tasks are redelivered after this (or at takeover)
     pull_batch: int = 256
     pull_expires: float = 5.0
@@ -24,6 +25,9 @@ class HostConfig:
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     max_runs: int = DEFAULT_MAX_RUNS  # back-pressure: runs driven + tasks waiting in mailboxes, at most
     host_id: str | None = None  # default: `<hostname>-<pid>-<random>`
+    # a task for an agent no live host serves waits in TASKS for a host serving it; once none has for this
+    # long it fails `unknown_agent` (`runtime.host.unserved`); None: it waits for ever
+    unserved_after: float | None = DEFAULT_UNSERVED_AFTER_S
 
 
 @dataclass
@@ -40,8 +44,9 @@ class HostStats:
     outcomes: int = 0
     superseded: int = 0
     handed_over: int = 0  # runs or tasks dropped because their partition went to another host
-    gained: int = 0  # partitions taken (at start or over)
-    lost: int = 0  # partitions given up (released, expired or fenced)
+    gained: int = 0  # slots (partitions of a bundle) taken (at start or over)
+    lost: int = 0  # slots given up (released, expired or fenced)
+    unserved_failed: int = 0  # tasks failed because no live host served their agent (`runtime.host.unserved`)
 
 
-__all__ = ["DEFAULT_MAX_RUNS", "HostConfig", "HostStats"]
+__all__ = ["DEFAULT_MAX_RUNS", "DEFAULT_UNSERVED_AFTER_S", "HostConfig", "HostStats"]

@@ -3,10 +3,14 @@
 How a task flows
 ----------------
 1. A publisher puts a task on ``agents.<agent>.tasks`` (format: `runtime.commands`); TASKS stores it
-   as ``tasks.<p>.<agent>``. The host consumes every partition it serves through ONE durable consumer per
-   partition (plus one per partition on RESULTS), whatever the number of agents: 10,000 agents cost 2N
-   consumers, never 10,000 (nats-server caps a stream at 1,000). Which partitions: a fair share of them,
-   held by expiring leases (`runtime.host.leases`), or a fixed list (`HostConfig.partitions`).
+   as ``tasks.<p>.<agent>...<bundle>`` (`runtime.nats.subjects`). What a host serves is slots: a slot is one
+   partition of one bundle it loaded. It consumes each slot through ONE durable consumer (plus one on
+   RESULTS) that takes only that bundle's subjects, whatever the number of agents (instances): 10,000
+   instances cost 2N consumers per bundle, never 10,000. Which slots: for each bundle, a fair share of its
+   partitions among the live hosts serving that bundle, held by expiring leases (`runtime.host.leases`), or
+   a fixed list of partitions (`HostConfig.partitions`). So hosts serving different bundles share a cluster
+   and never take each other's tasks; a task for an agent no live host serves waits in TASKS
+   (`runtime.host.unserved`).
 2. The task goes into its actor's mailbox. An actor is ``<bundle>`` or ``<bundle>:<instance>``; it exists
    only while it has work (an idle agent is a dict entry nobody created), runs one task at a time in
    arrival order, and runs concurrently with every other actor.
@@ -30,29 +34,32 @@ Ack points, and why
 * Commands (cancel/approve/deny): acked after their event is appended; a command for a run that does not
   exist is logged and terminated.
 
-Partitions, takeover and recovery
----------------------------------
-A host serves a partition from the moment it takes it (at start, or when it wins its lease) until it gives
-it up (released to a new host, lease expired, or fenced because renewals failed): `runtime.host.partitions`
-says what taking and losing one involves, and `runtime.host.recovery` how a taken partition's unfinished
-runs are folded from their log and driven on. Exactly one host drives a run: the one serving its
-partition; a stale one that still appends is stopped by the log's expected-sequence check (`Superseded`).
+Slots, takeover and recovery
+----------------------------
+A host serves a slot from the moment it takes it (at start, or when it wins its lease) until it gives it up
+(released to a new host, lease expired, or fenced because renewals failed): `runtime.host.partitions` says
+what taking and losing one involves, and `runtime.host.recovery` how a taken slot's unfinished runs are
+folded from their log and driven on. Exactly one host drives a run: the one serving its slot (its bundle's
+share of its partition); a stale one that still appends is stopped by the log's expected-sequence check
+(`Superseded`).
 
 Back-pressure
 -------------
 `HostConfig.max_runs` bounds what a host holds in memory: runs it drives plus tasks waiting in mailboxes.
-Each task message takes one unit of a `runtime.nats.pull.Budget` shared by every partition's task
-consumer; a pull request never asks for more than the budget's free room, so at the bound the host stops
-pulling and a flood of tasks waits in the TASKS stream (on disk, acked to its publishers) instead of in
+Each task message takes one unit of a `runtime.nats.pull.Budget` shared by every slot's task consumer; a
+pull request never asks for more than the budget's free room, so at the bound the host stops pulling and
+a flood of tasks waits in the TASKS stream (on disk, acked to its publishers) instead of in
 the host; the task consumers' MaxAckPending is the same bound, on the server side. Runs recovered at a
 takeover take units without waiting (they are already started), so pulls pause until they end.
 
 Bad input
 ---------
 A message that is not a command (`commands.BadCommand`): logged with the reason and terminated — never
-redelivered, never stopping the host. A task for an agent no loaded bundle defines: a run is still
-created, with ``run.started`` then ``run.failed`` (reason ``unknown_agent``, naming the agents served), so
-the publisher following the run id sees why; the task is acked.
+redelivered, never stopping the host. A task for an agent no live host serves waits in TASKS for one; once
+none has served it for `HostConfig.unserved_after`, the sweeping host (`runtime.host.unserved`) creates
+its run with ``run.started`` then ``run.failed`` (reason ``unknown_agent``, naming the agents served), so
+the publisher following the run id sees why, and acks the task. A task whose actor names no bundle this
+host loaded although its slot's consumer delivered it (an actor such as ``:x``) fails the same way here.
 
 Where each part lives
 ---------------------
@@ -60,12 +67,13 @@ Where each part lives
 (`_drive`), fail a task for an unknown agent (`_unknown_agent`). The parts, each given only what it needs:
 
 - `runtime.host.config`      `HostConfig`, `HostStats`
-- `runtime.host.partitions`  `Partitions`: taking and losing a partition, its consumers; `Guarded` messages
+- `runtime.host.partitions`  `Partitions`: taking and losing a slot, its consumers; `Guarded` messages
 - `runtime.host.routing`     `Router`: a task-subject message to its actor or run, an outcome to its driver
 - `runtime.host.actors`      `Actors`: mailboxes, one task at a time per actor, the runs held (`drivers`)
 - `runtime.host.recovery`    `Recovery`: folding existing runs at a takeover or after a lost append race
 - `runtime.host.runs_index`  `RunsIndex`: the ``runs`` index and the ``active`` bucket
 - `runtime.host.driver`      `RunDriver`: one run's kernel loop
+- `runtime.host.unserved`    `Unserved`: tasks of agents no live host serves, failed after a wait
 """
 from __future__ import annotations
 
@@ -85,13 +93,14 @@ from runtime.commands import split_actor
 from runtime.host.actors import Actor, Actors, Task
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
-from runtime.host.leases import Leases, new_host_id
+from runtime.host.leases import Leases, Slot, new_host_id
 from runtime.host.partitions import Partitions
 from runtime.host.recovery import Recovery
 from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
 from runtime.host.served import AgentRuntime
 from runtime.host.summary import summarise
+from runtime.host.unserved import Unserved
 from runtime.log import RunLog
 from runtime.log.threads import Conversations, Threads, conversation
 from runtime.nats.jetstream import jetstream_for
@@ -100,7 +109,7 @@ from runtime.nats.pull import Budget
 from runtime.nats.records import HostBeat, RunIndex
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
-from runtime.nats.topology import attach_topology
+from runtime.nats.topology import attach_topology, ensure_transforms
 from runtime.observe.logs import log_context
 from runtime.observe.traces import TRACEPARENT, TRACESTATE
 from runtime.streaming import StreamPublisher
@@ -145,12 +154,17 @@ class Host:
                                   drop=self._actors.drop, busy=self._actors.busy)
 
     @property
-    def partitions(self) -> list[int]:
-        """The partitions this host serves now."""
+    def slots(self) -> list[Slot]:
+        """The slots this host serves now: (bundle, partition)."""
         return sorted(self._served.parts)
 
-    def serves(self, partition: int) -> bool:
-        return self._served.serves(partition)
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions this host serves now, of any of its bundles."""
+        return sorted({p for _, p in self._served.parts})
+
+    def serves(self, slot: Slot) -> bool:
+        return self._served.serves(slot)
 
     @property
     def actors(self) -> dict[str, Actor]:
@@ -180,12 +194,15 @@ class Host:
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     async def run(self, stop: anyio.Event | None = None) -> None:
-        """Serve until `stop` is set: the partitions of `config.partitions`, or a fair share of all of them
-        held by lease (`runtime.host.leases`). Runs in flight are left to the next owner's takeover."""
+        """Serve until `stop` is set: the partitions of `config.partitions` of every bundle, or for each
+        bundle a fair share of its partitions held by lease (`runtime.host.leases`). Runs in flight are left
+        to the next owner's takeover."""
         stop = stop or anyio.Event()
         topology = await attach_topology(self.js)
+        await retrying(lambda: ensure_transforms(self.js), what="updating the streams' subject transforms",
+                       delay=OPEN_RETRY_S, logger=log)  # streams made by an older version
         total = self.total_partitions = topology.partitions
-        self.budget.expected_sharers = total  # a fair share of the budget per partition it may serve
+        self.budget.expected_sharers = total * max(1, len(self.agents))  # a fair share per slot it may serve
         self._served.replicas = topology.replicas  # a WorkQueue stream's consumers must match its replicas
         # started during a leader election: wait for NATS rather than fail
         await retrying(self._open_buckets, what=f"host {self.id}: opening its buckets", delay=OPEN_RETRY_S,
@@ -197,12 +214,18 @@ class Host:
                 bad = [p for p in wanted if not 0 <= p < total]
                 if bad:
                     raise ValueError(f"partitions {bad} do not exist (the stream has {total})")
-                for p in wanted:
-                    await self._served.gain(p, fresh=False)
+                for bundle in sorted(self.agents):
+                    for p in wanted:
+                        await self._served.gain((bundle, p), fresh=False)
             else:
-                self.leases = Leases(self.js, self.id, total, on_gain=self._served.gain,
-                                     on_loss=self._served.lose, beat=self.beat, config=self.config.lease)
+                self.leases = Leases(self.js, self.id, total, bundles=sorted(self.agents),
+                                     on_gain=self._served.gain, on_loss=self._served.lose, beat=self.beat,
+                                     config=self.config.lease)
                 tg.start_soon(self.leases.run, stop)
+                if self.config.unserved_after is not None:
+                    unserved = Unserved(self.js, self.id, after=self.config.unserved_after,
+                                        refuse=self._refuse, stats=self.stats)
+                    tg.start_soon(unserved.run, stop)
                 await self.leases.settled.wait()
             for part in list(self._served.parts.values()):
                 await _first(part.ready, part.done)

@@ -1,21 +1,29 @@
-"""Partition leases: which host serves which task partition, renewed while it lives, lost when it dies.
+"""Partition leases: which host serves which slot, renewed while it lives, lost when it dies.
+
+A slot is one partition of one bundle: ``(bundle, p)``. Hosts serving the same bundle split its N
+partitions among themselves; hosts serving other bundles never take them, so every task reaches a host that
+serves its agent (the slot's consumers take only that bundle's subjects, `runtime.host.partitions`). A host
+serving two bundles holds slots of each, shared with whichever hosts serve each of them; a bundle no live
+host serves has no slots held, and its tasks wait in TASKS (`runtime.host.unserved`).
 
 Every host runs one `Leases` loop. The state lives in two KV buckets (`runtime.nats.kv`):
 
-* ``leases``: key ``p<N>`` = the id of the host holding partition N, written with a per-key TTL
-  (`Nats-TTL`). A host **acquires** a free partition with a create (expected revision 0, or the revision
-  of the delete marker a graceful release left), **renews** every `renew` seconds with an update
+* ``leases``: key ``<bundle>.p<N>`` (`subjects.lease_key`) = the id of the host holding partition N of
+  that bundle, written with a per-key TTL (`Nats-TTL`). A host **acquires** a free slot with a create
+  (expected revision 0, or the revision of the delete marker a graceful release left), **renews** every
+  `renew` seconds with an update
   expecting the revision it holds, and **releases** with a revision-checked delete. Nobody deletes
   anybody else's lease: a dead host's keys simply expire, the server removes them at their TTL.
-* ``hosts``: key = host id, a `HostBeat` with the same TTL, renewed on the same tick: the live hosts.
+* ``hosts``: key = host id, a `HostBeat` with the same TTL, renewed on the same tick: the live hosts and
+  the bundles each serves (`HostBeat.agents`).
 
 Each tick (every `renew` seconds, and at once when a lease is released or expires: the loop watches the
-``leases`` bucket for delete and expiry markers): read both buckets. With H live
-hosts and N partitions the fair share is ceil(N / H): a host holding more releases its excess
-(the partitions it least prefers), a host holding fewer acquires free ones up to its share. Preference
-is rendezvous hashing of (host, partition), so hosts reach for different partitions and a partition
-tends to go back to the same host. A starting host therefore gets its share within two ticks of the
-others noticing it.
+``leases`` bucket for delete and expiry markers): read both buckets. For each bundle it serves, with H live
+hosts serving that bundle and N partitions, the fair share is ceil(N / H): a host holding more of the
+bundle's slots releases its excess (the ones it least prefers), a host holding fewer acquires free ones up
+to its share. Preference is rendezvous hashing of (host, bundle, partition), so hosts reach for different
+slots and a slot tends to go back to the same host. A starting host therefore gets its share within two
+ticks of the others noticing it.
 
 Renewing. The heartbeat and the renewal of every held lease happen every `renew` seconds on a thread of
 their own, with its own event loop and NATS connection (`runtime.host.renewer`), and every lease read
@@ -24,24 +32,24 @@ is full of appends, still renews on time. (`tick` called without `run`, as tests
 
 Bounds (defaults: TTL 2 s, renew every 0.5 s = TTL/4, fence after 1.5 s)
 --------------------------------------------------------------------------
-* A host that stops renewing (killed, partitioned from NATS, wedged) loses every partition at most
+* A host that stops renewing (killed, partitioned from NATS, wedged) loses every slot at most
   TTL after its last successful renewal: the server removes the key then (within ~20 ms) and leaves an
-  expiry marker, which wakes the other hosts' loops, so a partition is taken over TTL - (0 to renew) =
+  expiry marker, which wakes the other hosts' loops, so a slot is taken over TTL - (0 to renew) =
   **1.5 to 2 s** after the host died, plus the takeover's recovery (bench/faults.py measures it: about
   2 s). Should the marker be missed, the next tick finds the key gone: at most TTL + renew = 2.5 s.
 * A host fences itself: if no renewal of a lease succeeded for `fence_after` = TTL - renew = 1.5 s (three
-  renewals in a row failed), it stops serving that partition (its consumers, drivers and acks;
-  `on_loss`) a whole renewal period before the lease can expire, so two hosts never serve a partition at
+  renewals in a row failed), it stops serving that slot (its consumers, drivers and acks;
+  `on_loss`) a whole renewal period before the lease can expire, so two hosts never serve a slot at
   the same time as long as clocks tick at the same rate. If a later renewal still succeeds (NATS was only
-  slow, the key never expired), it resumes serving (`on_gain`, a full takeover of its own partition).
+  slow, the key never expired), it resumes serving (`on_gain`, a full takeover of its own slot).
   Exactly-one-writer per run does not rest on this: the expected-sequence append stops any stale writer
   (`driver.Superseded`).
 * A NATS outage longer than the fence (the ``leases`` stream electing a leader takes 4-6 s on a
-  cluster) fences every host and may let leases expire: the partitions are then taken again, by the
+  cluster) fences every host and may let leases expire: the slots are then taken again, by the
   same hosts or others, once NATS answers. That costs a recovery, never a run.
 
-`on_gain(p)` and `on_loss(p, why)` are the host's hooks; `on_loss` is awaited before a lease is released,
-so a partition is handed over only once this host has stopped serving it.
+`on_gain(slot)` and `on_loss(slot, why)` are the host's hooks; `on_loss` is awaited before a lease is
+released, so a slot is handed over only once this host has stopped serving it.
 """
 
 from __future__ import annotations
@@ -66,11 +74,13 @@ from nats.js.errors import KeyWrongLastSequenceError
 from runtime.host.renewer import WEDGED_S, LeaseRenewer, connect_options
 from runtime.nats.kv import fleet_kv, kv_entries, put_kv
 from runtime.nats.records import HostBeat
-from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, lease_key
+from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, lease_key, parse_lease_key
 
 log = logging.getLogger("runtime.host")
 
 DEFAULT_TTL_S = 2.0
+
+Slot = tuple[str, int]  # (bundle, partition): what one lease is for, and what a host serves
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,7 @@ class LeaseConfig:
 
     @property
     def fence_after(self) -> float:
-        """Stop serving a partition whose lease was not renewed for this long: one renewal period before
+        """Stop serving a slot whose lease was not renewed for this long: one renewal period before
         it can expire (the lease runs from when the server stored the renewal, after it was sent)."""
         return self.ttl - self.every
 
@@ -102,9 +112,11 @@ def new_host_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def preference(host_id: str, partition: int) -> int:
-    """Rendezvous score: each host ranks partitions differently, the same way every time."""
-    return int.from_bytes(hashlib.blake2b(f"{host_id}/{partition}".encode(), digest_size=8).digest(), "big")
+def preference(host_id: str, slot: Slot) -> int:
+    """Rendezvous score: each host ranks slots differently, the same way every time."""
+    bundle, partition = slot
+    key = f"{host_id}/{bundle}/{partition}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
 @dataclass
@@ -118,33 +130,33 @@ class _Held:
 
 
 class _LeaseIO:
-    """Lease reads and writes on one connection; one lock per partition orders a renewal and a release."""
+    """Lease reads and writes on one connection; one lock per slot orders a renewal and a release."""
 
     def __init__(self, js: JetStreamContext) -> None:
         self.js = js
         self.buckets: dict[str, Any] = {}
-        self.locks: dict[int, asyncio.Lock] = {}
+        self.locks: dict[Slot, asyncio.Lock] = {}
 
     async def bucket(self, name: str) -> Any:
         if name not in self.buckets:
             self.buckets[name] = await fleet_kv(self.js, name)
         return self.buckets[name]
 
-    async def put(self, p: int, holder: bytes, held: _Held | None, last: int, ttl: float,
+    async def put(self, slot: Slot, holder: bytes, held: _Held | None, last: int, ttl: float,
                   timeout: float) -> int:
         """Acquire (`held` None, `last` the free key's revision) or renew (`held`: its current revision)."""
-        async with self.locks.setdefault(p, asyncio.Lock()):
+        async with self.locks.setdefault(slot, asyncio.Lock()):
             if held is not None:
                 if held.gone:
                     return held.revision
                 last = held.revision
-            return await put_kv(self.js, LEASES_BUCKET, lease_key(p), holder, last=last, ttl=ttl,
-                                timeout=timeout)
+            return await put_kv(self.js, LEASES_BUCKET, lease_key(slot[1], slot[0]), holder, last=last,
+                                ttl=ttl, timeout=timeout)
 
-    async def delete(self, p: int, held: _Held) -> None:
-        async with self.locks.setdefault(p, asyncio.Lock()):
+    async def delete(self, slot: Slot, held: _Held) -> None:
+        async with self.locks.setdefault(slot, asyncio.Lock()):
             held.gone = True
-            await (await self.bucket(LEASES_BUCKET)).delete(lease_key(p), last=held.revision)
+            await (await self.bucket(LEASES_BUCKET)).delete(lease_key(slot[1], slot[0]), last=held.revision)
 
     async def heartbeat(self, host_id: str, beat: bytes, ttl: float, timeout: float) -> None:
         await put_kv(self.js, HOSTS_BUCKET, host_id, beat, ttl=ttl, timeout=timeout)
@@ -158,24 +170,25 @@ class _LeaseIO:
 
 @dataclass
 class LeaseView:
-    """One read of both buckets: partition -> holder (None: free) with its revision, and the live hosts."""
+    """One read of both buckets: slot -> holder (None: free) with its revision, and the live hosts."""
 
-    holders: dict[int, tuple[str | None, int]] = field(default_factory=dict)
+    holders: dict[Slot, tuple[str | None, int]] = field(default_factory=dict)
     hosts: dict[str, HostBeat] = field(default_factory=dict)
 
 
 class Leases:
     """The lease loop of one host (see the module docstring)."""
 
-    def __init__(self, js: JetStreamContext, host_id: str, partitions: int, *,
-                 on_gain: Callable[[int], Awaitable[None]], on_loss: Callable[[int, str], Awaitable[None]],
+    def __init__(self, js: JetStreamContext, host_id: str, partitions: int, *, bundles: list[str],
+                 on_gain: Callable[[Slot], Awaitable[None]], on_loss: Callable[[Slot, str], Awaitable[None]],
                  beat: Callable[[], HostBeat], config: LeaseConfig | None = None) -> None:
         self.js, self.host_id, self.total = js, host_id, partitions
+        self.bundles = sorted(set(bundles))
         self.config = config or LeaseConfig()
         self.on_gain, self.on_loss, self.beat = on_gain, on_loss, beat
-        self.held: dict[int, _Held] = {}
-        self.share = partitions
-        self.settled = anyio.Event()  # the first share is held (or could not be had within TTL + renew)
+        self.held: dict[Slot, _Held] = {}
+        self.share: dict[str, int] = dict.fromkeys(self.bundles, partitions)  # bundle -> its fair share
+        self.settled = anyio.Event()  # the first shares are held (or could not be had within TTL + renew)
         self.ticks = 0
         self.alive = time.monotonic()  # the host loop's last sign of life (the renewer's wedge guard)
         self._started = time.monotonic()
@@ -185,8 +198,8 @@ class Leases:
         self._wake = anyio.Event()
 
     @property
-    def serving(self) -> list[int]:
-        return sorted(p for p, h in self.held.items() if h.serving)
+    def serving(self) -> list[Slot]:
+        return sorted(slot for slot, h in self.held.items() if h.serving)
 
     def _io_for(self, js: JetStreamContext) -> _LeaseIO:
         io = self._ios.get(id(js))
@@ -209,7 +222,7 @@ class Leases:
     # -- the loop ----------------------------------------------------------------------------------------
 
     async def run(self, stop: anyio.Event) -> None:
-        """Tick until `stop`, then hand every partition back (awaiting `on_loss` first)."""
+        """Tick until `stop`, then hand every slot back (awaiting `on_loss` first)."""
         if self.config.thread:
             await self._start_renewer()
         try:
@@ -255,20 +268,20 @@ class Leases:
             return
         io, cfg, holder = self._io_for(js), self.config, self.host_id.encode()
 
-        async def renew(p: int, held: _Held) -> None:
+        async def renew(slot: Slot, held: _Held) -> None:
             sent = time.monotonic()
             try:
-                rev = await io.put(p, holder, held, 0, cfg.ttl, cfg.every)
+                rev = await io.put(slot, holder, held, 0, cfg.ttl, cfg.every)
             except KeyWrongLastSequenceError:
                 held.lost = True  # the host's `_fence_watch` stops serving it
                 return
             except Exception as e:
-                log.debug("renewing partition %d failed: %s", p, e)
+                log.debug("renewing %s failed: %s", _name(slot), e)
                 return
             if not held.gone:
                 held.revision, held.renewed = rev, sent
 
-        jobs = [renew(p, h) for p, h in list(self.held.items()) if not h.gone]
+        jobs = [renew(slot, h) for slot, h in list(self.held.items()) if not h.gone]
         if self._beat_bytes is not None:
             jobs.append(io.heartbeat(self.host_id, self._beat_bytes, cfg.ttl, cfg.every))
         for result in await asyncio.gather(*jobs, return_exceptions=True):
@@ -281,35 +294,40 @@ class Leases:
         await self._heartbeat()
         if self._renewer is None:  # no lease thread: renew here
             async with anyio.create_task_group() as tg:
-                for p in list(self.held):
-                    tg.start_soon(self._renew, p)
+                for slot in list(self.held):
+                    tg.start_soon(self._renew, slot)
         view = await self.read()
-        live = set(view.hosts) | {self.host_id}
-        self.share = math.ceil(self.total / len(live))
-        mine = sorted(self.held, key=lambda p: preference(self.host_id, p))
-        for p in mine[:max(0, len(self.held) - self.share)]:  # the least preferred first
-            await self.release(p, "rebalanced")
-        want = self.share - len(self.held)
-        if want > 0:
-            free = [p for p, (holder, _) in view.holders.items() if holder is None and p not in self.held]
-            free.sort(key=lambda p: preference(self.host_id, p), reverse=True)
-            for p in free[:want]:
-                await self._acquire(p, view.holders[p][1])
+        full = True
+        for bundle in self.bundles:  # each bundle is shared only by the live hosts that serve it
+            live = {h for h, beat in view.hosts.items() if bundle in beat.agents} | {self.host_id}
+            share = self.share[bundle] = math.ceil(self.total / len(live))
+            mine = sorted((slot for slot in self.held if slot[0] == bundle),
+                          key=lambda slot: preference(self.host_id, slot))
+            for slot in mine[:max(0, len(mine) - share)]:  # the least preferred first
+                await self.release(slot, "rebalanced")
+            want = share - min(len(mine), share)
+            if want > 0:
+                free = [slot for slot, (holder, _) in view.holders.items()
+                        if slot[0] == bundle and holder is None and slot not in self.held]
+                free.sort(key=lambda slot: preference(self.host_id, slot), reverse=True)
+                for slot in free[:want]:
+                    await self._acquire(slot, view.holders[slot][1])
+            full = full and sum(slot[0] == bundle for slot in self.held) >= min(share, self.total)
         if self.serving != before:
             await self._heartbeat()  # others and `sa status` see the new set now, not a tick later
         waited = time.monotonic() - self._started
-        if len(self.held) >= min(self.share, self.total) or waited >= self.config.ttl + self.config.every:
+        if full or waited >= self.config.ttl + self.config.every:
             self.settled.set()
 
     async def read(self) -> LeaseView:
-        """Both buckets, as they are now."""
-        view = LeaseView(holders={p: (None, 0) for p in range(self.total)})
+        """Both buckets, as they are now (the slots of the bundles this host serves)."""
+        view = LeaseView(holders={(b, p): (None, 0) for b in self.bundles for p in range(self.total)})
         for key, entry in (await self._io("entries", LEASES_BUCKET, True)).items():
-            p = _partition_of_key(key)
-            if p is None or p >= self.total:
+            slot = parse_lease_key(key)
+            if slot is None or slot not in view.holders:
                 continue
             holder = entry.value.decode() if entry.operation is None and entry.value else None
-            view.holders[p] = (holder, entry.revision or 0)
+            view.holders[slot] = (holder, entry.revision or 0)
         for key, entry in (await self._io("entries", HOSTS_BUCKET, False)).items():
             try:
                 view.hosts[key] = HostBeat.decode(entry.value)
@@ -319,14 +337,15 @@ class Leases:
 
     async def _watch_releases(self) -> None:
         """Wake the loop as soon as a lease is deleted or expires (its marker), instead of at the next
-        tick: a dead host's partitions are taken the moment the server drops its leases."""
+        tick: a dead host's slots are taken the moment the server drops its leases."""
         while True:
             try:
                 kv = await fleet_kv(self.js, LEASES_BUCKET)
                 watcher = await kv.watchall(include_history=False)
                 try:
                     async for entry in watcher:
-                        if entry is not None and entry.operation is not None:
+                        if entry is not None and entry.operation is not None and \
+                                (parse_lease_key(entry.key) or ("", 0))[0] in self.bundles:
                             self._wake.set()
                 finally:
                     with contextlib.suppress(Exception):
@@ -337,76 +356,77 @@ class Leases:
 
     # -- one lease ---------------------------------------------------------------------------------------
 
-    async def _acquire(self, p: int, revision: int) -> None:
+    async def _acquire(self, slot: Slot, revision: int) -> None:
         sent = time.monotonic()
         try:
-            rev = await self._io("put", p, self.host_id.encode(), None, revision, self.config.ttl,
+            rev = await self._io("put", slot, self.host_id.encode(), None, revision, self.config.ttl,
                                  self.config.every)
         except KeyWrongLastSequenceError:
             return  # another host was quicker
         except Exception as e:
-            log.debug("acquiring partition %d failed: %s", p, e)
+            log.debug("acquiring %s failed: %s", _name(slot), e)
             return
-        self.held[p] = _Held(rev, sent)
-        log.info("host %s: acquired partition %d", self.host_id, p)
-        await self.on_gain(p)
+        self.held[slot] = _Held(rev, sent)
+        log.info("host %s: acquired %s", self.host_id, _name(slot))
+        await self.on_gain(slot)
 
-    async def _renew(self, p: int) -> None:
+    async def _renew(self, slot: Slot) -> None:
         """Renew one lease from the host's loop (without a lease thread) and act on the answer."""
-        held = self.held.get(p)
+        held = self.held.get(slot)
         if held is None:
             return
         sent = time.monotonic()
         try:
-            rev = await self._io("put", p, self.host_id.encode(), held, 0, self.config.ttl, self.config.every)
+            rev = await self._io("put", slot, self.host_id.encode(), held, 0, self.config.ttl,
+                                 self.config.every)
         except KeyWrongLastSequenceError:  # expired (and maybe taken): it is not ours any more
             held.lost = True
-            await self._settle(p, held)
+            await self._settle(slot, held)
             return
         except Exception as e:  # NATS trouble: `_fence_watch` stops serving before the lease can expire
-            log.debug("renewing partition %d failed: %s", p, e)
+            log.debug("renewing %s failed: %s", _name(slot), e)
             return
-        if self.held.get(p) is not held:
+        if self.held.get(slot) is not held:
             return
         held.revision, held.renewed = rev, sent
-        await self._settle(p, held)
+        await self._settle(slot, held)
 
-    async def _settle(self, p: int, held: _Held) -> None:
+    async def _settle(self, slot: Slot, held: _Held) -> None:
         """Act on what renewals found: a lost lease stops being served; a fenced one renewed again is
         served again."""
-        if self.held.get(p) is not held or held.releasing:
+        if self.held.get(slot) is not held or held.releasing:
             return
         if held.lost:
-            del self.held[p]
-            log.warning("host %s: lost partition %d (its lease expired or was taken)", self.host_id, p)
+            del self.held[slot]
+            log.warning("host %s: lost %s (its lease expired or was taken)", self.host_id, _name(slot))
             if held.serving:
                 held.serving = False
-                await self.on_loss(p, "lost")
+                await self.on_loss(slot, "lost")
         elif not held.serving and time.monotonic() - held.renewed < self.config.fence_after:
             held.serving = True  # fenced while NATS was away, but the lease never expired: serve again
-            log.info("host %s: partition %d renewed after a fence; serving it again", self.host_id, p)
-            await self.on_gain(p)
+            log.info("host %s: %s renewed after a fence; serving it again", self.host_id, _name(slot))
+            await self.on_gain(slot)
 
-    async def release(self, p: int, why: str) -> None:
-        """Stop serving `p` (awaiting `on_loss`; renewals go on meanwhile), then free its lease."""
-        held = self.held.get(p)
+    async def release(self, slot: Slot, why: str) -> None:
+        """Stop serving `slot` (awaiting `on_loss`; renewals go on meanwhile), then free its lease."""
+        held = self.held.get(slot)
         if held is None or held.releasing:
             return
         held.releasing = True
         if held.serving:
             held.serving = False
-            await self.on_loss(p, why)
-        if self.held.get(p) is held:
-            del self.held[p]
+            await self.on_loss(slot, why)
+        if self.held.get(slot) is held:
+            del self.held[slot]
         try:
-            await self._io("delete", p, held)
-            log.info("host %s: released partition %d (%s)", self.host_id, p, why)
+            await self._io("delete", slot, held)
+            log.info("host %s: released %s (%s)", self.host_id, _name(slot), why)
         except Exception as e:  # it expires by itself
-            log.debug("releasing partition %d failed (%s); it expires after its TTL", p, e)
+            log.debug("releasing %s failed (%s); it expires after its TTL", _name(slot), e)
 
     async def release_all(self) -> None:
-        for p in list(self.held):
-            await self.release(p, "stopping")
+        for slot in list(self.held):
+            await self.release(slot, "stopping")
         try:
             await self._io("remove_beat", self.host_id)
         except Exception as e:
@@ -420,20 +440,20 @@ class Leases:
             log.debug("heartbeat failed: %s", e)
 
     async def _fence_watch(self, stop: anyio.Event) -> None:
-        """Stop serving any partition whose lease could expire soon (renewals failing), act on what the
+        """Stop serving any slot whose lease could expire soon (renewals failing), act on what the
         lease thread found, and show the lease thread this loop lives."""
         while not stop.is_set():
             now = self.alive = time.monotonic()
-            for p, held in list(self.held.items()):
+            for slot, held in list(self.held.items()):
                 if held.releasing:
                     continue
                 if held.serving and not held.lost and now - held.renewed > self.config.fence_after:
                     held.serving = False
-                    log.warning("host %s: partition %d not renewed for %.1f s: fenced (not serving it)",
-                                self.host_id, p, now - held.renewed)
-                    await self.on_loss(p, "fenced")
+                    log.warning("host %s: %s not renewed for %.1f s: fenced (not serving it)",
+                                self.host_id, _name(slot), now - held.renewed)
+                    await self.on_loss(slot, "fenced")
                 elif self._renewer is not None:
-                    await self._settle(p, held)
+                    await self._settle(slot, held)
             await anyio.sleep(0.1)
 
 
@@ -447,10 +467,9 @@ async def _first(*waits: Callable[[], Awaitable[Any]]) -> None:
             tg.start_soon(one, w)
 
 
-def _partition_of_key(key: str) -> int | None:
-    if key.startswith("p") and key[1:].isdigit():
-        return int(key[1:])
-    return None
+def _name(slot: Slot) -> str:
+    """How logs name a slot: ``partition 3 of adder``."""
+    return f"partition {slot[1]} of {slot[0]}"
 
 
-__all__ = ["DEFAULT_TTL_S", "LeaseConfig", "LeaseView", "Leases", "new_host_id", "preference"]
+__all__ = ["DEFAULT_TTL_S", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id", "preference"]

@@ -1,13 +1,17 @@
-"""The partitions a host serves: taking one (at start, or when a lease is won) and giving one up.
+"""The slots a host serves: taking one (at start, or when a lease is won) and giving one up.
 
-Serving a partition (`Partitions.gain`): recreate its two durable consumers, one on TASKS and one on
-RESULTS (so whatever a previous owner held un-acked is delivered again now, not after AckWait), then,
-before consuming anything, recover the partition's unfinished runs (`runtime.host.recovery`), then consume
-both until the partition is lost. One consumer per partition and stream, whatever the number of agents:
-10,000 agents cost 2N consumers, never 10,000 (nats-server caps a stream at 1,000). NATS trouble anywhere
-in there is retried for as long as the partition is held.
+A slot is one partition of one bundle (`runtime.host.leases.Slot`): a host serves only bundles it loaded,
+and a slot's consumers take only that bundle's messages (`subjects.bundle_task_filters`), so a task never
+reaches a host that does not serve its agent, however many hosts with other bundles share the partition.
 
-Losing a partition (`Partitions.lose`: released to a new host, lease expired, or fenced because renewals
+Serving a slot (`Partitions.gain`): recreate its two durable consumers, one on TASKS and one on RESULTS (so
+whatever a previous owner held un-acked is delivered again now, not after AckWait), then, before consuming
+anything, recover the slot's unfinished runs (`runtime.host.recovery`), then consume both until the slot is
+lost. One consumer per slot and stream, whatever the number of agents (instances): 10,000 instances of a
+bundle cost 2N consumers, never 10,000. NATS trouble anywhere in there is retried for as long as the slot
+is held.
+
+Losing a slot (`Partitions.lose`: released to a new host, lease expired, or fenced because renewals
 failed): its consumers stop, its queued tasks are dropped un-acked, the drivers and actors working on it are
 cancelled, and every message of it is wrapped (`Guarded`) so no ack for it leaves this host any more; the
 next owner gets all of it again.
@@ -27,6 +31,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from runtime.host.config import HostConfig, HostStats
+from runtime.host.leases import Slot
 from runtime.nats.pull import Budget, consume
 from runtime.nats.retry import backoff
 from runtime.nats.subjects import RESULTS, TASKS
@@ -34,17 +39,17 @@ from runtime.nats.topology import ensure_partition_consumers
 
 log = logging.getLogger("runtime.host")
 
-HANDOVER_WAIT_S = 5.0  # how long `lose` waits for a partition's work to stop before handing it over
+HANDOVER_WAIT_S = 5.0  # how long `lose` waits for a slot's work to stop before handing it over
 SERVE_RETRY_S = 0.5
 
-Handler = Callable[[int, Msg], Awaitable[None]]
+Handler = Callable[[Slot, Msg], Awaitable[None]]
 
 
 @dataclass
 class Part:
-    """One partition this host serves: its consumers run in `scope` until `Partitions.lose` cancels it."""
+    """One slot this host serves: its consumers run in `scope` until `Partitions.lose` cancels it."""
 
-    p: int
+    slot: Slot
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stop: anyio.Event = field(default_factory=anyio.Event)
     ready: anyio.Event = field(default_factory=anyio.Event)  # recovered and consuming
@@ -52,27 +57,27 @@ class Part:
 
 
 class Guarded:
-    """A message whose acknowledgements go through only while this host serves its partition.
+    """A message whose acknowledgements go through only while this host serves its slot.
 
-    Drivers and actors ack when their work is done; once the partition has gone to another host, an ack
-    from here could acknowledge a message whose effect the new owner never saw, so it is dropped and the
+    Drivers and actors ack when their work is done; once the slot has gone to another host, an ack from
+    here could acknowledge a message whose effect the new owner never saw, so it is dropped and the
     message is redelivered to the owner (who finds its effect already in the log, or does the work)."""
 
-    __slots__ = ("msg", "partition", "serves")
+    __slots__ = ("msg", "serves", "slot")
 
-    def __init__(self, msg: Msg, serves: Callable[[int], bool], partition: int) -> None:
-        self.msg, self.serves, self.partition = msg, serves, partition
+    def __init__(self, msg: Msg, serves: Callable[[Slot], bool], slot: Slot) -> None:
+        self.msg, self.serves, self.slot = msg, serves, slot
 
     async def ack(self) -> None:
-        if self.serves(self.partition):
+        if self.serves(self.slot):
             await self.msg.ack()
 
     async def nak(self, delay: float | None = None) -> None:
-        if self.serves(self.partition):
+        if self.serves(self.slot):
             await self.msg.nak(delay=delay)
 
     async def term(self) -> None:
-        if self.serves(self.partition):
+        if self.serves(self.slot):
             await self.msg.term()
 
     def __getattr__(self, name: str) -> Any:
@@ -80,76 +85,76 @@ class Guarded:
 
 
 class Partitions:
-    """The partitions a host serves now (`parts`), each consumed in a task of the host's task group.
+    """The slots a host serves now (`parts`), each consumed in a task of the host's task group.
 
-    Given: `recover(p)` (fold the partition's unfinished runs and queue them), the message handlers
-    `on_task(p, msg)` and `on_result(p, msg)`, and, for a lost partition, `drop(p)` (forget its queued
-    items, cancel its work in hand; returns how many were dropped) and `busy(p)` (work still in hand)."""
+    Given: `recover(slot)` (fold the slot's unfinished runs and queue them), the message handlers
+    `on_task(slot, msg)` and `on_result(slot, msg)`, and, for a lost slot, `drop(slot)` (forget its queued
+    items, cancel its work in hand; returns how many were dropped) and `busy(slot)` (work still in hand)."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, config: HostConfig, budget: Budget, stats: HostStats,
-                 host_id: str, *, spawn: Callable[..., None], recover: Callable[[int], Awaitable[None]],
-                 on_task: Handler, on_result: Handler, drop: Callable[[int], int],
-                 busy: Callable[[int], bool]) -> None:
+                 host_id: str, *, spawn: Callable[..., None], recover: Callable[[Slot], Awaitable[None]],
+                 on_task: Handler, on_result: Handler, drop: Callable[[Slot], int],
+                 busy: Callable[[Slot], bool]) -> None:
         self.nc, self.js, self.config, self.budget, self.stats = nc, js, config, budget, stats
         self.host_id = host_id
         self.spawn, self.recover, self.on_task, self.on_result = spawn, recover, on_task, on_result
         self.drop, self.busy = drop, busy
-        self.parts: dict[int, Part] = {}
+        self.parts: dict[Slot, Part] = {}
         self.replicas = 1  # a WorkQueue stream's consumers must match its replicas
 
-    def serves(self, partition: int) -> bool:
-        return partition in self.parts
+    def serves(self, slot: Slot) -> bool:
+        return slot in self.parts
 
-    async def gain(self, p: int, *, fresh: bool = True) -> None:
-        """Start serving `p`: (re)create its consumers, recover its unfinished runs, consume.
+    async def gain(self, slot: Slot, *, fresh: bool = True) -> None:
+        """Start serving `slot`: (re)create its consumers, recover its unfinished runs, consume.
 
         `fresh` recreates the consumers so whatever the previous owner held un-acked comes again now."""
-        if p in self.parts:
+        if slot in self.parts:
             return
-        part = self.parts[p] = Part(p)
+        part = self.parts[slot] = Part(slot)
         self.stats.gained += 1
         self.spawn(self._serve, part, fresh)
 
     async def _serve(self, part: Part, fresh: bool) -> None:
-        p = part.p
+        bundle, p = slot = part.slot
         try:
             with part.scope:
                 while not part.stop.is_set():
-                    try:  # NATS trouble anywhere here: keep trying while we hold the partition
+                    try:  # NATS trouble anywhere here: keep trying while we hold the slot
                         tasks, results = await ensure_partition_consumers(
-                            self.js, p, ack_wait=self.config.task_ack_wait, fresh=fresh,
+                            self.js, p, bundle, ack_wait=self.config.task_ack_wait, fresh=fresh,
                             max_ack_pending=self.config.max_runs, replicas=self.replicas)
                         fresh = False
                         if not part.ready.is_set():
-                            await self.recover(p)
+                            await self.recover(slot)
                             part.ready.set()
                         async with anyio.create_task_group() as tg:
                             tg.start_soon(self._consume, TASKS, tasks,
-                                          functools.partial(self.on_task, p), part.stop, self.budget)
+                                          functools.partial(self.on_task, slot), part.stop, self.budget)
                             tg.start_soon(self._consume, RESULTS, results,
-                                          functools.partial(self.on_result, p), part.stop, None)
+                                          functools.partial(self.on_result, slot), part.stop, None)
                     except Exception as e:
-                        await backoff(f"partition {p}", e, delay=SERVE_RETRY_S, logger=log)
+                        await backoff(f"partition {p} of {bundle}", e, delay=SERVE_RETRY_S, logger=log)
         finally:
             part.done.set()
 
-    async def lose(self, p: int, why: str) -> None:
-        """Stop serving `p` now: no more pulls, acks or appends for it from this host. Its queued tasks are
-        dropped un-acked and its drivers cancelled; the next owner recovers them from the log."""
-        part = self.parts.pop(p, None)
+    async def lose(self, slot: Slot, why: str) -> None:
+        """Stop serving `slot` now: no more pulls, acks or appends for it from this host. Its queued tasks
+        are dropped un-acked and its drivers cancelled; the next owner recovers them from the log."""
+        part = self.parts.pop(slot, None)
         if part is None:
             return
         self.stats.lost += 1
         part.stop.set()
         part.scope.cancel()
-        dropped = self.drop(p)
+        dropped = self.drop(slot)
         with anyio.move_on_after(HANDOVER_WAIT_S):
             await part.done.wait()
-            while self.busy(p):
+            while self.busy(slot):
                 await anyio.sleep(0.01)
         self.stats.handed_over += dropped
-        log.info("host %s: stopped serving partition %d (%s); %d queued item(s) left to its next owner",
-                 self.host_id, p, why, dropped)
+        log.info("host %s: stopped serving partition %d of %s (%s); %d queued item(s) left to its next owner",
+                 self.host_id, slot[1], slot[0], why, dropped)
 
     async def _consume(self, stream: str, consumer: str, handler: Any, stop: anyio.Event,
                        budget: Budget | None) -> None:

@@ -1,16 +1,17 @@
 """Recovery: runs a host did not start itself, folded back from their log and driven on.
 
-At every takeover of a partition (`recover`), before consuming anything: read the partition's unfinished
-runs from the ``active`` bucket (`runtime.host.runs_index`), fold each run's events (`log.RunLog.read`; a
-run in a thread with the conversation it continues, `runtime.log.threads.fold_run`) and queue it first in its
-actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is pending:
-an answered model call is never made again, a job already answered is never re-published, a job still out
-is re-published with the same Msg-Id (deduplicated by TOOLS; the workers' ``applied`` markers make its
-writes exactly-once beyond the window).
+At every takeover of a slot (`recover`: a partition of a bundle), before consuming anything: read the
+partition's unfinished runs from the ``active`` bucket (`runtime.host.runs_index`), keep those of the slot's
+bundle (the partition's runs of other bundles are their own hosts'), fold each run's events
+(`log.RunLog.read`; a run in a thread with the conversation it continues, `runtime.log.threads.fold_run`)
+and queue it first in its actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is
+pending: an answered model call is never made again, a job already answered is never re-published, a job
+still out is re-published with the same Msg-Id (deduplicated by TOOLS; the workers' ``applied`` markers make
+its writes exactly-once beyond the window).
 
-Exactly one host drives a run: the one serving its partition. A stale one that still appends is stopped by
+Exactly one host drives a run: the one serving its slot. A stale one that still appends is stopped by
 the expected-sequence check (`Superseded`); if the winner of such a race is a host that still serves the
-partition, it re-folds the run and goes on (`refold`).
+slot, it re-folds the run and goes on (`refold`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from nats.js import JetStreamContext
 from runtime import events as ev
 from runtime import kernel
 from runtime.commands import split_actor
-from runtime.host.actors import Actors
+from runtime.host.actors import Actors, slot_of
 from runtime.host.config import HostConfig, HostStats
 from runtime.host.driver import RunDriver
+from runtime.host.leases import Slot
 from runtime.host.runs_index import RunsIndex
 from runtime.host.served import AgentRuntime
 from runtime.log import RunLog
@@ -47,20 +49,23 @@ class Recovery:
 
     def __init__(self, js: JetStreamContext, run_log: RunLog, agents: dict[str, AgentRuntime],
                  actors: Actors, index: RunsIndex, config: HostConfig, stats: HostStats, *,
-                 serves: Callable[[int], bool], on_event: Callable[[ev.Event], Any] | None,
+                 serves: Callable[[Slot], bool], on_event: Callable[[ev.Event], Any] | None,
                  conversations: Conversations | None = None) -> None:
         self.js, self.log, self.agents, self.actors, self.index = js, run_log, agents, actors, index
         self.config, self.stats, self.serves, self.on_event = config, stats, serves, on_event
         self.conversations = conversations
 
-    async def recover(self, p: int) -> None:
-        """Fold every unfinished run of partition `p` (the `active` bucket's `p<N>.*` keys) and queue it
-        first in its actor's mailbox: the single-host recovery, per partition, at every takeover."""
+    async def recover(self, slot: Slot) -> None:
+        """Fold every unfinished run of `slot` (the `active` bucket's `p<N>.*` keys whose actor is of the
+        slot's bundle) and queue it first in its actor's mailbox: the single-host recovery, per slot, at
+        every takeover."""
+        bundle, p = slot
         entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p)),
                                  what=f"partition {p}: reading its unfinished runs", delay=RECOVER_RETRY_S,
                                  logger=log)
         todo = [(key.split(".", 1)[1], entry.value.decode()) for key, entry in entries.items()]
-        todo = [(run_id, actor) for run_id, actor in todo if run_id not in self.actors.drivers]
+        todo = [(run_id, actor) for run_id, actor in todo
+                if slot_of(actor, p) == slot and run_id not in self.actors.drivers]
         limiter = anyio.CapacityLimiter(self.config.recovery_concurrency)
         resumed: list[RunDriver] = []
 
@@ -78,7 +83,7 @@ class Recovery:
             self.actors.resume(driver)
         self.stats.runs_recovered += len(resumed)
         if todo:
-            log.info("partition %d: recovered %d unfinished run(s)", p, len(resumed))
+            log.info("partition %d of %s: recovered %d unfinished run(s)", p, bundle, len(resumed))
 
     async def fold_existing(self, run_id: str, actor: str, partition: int) -> RunDriver | None:
         """A driver for an existing run from its log, or None if it is over (the index is then fixed)."""
@@ -127,7 +132,7 @@ class Recovery:
         if await self.log.last(run_id, actor) is None:
             return False
         driver = await self.fold_existing(run_id, actor, p)
-        if driver is not None and self.serves(p) and run_id not in self.actors.drivers:
+        if driver is not None and self.serves(slot_of(actor, p)) and run_id not in self.actors.drivers:
             self.actors.resume(driver)
             self.stats.runs_resumed += 1
         return True
@@ -136,15 +141,16 @@ class Recovery:
         """Resume a run after losing an append race in a partition this host still serves: the other
         writer was a stale owner that stops at its next renewal, so fold what it wrote and go on."""
         await anyio.sleep(SUPERSEDED_RETRY_S)
-        if not self.serves(p) or run_id in self.actors.drivers:
+        slot = slot_of(actor, p)
+        if not self.serves(slot) or run_id in self.actors.drivers:
             return
         try:
             driver = await self.fold_existing(run_id, actor, p)
         except Exception as e:
             log.error("run %s: re-folding after a lost append race failed (%s); it resumes at the next "
-                      "takeover of partition %d", run_id, e, p)
+                      "takeover of partition %d of %s", run_id, e, p, slot[0])
             return
-        if driver is not None and self.serves(p) and run_id not in self.actors.drivers:
+        if driver is not None and self.serves(slot) and run_id not in self.actors.drivers:
             self.actors.resume(driver)
 
 

@@ -1,4 +1,7 @@
-"""Where a message of a served partition goes: a task to its actor, a command or an outcome to its run.
+"""Where a message of a served slot goes: a task to its actor, a command or an outcome to its run.
+
+A slot is one partition of one bundle (`runtime.host.leases.Slot`); its consumers deliver only that
+bundle's messages, so every message here is for an agent this host serves.
 
 A task-subject message (`runtime.commands`) is one of:
 * a task: queued in its actor's mailbox, its run id derived from it (`commands.run_id_for`); it keeps its
@@ -34,6 +37,7 @@ from runtime.commands import PARENT_RUN, BadCommand, decode, run_id_for, split_a
 from runtime.host.actors import Actors, Task
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, ack_quietly
+from runtime.host.leases import Slot
 from runtime.host.partitions import Guarded
 from runtime.host.runs_index import RunsIndex
 from runtime.jobs import JobDecodeError, ToolOutcome
@@ -54,22 +58,22 @@ OUTCOME_MAX_DELIVERIES = 20
 
 
 class Router:
-    """Routes the messages of the partitions `serves` says this host holds; `total_partitions()` is the
+    """Routes the messages of the slots `serves` says this host holds; `total_partitions()` is the
     partition count of the streams (known once the host has read the topology)."""
 
     def __init__(self, js: JetStreamContext, actors: Actors, index: RunsIndex, budget: Budget,
-                 stats: HostStats, *, serves: Callable[[int], bool],
+                 stats: HostStats, *, serves: Callable[[Slot], bool],
                  total_partitions: Callable[[], int],
                  resume: Callable[[str, str, int], Awaitable[bool]],
                  admit: Callable[[str, Task], Awaitable[bool]] | None = None) -> None:
         self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
         self.serves, self.total_partitions, self.resume, self.admit = serves, total_partitions, resume, admit
 
-    async def on_task(self, p: int, raw: Msg) -> None:
-        """A message of partition `p`'s task consumer; it carries one unit of `self.budget`."""
+    async def on_task(self, slot: Slot, raw: Msg) -> None:
+        """A message of `slot`'s task consumer; it carries one unit of `self.budget`."""
         kept = False
         try:
-            kept = await self.route_command(p, Guarded(raw, self.serves, p))
+            kept = await self.route_command(slot[1], Guarded(raw, self.serves, slot))
         finally:
             if not kept:
                 self.budget.release()
@@ -145,9 +149,9 @@ class Router:
                 return True
         return False
 
-    async def on_result(self, p: int, raw: Msg) -> None:
-        """A message of partition `p`'s RESULTS consumer: a tool outcome for one run."""
-        msg = Guarded(raw, self.serves, p)
+    async def on_result(self, slot: Slot, raw: Msg) -> None:
+        """A message of `slot`'s RESULTS consumer: a tool outcome for one run."""
+        msg = Guarded(raw, self.serves, slot)
         try:
             outcome = ToolOutcome.decode(msg.data)
         except JobDecodeError as e:

@@ -20,7 +20,8 @@ The buckets:
 * Fleet buckets, for hosts and workers on many machines. Every key carries a per-message TTL, so a process
   that dies simply stops existing after the TTL, with no clean-up by anyone:
 
-  - ``leases``: key ``p<N>`` = the host holding partition N (`runtime.host.leases`). Taken with create
+  - ``leases``: key ``<bundle>.p<N>`` = the host holding partition N of that bundle (`runtime.host.leases`:
+    hosts serving different bundles hold leases of their own bundles only). Taken with create
     (expected revision 0), renewed with a revision-checked update, gone when the TTL passes without
     renewal (measured: the key vanishes within ~20 ms of its TTL).
   - ``hosts``: key = host id, value = `HostBeat`: liveness for fair shares, and `sa status`.

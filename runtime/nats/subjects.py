@@ -11,12 +11,16 @@ stream     subjects (as stored)                  retention  purpose
 =========  ====================================  =========  ==================================================
 TASKS      published: ``agents.<agent>.tasks``   WorkQueue  tasks, and operators' commands (cancel, approve,
            and ``ops.<agent>.<operator>``                   deny). One subject transform, ``*.*.*`` ->
-           stored: ``tasks.<p>.<agent>.agents.tasks``       ``tasks.{{partition(N,2)}}.<agent>.<t1>.<t3>``,
-           and ``tasks.<p>.<agent>.ops.<operator>``         stores both under the agent's partition, so a
-                                                            host consumes whole partitions
-                                                            (`task_filter(p)`) and a run's commands reach the
-                                                            host serving it, in order with its task. The
-                                                            operator token is who sent the command: NATS
+           stored: ``tasks.<p>.<agent>.agents.tasks``       ``tasks.{{partition(N,2)}}.<agent>.<t1>.<t3>``
+           ``.<bundle>[.<instance>]`` and                   ``.{{split(2,:)}}``, stores both under the
+           ``tasks.<p>.<agent>.ops.<operator>``             agent's partition, so a run's commands reach the
+           ``.<bundle>[.<instance>]``                       host serving it, in order with its task. The
+                                                            tail repeats the agent split at ``:``, so its
+                                                            bundle is a token of its own: a host consumes
+                                                            one partition of one bundle it serves
+                                                            (`bundle_task_filters(p, bundle)`), never a task
+                                                            of a bundle it does not serve. The operator
+                                                            token is who sent the command: NATS
                                                             permissions let each operator publish only on
                                                             its own (`runtime.nats.auth`). Publishers set
                                                             ``Nats-Msg-Id`` = task id: the same task
@@ -34,22 +38,33 @@ EVENTS     ``events.<actor>.<run>.<kind...>``    Limits     the append-only even
 TOOLS      ``tools.<tool>``                      WorkQueue  tool jobs (`ToolJob`, Msg-Id ``<run>/<call>``),
                                                             one shared durable pull consumer ``workers``.
 RESULTS    ``results.<p>.<actor>.<run>``         WorkQueue  tool outcomes (`ToolOutcome`, Msg-Id
-                                                            ``<run>/<call>``) published by workers; the host
-                                                            owning partition ``p`` consumes
-                                                            `result_filter(p)` and appends the script.* and
-                                                            tool.* events itself. Workers never write EVENTS:
-                                                            one writer per run keeps the sequence contiguous.
+           stored with ``.<bundle>[.<instance>]``           ``<run>/<call>``) published by workers; stored
+           appended                                         with the actor split at ``:`` appended (the same
+                                                            transform as TASKS), so the host holding
+                                                            partition ``p`` of the run's bundle consumes
+                                                            `bundle_result_filters(p, bundle)` and appends
+                                                            the script.* and tool.* events itself. Workers
+                                                            never write EVENTS: one writer per run keeps
+                                                            the sequence contiguous.
 DLQ        ``dlq.<original subject>``            Limits     dead letters: malformed jobs and jobs whose
                                                             deliveries ran out (`runtime.worker.dlq`).
 =========  ====================================  =========  ==================================================
 
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
 ``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet
-buckets ``leases`` (`lease_key`), ``hosts``, ``workers``, ``active`` (`active_key`, `active_filter`) and
-``attempts`` (why a tool job's earlier deliveries ended), and the object store ``payloads``.
+buckets ``leases`` (`lease_key`: one per partition of each bundle served), ``hosts``, ``workers``,
+``active`` (`active_key`, `active_filter`) and ``attempts`` (why a tool job's earlier deliveries ended),
+and the object store ``payloads``.
 
 Partitions. ``<p>`` is ``fnv32a(agent) % N``, exactly NATS's ``partition(N,1)``; `partition_of()` computes the
 same number client-side (verified against the server in tests), e.g. for the ``runs`` index or for a worker.
+The agent is the whole actor (``bundle:instance``), so one bundle's instances spread over every partition.
+
+Bundles. Hosts that serve different bundles share the streams: what a host holds is a *slot*, one partition
+of one bundle (a lease `lease_key(p, bundle)`, a task consumer `task_consumer_name(p, bundle)` filtering
+`bundle_task_filters(p, bundle)`, a result consumer likewise). Filters of different bundles never overlap,
+as a WorkQueue stream requires of its consumers; a bundle name that is not a plain word is spelled with
+`bundle_slug` in keys and consumer names.
 
 Tokens. Agent ids, run ids and tool names are single subject tokens: `check_token` rejects ``.``, ``*``,
 ``>`` and whitespace with a message that says so. One bundle serving many instances can address them as
@@ -60,6 +75,7 @@ Tokens. Agent ids, run ids and tool names are single subject tokens: `check_toke
 
 from __future__ import annotations
 
+import base64
 import functools
 
 # -- streams, buckets, consumers --------------------------------------------------------------------------
@@ -188,23 +204,59 @@ def command_subject(agent: str, operator: str) -> str:
 
 
 def task_filter(partition: int) -> str:
-    """The stored subjects of one task partition (tasks and commands): its host consumer's filter."""
+    """Every stored subject of one task partition (tasks and commands), whatever their bundle."""
     return f"tasks.{partition}.>"
 
 
-def _published(subject: str) -> list[str]:
-    """The tokens of a TASKS subject in its published form (a stored ``tasks.<p>.<agent>.<t1>.<t3>`` back
-    to ``<t1>.<agent>.<t3>``); any other subject's tokens as they are."""
+def bundle_task_filters(partition: int, bundle: str) -> list[str]:
+    """The stored subjects of one partition's tasks and commands for actors of `bundle` (the bundle and
+    each ``bundle:instance``): the filters of that slot's task consumer. The last one takes messages
+    stored before the bundle had a token of its own (``tasks.<p>.<bundle>.<t1>.<t3>``: the bundle's own
+    actor only)."""
+    b = check_token(bundle, "bundle")
+    return [f"tasks.{partition}.*.*.*.{b}", f"tasks.{partition}.*.*.*.{b}.>", f"tasks.{partition}.{b}.*.*"]
+
+
+def unserved_task_filters(bundle: str) -> list[str]:
+    """Every stored task and command of `bundle`'s actors, in any partition (the current form only): how a
+    host reads the tasks of a bundle no host serves (`runtime.host.unserved`). It overlaps every slot
+    consumer of the bundle, so the server refuses it while any exists, and refuses them while it does."""
+    b = check_token(bundle, "bundle")
+    return [f"tasks.*.*.*.*.{b}", f"tasks.*.*.*.*.{b}.>"]
+
+
+def bundle_token(actor: str) -> str:
+    """The token TASKS and RESULTS store as the bundle of `actor` (``bundle`` or ``bundle:instance``): the
+    first non-empty ``:``-separated piece, as NATS's ``split`` makes it; the slot a message of the actor
+    belongs to is this bundle's."""
+    return next((piece for piece in actor.split(":") if piece), actor)
+
+
+def stored_bundle(subject: str) -> str | None:
+    """The bundle token of a TASKS or RESULTS subject as stored now (``tasks.<p>.<agent>.<t1>.<t3>.<bundle>
+    [...]``, ``results.<p>.<actor>.<run>.<bundle>[...]``); None for a subject stored in an older form."""
     parts = subject.split(".")
-    return [parts[3], parts[2], parts[4]] if len(parts) == 5 and parts[0] == "tasks" else parts
+    if parts[0] == "tasks" and len(parts) >= 6:
+        return parts[5]
+    if parts[0] == "results" and len(parts) >= 5:
+        return parts[4]
+    return None
+
+
+def _published(subject: str) -> list[str]:
+    """The tokens of a TASKS subject in its published form (a stored ``tasks.<p>.<agent>.<t1>.<t3>...`` back
+    to ``<t1>.<agent>.<t3>``, whatever follows); any other subject's tokens as they are."""
+    parts = subject.split(".")
+    return [parts[3], parts[2], parts[4]] if len(parts) >= 5 and parts[0] == "tasks" else parts
 
 
 def parse_task_subject(subject: str) -> tuple[str, str | None]:
     """(agent, operator) of a TASKS subject, stored or as published; operator is None for a task subject.
 
     Stored forms: ``tasks.<p>.<agent>.agents.tasks`` (a task; ``.subtasks``: a sub-run's task, see
-    `subtask_subject`), ``tasks.<p>.<agent>.ops.<operator>`` (a
-    command) and ``tasks.<p>.<agent>`` (a task stored before commands had their own subject). Published
+    `subtask_subject`), ``tasks.<p>.<agent>.ops.<operator>`` (a command), each followed by the agent's
+    bundle and instance tokens since those have their own (`stored_bundle`), and ``tasks.<p>.<agent>`` (a
+    task stored before commands had their own subject). Published
     forms: ``agents.<agent>.tasks`` and ``ops.<agent>.<operator>``."""
     parts = _published(subject)
     if len(parts) == 3 and parts[0] == "tasks":
@@ -275,8 +327,16 @@ def result_subject(partition: int, actor: str, run: str) -> str:
 
 
 def result_filter(partition: int) -> str:
-    """All tool outcomes of one partition: the filter of that partition's host result consumer."""
+    """All tool outcomes of one partition, whatever their bundle."""
     return f"results.{partition}.>"
+
+
+def bundle_result_filters(partition: int, bundle: str) -> list[str]:
+    """The tool outcomes of one partition's runs of `bundle`'s actors: the filters of that slot's result
+    consumer (the last: outcomes stored before the bundle had a token of its own, of the bundle's own
+    actor)."""
+    b = check_token(bundle, "bundle")
+    return [f"results.{partition}.*.*.{b}", f"results.{partition}.*.*.{b}.>", f"results.{partition}.{b}.*"]
 
 
 def dlq_subject(original: str) -> str:
@@ -301,9 +361,37 @@ def workspace_bucket(workspace: str) -> str:
     return name
 
 
-def lease_key(partition: int) -> str:
-    """The `leases` key of one partition."""
-    return f"p{partition}"
+def bundle_slug(bundle: str) -> str:
+    """`bundle` as it appears in KV keys and consumer names: as it is if it is a plain word (letters,
+    digits, ``-``, ``_``), else ``=`` and its base32 (a key allows few characters; ``=`` starts no plain
+    word, so the two never collide). `bundle_of_slug` reverses it."""
+    if bundle and all(c.isascii() and (c.isalnum() or c in "-_") for c in bundle):
+        return bundle
+    return "=" + base64.b32encode(bundle.encode()).decode().rstrip("=").lower()
+
+
+def bundle_of_slug(slug: str) -> str:
+    """The bundle name `bundle_slug` spelled as `slug`."""
+    if not slug.startswith("="):
+        return slug
+    raw = slug[1:].upper()
+    return base64.b32decode(raw + "=" * (-len(raw) % 8)).decode()
+
+
+def lease_key(partition: int, bundle: str) -> str:
+    """The `leases` key of one slot: partition `partition` of `bundle`."""
+    return f"{bundle_slug(bundle)}.p{partition}"
+
+
+def parse_lease_key(key: str) -> tuple[str, int] | None:
+    """(bundle, partition) of a `leases` key; None for a key of another form (an older version's ``p<N>``)."""
+    slug, _, p = key.rpartition(".")
+    if not slug or not p.startswith("p") or not p[1:].isdigit():
+        return None
+    try:
+        return bundle_of_slug(slug), int(p[1:])
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def active_key(partition: int, run: str) -> str:
@@ -316,14 +404,14 @@ def active_filter(partition: int) -> str:
     return f"p{partition}.>"
 
 
-def task_consumer_name(partition: int) -> str:
-    """The durable consumer of one task partition (on TASKS)."""
-    return f"tasks-p{partition}"
+def task_consumer_name(partition: int, bundle: str) -> str:
+    """The durable consumer of one slot's tasks and commands (on TASKS): partition `partition` of `bundle`."""
+    return f"tasks-p{partition}-{bundle_slug(bundle)}"
 
 
-def result_consumer_name(partition: int) -> str:
-    """The durable consumer of one partition's tool outcomes (on RESULTS)."""
-    return f"results-p{partition}"
+def result_consumer_name(partition: int, bundle: str) -> str:
+    """The durable consumer of one slot's tool outcomes (on RESULTS)."""
+    return f"results-p{partition}-{bundle_slug(bundle)}"
 
 
 __all__ = [
@@ -368,6 +456,11 @@ __all__ = [
     "active_filter",
     "active_key",
     "agent_of_task_subject",
+    "bundle_of_slug",
+    "bundle_result_filters",
+    "bundle_slug",
+    "bundle_task_filters",
+    "bundle_token",
     "check_token",
     "command_subject",
     "dlq_subject",
@@ -376,17 +469,20 @@ __all__ = [
     "job_msg_id",
     "lease_key",
     "occ_headers",
+    "parse_lease_key",
     "parse_task_subject",
     "partition_of",
     "result_consumer_name",
     "result_filter",
     "result_subject",
     "run_events_filter",
+    "stored_bundle",
     "stream_filter",
     "stream_subject",
     "task_consumer_name",
     "task_filter",
     "task_subject",
     "tool_subject",
+    "unserved_task_filters",
     "workspace_bucket",
 ]

@@ -11,8 +11,9 @@ never scales a cluster's streams down.
 
 Partitions. N is fixed when TASKS is created; `read_partitions()` returns it so every host agrees without
 configuration. Changing N on a live system only affects newly published tasks: drain TASKS first.
-One consumer per partition is allowed on a WorkQueue stream because partition filters never overlap
-(overlapping filters are rejected, err 10100).
+One consumer per slot (a partition of a bundle) is allowed on a WorkQueue stream because slot filters never
+overlap (overlapping filters are rejected, err 10100): hosts serving different bundles consume the same
+partitions side by side. TASKS and RESULTS allow 10,000 consumers: with N = 16, the slots of 600 bundles.
 
 Consumers. Every stream sets ``max_consumers`` explicitly (nats-server 2.15 silently caps at 1,000 otherwise,
 and ``-1`` does not lift it). The ``workers`` consumer acks explicitly, with a short AckWait (3 s by default:
@@ -35,6 +36,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DeliverPolicy,
     RetentionPolicy,
     StorageType,
@@ -72,10 +74,10 @@ from runtime.nats.subjects import (
     TOOLS,
     WORKERS_BUCKET,
     WORKERS_CONSUMER,
+    bundle_result_filters,
+    bundle_task_filters,
     result_consumer_name,
-    result_filter,
     task_consumer_name,
-    task_filter,
 )
 
 log = logging.getLogger("runtime.nats")
@@ -97,9 +99,19 @@ TASK_SUBJECTS = ["agents.*.tasks", "agents.*.subtasks", f"{COMMANDS_PREFIX}.*.*"
 def _tasks_transform(partitions: int) -> SubjectTransform:
     """One transform for both TASKS subjects (a stream has exactly one): the agent is token 2 of each
     (``agents.<agent>.tasks``, ``ops.<agent>.<operator>``), so both land in the agent's partition, and the
-    two other tokens are kept to tell a task from a command and to name the operator."""
-    dest = "tasks.{{partition(N,2)}}.{{wildcard(2)}}.{{wildcard(1)}}.{{wildcard(3)}}"
+    two other tokens are kept to tell a task from a command and to name the operator. The agent split at
+    ``:`` follows, so its bundle is a token a consumer can filter on (`subjects.bundle_task_filters`): a
+    host takes only tasks of bundles it serves."""
+    dest = "tasks.{{partition(N,2)}}.{{wildcard(2)}}.{{wildcard(1)}}.{{wildcard(3)}}.{{split(2,:)}}"
     return SubjectTransform(src="*.*.*", dest=dest.replace("N", str(partitions)))
+
+
+def _results_transform() -> SubjectTransform:
+    """RESULTS keeps what workers publish (``results.<p>.<actor>.<run>``) and appends the actor split at
+    ``:``, so the host holding the run's bundle and partition filters its outcomes by the bundle token
+    (`subjects.bundle_result_filters`); workers need not know."""
+    return SubjectTransform(src="results.*.*.*",
+                            dest="results.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{split(2,:)}}")
 
 
 def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
@@ -108,7 +120,7 @@ def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
     bounded by `retention` (`runtime.nats.retention`: 90 days, no size bound, by default)."""
     common: dict[str, Any] = {"storage": StorageType.FILE, "num_replicas": replicas,
                               "duplicate_window": DUPLICATE_WINDOW_S}
-    consumers = max(1024, 4 * partitions + 64)  # partitions + replay/ops consumers, never the 1000 default
+    consumers = max(10_000, 4 * partitions + 64)  # a pair per slot (partition of a bundle) + ops consumers
     return [
         StreamConfig(name=TASKS, subjects=list(TASK_SUBJECTS), retention=RetentionPolicy.WORK_QUEUE,
                      subject_transform=_tasks_transform(partitions), max_consumers=consumers,
@@ -119,7 +131,7 @@ def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
         StreamConfig(name=TOOLS, subjects=["tools.*"], retention=RetentionPolicy.WORK_QUEUE,
                      max_consumers=256, **common),
         StreamConfig(name=RESULTS, subjects=["results.>"], retention=RetentionPolicy.WORK_QUEUE,
-                     max_consumers=consumers, **common),
+                     subject_transform=_results_transform(), max_consumers=consumers, **common),
         StreamConfig(name=DLQ, subjects=["dlq.>"], retention=RetentionPolicy.LIMITS,
                      allow_direct=True, max_consumers=1024, **common),
     ]
@@ -267,33 +279,72 @@ async def read_partitions(js: JetStreamContext) -> int:
     return (await read_topology(js)).partitions
 
 
-async def ensure_partition_consumers(js: JetStreamContext, partition: int, *, ack_wait: float = 30.0,
-                                     max_deliver: int = -1, max_ack_pending: int = 10_000,
-                                     replicas: int = 1, fresh: bool = False) -> tuple[str, str]:
-    """The durable task and result consumers of one partition; returns their names.
+async def consumer_infos(js: JetStreamContext, stream: str) -> list[ConsumerInfo]:
+    """Every consumer of `stream` (the server lists 256 a page; nats-py asks for one page)."""
+    out: list[ConsumerInfo] = []
+    while True:
+        page = await js.consumers_info(stream, offset=len(out))
+        out += page
+        if len(page) < 256:
+            return out
 
-    One pair per partition, not per agent: a host owning k partitions needs 2k consumers whatever the
-    number of agents, and the per-agent mailboxes live in the host's memory. `max_ack_pending` bounds
-    the task messages the owner holds un-acked (waiting in mailboxes): the rest wait in the stream.
+
+async def ensure_transforms(js: JetStreamContext) -> bool:
+    """Bring the subject transforms of an existing TASKS and RESULTS up to this version's (a host calls it
+    at start, since attaching creates streams only when there are none); True if one was changed.
+
+    Streams made by a version before bundles had a token of their own store a task as
+    ``tasks.<p>.<agent>.<t1>.<t3>``: once updated, new messages get the bundle tokens. Messages already
+    stored stay as they are; the slot consumers still take those of a bundle's own actor
+    (`subjects.bundle_task_filters`), not those of its instances (drain TASKS before such an upgrade)."""
+    changed = False
+    for name in (TASKS, RESULTS):
+        config = (await js.stream_info(name)).config
+        want = _tasks_transform(_partitions_of(config)) if name == TASKS else _results_transform()
+        have = config.subject_transform
+        if have is None or (have.src, have.dest) != (want.src, want.dest):
+            log.warning("stream %s: updating its subject transform to %s", name, want.dest)
+            await js.update_stream(dataclasses.replace(config, subject_transform=want))
+            changed = True
+    return changed
+
+
+async def ensure_partition_consumers(js: JetStreamContext, partition: int, bundle: str, *,
+                                     ack_wait: float = 30.0, max_deliver: int = -1,
+                                     max_ack_pending: int = 10_000, replicas: int = 1,
+                                     fresh: bool = False) -> tuple[str, str]:
+    """The durable task and result consumers of one slot (partition `partition` of `bundle`); returns their
+    names.
+
+    One pair per partition and bundle, not per agent: a host holding k slots needs 2k consumers whatever
+    the number of agents (instances), and the per-agent mailboxes live in the host's memory. Their filters
+    (`subjects.bundle_task_filters`, `bundle_result_filters`) take only the bundle's messages, so hosts
+    serving other bundles consume the same partition beside them. `max_ack_pending` bounds the task
+    messages the owner holds un-acked (waiting in mailboxes): the rest wait in the stream.
 
     `fresh=True` deletes them first (a takeover): messages the previous owner had been delivered but not
     acked are then delivered again at once instead of after AckWait. Safe on a WorkQueue stream, where
-    acked messages are gone and un-acked ones stay stored whatever happens to the consumer.
+    acked messages are gone and un-acked ones stay stored whatever happens to the consumer. It also
+    deletes the partition's consumers of a version that read whole partitions (``tasks-p<N>``): their
+    filters would overlap every slot's of the partition, which the server refuses.
     """
-    names = (task_consumer_name(partition), result_consumer_name(partition))
-    for stream, name, flt in ((TASKS, names[0], task_filter(partition)),
-                              (RESULTS, names[1], result_filter(partition))):
+    names = (task_consumer_name(partition, bundle), result_consumer_name(partition, bundle))
+    for stream, name, filters, legacy in (
+            (TASKS, names[0], bundle_task_filters(partition, bundle), f"tasks-p{partition}"),
+            (RESULTS, names[1], bundle_result_filters(partition, bundle), f"results-p{partition}")):
         if fresh:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_consumer(stream, name)
+            for old in (name, legacy):
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_consumer(stream, old)
         await ensure_consumer(js, stream, ConsumerConfig(
-            name=name, durable_name=name, filter_subject=flt, deliver_policy=DeliverPolicy.ALL,
+            name=name, durable_name=name, filter_subjects=filters, deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
             max_ack_pending=max_ack_pending, num_replicas=replicas))
     return names
 
 
-__all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "ensure_consumer", "ensure_partition_consumers",
-           "ensure_topology",
+__all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "consumer_infos", "ensure_consumer",
+           "ensure_partition_consumers",
+           "ensure_topology", "ensure_transforms",
            "read_partitions", "read_topology", "stream_configs", "topology_replicas",
            "workers_consumer_config"]
