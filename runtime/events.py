@@ -37,7 +37,7 @@ their encoding, their versions and their stubs must be read (and changed) togeth
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeAlias, cast, get_args
+from typing import Annotated, Any, TypeAlias, cast, get_args
 
 import msgspec
 
@@ -59,6 +59,12 @@ class PayloadRef(msgspec.Struct, frozen=True):
 
 
 UNSTAMPED = -1  # the `seq` of an event not yet appended to a log
+
+# A task's priority at the model endpoint's queue (`runtime.model.limits`): 0 (lowest) to 9 (most urgent); a
+# waiting model call of a higher priority is served first, fleet-wide. A task without one takes its bundle's
+# `priority:`, else the default.
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 9, 5
+Priority = Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -96,6 +102,7 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     # text (made by the model when the run started, so recorded here: a replay cannot make it again).
     summary: str | None = None
     summarised: int = 0
+    priority: Priority | None = None  # the run's model calls queue at this priority (None: the default)
 
 
 # What a fork changes at its fork point. Each is recorded in the fork's first event; `output` and `reply`
@@ -209,6 +216,23 @@ class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):
     parse_error: str | None = None
     model: str = ""  # the model that answered, as the server named it (traces: `gen_ai.response.model`)
     response_id: str = ""  # the server's id for the completion (traces: `gen_ai.response.id`)
+    queued_ms: float = 0.0  # of `latency_ms`, the time spent waiting for the endpoint's limits and budgets
+
+
+class ModelThrottled(_Event, frozen=True, kw_only=True, tag="model.throttled"):
+    """The model call `request_id` was held back and waits `wait_s` before its next attempt: the server
+    answered `status` 429 or 503 (its `Retry-After` in `retry_after`, None without one; the wait is that,
+    bounded, plus jitter), or (`status` 0) a budget holds it until it has room again (`reason` names it).
+    It explains a wait and is an input to replay: the same call goes on, the kernel ignores this event, and
+    it is never counted as a model call of its own."""
+
+    request_id: str
+    turn: int
+    status: int = 0
+    wait_s: float = 0.0
+    retry_after: float | None = None
+    attempt: int = 1  # the attempt that was refused (1: the call's first request)
+    reason: str = ""
 
 
 class ModelFailed(_Event, frozen=True, kw_only=True, tag="model.failed"):
@@ -327,6 +351,7 @@ Event: TypeAlias = (
     | ModelRequested
     | ModelResponded
     | ModelFailed
+    | ModelThrottled
     | ToolCalled
     | ScriptStarted
     | ScriptPrinted
@@ -436,6 +461,7 @@ class Task(_Command, frozen=True, kw_only=True, tag="task"):
     timeout_s: float | None = None
     metadata: dict[str, Any] = {}
     thread: str | None = None  # a conversation: the run continues where the thread's previous run ended
+    priority: Priority | None = None  # 0..9: higher overtakes lower at the model endpoint (None: bundle)
 
 
 class Cancel(_Command, frozen=True, kw_only=True, tag="cancel"):
@@ -663,7 +689,10 @@ def internalize(stub: Event, data: bytes) -> Event:
 
 __all__ = [
     "COMMAND_KINDS",
+    "DEFAULT_PRIORITY",
     "EVENT_KINDS",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "PAYLOAD_FIELDS",
     "SCHEMA_VERSION",
     "UNSTAMPED",
@@ -682,8 +711,10 @@ __all__ = [
     "ModelFailed",
     "ModelRequested",
     "ModelResponded",
+    "ModelThrottled",
     "OutputEdit",
     "PayloadRef",
+    "Priority",
     "ReplyEdit",
     "Resume",
     "RunCancelled",

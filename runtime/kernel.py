@@ -41,7 +41,15 @@ A run that starts a long thread from a summary has it in `run.started` (`summary
 A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
 model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
 latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
-(a failed model call, an unparseable reply, or a turn whose calls all failed), or `run.cancelled`.
+(a failed model call, an unparseable reply, or a turn whose calls all failed), a token budget spent
+(`budget_exceeded`), or `run.cancelled`.
+
+Budgets: the run's own (`KernelConfig.token_budget`: the tokens its model replies counted) is checked
+before each model call, from the folded usage. A budget the kernel cannot see (an agent's tokens per day,
+counted across the fleet) reaches it as a fact: the runner records `model.failed` with `error_kind`
+`budget_exceeded` and the budget named in `error`, and the run fails with that detail. Either way the
+ending is the kernel's decision, so `verify` checks it. `model.throttled` (a call held back by a 429/503 or
+a budget, then retried) only explains a wait: it changes nothing here.
 
 Approvals: a call waits for a person when its tool's rule applies (`KernelConfig.approval_rule`: the
 bundle's `approval` rules, `runtime.approval_policy`, or `requires_approval`). An approver may grant it with
@@ -142,6 +150,9 @@ class KernelConfig:
     # The last turn `max_turns` allows offers only the terminal tool: a run that used its budget on other
     # calls ends with an answer instead of `max_turns`. No effect without a terminal tool.
     force_terminal_on_last_turn: bool = True
+    # The run's token budget (prompt + completion tokens of its model replies): spent, the next model call
+    # is not made and the run fails `budget_exceeded`. None: no budget.
+    token_budget: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -151,6 +162,8 @@ class KernelConfig:
         for name in ("max_turns", "max_consecutive_errors", "max_concurrent_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KernelConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise ValueError(f"KernelConfig.token_budget must be None or at least 1, got {self.token_budget}")
         if self.history_window is not None and self.history_window < 1:
             raise ValueError(
                 f"KernelConfig.history_window must be None or at least 1, got {self.history_window}"
@@ -247,6 +260,8 @@ def tool_calls(run_id: str, turn: int, parsed: Iterable[tuple[str, dict[str, Any
 
 # ── state ─────────────────────────────────────────────────────────────────────────────────────────────
 
+BUDGET_EXCEEDED = "budget_exceeded"  # a run's ending, and the `model.failed` kind that reports a spent budget
+
 Status = Literal["new", "running", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})  # the statuses of a run that ended
 
@@ -335,6 +350,7 @@ class State:
     output: Any = None
     reason: str | None = None
     conversation: Conversation | None = None  # the thread's earlier messages, given to `initial`
+    exceeded: str | None = None  # a budget the runner reported spent (`model.failed` budget_exceeded)
 
     @property
     def done(self) -> bool:
@@ -434,6 +450,7 @@ def _model_failed(state: State, ev: ModelFailed) -> State:
         state,
         turn=replace(turn, attempt=turn.attempt + 1, requested=False),
         consecutive_errors=state.consecutive_errors + 1,
+        exceeded=ev.error if ev.error_kind == BUDGET_EXCEEDED else state.exceeded,
     )
 
 
@@ -574,7 +591,14 @@ def decide(state: State) -> list[Decision]:
     if state.deadline is not None and state.ts >= state.deadline:
         return [RunFailed(run_id=run, reason="deadline",
                           detail=f"the task's deadline passed at {state.deadline:.3f}")]
+    if state.exceeded is not None:
+        return [RunFailed(run_id=run, reason=BUDGET_EXCEEDED, detail=state.exceeded)]
     if turn is None or not turn.responded:
+        spent = state.usage.prompt_tokens + state.usage.completion_tokens
+        if cfg.token_budget is not None and spent >= cfg.token_budget:
+            return [RunFailed(run_id=run, reason=BUDGET_EXCEEDED,
+                              detail=f"the run's token budget of {cfg.token_budget:,} is spent ({spent:,} "
+                                     "tokens used)")]
         if state.consecutive_errors >= cfg.max_consecutive_errors:
             return [RunFailed(
                 run_id=run, reason="consecutive_errors",
@@ -726,6 +750,7 @@ def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: T
 
 
 __all__ = [
+    "BUDGET_EXCEEDED",
     "DECIDED_TYPES",
     "TERMINAL",
     "CallModel",

@@ -17,7 +17,7 @@ REQUIRED_KINDS = {
     "run.started", "model.requested", "model.responded", "model.failed", "tool.called", "script.started",
     "script.printed", "script.completed", "script.failed", "tool.redelivered", "tool.completed",
     "tool.failed", "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
-    "approval.granted", "approval.denied", "run.forked",
+    "approval.granted", "approval.denied", "run.forked", "model.throttled",
 }  # fmt: skip
 
 # ── a strategy for any event or command, derived from the Struct fields ───────────────────────────────
@@ -48,6 +48,7 @@ messages = st.builds(
 BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
     str: st.text(),
     int: st.integers(0, 2**40),
+    ev.Priority: st.integers(ev.MIN_PRIORITY, ev.MAX_PRIORITY),
     float: st.floats(allow_nan=False, allow_infinity=False),
     Any: json_values,
     dict[str, Any]: st.dictionaries(st.text(max_size=6), json_values, max_size=3),
