@@ -7,6 +7,9 @@
 - `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every
                 function `"strict": true`) for the tools the server constrains itself
 - `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
+- `retries`     when a failed request is tried again and after how long (429/503: the server's Retry-After)
+- `limits`      sharing a scarce endpoint: a fair queue (priority, then round robin across agents) in front
+                of its permits, tokens per minute, an agent's daily token budget
 - `reply`       what ends a streamed reply (a finish_reason or `[DONE]`; anything else was cut short), and a
                 JSON completion sent for a streamed request read as the whole reply it is
 - `step`        `ModelStep`: render, call, parse; the one model step the host and the in-process loop share

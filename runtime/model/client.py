@@ -9,7 +9,13 @@ type (`Completion`, the same for streaming and not), one failure type (`ModelErr
 records as a `model.failed` event instead of crashing), retries it controls (backoff on 429, 5xx,
 connection errors and streams cut short, honouring `Retry-After`; never on 4xx request errors, which would
 fail the same way again), and a guard against vLLM's removed `guided_*` fields, which vLLM ignores silently.
-What counts as a whole streamed reply is `runtime.model.reply`'s to say.
+What counts as a whole streamed reply is `runtime.model.reply`'s to say, when to retry `retries`'.
+
+A server that is full says so with 429 or 503 and usually a `Retry-After`: the client waits that long
+(bounded, plus jitter) and tries again, telling `on_throttle` each time (the host records
+`model.throttled`). With a `limiter` (`runtime.model.limits.Gate`: the endpoint's fleet-wide share),
+every HTTP attempt first takes a permit, in the order of the gate's fair queue, and gives it back as soon
+as the answer is read: a throttled call waits outside the endpoint, holding no permit.
 
 Configuration comes from arguments or the environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY` (vLLM
 needs none; a placeholder is sent), `OPENAI_MODEL`. Without a model name the first model the server
@@ -24,11 +30,10 @@ SDK alone. The body on the wire is the same bytes in all three.
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import httpx2
@@ -38,14 +43,18 @@ from openai import AsyncStream
 from openai._streaming import ServerSentEvent
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from runtime.model.limits import RETRY_AFTER_MAX_S, OnThrottle, Throttle, Ticket, notify
 from runtime.model.reply import NotACompletion, StreamCut, StreamEnd, completion_chunk, is_json
+from runtime.model.retries import RETRY_STATUS, THROTTLE_STATUS, RetryPolicy, describe
 from runtime.model.transport import AiohttpTransport, Pool
 from runtime.model.wire import ChatReply, ChatWire
 from runtime.types import Usage
 
+if TYPE_CHECKING:
+    from runtime.model.limits import Gate
+
 HTTP_MODES = ("direct", "aiohttp", "httpx")
 
-_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 # `complete(**extras)` keys that are request options of the SDK, not fields of the JSON body
 _REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
 # the order in which `chat.completions.create` lays out its body (openai 3.x); `_post` keeps it so the
@@ -64,7 +73,8 @@ class Completion(msgspec.Struct, frozen=True):
     """One model reply: raw text, native tool calls (if the server returned any), usage and timing.
 
     `latency_ms` is the wall time of the whole `complete` call, retries and backoff included;
-    `attempts` says how many requests it took.
+    `attempts` says how many requests it took; `queued_ms` how much of it was spent waiting for the
+    limiter's permits.
     """
 
     text: str
@@ -75,6 +85,7 @@ class Completion(msgspec.Struct, frozen=True):
     model: str = ""
     attempts: int = 1
     id: str = ""  # the server's id for the completion (`gen_ai.response.id`)
+    queued_ms: float = 0.0
 
 
 class _Reply(NamedTuple):
@@ -134,15 +145,17 @@ class ModelClient:
         backoff_max: float = 20.0,
         max_connections: int = 1000,
         provider: str | None = None,
+        retry_after_max: float = RETRY_AFTER_MAX_S,
+        throttle_retries: int | None = None,
     ) -> None:
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
         self.provider = provider or provider_of(self.base_url)
         url = httpx2.URL(self.base_url)
         self.server = (url.host, url.port or (443 if url.scheme == "https" else 80))
-        self.max_retries = max(0, max_retries)
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
+        self.retry = RetryPolicy(max(0, max_retries), backoff_base, backoff_max, retry_after_max,
+                                 throttle_retries)
+        self.limiter: Gate | None = None  # the endpoint's share (set by the host, or `Agent`)
         mode = http_mode()
         pool = Pool(max_connections=max_connections)
         # retries are ours (we count and log them); the openai client must not retry underneath
@@ -191,6 +204,8 @@ class ModelClient:
         stream: bool = False,
         on_text: TextCallback | None = None,
         on_tool_call: ToolCallCallback | None = None,
+        ticket: Ticket | None = None,
+        on_throttle: OnThrottle | None = None,
         **extras: Any,
     ) -> Completion:
         """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
@@ -205,6 +220,9 @@ class ModelClient:
         with neither a `finish_reason` nor `data: [DONE]`, or its connection drops mid-body) is a failed
         attempt, retried like a connection error; a server that answers with one JSON completion instead of
         a stream is read as that whole reply (`runtime.model.reply`).
+
+        `ticket` is the call's place in the limiter's queue (its flow and priority); `on_throttle` hears of
+        every wait after a 429/503 (see the module docstring).
         """
         _refuse_guided(extras)
         started = time.monotonic()
@@ -218,28 +236,39 @@ class ModelClient:
         ):
             if value is not None:
                 params[key] = value
-        attempt = 0
+        attempt = throttled = 0
+        queued = 0.0
         while True:
             attempt += 1
             try:
-                if stream:
-                    reply = await self._stream(params, on_text, on_tool_call)
+                if self.limiter is None:
+                    reply = await self._attempt(params, stream, on_text, on_tool_call)
                 else:
-                    reply = await self._once(params)
+                    asked = time.monotonic()
+                    async with self.limiter.slot(ticket):
+                        queued += time.monotonic() - asked
+                        reply = await self._attempt(params, stream, on_text, on_tool_call)
+                    self.limiter.spent(reply.usage)
             except (openai.APIStatusError, openai.APIConnectionError, StreamCut) as exc:
                 status = getattr(exc, "status_code", None)
-                retryable = status is None or status in _RETRY_STATUS
-                if not retryable or attempt > self.max_retries:
+                throttled += status in THROTTLE_STATUS
+                if self.retry.gives_up(status, attempt, throttled):
                     raise ModelError(
-                        _describe(exc, self.base_url, attempt),
+                        describe(exc, self.base_url, attempt),
                         status=status,
                         attempts=attempt,
-                        retryable=retryable,
+                        retryable=status is None or status in RETRY_STATUS,
                     ) from exc
-                await anyio.sleep(self._backoff(attempt, exc))
+                if status in THROTTLE_STATUS:
+                    wait, asked_for = self.retry.throttle_wait(exc, throttled)
+                    await notify(on_throttle, Throttle(wait_s=wait, status=status, retry_after=asked_for,
+                                                       attempt=attempt))
+                else:
+                    wait = self.retry.backoff(attempt, exc)
+                await anyio.sleep(wait)
                 continue
             except openai.OpenAIError as exc:
-                raise ModelError(_describe(exc, self.base_url, attempt), attempts=attempt) from exc
+                raise ModelError(describe(exc, self.base_url, attempt), attempts=attempt) from exc
             return Completion(
                 text=reply.text,
                 tool_calls=reply.calls,
@@ -249,19 +278,14 @@ class ModelClient:
                 model=reply.model or name,
                 attempts=attempt,
                 id=reply.id,
+                queued_ms=queued * 1000.0,
             )
 
-    def _backoff(self, attempt: int, exc: Exception) -> float:
-        """Exponential backoff with jitter; a server's Retry-After wins when it asks for longer."""
-        delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-        response = getattr(exc, "response", None)
-        header = response.headers.get("retry-after") if response is not None else None
-        if header:
-            try:
-                delay = max(delay, min(float(header), self.backoff_max))
-            except ValueError:
-                pass
-        return delay
+    async def _attempt(self, params: dict[str, Any], stream: bool, on_text: TextCallback | None,
+                       on_tool_call: ToolCallCallback | None) -> _Reply:
+        if stream:
+            return await self._stream(params, on_text, on_tool_call)
+        return await self._once(params)
 
     def _request(self, params: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         """The body `chat.completions.create` would send for `params`, and the request options kept out
@@ -473,16 +497,3 @@ def _refuse_guided(extras: dict[str, Any]) -> None:
             f"removed vLLM fields {stale}: vLLM ignores them and decodes unconstrained; "
             'use extra_body={"structured_outputs": {...}} (see runtime.model.constraints)'
         )
-
-
-def _describe(exc: Exception, base_url: str, attempts: int) -> str:
-    tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
-    if isinstance(exc, openai.APITimeoutError):
-        return f"model request to {base_url} timed out{tries}"
-    if isinstance(exc, openai.APIConnectionError):
-        return f"cannot reach the model server at {base_url}{tries}: {exc.__cause__ or exc}"
-    if isinstance(exc, openai.APIStatusError):
-        return f"model server answered HTTP {exc.status_code}{tries}: {exc.message}"
-    if isinstance(exc, StreamCut):
-        return f"the model server at {base_url} cut its streamed reply short{tries}: {exc}"
-    return f"model request failed{tries}: {exc}"

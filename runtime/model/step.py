@@ -9,13 +9,19 @@ runners can never drift apart in what they record (and a run driven by either re
     await append(await step.call(client, effect, run_id, timeout=left))   # model.responded | .failed
 
 Failures are values: an unreachable model, an HTTP error after the client's retries, or the deadline
-passing during the call all come back as a `ModelFailed` event, never as an exception.
+passing during the call all come back as a `ModelFailed` event, never as an exception; so does a spent
+budget whose bundle says fail (`error_kind` `budget_exceeded`: the kernel then ends the run).
+
+An `Admission` says what the call shares (`runtime.model.limits`): its place in the endpoint's queue
+(`ticket`: the run's actor and priority), the agent's daily budget (checked before the call, charged after
+it), and who hears of every wait (`on_throttle`: the host records `model.throttled`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -24,12 +30,22 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.model.adapters.base import ModelAdapter
 from runtime.model.constraints import DecodingConstraint, build_constraint
+from runtime.model.limits import BudgetExceeded, DailyBudget, OnThrottle, Ticket
 from runtime.model.schemas import api_tools
 from runtime.types import ToolSchema
 
 if TYPE_CHECKING:  # the client imports openai (~0.7 s): a runner that only folds events never pays for it
     from runtime.model.client import ModelClient
     from runtime.streaming import RequestStream
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What one model call shares with the others (see the module docstring)."""
+
+    ticket: Ticket = field(default_factory=Ticket)
+    budget: DailyBudget | None = None
+    on_throttle: OnThrottle | None = None
 
 
 class ModelStep:
@@ -73,7 +89,7 @@ class ModelStep:
 
     async def call(
         self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None,
-        stream: RequestStream | None = None,
+        stream: RequestStream | None = None, admission: Admission | None = None,
     ) -> ev.ModelResponded | ev.ModelFailed:
         """Perform the call; return the event recording its outcome (unstamped).
 
@@ -86,8 +102,13 @@ class ModelStep:
         ids: dict[str, Any] = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
         extras = self._for(effect).extras
+        budget, waited = admission.budget if admission is not None else None, 0.0
+        if admission is not None:
+            extras = {**extras, "ticket": admission.ticket, "on_throttle": admission.on_throttle}
         try:
             with scope:
+                if budget is not None:
+                    waited = await budget.admit(admission.on_throttle if admission is not None else None)
                 if stream is None:
                     completion = await client.complete(messages, **effect.sampling, **extras)
                 else:
@@ -101,8 +122,12 @@ class ModelStep:
         except TimeoutError:
             return ev.ModelFailed(
                 **ids, error="the task's deadline passed during the model call", error_kind="timeout")
+        except BudgetExceeded as exc:
+            return ev.ModelFailed(**ids, error=str(exc), error_kind=BudgetExceeded.kind)
         except Exception as exc:  # an unreachable model is a value for the kernel to count, not a crash
             return ev.ModelFailed(**ids, error=str(exc) or type(exc).__name__, error_kind=type(exc).__name__)
+        if budget is not None:
+            budget.spend(completion.usage)
         reply = self.adapter.parse(completion.text, completion.tool_calls, list(effect.tools))
         calls = kernel.tool_calls(run_id, effect.turn, [(c.name, c.arguments) for c in reply.calls])
         return ev.ModelResponded(
@@ -116,7 +141,8 @@ class ModelStep:
             parse_error="; ".join(reply.errors) if reply.errors else None,
             model=completion.model,
             response_id=completion.id,
+            queued_ms=completion.queued_ms + waited * 1000.0,
         )
 
 
-__all__ = ["ModelStep"]
+__all__ = ["Admission", "ModelStep"]
