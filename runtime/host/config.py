@@ -28,6 +28,9 @@ class HostConfig:
     # a task for an agent no live host serves waits in TASKS for a host serving it; once none has for this
     # long it fails `unknown_agent` (`runtime.host.unserved`); None: it waits for ever
     unserved_after: float | None = DEFAULT_UNSERVED_AFTER_S
+    # a model endpoint's permit held by a host that stopped renewing it comes back after this long
+    # (`runtime.host.endpoint`)
+    permit_lease: float = 15.0
 
 
 @dataclass

@@ -43,6 +43,11 @@ Why not one atomic batch per group (`Nats-Batch-*`, server 2.12+): an R1 file-ba
 atomic batch to disk on commit; measured here that is ~5 ms per batch, serialised server-wide (~250
 batches/s with 100 writers), against ~0.25 ms for a plain OCC append. Events stay one message each.
 
+The endpoint's share: a model call waits for its turn at the endpoint (`runtime.model.limits`: the fleet's
+permits, in priority order and round robin across actors, and the agent's daily budget) inside the call,
+so a cancel or the deadline ends the wait like the call. Each 429/503 the client retries, and each wait
+for a budget, is staged as `model.throttled` while the call goes on: an input to replay, never a new call.
+
 Big payloads: the log offloads an event as it is written, so the log holds a stub while the state folds
 the whole event; an outcome whose output is in the object store is resolved (`resolve_outcome`) before
 its events are made, because the model's next prompt needs it.
@@ -67,6 +72,8 @@ from runtime import kernel
 from runtime.host.served import AgentRuntime
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
+from runtime.model.limits import Throttle, Ticket
+from runtime.model.step import Admission
 from runtime.nats.retry import retrying
 from runtime.scripts.validate import validate
 from runtime.streaming import StreamPublisher
@@ -105,6 +112,7 @@ class RunDriver:
         self.forked: tuple[str, int] | None = None  # a fork's source run and seq, for the runs index
         self.thread: str | None = None  # the conversation the run belongs to (`runtime.log.threads`)
         self.streamer: StreamPublisher | None = None  # set: model output is published as it is generated
+        self.priority = ev.DEFAULT_PRIORITY  # its model calls' place in the endpoint's queue (run.started)
         self.on_event, self.clock = on_event, clock
         self.log = log or run_log_for(js)
         self.inbox: deque[Inbound] = deque()
@@ -310,7 +318,8 @@ class RunDriver:
                 try:
                     stream = self.streamer.request(effect.id, effect.turn) if self.streamer else None
                     reply.append(await self.agent.step.call(self.agent.client, effect, self.run_id,
-                                                            timeout=left, stream=stream))
+                                                            timeout=left, stream=stream,
+                                                            admission=self._admission(effect)))
                 finally:
                     self._model_scope = None
 
@@ -327,6 +336,16 @@ class RunDriver:
         if not reply or self.state.done:
             return  # a cancel arrived (the inbox records it), or the run ended while the call was out
         await self.append(reply[0])
+
+    def _admission(self, effect: kernel.CallModel) -> Admission:
+        """The call's place at the endpoint (this actor's flow, the run's priority), the agent's budget,
+        and each wait staged as `model.throttled` (written with what is staged next)."""
+        async def throttled(t: Throttle) -> None:
+            await self.append(ev.ModelThrottled(run_id=self.run_id, request_id=effect.id, turn=effect.turn,
+                                                status=t.status, wait_s=t.wait_s, retry_after=t.retry_after,
+                                                attempt=t.attempt, reason=t.reason))
+
+        return Admission(Ticket(self.actor, self.priority), self.agent.budget, throttled)
 
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
         """Publish a job for each call not yet out, keeping at most `max_concurrent` of this run's out:

@@ -93,6 +93,7 @@ from runtime.commands import split_actor
 from runtime.host.actors import Actor, Actors, Task
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
+from runtime.host.endpoint import Endpoints
 from runtime.host.leases import Leases, Slot, new_host_id
 from runtime.host.partitions import Partitions
 from runtime.host.recovery import Recovery
@@ -207,8 +208,11 @@ class Host:
         # started during a leader election: wait for NATS rather than fail
         await retrying(self._open_buckets, what=f"host {self.id}: opening its buckets", delay=OPEN_RETRY_S,
                        logger=log)
+        endpoints = Endpoints(self.nc, self.js, lease_s=self.config.permit_lease, replicas=topology.replicas)
+        await endpoints.attach(self.agents.values())  # the bundles' `endpoint:` shares and daily budgets
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(endpoints.run)
             if self.config.partitions is not None:
                 wanted = sorted(set(self.config.partitions))
                 bad = [p for p in wanted if not 0 <= p < total]
@@ -267,7 +271,8 @@ class Host:
                                 bundle_digest=agent.bundle.digest, thread=task.thread,
                                 previous_run=conv.run_id if conv else None,
                                 previous_seq=conv.seq if conv else None,
-                                summary=summary[0], summarised=summary[1])
+                                summary=summary[0], summarised=summary[1],
+                                priority=agent.bundle.priority if task.priority is None else task.priority)
         seq = None if exists else await self.log.create(started)
         if seq is not None:
             self.stats.runs_started += 1
@@ -277,6 +282,7 @@ class Host:
                                state=kernel.evolve(kernel.initial(agent.config, conv), started), last_seq=seq,
                                on_event=self.on_event, log=self.log)
             driver.thread = task.thread
+            driver.priority = started.priority if started.priority is not None else driver.priority
         else:  # this task already became a run (redelivered after a crash, or re-sent): resume or finish it
             existing = await self.recovery.fold_existing(item.run_id, actor, item.partition)
             if existing is None:

@@ -103,6 +103,7 @@ class Recovery:
         if isinstance(started, ev.RunStarted):
             driver.task_id = started.task_id
             driver.thread = started.thread
+            driver.priority = started.priority if started.priority is not None else agent.bundle.priority
             if isinstance(started, ev.RunForked):
                 driver.forked = (started.source_run, started.source_seq)
             if not state.done and not self._may_resume(run_id, started, agent):

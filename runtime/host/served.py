@@ -16,6 +16,7 @@ from runtime.model import ModelStep, get_adapter
 
 if TYPE_CHECKING:  # the client imports openai: loading a bundle to validate it should not
     from runtime.model.client import ModelClient
+    from runtime.model.limits import DailyBudget
 
 
 @dataclass
@@ -24,6 +25,7 @@ class AgentRuntime:
     config: KernelConfig
     step: ModelStep
     client: ModelClient
+    budget: DailyBudget | None = None  # the agent's tokens per day (`runtime.host.endpoint` sets it)
     _job_limits: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
