@@ -4,7 +4,8 @@
     bundle.tools, bundle.kernel_config()      # or BundleError: every problem, `<file>: <yaml path>: <fix>`
 
 `schema` (the keys a bundle may have, with an annotated bundle.yaml), `sections` (one function per
-top-level section: what its values mean, and its own problems), `tools` (the `tools:` section: scripts,
+top-level section: what its values mean, and its own problems), `capacity` (the sections that share the
+model: `endpoint:`, `budgets:`, `priority:`), `tools` (the `tools:` section: scripts,
 Python functions and other agents as configured tools), `values` (limits and output models, which several
 sections hold), `problems` (`BundleError`, pydantic errors as YAML paths), `resolved` (the `Bundle`),
 `load` (`load_bundle`: read, check every section, resolve).

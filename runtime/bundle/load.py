@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ValidationError
 
+from runtime.bundle.capacity import budgets_section, endpoint_section, priority_section
 from runtime.bundle.problems import BundleError, Problem, pydantic_problems
 from runtime.bundle.resolved import Bundle, BundleTool
 from runtime.bundle.schema import BundleSpec
@@ -71,13 +72,16 @@ def load_bundle(path: str | Path) -> Bundle:
     policies = keep(policies_section(spec.policies))
     data = keep(data_provider_section(spec.data_provider, spec.workspace, root))
     problems += workspace_section(spec.workspace)
+    endpoint = keep(endpoint_section(spec.endpoint))
+    budgets = keep(budgets_section(spec.budgets))
+    problems += priority_section(spec.priority)
     if problems:
         raise BundleError(source, problems)
 
     return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
                   limits=global_limits, tools=found.tools, data_provider=data, deadline_s=deadline_s,
                   policies=policies, digest=_digest(raw_text, found.tools), approvals=found.approvals,
-                  grants=found.grants, factory=factory)
+                  grants=found.grants, factory=factory, endpoint=endpoint, budgets=budgets)
 
 
 def _read(p: Path) -> tuple[str, dict[Any, Any]]:

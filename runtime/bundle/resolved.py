@@ -16,6 +16,7 @@ from runtime.approval_policy import ApprovalRule
 from runtime.bundle.schema import BundleSpec
 from runtime.externals import ExternalsFactory, Grants
 from runtime.model import DecodingConstraint
+from runtime.model.limits import Budgets, EndpointLimits
 from runtime.scripts import Limits
 from runtime.tools import ScriptTool
 from runtime.tools.agent_tool import AgentTool
@@ -60,6 +61,8 @@ class Bundle:
     approvals: tuple[ApprovalRule, ...] = ()  # the tools' approval rules (`approval:` entries)
     grants: dict[str, Grants] = field(default_factory=dict)  # tool -> its built-in externals
     factory: ExternalsFactory | None = None  # `externals:`, imported
+    endpoint: EndpointLimits | None = None  # `endpoint:`: the model endpoint's fleet-wide share
+    budgets: Budgets = field(default_factory=Budgets)  # `budgets:`: tokens per run and per agent per day
 
     @property
     def root(self) -> Path:
@@ -90,12 +93,20 @@ class Bundle:
             max_concurrent_tools=self.spec.max_concurrent_tools, history_window=self.spec.history_window,
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
-            approvals=self.approvals, sampling=dict(self.spec.model.sampling))
+            approvals=self.approvals, sampling=dict(self.spec.model.sampling),
+            token_budget=self.budgets.run_tokens)
 
     def decoding_constraint(self) -> DecodingConstraint:
         c = self.spec.constraint
         return DecodingConstraint(strategy=c.strategy, allow_parallel_calls=c.parallel_calls,
                                   send_tools_to_api=c.send_tools_to_api)
+
+    @property
+    def priority(self) -> int:
+        """The priority of the agent's tasks that name none (`priority:`, else the default)."""
+        from runtime.events import DEFAULT_PRIORITY
+
+        return self.spec.priority if self.spec.priority is not None else DEFAULT_PRIORITY
 
     @property
     def uses_local_model(self) -> bool:

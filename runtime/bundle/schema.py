@@ -54,6 +54,17 @@ worker loads to know the agent's tools::
       double_texting: enqueue                 # a task while one is active: enqueue | reject | interrupt
       stream: true                            # publish model output live on stream.<actor>.<run>
       summarise: {after: 80, keep: 20}        # a thread over 80 messages: older ones become a summary
+    endpoint:                                 # the model endpoint (base_url + name), shared by the fleet
+      max_in_flight: 32                       # requests at once across every host; more wait their turn
+      tokens_per_minute: 200000               # prompt + completion tokens per minute, fleet-wide
+      retry_after_max: 30s                    # a 429/503's Retry-After is honoured up to this
+      throttle_retries: 8                     # 429/503 answers retried before the call fails
+    budgets:
+      run_tokens: 100000                      # a run that has used this many tokens fails budget_exceeded
+      agent_tokens_per_day: 5000000           # every run of the agent together, per UTC day, fleet-wide
+      on_exceeded: fail                       # the daily budget spent: fail the run, or wait for the next day
+    priority: 5                               # its tasks' priority at the endpoint (0..9, higher first),
+                                              # unless a task says otherwise
 
 Every mapping rejects unknown keys, so a misspelt key is an error with a "did you mean" hint
 (`runtime.bundle.problems`) rather than a setting silently ignored. Unions of models are avoided so
@@ -70,8 +81,9 @@ from pydantic import BaseModel, ConfigDict
 
 from runtime.model import Strategy
 
-__all__ = ["ApprovalSpec", "BundleSpec", "ConstraintSpec", "ConversationSpec", "GrantsSpec", "HttpGrant",
-           "ModelSpec", "RetrySpec", "SummariseSpec", "TerminationSpec", "ToolEntry"]
+__all__ = ["ApprovalSpec", "BudgetsSpec", "BundleSpec", "ConstraintSpec", "ConversationSpec", "EndpointSpec",
+           "GrantsSpec", "HttpGrant", "ModelSpec", "RetrySpec", "SummariseSpec", "TerminationSpec",
+           "ToolEntry"]
 
 
 class _Strict(BaseModel):
@@ -167,6 +179,24 @@ class ConversationSpec(_Strict):
     summarise: SummariseSpec | None = None
 
 
+class EndpointSpec(_Strict):
+    """How the fleet shares the model endpoint (`runtime.model.limits.EndpointLimits`)."""
+
+    max_in_flight: int | None = None
+    tokens_per_minute: int | None = None
+    retry_after_max: float | str = 30.0
+    throttle_retries: int = 8
+
+
+class BudgetsSpec(_Strict):
+    """Token budgets: per run (the kernel's), per agent per UTC day (the fleet's), and what a run does when
+    the daily one is spent."""
+
+    run_tokens: int | None = None
+    agent_tokens_per_day: int | None = None
+    on_exceeded: Literal["fail", "wait"] = "fail"
+
+
 class BundleSpec(_Strict):
     name: str
     description: str = ""
@@ -188,3 +218,6 @@ class BundleSpec(_Strict):
     # over with a changed bundle.yaml or tool): fail it, saying why, or continue it on the loaded version.
     resume: Literal["same-version", "latest"] = "same-version"
     conversation: ConversationSpec = ConversationSpec()
+    endpoint: EndpointSpec | None = None
+    budgets: BudgetsSpec = BudgetsSpec()
+    priority: int | None = None
