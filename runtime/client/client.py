@@ -115,15 +115,17 @@ class Client:
     async def start(self, agent: str, input: str, *, instance: str | None = None, thread: str | None = None,
                     task_id: str | None = None, metadata: dict[str, Any] | None = None,
                     timeout: float | None = None, headers: dict[str, str] | None = None,
-                    wait: float = 0.0, on_waiting: Callable[[str], None] | None = None) -> RunHandle:
+                    wait: float = 0.0, on_waiting: Callable[[str], None] | None = None,
+                    priority: int | None = None) -> RunHandle:
         """Give `agent` (a bundle, or `bundle:instance`) a task; return its run's handle once the task is
         stored. Idempotent by `task_id` (default: a new one): starting the same task id again returns the
         same run and runs nothing twice. `timeout` is the run's deadline in seconds; `thread` continues a
-        conversation of the agent; `wait` how long to wait for a host to create the streams. Raises
+        conversation of the agent; `wait` how long to wait for a host to create the streams; `priority`
+        (0..9, higher first; None: the bundle's) orders its model calls at a busy endpoint. Raises
         `NotSent` if the task was not stored (saying why), `ValueError` for a name that can never be."""
         run_id, _ = await submit(self.js, agent, input, task_id=task_id, instance=instance, timeout_s=timeout,
                                  thread=thread, metadata=metadata, headers=headers, wait=wait,
-                                 on_waiting=on_waiting)
+                                 on_waiting=on_waiting, priority=priority)
         actor = f"{agent.split(':')[0]}:{instance}" if instance else agent
         return RunHandle(self, run_id, actor)
 

@@ -126,7 +126,15 @@ def describe(event: ev.Event) -> str:
             return f"{event.call_id}{' by ' + event.by if event.by else ''}{edited}{note}"
         case ev.ApprovalDenied():
             return f"{event.call_id}{' by ' + event.by if event.by else ''}: {_short(event.reason, 60)}"
-    return ""
+    return _throttled(event) if isinstance(event, ev.ModelThrottled) else ""
+
+
+def _throttled(event: ev.ModelThrottled) -> str:
+    """A wait before a model call's next attempt: the server's 429/503 (and what it asked), or a budget."""
+    if not event.status:
+        return f"turn {event.turn}: waits {event.wait_s:.1f} s, {_short(event.reason, 70)}"
+    asked = f", Retry-After {event.retry_after:g} s" if event.retry_after is not None else ""
+    return f"turn {event.turn}: HTTP {event.status}{asked}; retried after {event.wait_s:.2f} s"
 
 
 def _edit(edit: ev.ForkEdit) -> str:

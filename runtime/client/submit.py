@@ -34,7 +34,8 @@ class NotSent(Exception):
 async def submit(js: Any, agent: str, input: str, *, task_id: str | None = None, instance: str | None = None,
                  timeout_s: float | None = None, thread: str | None = None,
                  metadata: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                 wait: float = 0.0, on_waiting: Callable[[str], None] | None = None) -> tuple[str, str]:
+                 wait: float = 0.0, on_waiting: Callable[[str], None] | None = None,
+                 priority: int | None = None) -> tuple[str, str]:
     """Publish a task and return (run id, task id) once JetStream confirms it is stored.
 
     No TASKS stream: wait up to `wait` seconds for a host to create it (`on_waiting` is told once). A
@@ -48,7 +49,7 @@ async def submit(js: Any, agent: str, input: str, *, task_id: str | None = None,
         try:
             run_id = await publish_task(js, agent, input, task_id=task_id, instance=instance,
                                         timeout_s=timeout_s, thread=thread, metadata=metadata,
-                                        headers=headers)
+                                        headers=headers, priority=priority)
             return run_id, task_id
         except (NoStreamResponseError, NatsTimeoutError) as e:
             missing = isinstance(e, NoStreamResponseError) and not await _tasks_stream_exists(js)
