@@ -36,7 +36,8 @@ long benchmarks do not grow memory.
 
 Concurrency: a `ThreadingHTTPServer` (one thread per connection, HTTP/1.1 keep-alive, a deep
 listen backlog), so hundreds of concurrent clients are fine. Start/stop is a context manager, or
-`start()`/`close()`.
+`start()`/`close()`. A full server (`capacity=Capacity(32)`: 429 beyond 32 requests in flight) is
+`runtime.testing.capacity`'s.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.testing.capacity import Capacity
 
 __all__ = ["Reply", "Responder", "ScriptedModelServer", "last_message"]
 
@@ -155,8 +159,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- plumbing ----
 
+    _done: Callable[[], None] | None = None  # counts the request out of the server's capacity, once
+
+    def _answered(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()
+
     def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
+        self._answered()  # before the answer: a client that read it may already send its next request
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -200,6 +212,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, f"request body is not JSON: {exc}")
             return
         owner._record(body, dict(self.headers.items()))
+        capacity, refused = owner.capacity, None
+        if capacity is not None:
+            refused, self._done = capacity.enter()
+        try:
+            if refused is not None and capacity is not None:
+                self._error(429, refused, {"Retry-After": f"{capacity.retry_after:g}"})
+            else:
+                self._complete(owner, body)
+        finally:
+            self._answered()
+
+    def _complete(self, owner: ScriptedModelServer, body: dict[str, Any]) -> None:
         try:
             reply = owner._next_reply(body)
         except Exception as exc:  # a broken responder is a test bug: say so in the response
@@ -245,6 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             for chunk in owner._chunks(body, reply):
                 send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self._answered()
             send(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -265,8 +290,10 @@ class ScriptedModelServer:
         chunk_size: int = 8,
         host: str = "127.0.0.1",
         port: int = 0,
+        capacity: Capacity | None = None,
     ) -> None:
         self.model = model
+        self.capacity = capacity  # None: every request is admitted
         self.responder = responder
         self.record = record
         self.chunk_size = max(1, chunk_size)
