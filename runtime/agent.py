@@ -31,6 +31,7 @@ from runtime import events as ev
 from runtime.bundle import Bundle, load_bundle
 from runtime.loop import Approver, OnEvent, RunOutcome, run_task
 from runtime.model import ModelClient, ModelStep, get_adapter
+from runtime.model.limits import DailyBudget, LocalGate, LocalTokens
 from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
 from runtime.types import ToolCall, ToolResult
 
@@ -97,6 +98,7 @@ class Agent:
         self._own_client = client is None
         self.client = client or model_client(bundle, model_url)
         self.data = workspace or _data_for(bundle)
+        self.budget = _limit(bundle, self.client)
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, client: ModelClient | None = None, model_url: str | None = None,
@@ -124,7 +126,7 @@ class Agent:
         return await run_task(task, self.config, client=self.client, adapter=self.adapter,
                               tools=list(self.bundle.tools.values()), on_event=on_event,
                               constraint=self.constraint, approver=approver, run_id=run_id,
-                              bundle_digest=self.bundle.digest, data=self.data)
+                              bundle_digest=self.bundle.digest, data=self.data, budget=self.budget)
 
     async def aclose(self) -> None:
         """Close the model client this agent made (one passed in is the caller's to close)."""
@@ -160,6 +162,23 @@ def model_client(bundle: Bundle, model_url: str | None = None, *, api_key: str |
     provider = spec.provider or ("structured-agents" if bundle.uses_local_model else None)
     return ModelClient(base_url=base_url, model=model, api_key=key, provider=provider,
                        timeout=parse_duration(spec.timeout, field="timeout") or 60.0)
+
+
+def _limit(bundle: Bundle, client: ModelClient) -> DailyBudget | None:
+    """The bundle's `endpoint:` and `budgets:` in this process: its client's retry settings and a gate over
+    `max_in_flight` local permits (shared by this agent's runs only: the fleet's share is the host's,
+    `runtime.host.endpoint`), and the agent's daily budget counted here."""
+    limits = bundle.endpoint
+    if limits is not None:
+        client.retry.retry_after_max = limits.retry_after_max
+        client.retry.throttle_retries = limits.throttle_retries
+        if limits.limited:
+            client.limiter = LocalGate(limits.max_in_flight or 10**9,
+                                       tokens_per_minute=limits.tokens_per_minute)
+    per_day = bundle.budgets.agent_tokens_per_day
+    if per_day is None:
+        return None
+    return DailyBudget(bundle.name, per_day, LocalTokens(), wait=bundle.budgets.on_exceeded == "wait")
 
 
 def _data_for(bundle: Bundle) -> LocalWorkspace | StaticFiles | None:

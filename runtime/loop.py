@@ -36,6 +36,8 @@ import anyio
 from runtime import events as ev
 from runtime import kernel
 from runtime.model import DecodingConstraint, ModelAdapter, ModelStep
+from runtime.model.limits import DailyBudget, Throttle, Ticket
+from runtime.model.step import Admission
 from runtime.types import ScriptNote, ToolCall, ToolResult, Usage
 
 if TYPE_CHECKING:
@@ -87,8 +89,9 @@ class _Runner:
         approver: Approver | None,
         clock: Callable[[], float],
         data: LocalData | None = None,
+        budget: DailyBudget | None = None,
     ) -> None:
-        self.data = data
+        self.data, self.budget = data, budget
         self.config, self.run_id, self.agent = config, run_id, agent
         self.client, self.adapter, self.on_event, self.approver, self.clock = (
             client,
@@ -144,7 +147,15 @@ class _Runner:
     async def call_model(self, effect: kernel.CallModel) -> None:
         await self.emit(self.step.requested(effect, self.run_id, self.client))
         left = effect.deadline - self.clock() if effect.deadline is not None else None
-        await self.emit(await self.step.call(self.client, effect, self.run_id, timeout=left))
+
+        async def throttled(t: Throttle) -> None:  # a 429/503 retried, or a wait for the daily budget
+            await self.emit(ev.ModelThrottled(run_id=self.run_id, request_id=effect.id, turn=effect.turn,
+                                              status=t.status, wait_s=t.wait_s, retry_after=t.retry_after,
+                                              attempt=t.attempt, reason=t.reason))
+
+        admission = Admission(Ticket(self.agent), self.budget, throttled)
+        await self.emit(await self.step.call(self.client, effect, self.run_id, timeout=left,
+                                             admission=admission))
 
     async def call_tools(self, effect: kernel.CallTools) -> None:
         for call in effect.calls:
@@ -235,6 +246,7 @@ async def run_task(
     bundle_digest: str = "",
     clock: Callable[[], float] = time.time,
     data: LocalData | None = None,
+    budget: DailyBudget | None = None,
 ) -> RunOutcome:
     """Run one task to its end in this process and return the outcome with its full event log.
 
@@ -243,11 +255,12 @@ async def run_task(
     `runtime.model.DecodingConstraint` (None: no decoding constraint; the openai family still
     gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order. `data` gives
     each call its files and persists a successful call's writes (`runtime.loop.LocalData`), as a
-    bundle's data provider and result handler do on a worker.
+    bundle's data provider and result handler do on a worker. `budget` is the agent's tokens per day
+    (`runtime.model.limits.DailyBudget`): checked before each model call, charged after it.
     """
     runner = _Runner(config, run_id or uuid.uuid4().hex[:12], task.agent, client=client, adapter=adapter,
                      tools=tools, on_event=on_event, constraint=constraint, approver=approver, clock=clock,
-                     data=data)
+                     data=data, budget=budget)
     await runner.emit(ev.RunStarted(run_id=runner.run_id, input=task.input, task_id=task.task_id,
                                     instance=task.instance, timeout_s=task.timeout_s,
                                     metadata=dict(task.metadata), bundle_digest=bundle_digest))
