@@ -24,7 +24,8 @@ failure mode in brackets):
    `runtime.log.payloads`);
 6. ack the job.
 
-Steps 1, 5 and 6 are here (`Worker.handle`); steps 2 to 4 are `runtime.worker.execute`. A crash anywhere
+Steps 1, 5 and 6 are here (`Worker.handle`); steps 2 to 4 are `runtime.worker.execute`, which sees the
+worker only through the `JobEnv` the worker builds once (it never imports this module). A crash anywhere
 repeats from step 1 on redelivery; every step is idempotent, so the repetition costs time, never a
 duplicate write or a second outcome. The outcome of a redelivery says which delivery it is and why the
 earlier ones ended (`runtime.worker.attempts.explain`), and the host records that as a `tool.redelivered`
@@ -87,7 +88,7 @@ from runtime.tools.data import (
 from runtime.worker import dlq
 from runtime.worker.attempts import JobHeartbeats, deliveries, record_end, retry_delay, sync_ack_wait
 from runtime.worker.cancel import Cancels
-from runtime.worker.execute import execute
+from runtime.worker.execute import JobEnv, execute
 from runtime.worker.externals import ExternalRecords
 from runtime.worker.registry import ToolRegistry
 from runtime.worker.stats import WorkerStats, beat, remove_beat
@@ -127,9 +128,12 @@ class Worker:
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
         self.cancels = Cancels(self.name)  # runs cancelled lately; the jobs of each running here
-        self.externals = externals  # the worker's own factory (`--externals`); a bundle's comes first
-        self.secrets = secrets or Secrets()
-        self.records = ExternalRecords(js)  # the `externals` KV bucket, opened when a script first needs it
+        # what a job may touch of this worker (`runtime.worker.execute`); the `externals` KV bucket is
+        # opened when a script first needs it
+        self.env = JobEnv(js=js, worker=self.name, registry=registry, payloads=self.payloads,
+                          io_for=self.io_for, cancels=self.cancels, stats=self.stats,
+                          ack_wait=lambda: self.held.ack_wait, records=ExternalRecords(js),
+                          externals=externals, secrets=secrets or Secrets())
 
     @property
     def running_runs(self) -> frozenset[str]:
@@ -246,7 +250,7 @@ class Worker:
         if 1 < self._max_deliver <= attempt and not await self._has_record(job):
             await self._give_up(msg, job, attempt)
             return
-        outcome = await execute(self, job, attempt)
+        outcome = await execute(self.env, job, attempt)
         if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
             await self._give_back(msg, job, attempt, outcome)
             return
