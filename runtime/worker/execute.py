@@ -2,20 +2,22 @@
 
 `execute` is steps 2 to 4 of the per-job protocol (`runtime.worker.loop` has all six): read arguments that
 were too big for the job message from the object store; replay the recorded output of an earlier attempt
-that already applied its writes (so a crash between "writes applied" and "ack" never writes twice); look
-the tool up and resolve the job's limits; then load the data files, run the tool and persist its writes,
-re-running on fresh data when another job's write landed first. The tool is a `.pym` script, run in the
-Monty sandbox under the job's `Limits`, or a bundle's Python tool (`- python: module:function`), run under
-its own timeout, concurrency limit and retry policy (`runtime.tools.hosted`); an agent tool is not run
-but becomes a sub-run (`runtime.worker.subruns`). Every way a tool can fail is an outcome, an error value
-for the run (`input` for a tool this worker lacks, `timeout`, `limit`, `output`, `cancelled`, ...); NATS
-trouble is not: it comes back as a string saying why, and the loop gives the job back to be retried
-later. Nothing here settles the job message or publishes its outcome.
+that already applied its writes (so a crash between "writes applied" and "ack" never writes twice); look the
+tool up (the exact version the job names: a worker that lacks it leaves the job to one that has it, or fails
+it naming the version, `runtime.worker.handoff`) and resolve the job's limits; then load the data files, run
+the tool and persist its writes, re-running on fresh data when another job's write landed first. The tool is
+a `.pym` script, run in the Monty sandbox under the job's `Limits`, or a bundle's Python tool (`- python:
+module:function`), run under its own timeout, concurrency limit and retry policy (`runtime.tools.hosted`);
+an agent tool is not run but becomes a sub-run (`runtime.worker.subruns`). Every way a tool can fail is an
+outcome, an error value for the run (`input` for a tool this worker lacks, `timeout`, `limit`, `output`,
+`cancelled`, ...); NATS trouble is not: it comes back as a string saying why, and the loop gives the job
+back to be retried later. Nothing here settles the job message or publishes its outcome.
 
 What a job may touch of the worker running it is a `JobEnv`, built once by the worker: its name, its
-connection, the registry, the payload store, where files come from and writes go, the cancels, the
-counters, the AckWait in force and what externals are bound to. Naming it keeps this module below the
-loop (it never imports `runtime.worker.loop`) and makes the dependencies of a job visible in one place.
+connection, the registry, what the other workers serve, the payload store, where files come from and writes
+go, the cancels, the counters, the AckWait and MaxDeliver in force and what externals are bound to. Naming
+it keeps this module below the loop (it never imports `runtime.worker.loop`) and makes the dependencies of a
+job visible in one place.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from runtime.types import ScriptNote, ToolResult
 from runtime.worker.attempts import explain
 from runtime.worker.cancel import Cancels
 from runtime.worker.externals import ExternalRecords, provide_externals, scrubbed, task_metadata
-from runtime.worker.registry import ToolRegistry, WorkerTool
+from runtime.worker.handoff import Fleet, HandOff, decide
+from runtime.worker.registry import Served, ToolRegistry, WorkerTool
 from runtime.worker.stats import WorkerStats
 from runtime.worker.subruns import Delegated, delegate
 
@@ -55,25 +58,29 @@ CONFLICT_RETRIES = 5  # each conflict means another job's write landed: progress
 class JobEnv:
     """What running a job needs of its worker, and nothing more (the worker builds it once).
 
-    `ack_wait` is a function because the AckWait follows the shared consumer while the worker runs;
+    `ack_wait` and `max_deliver` are functions because they follow the shared consumer while the worker
+    runs;
     `stats` is the worker's own counters (a job adds its replays and writes). `externals` is the worker's
     own factory (`sa worker --externals`): a bundle's factory comes first."""
 
     js: JetStreamContext
     worker: str  # the worker's name, in outcomes and the log
     registry: ToolRegistry
+    fleet: Fleet  # what the other live workers serve (for a job whose tool version this one lacks)
     payloads: Payloads
     io_for: Callable[[ToolJob], tuple[DataProvider, ResultHandler]]
     cancels: Cancels
     stats: WorkerStats
     ack_wait: Callable[[], float]
+    max_deliver: Callable[[], int]
     records: ExternalRecords
     externals: ExternalsFactory | None = None
     secrets: Secrets = field(default_factory=Secrets)
 
 
-async def execute(env: JobEnv, job: ToolJob, attempt: int) -> ToolOutcome | Delegated | str:
-    """The job's outcome, or why NATS trouble means it should be retried later."""
+async def execute(env: JobEnv, job: ToolJob, attempt: int) -> ToolOutcome | Delegated | HandOff | str:
+    """The job's outcome, a hand-off to another worker (this one lacks the tool version the job names), or
+    why NATS trouble means it should be retried later."""
     started = time.time()
     earlier = await explain(env.js, job.msg_id, attempt, env.ack_wait())
     return await _Delivery(env, job, attempt, started, earlier).outcome()
@@ -92,7 +99,7 @@ class _Delivery:
     def done(self, result: ToolResult, **more: Any) -> ToolOutcome:
         return ToolOutcome.for_job(self.job, result, **more, **self.fields)
 
-    async def outcome(self) -> ToolOutcome | Delegated | str:
+    async def outcome(self) -> ToolOutcome | Delegated | HandOff | str:
         trouble = await self._resolve_arguments()
         if trouble is not None:
             return trouble
@@ -100,16 +107,16 @@ class _Delivery:
         replayed = await self._replayed(handler)
         if replayed is not None:
             return replayed
-        tool = self._tool()
-        if isinstance(tool, ToolOutcome):
-            return tool
+        served = await self._served()
+        if not isinstance(served, Served):
+            return served
         limits = self._limits()
         if isinstance(limits, ToolOutcome):
             return limits
-        if isinstance(tool, AgentTool):  # a sub-run: started (or found); its end answers the call
-            return await delegate(self.env.js, tool, self.job, self.fields, worker=self.env.worker,
+        if isinstance(served.tool, AgentTool):  # a sub-run: started (or found); its end answers the call
+            return await delegate(self.env.js, served.tool, self.job, self.fields, worker=self.env.worker,
                                   cancels=self.env.cancels)
-        return await self._run(tool, limits, provider, handler)
+        return await self._run(served, limits, provider, handler)
 
     async def _resolve_arguments(self) -> ToolOutcome | str | None:
         """Arguments too big for the job message are in the object store: read them into the job."""
@@ -141,18 +148,16 @@ class _Delivery:
         self.env.stats.replayed += 1
         return self.done(ToolResult(output=prior.output), writes=prior.writes)
 
-    def _tool(self) -> WorkerTool | ToolOutcome:
-        job, registry = self.job, self.env.registry
-        tool = registry.get(job.tool)
-        if tool is None:  # `input`, as the kernel says of a tool it does not know
-            known = ", ".join(sorted(registry.tools)) or "none"
-            return self.done(ToolResult.failure(
-                "input", f"no tool named {job.tool!r} is loaded on worker {self.env.worker} "
-                         f"(it has: {known})", detail="unknown_tool"))
-        if job.tool_digest and tool.content_hash != job.tool_digest:
-            log.warning("tool %s: the host expects version %s, this worker has %s",
-                        tool.name, job.tool_digest, tool.content_hash)
-        return tool
+    async def _served(self) -> Served | ToolOutcome | HandOff:
+        """The tool version the job names; if this worker lacks it, a hand-off or an `input` failure (as
+        the kernel says of a tool it does not know), `runtime.worker.handoff`."""
+        env = self.env
+        served = env.registry.find(self.job)
+        if served is not None:
+            return served
+        decided = await decide(env.fleet, env.registry, self.job, attempt=self.attempt,
+                               max_deliver=env.max_deliver(), worker=env.worker)
+        return decided if isinstance(decided, HandOff) else self.done(decided)
 
     def _limits(self) -> Limits | ToolOutcome | None:
         """The job's limits dict, validated once per distinct value (Limits keeps the one cache); None:
@@ -162,16 +167,16 @@ class _Delivery:
         except LimitsError as e:
             return self.done(ToolResult.failure("limit", f"invalid limits in the job: {e}"))
 
-    async def _run(self, tool: WorkerTool, limits: Limits | None, provider: DataProvider,
+    async def _run(self, served: Served, limits: Limits | None, provider: DataProvider,
                    handler: ResultHandler) -> ToolOutcome | str:
         """Run the tool and persist its writes, on fresh data again after each write conflict."""
         last_conflict = ""
         for _ in range(CONFLICT_RETRIES):
-            capped = self._within_deadline(tool, limits)
+            capped = self._within_deadline(served.tool, limits)
             if isinstance(capped, ToolOutcome):
                 return capped
             limits = capped
-            ran = await self._run_once(tool, limits, provider, handler)
+            ran = await self._run_once(served, limits, provider, handler)
             if not isinstance(ran, WorkspaceConflict):
                 return ran
             log.info("worker %s: %s; re-running on fresh data", self.env.worker, ran)
@@ -193,10 +198,10 @@ class _Delivery:
             return (limits or Limits()).merge(Limits(max_duration=left))
         return limits
 
-    async def _run_once(self, tool: WorkerTool, limits: Limits | None, provider: DataProvider,
+    async def _run_once(self, served: Served, limits: Limits | None, provider: DataProvider,
                         handler: ResultHandler) -> ToolOutcome | str | WorkspaceConflict:
         """Load the files, run the tool in a scope a cancel of its run stops, then persist its writes."""
-        env, job = self.env, self.job
+        env, job, tool = self.env, self.job, served.tool
         ctx = JobContext(job)
         try:
             files = await provider.load_files(job.tool, job.arguments, ctx)
@@ -211,8 +216,8 @@ class _Delivery:
             tool=job.tool, attempt=self.attempt, deadline=job.deadline, workspace=job.workspace,
             environ=getattr(tool, "environ", None),
             metadata=await task_metadata(env.js, job, tool, worker=env.worker))
-        provided = await provide_externals(tool, execution, notes, registry=env.registry,
-                                           factory=env.externals, records=env.records, secrets=env.secrets)
+        provided = await provide_externals(tool, execution, notes, setup=served.setup, factory=env.externals,
+                                           records=env.records, secrets=env.secrets)
         if isinstance(provided, ToolResult):
             return self.done(provided)
         assert not isinstance(tool, AgentTool)

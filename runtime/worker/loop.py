@@ -11,11 +11,14 @@ failure mode in brackets):
 
 1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
    the last delivery (`num_delivered >= MaxDeliver`) of a job that never produced an outcome is not
-   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.worker.dlq`);
+   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.worker.dlq`),
+   unless every earlier delivery was a hand-off (step 3): such a job never ran;
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
-3. look up the tool [unknown: an `input` failure outcome, as the kernel reports a tool it does not know;
-   acked: never a crash loop]; check the deadline [passed: a `timeout` failure without running];
+3. look up the exact tool version the job names [lacking: handed off (nak'd) when another live worker
+   serves it, else an `input` failure outcome naming the version, as the kernel reports a tool it does not
+   know; acked: never a crash loop (`runtime.worker.handoff`)]; check the deadline [passed: a `timeout`
+   failure without running];
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
@@ -48,6 +51,7 @@ to idle workers; the Monty pool bounds CPU.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -86,18 +90,36 @@ from runtime.tools.data import (
     WorkspaceResultHandler,
 )
 from runtime.worker import dlq
-from runtime.worker.attempts import JobHeartbeats, deliveries, record_end, retry_delay, sync_ack_wait
+from runtime.worker.attempts import (
+    JobHeartbeats,
+    deliveries,
+    handed_off,
+    record_end,
+    retry_delay,
+    sync_ack_wait,
+)
 from runtime.worker.cancel import Cancels
 from runtime.worker.execute import JobEnv, execute
 from runtime.worker.externals import ExternalRecords
+from runtime.worker.handoff import Fleet, HandOff
 from runtime.worker.registry import ToolRegistry
-from runtime.worker.stats import WorkerStats, beat, remove_beat
+from runtime.worker.stats import Beat, WorkerStats, remove_beat
 from runtime.worker.subruns import Delegated, open_watch
 
 log = logging.getLogger("runtime.worker")
 
 COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
 PUBLISH_PATIENCE_S = 30.0  # keep retrying an outcome's publish this long (heartbeats hold the job meanwhile)
+
+
+_made = itertools.count(1)  # workers made in this process
+
+
+def _default_name() -> str:
+    """`host:pid`, and `host:pid-n` for the n-th worker of one process: a worker's name keys its beat and
+    tells workers apart (`runtime.worker.handoff`), so two in one process (tests, demos) must not share it."""
+    n = next(_made)
+    return f"{socket.gethostname()}:{os.getpid()}" + (f"-{n}" if n > 1 else "")
 
 
 class Worker:
@@ -116,7 +138,7 @@ class Worker:
         self.registry = registry
         self.concurrency = concurrency
         self.max_batch = max_batch
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.name = name or _default_name()
         self.stats = WorkerStats()
         self.on_outcome = on_outcome  # each published outcome (metrics: `runtime.observe.metrics`)
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
@@ -128,12 +150,13 @@ class Worker:
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
         self.cancels = Cancels(self.name)  # runs cancelled lately; the jobs of each running here
+        self.ready = anyio.Event()  # set once `run` has put its first beat and takes jobs
         # what a job may touch of this worker (`runtime.worker.execute`); the `externals` KV bucket is
         # opened when a script first needs it
-        self.env = JobEnv(js=js, worker=self.name, registry=registry, payloads=self.payloads,
-                          io_for=self.io_for, cancels=self.cancels, stats=self.stats,
-                          ack_wait=lambda: self.held.ack_wait, records=ExternalRecords(js),
-                          externals=externals, secrets=secrets or Secrets())
+        self.env = JobEnv(js=js, worker=self.name, registry=registry, fleet=Fleet(js, self.name),
+                          payloads=self.payloads, io_for=self.io_for, cancels=self.cancels, stats=self.stats,
+                          ack_wait=lambda: self.held.ack_wait, max_deliver=lambda: self._max_deliver,
+                          records=ExternalRecords(js), externals=externals, secrets=secrets or Secrets())
 
     @property
     def running_runs(self) -> frozenset[str]:
@@ -167,6 +190,9 @@ class Worker:
                                       logger=log)
         self.held.set_ack_wait(ack_wait)
         self._max_deliver = topo.tool_max_deliver
+        beat = Beat(self.js, self.name, self.concurrency, sorted(self.registry.tools),
+                    [(v.name, v.digest, v.bundle) for v in self.registry.versions()], self.held, self.stats)
+        await beat.put()  # before the first job: a worker handed one it lacks sees every taker (`handoff`)
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
         cancel_watch = await RunLog(self.js).watch_cancels(self.cancels.on_cancelled)
@@ -174,12 +200,12 @@ class Worker:
         subruns = await open_watch(self.js, self.registry, worker=self.name, patience=PUBLISH_PATIENCE_S)
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
         send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
+        self.ready.set()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.held.run)
                 tg.start_soon(self.held.follow, self.js)
-                tg.start_soon(beat, self.js, self.name, self.concurrency, sorted(self.registry.tools),
-                              self.held, self.stats)
+                tg.start_soon(beat.run)
                 if subruns is not None:
                     tg.start_soon(subruns.run)
                 async with anyio.create_task_group() as runners:
@@ -247,18 +273,25 @@ class Worker:
 
     async def _handle(self, msg: Msg, job: ToolJob) -> None:
         attempt = deliveries(msg)
-        if 1 < self._max_deliver <= attempt and not await self._has_record(job):
+        if await self._last_after_crashes(job, attempt):
             await self._give_up(msg, job, attempt)
             return
         outcome = await execute(self.env, job, attempt)
         if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
             await self._give_back(msg, job, attempt, outcome)
             return
+        if isinstance(outcome, HandOff):  # this worker lacks the tool version: another one has it
+            await self._hand_off(msg, job, attempt, outcome)
+            return
         if isinstance(outcome, Delegated):  # the child's end answers the call (`SubrunWatch`): done here
             log.info("worker %s: %s delegated to sub-run %s", self.name, job.msg_id, outcome.child_run)
             self.stats.delegated += 1
             await msg.ack()
             return
+        await self._publish(msg, job, attempt, outcome)
+
+    async def _publish(self, msg: Msg, job: ToolJob, attempt: int, outcome: ToolOutcome) -> None:
+        """Publish the outcome (retrying NATS trouble for a while), then ack the job."""
         sending = outcome
 
         async def publish() -> None:  # a retry sends the outcome offloaded before: its payload is stored once
@@ -287,6 +320,14 @@ class Worker:
         await record_end(self.js, job.msg_id, attempt, self.name, reason)
         await msg.nak(delay=retry_delay(attempt))
 
+    async def _hand_off(self, msg: Msg, job: ToolJob, attempt: int, handoff: HandOff) -> None:
+        """Leave the job to a worker that has its tool version: nak it, recording that it was a hand-off."""
+        log.info("worker %s: handing %s off (delivery %d, next in %g s): %s", self.name, job.msg_id, attempt,
+                 handoff.delay, handoff.reason)
+        self.stats.handed_off += 1
+        await record_end(self.js, job.msg_id, attempt, self.name, handoff.reason, handoff=True)
+        await msg.nak(delay=handoff.delay)
+
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, DLQ)
         md = msg.metadata
@@ -299,6 +340,13 @@ class Worker:
             return
         self.stats.dead_lettered += 1
         await msg.term()
+
+    async def _last_after_crashes(self, job: ToolJob, attempt: int) -> bool:
+        """The job's last delivery, after earlier ones that ended without an outcome, not all of them
+        hand-offs (a job that was only handed off never ran: it is no suspect of killing workers)."""
+        if not 1 < self._max_deliver <= attempt or await self._has_record(job):
+            return False
+        return not set(range(1, attempt)) <= await handed_off(self.js, job.msg_id)
 
     async def _has_record(self, job: ToolJob) -> bool:
         """An earlier delivery applied this job's writes (its outcome is known, only unpublished)."""
