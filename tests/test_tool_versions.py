@@ -11,9 +11,11 @@ from typing import Any
 import anyio
 import pytest
 from host_helpers import SUBMIT, running_host, running_worker
+from test_auth import creds
 from test_worker import collect_outcomes
 
 from runtime import events as ev
+from runtime import nats as bus
 from runtime.bundle import load_bundle
 from runtime.commands import publish_task
 from runtime.jobs import ToolJob
@@ -133,6 +135,26 @@ async def test_one_worker_with_two_bundles_runs_each_agents_own_add(nats_server,
     assert worker.stats.handed_off == 0 and worker.stats.failed == 0
 
 
+async def test_two_workers_each_with_one_bundle_each_job_is_run_by_the_one_that_has_its_version(
+        nats_server, topo, tmp_path: Path) -> None:
+    alpha, beta = bundle(tmp_path, "alpha", SUM), bundle(tmp_path, "beta", TAGGED)
+    tasks = [(agent, f"add: {i} 1") for i in range(6) for agent in ("alpha", "beta")]
+    with ScriptedModelServer(responder=add_responder) as server:
+        async with running_host(nats_server.url, [alpha, beta], server), \
+                running_worker(nats_server.url, [alpha]) as wa, running_worker(nats_server.url, [beta]) as wb:
+            await wa.ready.wait()
+            await wb.ready.wait()
+            runs = await run_tasks(topo, tasks)
+    for (agent, text), events in zip(tasks, runs, strict=True):
+        i = int(text.split()[1])
+        assert answer(events) == str(i + 1 if agent == "alpha" else i + 1001), (agent, text)
+        assert add_runners(events) == {wa.name if agent == "alpha" else wb.name}, (agent, text)
+        assert not [e for e in events if isinstance(e, ev.ToolRedelivered)]  # a hand-over is no redelivery
+    assert wa.stats.failed == wb.stats.failed == 0
+    # every job delivered to the worker without its version went straight to the other one
+    assert (wa.stats.handed_off, wb.stats.handed_off) == (wb.stats.handed_in, wa.stats.handed_in)
+
+
 async def test_a_version_no_worker_serves_fails_naming_it_and_runs_nothing(nats_server, topo,
                                                                             tmp_path: Path) -> None:
     """The host has a newer alpha (add multiplies) than the only worker (add adds): the call fails."""
@@ -176,7 +198,8 @@ async def test_a_job_handed_off_at_every_delivery_fails_at_its_last_naming_who_s
     error = outcome.result.error
     assert error is not None and error.kind == "input", outcome.result
     assert error.message.startswith(f"tool add version {digest(alpha)} (bundle alpha) was delivered 3 times, "
-                                    "each time to a worker without it: worker(s) elsewhere serve it"), error
+                                    "never to a worker that had it and room for it: worker(s) elsewhere "
+                                    "serve it but did not take it"), error
     assert outcome.attempt == 3 and len(outcome.earlier) == 2  # the two hand-offs, each explained
     given_back = f"given back by worker {worker.name}: it lacks tool add version"
     assert all(given_back in why for why in outcome.earlier)
@@ -210,3 +233,39 @@ async def test_the_last_delivery_of_a_job_only_handed_off_before_runs_where_its_
     assert why.startswith("delivery 1 was given back by worker beta-worker: it lacks tool add version "
                           f"{digest(alpha)} (bundle alpha); worker(s) alpha-worker serve it"), why
     assert worker.stats.dead_lettered == 0
+
+
+async def test_on_a_secured_server_a_worker_hands_a_delivery_it_cannot_run_to_one_that_can(
+        secured, tmp_path: Path) -> None:
+    """Both workers connect as the worker role: the offer, its answer and the taken delivery's ack are
+    allowed; the job runs once, on the worker with alpha's add, as its first delivery."""
+    alpha, beta = bundle(tmp_path, "alpha", SUM), bundle(tmp_path, "beta", TAGGED)
+    admin = await bus.connect(secured.url, **creds("admin").connect_options())
+    a_nc = await bus.connect(secured.url, **creds("worker").connect_options())
+    b_nc = await bus.connect(secured.url, **creds("worker").connect_options())
+    try:
+        js = admin.jetstream()
+        await ensure_topology(js)
+        job = ToolJob(run_id="r1", actor="alpha", call_id="r1/1.0", tool="add", arguments={"a": 2, "b": 5},
+                      tool_digest=digest(alpha))
+        await js.publish(job.subject, job.encode(), headers=job.headers())
+        has = Worker(a_nc.jetstream(), build_registry(bundles=[alpha]), name="alpha-worker")
+        lacks = Worker(b_nc.jetstream(), build_registry(bundles=[beta]), name="beta-worker")
+        psub = await b_nc.jetstream().pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
+        with anyio.fail_after(10):  # delivered to the worker without alpha's add, as the server may
+            (delivered,) = await fetch_batch(psub, 1, 5.0)
+        await psub.unsubscribe()
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(has.run, stop)
+            await has.ready.wait()
+            await lacks.handle(delivered)
+            (outcome,) = await collect_outcomes(js, 1)
+            stop.set()
+    finally:
+        for nc in (admin, a_nc, b_nc):
+            await bus.close(nc)
+    assert (lacks.stats.handed_off, has.stats.handed_in) == (1, 1)
+    assert outcome.worker == "alpha-worker" and outcome.attempt == 1 and outcome.earlier == ()
+    assert outcome.result.output == {"value": 7}
+

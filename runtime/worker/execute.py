@@ -155,9 +155,8 @@ class _Delivery:
         served = env.registry.find(self.job)
         if served is not None:
             return served
-        decided = await decide(env.fleet, env.registry, self.job, attempt=self.attempt,
-                               max_deliver=env.max_deliver(), worker=env.worker)
-        return decided if isinstance(decided, HandOff) else self.done(decided)
+        return await decide(env.fleet, env.registry, self.job, attempt=self.attempt,
+                            max_deliver=env.max_deliver(), worker=env.worker, done=self.done)
 
     def _limits(self) -> Limits | ToolOutcome | None:
         """The job's limits dict, validated once per distinct value (Limits keeps the one cache); None:

@@ -15,10 +15,10 @@ failure mode in brackets):
    unless every earlier delivery was a hand-off (step 3): such a job never ran;
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
-3. look up the exact tool version the job names [lacking: handed off (nak'd) when another live worker
-   serves it, else an `input` failure outcome naming the version, as the kernel reports a tool it does not
-   know; acked: never a crash loop (`runtime.worker.handoff`)]; check the deadline [passed: a `timeout`
-   failure without running];
+3. look up the exact tool version the job names [lacking: the delivery is handed over to a live worker
+   that serves it (or, none taking it, nak'd for a while), else an `input` failure outcome naming the
+   version, as the kernel reports a tool it does not know; acked: never a crash loop
+   (`runtime.worker.handoff`)]; check the deadline [passed: a `timeout` failure without running];
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
@@ -46,7 +46,8 @@ answers are recorded exactly once, is `runtime.worker.externals`.
 
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
-to idle workers; the Monty pool bounds CPU.
+to idle workers; the Monty pool bounds CPU. Deliveries other workers hand over (jobs of tool versions
+they lack, `runtime.worker.handoff`) join the same buffer, at most `concurrency` of them at a time.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -101,7 +103,7 @@ from runtime.worker.attempts import (
 from runtime.worker.cancel import Cancels
 from runtime.worker.execute import JobEnv, execute
 from runtime.worker.externals import ExternalRecords
-from runtime.worker.handoff import Fleet, HandOff
+from runtime.worker.handoff import Fleet, HandOff, Offers, offer
 from runtime.worker.registry import ToolRegistry
 from runtime.worker.stats import Beat, WorkerStats, remove_beat
 from runtime.worker.subruns import Delegated, open_watch
@@ -151,6 +153,9 @@ class Worker:
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
         self.cancels = Cancels(self.name)  # runs cancelled lately; the jobs of each running here
         self.ready = anyio.Event()  # set once `run` has put its first beat and takes jobs
+        self._intake: MemoryObjectSendStream[Msg] | None = None  # the local buffer, while taking jobs
+        self._handed_in = anyio.Semaphore(concurrency)  # room for deliveries other workers hand over
+        self._taken_over: set[int] = set()  # id() of the buffered or running ones
         # what a job may touch of this worker (`runtime.worker.execute`); the `externals` KV bucket is
         # opened when a script first needs it
         self.env = JobEnv(js=js, worker=self.name, registry=registry, fleet=Fleet(js, self.name),
@@ -199,7 +204,11 @@ class Worker:
         # agent tools: the watch that answers a call when its child run ends (None: this worker has none)
         subruns = await open_watch(self.js, self.registry, worker=self.name, patience=PUBLISH_PATIENCE_S)
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
-        send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
+        # and up to `concurrency` more that other workers hand over (`_accept`)
+        send, receive = anyio.create_memory_object_stream[Msg](3 * self.concurrency)
+        offers = Offers(self.js, self.registry, worker=self.name, accept=self._accept)
+        self._intake = send
+        await offers.open()
         self.ready.set()
         try:
             async with anyio.create_task_group() as tg:
@@ -213,29 +222,14 @@ class Worker:
                         runners.start_soon(self._runner, receive.clone(), room)
                     receive.close()
                     async with send:
-                        while not stop.is_set():
-                            await room.acquire()
-                            taken = 1
-                            while taken < self.max_batch and room.value > 0:
-                                room.acquire_nowait()
-                                taken += 1
-                            # runners still have buffered jobs: wait briefly for more free slots, so a
-                            # busy worker fetches a few jobs per round trip instead of one at a time
-                            want = min(self.max_batch, max(1, self.concurrency // 4))
-                            while taken < want and send.statistics().current_buffer_used > 0:
-                                with anyio.move_on_after(COALESCE_S):
-                                    await room.acquire()
-                                    taken += 1
-                                    continue
-                                break
-                            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
-                            for _ in range(taken - len(msgs)):
-                                room.release()
-                            for m in msgs:
-                                self.held.hold(m)
-                                send.send_nowait(m)
+                        await self._fetch(psub, send, room, stop)
+                        self._intake = None  # stopping: take no more handed-over deliveries
+                        await offers.close()
                 tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
         finally:
+            self._intake = None
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await offers.close()
             await self._watch.stop()
             await psub.unsubscribe()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
@@ -248,6 +242,53 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await remove_beat(self.js, self.name)
 
+    async def _fetch(self, psub: JetStreamContext.PullSubscription, send: MemoryObjectSendStream[Msg],
+                     room: anyio.Semaphore, stop: anyio.Event) -> None:
+        """Keep the local buffer topped up from the ``workers`` consumer until `stop` is set."""
+        while not stop.is_set():
+            await room.acquire()
+            taken = 1
+            while taken < self.max_batch and room.value > 0:
+                room.acquire_nowait()
+                taken += 1
+            # runners still have buffered jobs: wait briefly for more free slots, so a
+            # busy worker fetches a few jobs per round trip instead of one at a time
+            want = min(self.max_batch, max(1, self.concurrency // 4))
+            while taken < want and send.statistics().current_buffer_used > 0:
+                with anyio.move_on_after(COALESCE_S):
+                    await room.acquire()
+                    taken += 1
+                    continue
+                break
+            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
+            for _ in range(taken - len(msgs)):
+                room.release()
+            for m in msgs:
+                self.held.hold(m)
+                send.send_nowait(m)
+
+    def _accept(self, msg: Msg) -> bool:
+        """Take a delivery another worker hands over (`runtime.worker.handoff`) into the local buffer, if
+        this worker is taking jobs and has fewer than `concurrency` such deliveries already."""
+        intake = self._intake
+        if intake is None:
+            return False
+        try:
+            self._handed_in.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        self.held.hold(msg)
+        self._taken_over.add(id(msg))
+        try:
+            intake.send_nowait(msg)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._taken_over.discard(id(msg))
+            self.held.settle(msg)
+            self._handed_in.release()
+            return False
+        self.stats.handed_in += 1
+        return True
+
     async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
         async with jobs:
             async for msg in jobs:
@@ -257,7 +298,11 @@ class Worker:
                     log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
                 finally:
                     self.held.settle(msg)
-                    room.release()
+                    if id(msg) in self._taken_over:  # handed over by another worker
+                        self._taken_over.discard(id(msg))
+                        self._handed_in.release()
+                    else:
+                        room.release()
 
     # -- one job ---------------------------------------------------------------------------------------
 
@@ -321,8 +366,18 @@ class Worker:
         await msg.nak(delay=retry_delay(attempt))
 
     async def _hand_off(self, msg: Msg, job: ToolJob, attempt: int, handoff: HandOff) -> None:
-        """Leave the job to a worker that has its tool version: nak it, recording that it was a hand-off."""
-        log.info("worker %s: handing %s off (delivery %d, next in %g s): %s", self.name, job.msg_id, attempt,
+        """Hand the delivery to a worker that has the job's tool version; if none takes it, back to the
+        stream (recorded as a hand-off), or at its last delivery its failure (`runtime.worker.handoff`)."""
+        taker = await offer(self.js, msg, handoff.targets, worker=self.name) if msg.reply else None
+        if taker is not None:  # its delivery now: nothing to settle here
+            log.info("worker %s: handed %s to worker %s (%s)", self.name, job.msg_id, taker, handoff.reason)
+            self.stats.handed_off += 1
+            return
+        if handoff.last is not None:
+            log.warning("worker %s: %s: %s", self.name, job.msg_id, handoff.last.result.error)
+            await self._publish(msg, job, attempt, handoff.last)
+            return
+        log.info("worker %s: no worker took %s; back to the stream for %g s (%s)", self.name, job.msg_id,
                  handoff.delay, handoff.reason)
         self.stats.handed_off += 1
         await record_end(self.js, job.msg_id, attempt, self.name, handoff.reason, handoff=True)

@@ -42,6 +42,7 @@ class WorkerStats:
     cancelled: int = 0  # jobs stopped (or not started) because their run was cancelled
     delegated: int = 0  # agent-tool calls handed to a sub-run
     handed_off: int = 0  # jobs left to another worker: this one lacks their tool version
+    handed_in: int = 0  # deliveries another worker handed to this one (`runtime.worker.handoff`)
 
 
 def beat_key(name: str) -> str:
