@@ -15,7 +15,9 @@ serves, in the ``workers`` bucket, read only when a job needs it and then at mos
    one of them at a time on ``handoffs.<worker key>`` (core NATS), and the first with room that serves the
    version (`Offers`, which reads the job from TOOLS by its sequence rather than trusting the offer) takes
    it: from then on that worker heartbeats, runs, acks or naks the same delivery, exactly as if the server
-   had delivered it there. A delivery handed over is not a new delivery: MaxDeliver is not used up;
+   had delivered it there. A delivery handed over is not a new delivery: MaxDeliver is not used up. An
+   answer that comes later than `OFFER_TIMEOUT_S` (or is lost) leaves the job taken there and given back
+   here: it may then run twice, which the job protocol absorbs as any redelivery (`runtime.worker.loop`);
 3. none of them takes it (all busy, or gone since their last beat), or the beats cannot be read: the job
    goes back to the stream (`nak`) for `handoff_delay` seconds, recorded as a hand-off so its next delivery
    explains it (`runtime.worker.attempts`), and whoever gets it next decides again; at its last delivery
