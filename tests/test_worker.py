@@ -248,7 +248,8 @@ async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: 
         "    output_model: {type: object, properties: {echo: {type: integer}}, required: [echo]}\n")
     reg = build_registry(bundles=[tmp_path])
     assert set(reg.tools) == {"busy", "echo"}
-    assert reg.tools["busy"].limits.max_duration == 0.2  # the registry holds the bundle's tool objects
+    (busy,) = reg.tools["busy"]
+    assert busy.limits.max_duration == 0.2  # the registry holds the bundle's tool objects
     for j in (job("1.0", "busy", {"n": 10**9}), job("1.1", "echo", {"text": "x"})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
     _, outcomes = await run_worker_until(js, reg, 2)

@@ -50,6 +50,10 @@ DLQ        ``dlq.<original subject>``            Limits     dead letters: malfor
                                                             deliveries ran out (`runtime.worker.dlq`).
 =========  ====================================  =========  ==================================================
 
+Core NATS subjects (never stored): ``stream.<actor>.<run>`` (a run's live model output, `stream_subject`) and
+``handoffs.<worker key>`` (a worker offering a tool-job delivery to another that has the job's tool version,
+`handoff_subject`).
+
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
 ``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet
 buckets ``leases`` (`lease_key`: one per partition of each bundle served), ``hosts``, ``workers``,
@@ -100,6 +104,7 @@ ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a 
 WORKERS_CONSUMER = "workers"
 SUBRUNS_CONSUMER = "subruns"  # the EVENTS consumer of run ends, for agent tools (`runtime.worker.subruns`)
 COMMANDS_PREFIX = "ops"  # operators' commands: ops.<agent>.<operator> (`command_subject`)
+HANDOFFS_PREFIX = "handoffs"  # tool-job deliveries offered to one worker, core NATS: handoffs.<worker key>
 ANONYMOUS = "anonymous"  # the operator name of a connection that authenticated as nobody
 
 DEFAULT_PARTITIONS = 16
@@ -311,6 +316,13 @@ def stream_subject(actor: str, run: str) -> str:
     return f"{STREAM_PREFIX}.{check_token(actor, 'agent')}.{check_token(run, 'run id')}"
 
 
+def handoff_subject(worker_key: str) -> str:
+    """Where a worker that lacks a job's tool version offers the delivery to a worker that has it (core
+    NATS request/reply: `runtime.worker.handoff`); `worker_key` is the worker's key in the ``workers``
+    bucket."""
+    return f"{HANDOFFS_PREFIX}.{check_token(worker_key, 'worker key')}"
+
+
 def stream_filter(run: str) -> str:
     """A run's stream without knowing its actor."""
     return f"{STREAM_PREFIX}.*.{check_token(run, 'run id')}"
@@ -435,6 +447,7 @@ __all__ = [
     "ERR_BATCH_DUPLICATE_MSG_ID",
     "ERR_WRONG_LAST_SEQUENCE",
     "EVENTS",
+    "HANDOFFS_PREFIX",
     "HDR_BATCH_COMMIT",
     "HDR_BATCH_ID",
     "HDR_BATCH_SEQ",
@@ -465,6 +478,7 @@ __all__ = [
     "command_subject",
     "dlq_subject",
     "event_subject",
+    "handoff_subject",
     "is_subtask_subject",
     "job_msg_id",
     "lease_key",
