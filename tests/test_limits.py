@@ -112,6 +112,19 @@ async def test_a_cancelled_waiter_keeps_no_permit():
     assert gate.stats.held == 0
 
 
+@pytest.mark.anyio
+async def test_a_permit_of_an_abandoned_request_goes_back_only_after_a_while():
+    """A request given up on mid-flight may still run at the server: its permit is held a little longer."""
+    gate = LocalGate(1)
+    with anyio.move_on_after(0.01):
+        async with gate.slot(Ticket("a")):
+            await anyio.sleep(1)  # the request, cancelled
+    assert gate.stats.held == 1  # not yet back
+    permit = await gate.acquire(Ticket("b"))  # back after the hold (ABANDONED_HOLD_S)
+    gate.release(permit)
+    assert gate.stats.held == 0 and gate.stats.granted == 2
+
+
 # ── the daily budget ─────────────────────────────────────────────────────────────────────────────────────
 
 

@@ -18,6 +18,11 @@ one message each way, with no polling and no retry storm when one frees up.
 * **Hold, release.** Held: ``+WPI`` every third of the lease keeps it. Released: ``-NAK``, and the server
   redelivers it to the next pull in line, on whichever host. A host that dies holding permits stops
   renewing them: each comes back when its lease (the consumer's AckWait, `HostConfig.permit_lease`) passes.
+  Two cautions. NATS applies an ack to the message, not to one delivery of it, so a late nak from a holder
+  whose lease lapsed (its host stalled longer than the lease) would free the permit under its next holder
+  too: a permit not renewed for most of its lease is never nakked, it comes back by itself. And a request
+  given up on while in flight (a cancel, a deadline, a run handed to another host) may still run at the
+  server: its permit goes back `ABANDONED_HOLD_S` later.
 * **Lost pulls.** A pull lives `PULL_EXPIRES_S`; its expiry answer (408) is counted and the pull re-sent
   while the call still waits. A pull the server lost (a restart, a leader change) is forgotten after its
   expiry plus a grace, and re-sent.
@@ -69,6 +74,7 @@ LOST_GRACE_S = 5.0
 DEFAULT_LEASE_S = 15.0
 MAX_WAITING = 100_000  # pull requests a permits consumer keeps waiting (one per waiting call, fleet-wide)
 FLUSH_S = 0.25
+STALE_SHARE = 0.8  # a permit not renewed for this share of its lease is never nakked (see _give_back)
 _API = "$JS.API"
 
 
@@ -82,7 +88,7 @@ class FleetGate(Gate):
         self.lease_s, self.replicas = lease_s, replicas
         self.inbox = nc.new_inbox()
         self._issued: dict[int, deque[float]] = {}  # priority -> when each pull still out was sent
-        self._holding: set[str] = set()  # the ack subjects of the permits held here
+        self._holding: dict[str, float] = {}  # the ack subjects of the permits held here -> last renewed
         self._out: list[tuple[str, bytes, str]] = []  # naks, renewals and pulls to send (from sync code)
         self._wake = anyio.Event()
         self._subs: list[Any] = []
@@ -133,11 +139,18 @@ class FleetGate(Gate):
     def grant(self, permit: Any) -> bool:
         given = super().grant(permit)
         if given:
-            self._holding.add(permit)
+            self._holding[permit] = time.monotonic()
         return given
 
     def _give_back(self, permit: Any) -> None:
-        self._holding.discard(permit)
+        renewed = self._holding.pop(permit, None)
+        if renewed is not None and time.monotonic() - renewed > self.lease_s * STALE_SHARE:
+            # its lease may have lapsed and the server given it to another: a nak now would take it from
+            # that holder too (NATS acks by stream sequence, not by delivery), so it comes back by lease
+            held = time.monotonic() - renewed
+            log.warning("endpoint %s: a permit was held %.1f s since it was last renewed (the lease is %g "
+                        "s): left to come back by itself", self.label, held, self.lease_s)
+            return
         self._send(permit, b"-NAK")
 
     def _top_up(self, priority: int) -> None:
@@ -181,7 +194,9 @@ class FleetGate(Gate):
                 tg.start_soon(self._sender)
                 while True:
                     await anyio.sleep(self.lease_s / 3)
+                    now = time.monotonic()
                     for permit in list(self._holding):
+                        self._holding[permit] = now
                         self._send(permit, b"+WPI")
                     self._forget_lost()
         finally:

@@ -25,6 +25,7 @@ None) and the step one more (no budget).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import time
@@ -43,6 +44,9 @@ from runtime.types import Usage
 
 MINUTE_S = 60.0
 DAY_S = 86_400.0
+# A request given up on while in flight may still be running at the server (it notices the closed
+# connection when it next looks): its permit is held this much longer before it goes back.
+ABANDONED_HOLD_S = 2.0
 RETRY_AFTER_MAX_S = 30.0  # a server's Retry-After is honoured up to this (the bundle's `retry_after_max`)
 THROTTLE_RETRIES = 8  # 429/503 answers retried before a call fails (the bundle's `throttle_retries`)
 
@@ -257,8 +261,13 @@ class Gate:
         permit = await self.acquire(ticket or Ticket())
         try:
             yield
-        finally:
+        except anyio.get_cancelled_exc_class():  # the request was abandoned (a cancel, a deadline, a lost
+            self.release(permit, after=ABANDONED_HOLD_S)  # partition): the server may still be working on it
+            raise
+        except BaseException:
             self.release(permit)
+            raise
+        self.release(permit)
 
     def spent(self, usage: Usage) -> None:
         """Count a reply's tokens against the endpoint's tokens per minute."""
@@ -288,7 +297,11 @@ class Gate:
         self.stats.wait_s += time.monotonic() - waiter.since
         return waiter.permit
 
-    def release(self, permit: Any) -> None:
+    def release(self, permit: Any, *, after: float = 0.0) -> None:
+        """Give a permit back, now or `after` seconds (still held meanwhile)."""
+        if after > 0:
+            asyncio.get_running_loop().call_later(after, self.release, permit)
+            return
         self.stats.held -= 1
         self._give_back(permit)
 
@@ -417,6 +430,7 @@ class DailyBudget:
         self.tokens.add(self.key(self.clock()), total(usage), ttl=2 * self.window_s)
 
 
-__all__ = ["DAY_S", "MINUTE_S", "RETRY_AFTER_MAX_S", "THROTTLE_RETRIES", "BudgetExceeded", "Budgets",
-           "DailyBudget", "EndpointLimits", "FairQueue", "Gate", "GateStats", "LocalGate", "LocalTokens",
-           "OnThrottle", "Throttle", "Ticket", "TokenWindows", "Waiter", "endpoint_key", "notify", "total"]
+__all__ = ["ABANDONED_HOLD_S", "DAY_S", "MINUTE_S", "RETRY_AFTER_MAX_S", "THROTTLE_RETRIES", "BudgetExceeded",
+           "Budgets", "DailyBudget", "EndpointLimits", "FairQueue", "Gate", "GateStats", "LocalGate",
+           "LocalTokens", "OnThrottle", "Throttle", "Ticket", "TokenWindows", "Waiter", "endpoint_key",
+           "notify", "total"]
