@@ -89,7 +89,7 @@ class FleetGate(Gate):
         self.inbox = nc.new_inbox()
         self._issued: dict[int, deque[float]] = {}  # priority -> when each pull still out was sent
         self._holding: dict[str, float] = {}  # the ack subjects of the permits held here -> last renewed
-        self._out: list[tuple[str, bytes, str]] = []  # naks, renewals and pulls to send (from sync code)
+        self._out: list[tuple[str, bytes]] = []  # naks and renewals to send (from sync code)
         self._wake = anyio.Event()
         self._subs: list[Any] = []
 
@@ -130,8 +130,8 @@ class FleetGate(Gate):
     def _try_take(self) -> Any:
         return None  # every permit is the server's to give: that is what keeps the fleet's order
 
-    def _joined(self, waiter: Waiter) -> None:
-        self._top_up(waiter.priority)
+    async def _joined(self, waiter: Waiter) -> None:
+        await self._top_up(waiter.priority)
 
     def _left(self, waiter: Waiter) -> None:
         pass  # its pull may still bring a permit: it goes to the next waiter, or back
@@ -143,6 +143,14 @@ class FleetGate(Gate):
         return given
 
     def _give_back(self, permit: Any) -> None:
+        if self._may_nak(permit):
+            self._send(permit, b"-NAK")
+
+    async def _hand_back(self, permit: Any) -> None:
+        if self._may_nak(permit):
+            await self.nc.publish(permit, b"-NAK")  # at once: the next in line is waiting for it
+
+    def _may_nak(self, permit: Any) -> bool:
         renewed = self._holding.pop(permit, None)
         if renewed is not None and time.monotonic() - renewed > self.lease_s * STALE_SHARE:
             # its lease may have lapsed and the server given it to another: a nak now would take it from
@@ -150,24 +158,22 @@ class FleetGate(Gate):
             held = time.monotonic() - renewed
             log.warning("endpoint %s: a permit was held %.1f s since it was last renewed (the lease is %g "
                         "s): left to come back by itself", self.label, held, self.lease_s)
-            return
-        self._send(permit, b"-NAK")
+            return False
+        return True
 
-    def _top_up(self, priority: int) -> None:
-        """One pull out per call waiting at `priority`."""
+    async def _top_up(self, priority: int) -> None:
+        """One pull out per call waiting at `priority` (sent at once: a call is waiting for it)."""
         issued = self._issued.setdefault(priority, deque())
-        want = self.queue.waiting(priority)
-        if len(issued) >= want:
-            return
         body = json.dumps({"batch": 1, "expires": int(PULL_EXPIRES_S * 1e9), "group": GROUP,
                            "priority": MAX_PRIORITY - priority}).encode()
-        now, subject = time.monotonic(), f"{_API}.CONSUMER.MSG.NEXT.{PERMITS}.{self.key}"
-        for _ in range(want - len(issued)):
-            issued.append(now)
-            self._send(subject, body, reply=f"{self.inbox}.{priority}")
+        subject = f"{_API}.CONSUMER.MSG.NEXT.{PERMITS}.{self.key}"
+        while len(issued) < self.queue.waiting(priority):
+            issued.append(time.monotonic())  # counted before the send: a top-up running meanwhile sees it
+            await self.nc.publish(subject, body, reply=f"{self.inbox}.{priority}")
 
-    def _send(self, subject: str, data: bytes, *, reply: str = "") -> None:
-        self._out.append((subject, data, reply))
+    def _send(self, subject: str, data: bytes) -> None:
+        """Queue a nak or a renewal for the sender (from code that cannot wait for a publish)."""
+        self._out.append((subject, data))
         self._wake.set()
 
     async def _answered(self, priority: int, msg: Msg) -> None:
@@ -182,7 +188,7 @@ class FleetGate(Gate):
             log.warning("endpoint %s: a permit request was refused (%s %s)", self.label, status,
                         (msg.headers or {}).get("Description", ""))
             await anyio.sleep(0.5)  # not in a tight loop
-        self._top_up(priority)
+        await self._top_up(priority)
 
     # -- what runs beside it --------------------------------------------------------------------------------
 
@@ -198,7 +204,7 @@ class FleetGate(Gate):
                     for permit in list(self._holding):
                         self._holding[permit] = now
                         self._send(permit, b"+WPI")
-                    self._forget_lost()
+                    await self._forget_lost()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.close()
@@ -208,10 +214,10 @@ class FleetGate(Gate):
             await self._wake.wait()
             self._wake = anyio.Event()
             out, self._out = self._out, []
-            for subject, data, reply in out:
-                await self.nc.publish(subject, data, reply=reply)
+            for subject, data in out:
+                await self.nc.publish(subject, data)
 
-    def _forget_lost(self) -> None:
+    async def _forget_lost(self) -> None:
         horizon = time.monotonic() - PULL_EXPIRES_S - LOST_GRACE_S
         for priority, issued in list(self._issued.items()):
             lost = 0
@@ -220,7 +226,7 @@ class FleetGate(Gate):
                 lost += 1
             if lost:
                 log.info("endpoint %s: %d permit request(s) unanswered, sent again", self.label, lost)
-                self._top_up(priority)
+                await self._top_up(priority)
 
     async def close(self) -> None:
         """Give back every permit held here (the runs using them are being stopped)."""

@@ -239,7 +239,8 @@ class Gate:
     """A fair queue in front of an endpoint's permits (see the module docstring). Subclasses say where
     permits come from: `_try_take` (one at once, without waiting, or None), `_joined` (a waiter was queued:
     ask for a permit for it), `_left` (a waiter gave up before it got one), `_give_back` (a permit used or
-    not needed). Whatever delivers a permit calls `grant`."""
+    not needed; `_hand_back`, its async twin, where the caller can wait for the send). Whatever delivers a
+    permit calls `grant`."""
 
     def __init__(self, *, key: str = "local", tokens_per_minute: int | None = None,
                  tokens: TokenWindows | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -267,7 +268,9 @@ class Gate:
         except BaseException:
             self.release(permit)
             raise
-        self.release(permit)
+        self.stats.held -= 1
+        with anyio.CancelScope(shield=True):  # once given back, it must reach the server
+            await self._hand_back(permit)
 
     def spent(self, usage: Usage) -> None:
         """Count a reply's tokens against the endpoint's tokens per minute."""
@@ -283,8 +286,8 @@ class Gate:
             return permit
         waiter = Waiter(ticket)
         self.queue.push(waiter)
-        self._joined(waiter)
         try:
+            await self._joined(waiter)
             await waiter.event.wait()
         except BaseException:
             if waiter.permit is not None:
@@ -340,7 +343,7 @@ class Gate:
     def _try_take(self) -> Any:
         raise NotImplementedError
 
-    def _joined(self, waiter: Waiter) -> None:
+    async def _joined(self, waiter: Waiter) -> None:
         raise NotImplementedError
 
     def _left(self, waiter: Waiter) -> None:
@@ -348,6 +351,9 @@ class Gate:
 
     def _give_back(self, permit: Any) -> None:
         raise NotImplementedError
+
+    async def _hand_back(self, permit: Any) -> None:
+        self._give_back(permit)
 
 
 class LocalGate(Gate):
@@ -366,7 +372,7 @@ class LocalGate(Gate):
             return True
         return None
 
-    def _joined(self, waiter: Waiter) -> None:
+    async def _joined(self, waiter: Waiter) -> None:
         if self._free:
             self._free -= 1
             self.grant(True)
