@@ -28,6 +28,7 @@ from __future__ import annotations
 import getpass
 import socket
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,11 +241,14 @@ class Control:
     async def _recorded(self, run: _Run, wanted: Any, *, stop_at_end: bool = False) -> ev.Event:
         """The first event of the run's log that `wanted` accepts, waiting for the host to write it."""
         ending: ev.Event | None = None
+        # closed here, not whenever the generator is collected: by then the connection may be draining,
+        # and its unsubscribe would die in a task nobody awaits ("Task exception was never retrieved")
         with anyio.move_on_after(self.record_wait):
-            async for event in self.log.follow(run.run_id, run.actor, resolve=True):
-                if wanted(event):
-                    return event
-                ending = event
+            async with aclosing(self.log.follow(run.run_id, run.actor, resolve=True)) as events:
+                async for event in events:
+                    if wanted(event):
+                        return event
+                    ending = event
         if stop_at_end and ending is not None and ev.kind_of(ending) in ("run.completed", "run.failed",
                                                                           "run.cancelled"):
             raise ControlError(f"run {run.run_id} {_ended(ending)} before the decision was recorded")
