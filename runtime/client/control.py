@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from nats.js import JetStreamContext
@@ -244,7 +244,9 @@ class Control:
         # closed here, not whenever the generator is collected: by then the connection may be draining,
         # and its unsubscribe would die in a task nobody awaits ("Task exception was never retrieved")
         with anyio.move_on_after(self.record_wait):
-            async with aclosing(self.log.follow(run.run_id, run.actor, resolve=True)) as events:
+            follow = cast(AsyncGenerator[ev.Event, None],
+                          self.log.follow(run.run_id, run.actor, resolve=True))
+            async with aclosing(follow) as events:
                 async for event in events:
                     if wanted(event):
                         return event
