@@ -23,7 +23,9 @@ import typer
 
 from runtime.cli import serving
 from runtime.cli.app import app
+from runtime.cli.connect import with_client
 from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, announce, start_metrics
+from runtime.cli.output import console
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
 from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats
 from runtime.observe.logs import LogFormat
@@ -217,11 +219,11 @@ def status(
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """The fleet: hosts and their partitions, workers, queue depths, runs in flight."""
-    import anyio
+    from runtime.client.status import render
 
     url = resolve_nats(nats_url, "status")
     try:
-        report = anyio.run(_status, url, backend="asyncio")
+        report = with_client(url, "status", lambda c: c.status())
     except Exception as e:  # no topology yet, or NATS unreachable
         typer.echo(f"sa status: {type(e).__name__}: {e} (is anything running? `sa up` creates the streams)",
                    err=True)
@@ -229,22 +231,7 @@ def status(
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    from rich.console import Console
-
-    from runtime.client.status import render
-
-    Console().print(render(report))
-
-
-async def _status(url: str) -> dict[str, Any]:
-    from runtime import nats as bus
-    from runtime.client.status import gather
-
-    nc = await bus.connect(url, name="sa-status", max_reconnect_attempts=3)
-    try:
-        return await gather(bus.jetstream_for(nc))
-    finally:
-        await bus.close(nc)
+    console().print(render(report))
 
 
 __all__ = ["host", "status", "worker"]

@@ -18,6 +18,7 @@ commands hosts apply: every answer comes from the log.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -37,7 +38,9 @@ from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 
 if TYPE_CHECKING:
+    from runtime.bundle import Bundle
     from runtime.client.diff import Divergence
+    from runtime.client.fork import Forked, ForkEdit
     from runtime.log import Purged
     from runtime.nats.records import ThreadRecord
 
@@ -54,11 +57,17 @@ class RunInfo:
     last_seq: int
     bundle: str | None
     forked_from: str | None
+    partition: int | None = None  # the task partition whose host drives the run
+    forked_at: int | None = None  # a fork: the seq of `forked_from` it was forked at
 
     @classmethod
     def of(cls, run_id: str, ix: RunIndex) -> RunInfo:
         return cls(run_id, ix.actor, ix.status, ix.updated, ix.task_id, ix.last_seq, ix.bundle,
-                   ix.forked_from)
+                   ix.forked_from, ix.partition, ix.forked_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as a JSON object (`sa runs --json`)."""
+        return dataclasses.asdict(self)
 
     def belongs_to(self, agent: str | None) -> bool:
         """True for any run when `agent` is None, else for runs of that bundle or bundle:instance."""
@@ -155,6 +164,16 @@ class Client:
         rows = [r for r in await self.runs(agent) if r.updated < before]
         chosen = [r.run_id for r in sorted(rows, key=lambda r: r.updated)]
         return await self.log.purge(chosen, dry_run=dry_run)
+
+    async def fork(self, run_id: str, at: int, edit: ForkEdit | None = None, *,
+                   bundle: Bundle | None = None) -> Forked:
+        """A new run that keeps run `run_id`'s events before seq `at` (with `edit` applied there) and goes
+        on from that point without re-calling the model for what it kept: the fork as written (its run
+        id, actor, partition, how many events it holds). `ForkError` if it cannot be made as asked
+        (nothing is written then); `RunHandle.fork` is the same, returning the new run's handle."""
+        from runtime.client.fork import fork
+
+        return await fork(self.js, run_id, at, edit, bundle=bundle)
 
     async def diff(self, a: str, b: str) -> Divergence:
         """Where run `b` (a fork of `a`, say) diverges from `a`, and what differs after."""

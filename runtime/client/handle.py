@@ -10,14 +10,18 @@ free to make (`client.get(run_id)`) and a handle made in another process, or aft
 Everything it answers is read from the run's log (`runtime.log`), the one truth; everything it changes
 goes through the commands a host applies (`runtime.client.control`), so a result is what was recorded,
 never what this process believes.
+
+Every read of the live log is closed before the call returns (`aclosing`), however it ends: a follow left
+suspended would be finalised later, after its connection closed, and die there as a task exception that
+nobody retrieves.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import nullcontext
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -94,8 +98,9 @@ class RunHandle:
         to `timeout` seconds (None: as long as it takes; `TimeoutError` after)."""
         with anyio.fail_after(timeout) if timeout is not None else nullcontext():
             last: ev.Event | None = None
-            async for event in self.client.log.follow(self.run_id, self.actor):
-                last = event
+            async with aclosing(_follow(self.client, self.run_id, self.actor)) as events:
+                async for event in events:
+                    last = event
             if last is None or ev.kind_of(last) not in TERMINAL_KINDS:  # follow returns after the end
                 raise RuntimeError(f"the log of run {self.run_id} ended without a terminal event")
             return await self.client.log.resolve(last)
@@ -118,7 +123,7 @@ class RunHandle:
         """The run's events, in order, as recorded (what `sa replay` shows)."""
         return list((await self.history()).events)
 
-    async def events(self, *, from_seq: int = 0, follow: bool = True) -> AsyncIterator[ev.Event]:
+    async def events(self, *, from_seq: int = 0, follow: bool = True) -> AsyncGenerator[ev.Event, None]:
         """The run's events from `from_seq` on: with `follow`, live until its terminal event (waiting for
         the run to start if it has not); without, those recorded now."""
         if not follow:
@@ -126,9 +131,10 @@ class RunHandle:
                 if event.seq >= from_seq:
                     yield event
             return
-        async for event in self.client.log.follow(self.run_id, self.actor, resolve=True):
-            if event.seq >= from_seq:
-                yield event
+        async with aclosing(_follow(self.client, self.run_id, self.actor, resolve=True)) as events:
+            async for event in events:
+                if event.seq >= from_seq:
+                    yield event
 
     async def tokens(self) -> AsyncIterator[Delta]:
         """The model's output as it is generated (`runtime.streaming`), live, until the run ends. At most
@@ -143,8 +149,9 @@ class RunHandle:
                             await send.send(delta)
 
                 async def until_end() -> None:
-                    async for _ in self.client.log.follow(self.run_id, self.actor):
-                        pass
+                    async with aclosing(_follow(self.client, self.run_id, self.actor)) as events:
+                        async for _ in events:
+                            pass
                     await send.send(None)
 
                 tg.start_soon(pump)
@@ -193,9 +200,7 @@ class RunHandle:
                    bundle: Bundle | None = None) -> RunHandle:
         """A new run that keeps this run's events before seq `at` (with `edit` applied there) and goes on
         from that point without re-calling the model for what it kept; its handle."""
-        from runtime.client.fork import fork
-
-        forked = await fork(self.client.js, self.run_id, at, edit, bundle=bundle)
+        forked = await self.client.fork(self.run_id, at, edit, bundle=bundle)
         return RunHandle(self.client, forked.run_id, forked.actor)
 
     async def verify(self, bundle: Bundle | str | Path | None = None) -> Verification:
@@ -217,6 +222,12 @@ class RunHandle:
         config = loaded.kernel_config()
         conversation = await conversation_for(self.client.log, config, history.events)
         return verify(config, history.events, conversation)
+
+
+def _follow(client: Client, run_id: str, actor: str | None, *,
+            resolve: bool = False) -> AsyncGenerator[ev.Event, None]:
+    """The run log's live read of a run, typed as the generator it is (so it can be closed)."""
+    return cast(AsyncGenerator[ev.Event, None], client.log.follow(run_id, actor, resolve=resolve))
 
 
 __all__ = ["RunCancelledError", "RunError", "RunFailedError", "RunHandle", "outcome"]

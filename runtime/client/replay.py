@@ -1,8 +1,9 @@
 """Seeing a run: the rendered timeline, the live view, and verification by the kernel (`sa replay`).
 
-    history = await RunLog(js).read(run_id)          # the events (runtime.log)
+    history = await client.get(run_id).history()    # the events (runtime.client)
     console.print(timeline(history.events))          # model requests, tool calls, scripts, durations, tokens
     report = verify(config, history.events)          # re-fold with the kernel: decide reproduces the log?
+    await watch(client.get(run_id), console)         # the run live, until it ends
 
 `verify` is the executable form of the kernel's purity: folding the recorded events and asking `decide`
 at every point must predict every event the runner wrote on its own initiative. What the kernel settles
@@ -18,18 +19,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import aclosing, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
-from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.log import RunLog
-from runtime.streaming import Delta, subscribe
+from runtime.streaming import Delta
+
+if TYPE_CHECKING:
+    from runtime.client.handle import RunHandle
 
 # ---------------------------------------------------------------------------------------------------------
 # rendering
@@ -181,33 +182,49 @@ def _t0(events: Sequence[ev.Event]) -> float:
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
           "approval": "green"}
+_FAILED = ("run.failed", "model.failed", "tool.failed", "script.failed")
+
+
+def _style(kind: str) -> str:
+    return "red" if kind in _FAILED else _STYLE.get(kind.split(".")[0], "")
 
 
 def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
-    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption."""
+    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption.
+    Every cell is a `Text`: what a run recorded (a task, a reply holding `[/INST]`) is shown as written,
+    never read as rich markup."""
     from rich.table import Table
+    from rich.text import Text
 
     t0 = _t0(events)
     s = summarize(events)
-    table = Table(title=title or None, show_lines=False, header_style="bold", expand=False,
-                  caption=(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
-                           f"{s.model_calls} model call(s) "
-                           f"{s.model_ms:.0f} ms · {s.tool_calls} tool call(s) {s.tool_ms:.0f} ms · "
-                           f"tokens {s.prompt_tokens}+{s.completion_tokens} · {s.wall_s:.2f} s"))
+    table = Table(title=Text(title) if title else None, show_lines=False, header_style="bold", expand=False,
+                  caption=Text(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
+                               f"{s.model_calls} model call(s) "
+                               f"{s.model_ms:.0f} ms · {s.tool_calls} tool call(s) {s.tool_ms:.0f} ms · "
+                               f"tokens {s.prompt_tokens}+{s.completion_tokens} · {s.wall_s:.2f} s"))
     table.add_column("seq", justify="right")
     table.add_column("+ms", justify="right")
     table.add_column("event")
     table.add_column("detail", overflow="fold")
     for e in events:
         kind = ev.kind_of(e)
-        style = "red" if kind in ("run.failed", "model.failed", "tool.failed", "script.failed") else \
-            _STYLE.get(kind.split(".")[0], "")
-        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", f"[{style}]{kind}[/]" if style else kind,
-                      describe(e))
+        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", Text(kind, style=_style(kind)),
+                      Text(describe(e)))
     return table
 
 
-async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: bool = False,
+def event_line(event: ev.Event) -> Any:
+    """One event as `sa send --follow` prints it: seq, kind, what happened (a `Text`: data is not markup)."""
+    from rich.text import Text
+
+    kind = ev.kind_of(event)
+    line = Text.assemble((f"{event.seq:>3}", "dim"), " ", (f"{kind:<17}", _style(kind)), " ")
+    line.append(describe(event))
+    return line
+
+
+async def watch(handle: RunHandle, console: Any, *, as_json: bool = False,
                 tokens: bool = False) -> ev.Event | None:
     """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
     tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines.
@@ -216,6 +233,10 @@ async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: boo
     (`runtime.streaming`): the stream is subscribed to first and the log read after, so a follower that
     joins late sees what is recorded, then the rest live. Fragments of a request the log already answered
     are dropped (the recorded reply was shown); as JSON, each fragment is a line ``{"delta": {...}}``."""
+    import anyio
+
+    from runtime.streaming import subscribe
+
     started = time.monotonic()
     status = "waiting for a host"
     last: ev.Event | None = None
@@ -226,7 +247,7 @@ async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: boo
     send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
     sub = None
     if tokens:
-        sub, deltas = await subscribe(js._nc, run_id)
+        sub, deltas = await subscribe(handle.client.nc, handle.run_id)
 
         async def pump() -> None:
             async with deltas:
@@ -239,8 +260,9 @@ async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: boo
                 tg.start_soon(pump)
 
             async def events() -> None:
-                async for event in RunLog(js).follow(run_id):
-                    await send.send(event)
+                async with aclosing(handle.events()) as followed:
+                    async for event in followed:
+                        await send.send(event)
                 await send.send(None)
 
             tg.start_soon(events)
@@ -271,7 +293,7 @@ async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: boo
                     if as_json:
                         print(ev.to_json(event), flush=True)
                     else:
-                        console.print(f"[dim]{event.seq:>3}[/] {kind:<17} {describe(event)}", highlight=False)
+                        console.print(event_line(event), highlight=False)
                     if isinstance(event, ev.TurnCompleted):
                         turns += 1
                     elif isinstance(event, ev.ToolCalled):
@@ -286,10 +308,13 @@ async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: boo
     if sub is not None:
         await sub.unsubscribe()
     if not as_json and last is not None:
+        from rich.text import Text
+
         ok = isinstance(last, ev.RunCompleted)
-        verdict = "[green]completed[/]" if ok else f"[red]{ev.kind_of(last).split('.')[1]}[/]"
-        console.print(f"{verdict} in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} tool "
-                      f"call(s) · {tokens_used} tokens   (sa replay {run_id})")
+        verdict = Text("completed", "green") if ok else Text(ev.kind_of(last).split(".")[1], "red")
+        console.print(verdict + Text(f" in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} "
+                                     f"tool call(s) · {tokens_used} tokens   (sa replay {handle.run_id})"),
+                      highlight=False)
     return last
 
 
@@ -408,4 +433,4 @@ def verify(config: kernel.KernelConfig, events: Sequence[ev.Event],
     return out
 
 
-__all__ = ["Summary", "Verification", "describe", "summarize", "timeline", "verify", "watch"]
+__all__ = ["Summary", "Verification", "describe", "event_line", "summarize", "timeline", "verify", "watch"]
