@@ -8,9 +8,11 @@ commands against a real fleet, and through every renderer the client has."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from control_helpers import sa
 from host_helpers import running_host, running_worker, write_bundle
@@ -19,7 +21,7 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import hermes_call
+from runtime.testing.fleet import CLI, hermes_call
 
 pytestmark = pytest.mark.anyio
 
@@ -97,3 +99,22 @@ def test_every_renderer_shows_data_with_brackets_verbatim():
     for data in ("again [/oops] [bold]x", "[/INST] [run:x1]", "run r1 [/t]", "[/red] elsewhere", "h[/x]:1",
                  "[run:x1]", "w[/y]"):
         assert data in text, (data, text)
+
+
+async def test_piped_runs_print_every_id_whole_one_run_per_line(nats_server, topo):
+    """`sa runs | grep` once got run ids and task ids cut to fit 80 columns with an ellipsis."""
+    kv = await bus.runs_kv(topo)
+    runs = {f"r{i:016x}": (f"task-{i}-" + "x" * 40, "calc:" + "instance" * 4) for i in range(3)}
+    for i, (run_id, (task_id, actor)) in enumerate(runs.items()):
+        await kv.put(run_id, bus.RunIndex(status="completed", actor=actor, partition=0, last_seq=7,
+                                          updated=1000.0 + i, task_id=task_id).encode())
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["NATS_URL"] = nats_server.url
+    piped = await anyio.run_process([*CLI, "runs"], env=env, check=False)  # stdout is a pipe
+    lines = piped.stdout.decode().splitlines()
+    assert piped.returncode == 0, piped.stderr.decode()
+    assert lines[0].split("\t") == ["run", "agent", "status", "updated", "task id", "last seq"]
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [(r[0], r[4], r[1]) for r in rows] == [(run_id, task_id, actor) for run_id, (task_id, actor)
+                                                  in reversed(runs.items())]  # newest first, all whole
+    assert all(r[2] == "completed" and r[5] == "7" for r in rows)

@@ -4,7 +4,7 @@
                                           publish a task, print its run id, optionally follow it live
                                           (the model's output as it is generated); in a thread, the run
                                           continues that conversation
-    sa runs [AGENT]                       the runs index
+    sa runs [AGENT]                       the runs index (tab-separated when piped: full run ids)
     sa runs purge --before DATE [--agent A] [--dry-run] [--json]
                                           delete finished runs (events, payloads, index entries)
 
@@ -21,6 +21,7 @@ retried publish is stored once.
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -132,7 +133,7 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
-    """List runs from the runs index, newest first."""
+    """List runs from the runs index, newest first (tab-separated, ids in full, when not on a terminal)."""
     if ctx.invoked_subcommand is not None:
         return
     url = resolve_nats(nats_url, "runs")
@@ -143,6 +144,10 @@ def runs(
     rows = with_client(url, "runs", listed)
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2))
+    elif not sys.stdout.isatty():  # for grep, cut and awk: every value whole, one run per line
+        print("\t".join(RUN_COLUMNS))
+        for r in rows:
+            print("\t".join(_run_cells(r)))
     else:
         _runs_table(rows)
 
