@@ -24,9 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import msgspec
+from nats.aio.msg import Msg
 
 from runtime import events as ev
 from runtime.log import TERMINAL_KINDS, RunHistory
+from runtime.nats.subjects import stream_filter, stream_subject
 from runtime.streaming import Delta, subscribe
 
 if TYPE_CHECKING:
@@ -165,6 +168,52 @@ class RunHandle:
         finally:
             await sub.unsubscribe()
 
+    async def live(self, *, tokens: bool = True) -> AsyncGenerator[ev.Event | Delta, None]:
+        """The run's events from the first, live, until its terminal event; with `tokens`, the model's
+        output as it is generated (`Delta`s) among them, in the order a person reads a run:
+
+        * a request's fragments come after its `model.requested` and before its `model.responded`: the
+          host publishes the fragments on core NATS as the model writes them and appends the events to
+          the log, so they reach this process by two paths, and a fragment can overtake the request it
+          answers; it is held until that request has been yielded;
+        * fragments of a request the log has already answered are dropped (the recorded reply holds
+          them all), and so are those still held when the run ends;
+        * a request's last message is a `Delta` with `done` (unless it was lost: the stream is at most
+          once).
+
+        Why the fragments cannot come after their reply: the host publishes all of them before it
+        appends `model.responded`, one connection delivers in order, and they are handed over here
+        from the subscription's callback, before the log's path (a consumer, then a reader) hands
+        over the reply."""
+        if not tokens:
+            async for event in self.events():
+                yield event
+            return
+        send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
+
+        async def on_delta(msg: Msg) -> None:
+            try:
+                send.send_nowait(Delta.decode(msg.data))
+            except (msgspec.DecodeError, anyio.WouldBlock):
+                pass  # not a delta, or a reader far behind: the log has the truth
+
+        subject = stream_subject(self.actor, self.run_id) if self.actor else stream_filter(self.run_id)
+        sub = await self.client.nc.subscribe(subject, cb=on_delta)  # before the log is read: none missed
+        try:
+            async with anyio.create_task_group() as tg:
+                async def from_log() -> None:
+                    async for event in self.events():
+                        await send.send(event)
+                    await send.send(None)
+
+                tg.start_soon(from_log)
+                async with receive, aclosing(_in_reading_order(receive)) as ordered:
+                    async for item in ordered:
+                        yield item
+                tg.cancel_scope.cancel()
+        finally:
+            await sub.unsubscribe()
+
     async def status(self) -> str | None:
         """What the runs index says of the run now (`running`, `waiting for approval`, `completed`, ...),
         or None if it has no entry (not started yet, or purged)."""
@@ -228,6 +277,34 @@ def _follow(client: Client, run_id: str, actor: str | None, *,
             resolve: bool = False) -> AsyncGenerator[ev.Event, None]:
     """The run log's live read of a run, typed as the generator it is (so it can be closed)."""
     return cast(AsyncGenerator[ev.Event, None], client.log.follow(run_id, actor, resolve=resolve))
+
+
+async def _in_reading_order(items: AsyncIterator[ev.Event | Delta | None]
+                            ) -> AsyncGenerator[ev.Event | Delta, None]:
+    """`RunHandle.live`'s ordering of events and fragments as they arrived (None: the log ended)."""
+    requested: set[str] = set()  # model requests yielded
+    answered: set[str] = set()  # ... and answered (their reply or failure yielded)
+    held: dict[str, list[Delta]] = {}  # fragments that came before their request
+    async for item in items:
+        if item is None:
+            return
+        if isinstance(item, Delta):
+            if item.request_id in answered:
+                continue
+            if item.request_id not in requested:
+                held.setdefault(item.request_id, []).append(item)
+                continue
+            yield item
+            continue
+        yield item
+        if isinstance(item, ev.ModelRequested):  # a new attempt of a failed request streams again
+            requested.add(item.request_id)
+            answered.discard(item.request_id)
+            for delta in held.pop(item.request_id, []):
+                yield delta
+        elif isinstance(item, ev.ModelResponded | ev.ModelFailed):
+            answered.add(item.request_id)
+            held.pop(item.request_id, None)
 
 
 __all__ = ["RunCancelledError", "RunError", "RunFailedError", "RunHandle", "outcome"]

@@ -224,89 +224,90 @@ def event_line(event: ev.Event) -> Any:
     return line
 
 
+class _Live:
+    """The model's output as `watch` prints it: fragments on one line, a streamed tool call shown as
+    `name(arguments)` and closed when its arguments end (another call or text starts, the request is
+    done, or an event is printed)."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.line_open = False  # output printed on the current line, not ended yet
+        self.call: tuple[str, int] | None = None  # the (request, index) of the call whose `(` is open
+
+    def _out(self, text: str) -> None:
+        self.console.out(text, end="", highlight=False)
+        self.line_open = True
+
+    def close_call(self) -> None:
+        if self.call is not None:
+            self._out(")")
+            self.call = None
+
+    def end_line(self) -> None:
+        self.close_call()
+        if self.line_open:
+            self.console.out("")
+            self.line_open = False
+
+    def show(self, delta: Delta) -> None:
+        if delta.done:
+            self.end_line()
+            return
+        if delta.tool_call is not None:
+            call = (delta.request_id, delta.tool_call.index)
+            if self.call != call:
+                self.close_call()
+                if self.line_open:
+                    self._out(" ")
+                self._out(f"{delta.tool_call.name}(")
+                self.call = call
+            self._out(delta.tool_call.arguments)
+        if delta.text:
+            self.close_call()
+            self._out(delta.text)
+
+
 async def watch(handle: RunHandle, console: Any, *, as_json: bool = False,
                 tokens: bool = False) -> ev.Event | None:
     """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
     tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines.
 
-    With `tokens`, the model's output is shown as it is generated, from the run's stream
-    (`runtime.streaming`): the stream is subscribed to first and the log read after, so a follower that
-    joins late sees what is recorded, then the rest live. Fragments of a request the log already answered
-    are dropped (the recorded reply was shown); as JSON, each fragment is a line ``{"delta": {...}}``."""
-    import anyio
-
-    from runtime.streaming import subscribe
-
+    With `tokens`, the model's output is shown as it is generated, among the events in the order
+    `RunHandle.live` gives (a request's fragments after its `model.requested`, before its reply); as
+    JSON, each fragment is a line ``{"delta": {...}}``."""
     started = time.monotonic()
     status = "waiting for a host"
     last: ev.Event | None = None
     turns = tools = tokens_used = 0
-    answered: set[str] = set()  # model requests whose reply is in the log
-    open_line = False  # model output printed on the current line, not ended yet
-    # events and fragments in arrival order; None once the log's terminal event was passed on
-    send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
-    sub = None
-    if tokens:
-        sub, deltas = await subscribe(handle.client.nc, handle.run_id)
-
-        async def pump() -> None:
-            async with deltas:
-                async for delta in deltas:
-                    await send.send(delta)
+    live = _Live(console)
     quiet = tokens and not as_json  # a spinner and tokens printed on one line do not mix
     with (nullcontext(_NoStatus()) if quiet else console.status(status)) as progress:
-        async with anyio.create_task_group() as tg:
-            if sub is not None:
-                tg.start_soon(pump)
-
-            async def events() -> None:
-                async with aclosing(handle.events()) as followed:
-                    async for event in followed:
-                        await send.send(event)
-                await send.send(None)
-
-            tg.start_soon(events)
-            async with receive:
-                async for item in receive:
-                    if item is None:
-                        break
-                    if isinstance(item, Delta):
-                        if item.request_id in answered or not (item.text or item.tool_call):
-                            continue
-                        if as_json:
-                            print(msgspec.json.encode({"delta": item}).decode(), flush=True)
-                        else:
-                            fragment = item.text or (
-                                f"{item.tool_call.name}(" if item.tool_call and item.tool_call.name else "")
-                            fragment += item.tool_call.arguments if item.tool_call else ""
-                            console.out(fragment, end="", highlight=False)
-                            open_line = True
-                        continue
-                    event = item
-                    last = event
-                    kind = ev.kind_of(event)
-                    if isinstance(event, ev.ModelResponded | ev.ModelFailed):
-                        answered.add(event.request_id)
-                    if open_line:
-                        console.out("")
-                        open_line = False
-                    if as_json:
-                        print(ev.to_json(event), flush=True)
-                    else:
-                        console.print(event_line(event), highlight=False)
-                    if isinstance(event, ev.TurnCompleted):
-                        turns += 1
-                    elif isinstance(event, ev.ToolCalled):
-                        tools += 1
-                    elif isinstance(event, ev.ModelResponded):
-                        tokens_used += event.usage.prompt_tokens + event.usage.completion_tokens
-                    status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
-                              "turn.completed": "next turn"}.get(kind, status)
-                    progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens_used} "
-                                    f"tokens · {time.monotonic() - started:.1f} s")
-            tg.cancel_scope.cancel()
-    if sub is not None:
-        await sub.unsubscribe()
+        async with aclosing(handle.live(tokens=tokens)) as items:
+            async for item in items:
+                if isinstance(item, Delta):
+                    if as_json and (item.text or item.tool_call):
+                        print(msgspec.json.encode({"delta": item}).decode(), flush=True)
+                    elif not as_json:
+                        live.show(item)
+                    continue
+                event = last = item
+                live.end_line()
+                if as_json:
+                    print(ev.to_json(event), flush=True)
+                else:
+                    console.print(event_line(event), highlight=False)
+                if isinstance(event, ev.TurnCompleted):
+                    turns += 1
+                elif isinstance(event, ev.ToolCalled):
+                    tools += 1
+                elif isinstance(event, ev.ModelResponded):
+                    tokens_used += event.usage.prompt_tokens + event.usage.completion_tokens
+                kind = ev.kind_of(event)
+                status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
+                          "turn.completed": "next turn"}.get(kind, status)
+                progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens_used} "
+                                f"tokens · {time.monotonic() - started:.1f} s")
+    live.end_line()
     if not as_json and last is not None:
         from rich.text import Text
 
