@@ -10,8 +10,10 @@
 
 Every read and write goes through `runtime.client` (`runtime.cli.connect`). Finding the server:
 `runtime.cli.where`. Exit codes of `sa send`: 0 stored (and with `--follow`: completed); 1 the task was not
-stored (no host has created the TASKS stream yet, unless `--wait` outlasts that), or the run failed or was
-cancelled (`--follow`); 2 bad usage (no server, a bad name).
+stored (no host has created the TASKS stream yet, unless `--wait` outlasts that; the server refused it), or
+the run failed or was cancelled (`--follow`); 2 bad usage (no server, a bad name); 3 the task was stored
+(its run id is printed) but these credentials may not read runs, so it cannot be followed: follow it with
+an operator's (`sa replay RUN`).
 
 `sa send` never creates a stream (the hosts own the topology) and never drops a task silently: it prints
 the run id only once JetStream confirmed the task is stored, and it retries under one task id, so a
@@ -34,6 +36,8 @@ from runtime.cli.where import resolve_nats
 
 if TYPE_CHECKING:
     from runtime.client import Client, RunInfo
+
+STORED_NOT_FOLLOWED = 3  # `sa send --follow`: the task is stored, but these credentials may not read runs
 
 # ---------------------------------------------------------------------------------------------------------
 # sa send
@@ -86,7 +90,8 @@ async def _send(url: str, agent: str, text: str, options: dict[str, Any], follow
             typer.echo(f"sa send: {e}", err=True)
             return 2
         except NotSent as e:
-            typer.echo(f"sa send: {e}", err=True)
+            hint = " (sa send --wait SECONDS waits for one)" if e.reason == "no_stream" else ""
+            typer.echo(f"sa send: {e}{hint}", err=True)
             return 1
         if as_json:
             print(json.dumps({"run_id": handle.run_id}), flush=True)
@@ -94,8 +99,25 @@ async def _send(url: str, agent: str, text: str, options: dict[str, Any], follow
             print(f"run {handle.run_id}", flush=True)
         if not follow:
             return 0
-        last = await watch(handle, console(), as_json=as_json, tokens=tokens)
+        try:
+            last = await watch(handle, console(), as_json=as_json, tokens=tokens)
+        except Exception as e:
+            return _not_followed(e, handle.run_id)
         return 0 if isinstance(last, ev.RunCompleted) else 1
+
+
+def _not_followed(error: Exception, run_id: str) -> int:
+    """The task is stored but following it failed: if the server refused to let these credentials read
+    the run, say so and how to follow it (exit 3); anything else is raised."""
+    from runtime.nats.connection import explain_refusal
+
+    refusal = explain_refusal(error)
+    if refusal is None:
+        raise error
+    typer.echo(f"sa send: the task is stored: run {run_id}. Following it was refused: these credentials may "
+               f"publish tasks but not read runs; follow it with an operator's: sa replay {run_id}  "
+               f"({refusal})", err=True)
+    return STORED_NOT_FOLLOWED
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Giving the fleet a task so that it is stored exactly once, or saying why it was not.
 
-Why a module of its own: publishing a task is the one write an outside process makes, and the two ways it
-can go wrong look alike on the wire. No TASKS stream (no host has made the topology yet) and a stream
-that does not answer (a leader election, a refused permission) both end in a JetStream error or a
-timeout; the first is fixed by starting a host, the second by waiting or by fixing credentials. So
-`submit` tells them apart, retries the second under one task id (`Nats-Msg-Id`, so an attempt that was
-stored after all is not stored twice), never creates a stream (the hosts own the topology: a stream
+Why a module of its own: publishing a task is the one write an outside process makes, and the ways it can
+go wrong look alike on the wire. No TASKS stream (no host has made the topology yet), a stream that does
+not answer (a leader election) and a publish the server's permissions refuse all end in a JetStream error
+or a timeout; the first is fixed by starting a host, the second by waiting, the third only by other
+credentials. So `submit` tells them apart: it retries the second under one task id (`Nats-Msg-Id`, so an
+attempt that was stored after all is not stored twice), stops at once on the third (the server said why:
+`runtime.nats.connection.refused_publish`), never creates a stream (the hosts own the topology: a stream
 made here could have the wrong partition count), and raises `NotSent` with what to do.
 """
 
@@ -13,22 +14,31 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
-from runtime.commands import publish_task
-from runtime.nats.subjects import TASKS
+from runtime.commands import actor_key, publish_task, split_actor
+from runtime.nats.connection import refused_publish
+from runtime.nats.subjects import TASKS, task_subject
 
 NO_STREAM = ("no host has created the TASKS stream yet: start `sa host` or `sa up` (or wait for one); "
              "the task was not sent")
 RETRY_UNANSWERED_S = 10.0  # how long an existing stream that does not answer (a leader election) is retried
 
+Reason = Literal["no_stream", "unanswered", "refused"]
+
 
 class NotSent(Exception):
-    """The task is not stored in TASKS (the message says why and what to do)."""
+    """The task is not stored in TASKS (the message says why and what to do). `reason`: `no_stream` (no
+    host has made the streams yet), `unanswered` (no confirmation in time: send it again under the same task
+    id), `refused` (the server's permissions refused it)."""
+
+    def __init__(self, message: str, reason: Reason = "unanswered") -> None:
+        super().__init__(message)
+        self.reason: Reason = reason
 
 
 async def submit(js: Any, agent: str, input: str, *, task_id: str | None = None, instance: str | None = None,
@@ -42,6 +52,8 @@ async def submit(js: Any, agent: str, input: str, *, task_id: str | None = None,
     Raises `NotSent` when the task is not stored, `ValueError` for a task that can never be (a bad agent,
     instance or thread name)."""
     task_id = task_id or uuid.uuid4().hex
+    bundle, named = split_actor(agent)
+    actor = actor_key(bundle, instance or named)
     start = anyio.current_time()
     told = False
     while True:
@@ -51,13 +63,18 @@ async def submit(js: Any, agent: str, input: str, *, task_id: str | None = None,
                                         headers=headers)
             return run_id, task_id
         except (NoStreamResponseError, NatsTimeoutError) as e:
+            refused = refused_publish(task_subject(actor))
+            if refused is not None:
+                raise NotSent(f"NATS refused to store the task ({refused}): these credentials may not "
+                              f"publish tasks for {actor}; use a publisher's or an admin's. The task was not "
+                              "sent", "refused") from None
             missing = isinstance(e, NoStreamResponseError) and not await _tasks_stream_exists(js)
             waited = anyio.current_time() - start
             if missing and waited >= wait:
-                raise NotSent(NO_STREAM) from None
+                raise NotSent(NO_STREAM, "no_stream") from None
             if not missing and waited >= max(wait, RETRY_UNANSWERED_S):
                 raise NotSent(f"the task was not confirmed stored ({type(e).__name__}: {e}); send it again "
-                              f"with task id {task_id}: a task id runs once") from None
+                              f"with task id {task_id}: a task id runs once", "unanswered") from None
             if missing and not told and on_waiting is not None:
                 on_waiting(f"no host has created the TASKS stream yet; waiting up to {wait:g} s for one")
                 told = True
