@@ -203,14 +203,15 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
                        instance: str | None = None, timeout_s: float | None = None,
                        metadata: dict[str, Any] | None = None,
                        headers: dict[str, str] | None = None, thread: str | None = None,
-                       subrun: bool = False) -> str:
+                       subrun: bool = False, input_ref: ev.PayloadRef | None = None) -> str:
     """Publish a task for `agent` (`bundle` or `bundle:instance`); return the run id it becomes. `headers`
     go with the message (a W3C `traceparent` there makes the run's trace part of the caller's).
 
     A task id is generated when none is given, so the run id is known at once and the publish is
     idempotent (`Nats-Msg-Id` = task id): retrying this call never runs the task twice. A `thread` makes
     the run continue that conversation of the actor (`runtime.log.threads`). `subrun`: the task of a child
-    run, on the sub-run subject only tool workers may use (`subtask_subject`).
+    run, on the sub-run subject only tool workers may use (`subtask_subject`). `input_ref`: the input was
+    stored in the payload object store (`input` is then empty; `runtime.client.submit` does this).
     """
     if thread is not None:
         check_thread(thread)
@@ -218,7 +219,7 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     instance = instance or inst
     task_id = task_id or uuid.uuid4().hex
     task = ev.Task(agent=bundle, input=input, instance=instance, task_id=task_id, timeout_s=timeout_s,
-                   metadata=dict(metadata or {}), thread=thread)
+                   metadata=dict(metadata or {}), thread=thread, input_ref=input_ref)
     actor = actor_key(bundle, instance)
     await js.publish((subtask_subject if subrun else task_subject)(actor), ev.encode_command(task),
                      headers={**(headers or {}), HDR_MSG_ID: task_id})

@@ -73,3 +73,16 @@ async def test_a_role_that_may_not_publish_tasks_is_told_so_and_nothing_is_store
     assert "may not publish tasks for other" in err
     assert "--task-id" not in err and "send it again" not in err  # re-sending cannot help
     assert await stored(topology.url, "other") == 0
+
+
+async def test_a_task_too_big_for_one_message_that_these_credentials_cannot_store_apart(topology, tmp_path):
+    """A publisher may not write the payload object store, where an input bigger than a message goes: the
+    refusal says the size, the limit and what to do, instead of nats-py's raw MaxPayloadError."""
+    (tmp_path / "big.txt").write_text("x" * 2_000_000)
+    big = str(tmp_path / "big.txt")
+    code, out, err = await sa_as(topology.url, "publisher", "send", "big", "--file", big)
+    assert code == 1 and out == "", (out, err)
+    assert "the task is 2,000," in err and "more than one message carries here" in err
+    assert "payload object store" in err and "user 'publisher'" in err and "make it smaller" in err
+    assert "MaxPayloadError" not in err and "Traceback" not in err
+    assert await stored(topology.url, "big") == 0

@@ -4,27 +4,30 @@
                                           publish a task, print its run id, optionally follow it live
                                           (the model's output as it is generated); in a thread, the run
                                           continues that conversation
+    sa send AGENT --file F | -            the task is the text of file F (`-`: standard input)
     sa runs [AGENT]                       the runs index (tab-separated when piped: full run ids)
     sa runs purge --before DATE [--agent A] [--dry-run] [--json]
                                           delete finished runs (events, payloads, index entries)
 
 Every read and write goes through `runtime.client` (`runtime.cli.connect`). Finding the server:
 `runtime.cli.where`. Exit codes of `sa send`: 0 stored (and with `--follow`: completed); 1 the task was not
-stored (no host has created the TASKS stream yet, unless `--wait` outlasts that; the server refused it), or
-the run failed or was cancelled (`--follow`); 2 bad usage (no server, a bad name); 3 the task was stored
-(its run id is printed) but these credentials may not read runs, so it cannot be followed: follow it with
-an operator's (`sa replay RUN`).
+stored (no host has created the TASKS stream yet, unless `--wait` outlasts that; the server refused it;
+too big for what these credentials may store), or the run failed or was cancelled (`--follow`); 2 bad usage
+(no server, no task text, a bad name); 3 the task was stored (its run id is printed) but these credentials
+may not read runs, so it cannot be followed: follow it with an operator's (`sa replay RUN`).
 
 `sa send` never creates a stream (the hosts own the topology) and never drops a task silently: it prints
 the run id only once JetStream confirmed the task is stored, and it retries under one task id, so a
-retried publish is stored once.
+retried publish is stored once. An input too big for one NATS message travels through the payload object
+store (`Client.start`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -47,7 +50,10 @@ STORED_NOT_FOLLOWED = 3  # `sa send --follow`: the task is stored, but these cre
 @app.command()
 def send(
     agent: Annotated[str, typer.Argument(help="The agent (bundle name, or bundle:instance).")],
-    task: Annotated[str, typer.Argument(help="The task text.")],
+    task: Annotated[str | None, typer.Argument(help="The task text ('-': read it from standard "
+                                                    "input).")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read the task text from this file ('-': "
+                                                            "standard input).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the run's events until it ends; "
                                                                  "exit 1 if it fails.")] = False,
     instance: Annotated[str | None, typer.Option("--instance", "-i", help="Run on this instance (its own "
@@ -68,10 +74,39 @@ def send(
     """Publish a task to agents.<agent>.tasks and print its run id (then follow it with --follow)."""
     import anyio
 
+    text = task_text(task, file)
     url = resolve_nats(nats_url, "send")
     options = {"instance": instance, "task_id": task_id, "timeout": timeout, "thread": thread, "wait": wait}
-    code = anyio.run(_send, url, agent, task, options, follow, as_json, tokens, backend="asyncio")
+    code = anyio.run(_send, url, agent, text, options, follow, as_json, tokens, backend="asyncio")
     raise typer.Exit(code)
+
+
+def task_text(task: str | None, file: Path | None) -> str:
+    """The task's text: the argument, or the file (`-`: standard input); exit 2 saying what is wrong."""
+    if (task is None) == (file is None):
+        _usage("give the task as text (sa send AGENT \"...\") or with --file PATH (- for standard input), "
+               "one of them")
+    source = "-" if task == "-" else (str(file) if file is not None else None)
+    if source is None:
+        text = task or ""
+    else:
+        try:
+            data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+        except OSError as e:
+            _usage(f"cannot read the task from {source}: {e.strerror or e}")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = "standard input" if source == "-" else source
+            _usage(f"the task in {where} is not UTF-8 text (byte {e.start}): a task is text")
+    if not text.strip():
+        _usage("the task is empty")
+    return text
+
+
+def _usage(message: str) -> NoReturn:
+    typer.echo(f"sa send: {message}", err=True)
+    raise typer.Exit(2)
 
 
 async def _send(url: str, agent: str, text: str, options: dict[str, Any], follow: bool, as_json: bool,
@@ -166,7 +201,7 @@ def runs(
     rows = with_client(url, "runs", listed)
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2))
-    elif not sys.stdout.isatty():  # for grep, cut and awk: every value whole, one run per line
+    elif not sys.stdout.isatty():
         print("\t".join(RUN_COLUMNS))
         for r in rows:
             print("\t".join(_run_cells(r)))

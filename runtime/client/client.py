@@ -119,11 +119,13 @@ class Client:
         """Give `agent` (a bundle, or `bundle:instance`) a task; return its run's handle once the task is
         stored. Idempotent by `task_id` (default: a new one): starting the same task id again returns the
         same run and runs nothing twice. `timeout` is the run's deadline in seconds; `thread` continues a
-        conversation of the agent; `wait` how long to wait for a host to create the streams. Raises
-        `NotSent` if the task was not stored (saying why), `ValueError` for a name that can never be."""
+        conversation of the agent; `wait` how long to wait for a host to create the streams. An input too
+        big for one message is stored in the payload object store and the task refers to it. Raises
+        `NotSent` if the task was not stored (saying why, `reason` telling the cases apart), `ValueError`
+        for a name that can never be."""
         run_id, _ = await submit(self.js, agent, input, task_id=task_id, instance=instance, timeout_s=timeout,
                                  thread=thread, metadata=metadata, headers=headers, wait=wait,
-                                 on_waiting=on_waiting)
+                                 on_waiting=on_waiting, payloads=self.log.payloads)
         actor = f"{agent.split(':')[0]}:{instance}" if instance else agent
         return RunHandle(self, run_id, actor)
 
