@@ -345,7 +345,7 @@ class Verification:
 
 
 # Endings a host records on its own authority, not the kernel's: inputs to the fold, not predictions.
-_HOST_VERDICTS = frozenset({"unknown_agent", "log_rejected", "bundle_changed", "double_texting"})
+_HOST_VERDICTS = frozenset({"unknown_agent", "bad_task", "log_rejected", "bundle_changed", "double_texting"})
 
 
 def _predicted(state: kernel.State, e: ev.Event) -> bool:

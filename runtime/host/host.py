@@ -139,7 +139,7 @@ class Host:
                                  serves=self.serves, on_event=on_event, conversations=self.conversations)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
                              total_partitions=lambda: self.total_partitions, resume=self.recovery.resume,
-                             admit=self._admit)
+                             admit=self._admit, refuse=self._refuse)
         self._served = Partitions(nc, self.js, self.config, self.budget, self.stats, self.id,
                                   spawn=self._spawn, recover=self.recovery.recover,
                                   on_task=self.router.on_task, on_result=self.router.on_result,
