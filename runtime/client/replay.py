@@ -1,8 +1,9 @@
 """Seeing a run: the rendered timeline, the live view, and verification by the kernel (`sa replay`).
 
-    history = await RunLog(js).read(run_id)          # the events (runtime.log)
+    history = await client.get(run_id).history()    # the events (runtime.client)
     console.print(timeline(history.events))          # model requests, tool calls, scripts, durations, tokens
     report = verify(config, history.events)          # re-fold with the kernel: decide reproduces the log?
+    await watch(client.get(run_id), console)         # the run live, until it ends
 
 `verify` is the executable form of the kernel's purity: folding the recorded events and asking `decide`
 at every point must predict every event the runner wrote on its own initiative. What the kernel settles
@@ -18,18 +19,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import aclosing, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
-from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.log import RunLog
-from runtime.streaming import Delta, subscribe
+from runtime.streaming import Delta
+
+if TYPE_CHECKING:
+    from runtime.client.handle import RunHandle
 
 # ---------------------------------------------------------------------------------------------------------
 # rendering
@@ -181,115 +182,140 @@ def _t0(events: Sequence[ev.Event]) -> float:
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
           "approval": "green"}
+_FAILED = ("run.failed", "model.failed", "tool.failed", "script.failed")
+
+
+def _style(kind: str) -> str:
+    return "red" if kind in _FAILED else _STYLE.get(kind.split(".")[0], "")
 
 
 def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
-    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption."""
+    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption.
+    Every cell is a `Text`: what a run recorded (a task, a reply holding `[/INST]`) is shown as written,
+    never read as rich markup."""
     from rich.table import Table
+    from rich.text import Text
 
     t0 = _t0(events)
     s = summarize(events)
-    table = Table(title=title or None, show_lines=False, header_style="bold", expand=False,
-                  caption=(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
-                           f"{s.model_calls} model call(s) "
-                           f"{s.model_ms:.0f} ms · {s.tool_calls} tool call(s) {s.tool_ms:.0f} ms · "
-                           f"tokens {s.prompt_tokens}+{s.completion_tokens} · {s.wall_s:.2f} s"))
+    table = Table(title=Text(title) if title else None, show_lines=False, header_style="bold", expand=False,
+                  caption=Text(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
+                               f"{s.model_calls} model call(s) "
+                               f"{s.model_ms:.0f} ms · {s.tool_calls} tool call(s) {s.tool_ms:.0f} ms · "
+                               f"tokens {s.prompt_tokens}+{s.completion_tokens} · {s.wall_s:.2f} s"))
     table.add_column("seq", justify="right")
     table.add_column("+ms", justify="right")
     table.add_column("event")
     table.add_column("detail", overflow="fold")
     for e in events:
         kind = ev.kind_of(e)
-        style = "red" if kind in ("run.failed", "model.failed", "tool.failed", "script.failed") else \
-            _STYLE.get(kind.split(".")[0], "")
-        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", f"[{style}]{kind}[/]" if style else kind,
-                      describe(e))
+        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", Text(kind, style=_style(kind)),
+                      Text(describe(e)))
     return table
 
 
-async def watch(js: JetStreamContext, run_id: str, console: Any, *, as_json: bool = False,
+def event_line(event: ev.Event) -> Any:
+    """One event as `sa send --follow` prints it: seq, kind, what happened (a `Text`: data is not markup)."""
+    from rich.text import Text
+
+    kind = ev.kind_of(event)
+    line = Text.assemble((f"{event.seq:>3}", "dim"), " ", (f"{kind:<17}", _style(kind)), " ")
+    line.append(describe(event))
+    return line
+
+
+class _Live:
+    """The model's output as `watch` prints it: fragments on one line, a streamed tool call shown as
+    `name(arguments)` and closed when its arguments end (another call or text starts, the request is
+    done, or an event is printed)."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.line_open = False  # output printed on the current line, not ended yet
+        self.call: tuple[str, int] | None = None  # the (request, index) of the call whose `(` is open
+
+    def _out(self, text: str) -> None:
+        self.console.out(text, end="", highlight=False)
+        self.line_open = True
+
+    def close_call(self) -> None:
+        if self.call is not None:
+            self._out(")")
+            self.call = None
+
+    def end_line(self) -> None:
+        self.close_call()
+        if self.line_open:
+            self.console.out("")
+            self.line_open = False
+
+    def show(self, delta: Delta) -> None:
+        if delta.done:
+            self.end_line()
+            return
+        if delta.tool_call is not None:
+            call = (delta.request_id, delta.tool_call.index)
+            if self.call != call:
+                self.close_call()
+                if self.line_open:
+                    self._out(" ")
+                self._out(f"{delta.tool_call.name}(")
+                self.call = call
+            self._out(delta.tool_call.arguments)
+        if delta.text:
+            self.close_call()
+            self._out(delta.text)
+
+
+async def watch(handle: RunHandle, console: Any, *, as_json: bool = False,
                 tokens: bool = False) -> ev.Event | None:
     """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
     tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines.
 
-    With `tokens`, the model's output is shown as it is generated, from the run's stream
-    (`runtime.streaming`): the stream is subscribed to first and the log read after, so a follower that
-    joins late sees what is recorded, then the rest live. Fragments of a request the log already answered
-    are dropped (the recorded reply was shown); as JSON, each fragment is a line ``{"delta": {...}}``."""
+    With `tokens`, the model's output is shown as it is generated, among the events in the order
+    `RunHandle.live` gives (a request's fragments after its `model.requested`, before its reply); as
+    JSON, each fragment is a line ``{"delta": {...}}``."""
     started = time.monotonic()
     status = "waiting for a host"
     last: ev.Event | None = None
     turns = tools = tokens_used = 0
-    answered: set[str] = set()  # model requests whose reply is in the log
-    open_line = False  # model output printed on the current line, not ended yet
-    # events and fragments in arrival order; None once the log's terminal event was passed on
-    send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
-    sub = None
-    if tokens:
-        sub, deltas = await subscribe(js._nc, run_id)
-
-        async def pump() -> None:
-            async with deltas:
-                async for delta in deltas:
-                    await send.send(delta)
+    live = _Live(console)
     quiet = tokens and not as_json  # a spinner and tokens printed on one line do not mix
     with (nullcontext(_NoStatus()) if quiet else console.status(status)) as progress:
-        async with anyio.create_task_group() as tg:
-            if sub is not None:
-                tg.start_soon(pump)
-
-            async def events() -> None:
-                async for event in RunLog(js).follow(run_id):
-                    await send.send(event)
-                await send.send(None)
-
-            tg.start_soon(events)
-            async with receive:
-                async for item in receive:
-                    if item is None:
-                        break
-                    if isinstance(item, Delta):
-                        if item.request_id in answered or not (item.text or item.tool_call):
-                            continue
-                        if as_json:
-                            print(msgspec.json.encode({"delta": item}).decode(), flush=True)
-                        else:
-                            fragment = item.text or (
-                                f"{item.tool_call.name}(" if item.tool_call and item.tool_call.name else "")
-                            fragment += item.tool_call.arguments if item.tool_call else ""
-                            console.out(fragment, end="", highlight=False)
-                            open_line = True
-                        continue
-                    event = item
-                    last = event
-                    kind = ev.kind_of(event)
-                    if isinstance(event, ev.ModelResponded | ev.ModelFailed):
-                        answered.add(event.request_id)
-                    if open_line:
-                        console.out("")
-                        open_line = False
-                    if as_json:
-                        print(ev.to_json(event), flush=True)
-                    else:
-                        console.print(f"[dim]{event.seq:>3}[/] {kind:<17} {describe(event)}", highlight=False)
-                    if isinstance(event, ev.TurnCompleted):
-                        turns += 1
-                    elif isinstance(event, ev.ToolCalled):
-                        tools += 1
-                    elif isinstance(event, ev.ModelResponded):
-                        tokens_used += event.usage.prompt_tokens + event.usage.completion_tokens
-                    status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
-                              "turn.completed": "next turn"}.get(kind, status)
-                    progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens_used} "
-                                    f"tokens · {time.monotonic() - started:.1f} s")
-            tg.cancel_scope.cancel()
-    if sub is not None:
-        await sub.unsubscribe()
+        async with aclosing(handle.live(tokens=tokens)) as items:
+            async for item in items:
+                if isinstance(item, Delta):
+                    if as_json and (item.text or item.tool_call):
+                        print(msgspec.json.encode({"delta": item}).decode(), flush=True)
+                    elif not as_json:
+                        live.show(item)
+                    continue
+                event = last = item
+                live.end_line()
+                if as_json:
+                    print(ev.to_json(event), flush=True)
+                else:
+                    console.print(event_line(event), highlight=False)
+                if isinstance(event, ev.TurnCompleted):
+                    turns += 1
+                elif isinstance(event, ev.ToolCalled):
+                    tools += 1
+                elif isinstance(event, ev.ModelResponded):
+                    tokens_used += event.usage.prompt_tokens + event.usage.completion_tokens
+                kind = ev.kind_of(event)
+                status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
+                          "turn.completed": "next turn"}.get(kind, status)
+                progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens_used} "
+                                f"tokens · {time.monotonic() - started:.1f} s")
+    live.end_line()
     if not as_json and last is not None:
+        from rich.text import Text
+
         ok = isinstance(last, ev.RunCompleted)
-        verdict = "[green]completed[/]" if ok else f"[red]{ev.kind_of(last).split('.')[1]}[/]"
-        console.print(f"{verdict} in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} tool "
-                      f"call(s) · {tokens_used} tokens   (sa replay {run_id})")
+        verdict = Text("completed", "green") if ok else Text(ev.kind_of(last).split(".")[1], "red")
+        console.print(verdict + Text(f" in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} "
+                                     f"tool call(s) · {tokens_used} tokens   (sa replay {handle.run_id})"),
+                      highlight=False)
     return last
 
 
@@ -319,7 +345,7 @@ class Verification:
 
 
 # Endings a host records on its own authority, not the kernel's: inputs to the fold, not predictions.
-_HOST_VERDICTS = frozenset({"unknown_agent", "log_rejected", "bundle_changed", "double_texting"})
+_HOST_VERDICTS = frozenset({"unknown_agent", "bad_task", "log_rejected", "bundle_changed", "double_texting"})
 
 
 def _predicted(state: kernel.State, e: ev.Event) -> bool:
@@ -408,4 +434,4 @@ def verify(config: kernel.KernelConfig, events: Sequence[ev.Event],
     return out
 
 
-__all__ = ["Summary", "Verification", "describe", "summarize", "timeline", "verify", "watch"]
+__all__ = ["Summary", "Verification", "describe", "event_line", "summarize", "timeline", "verify", "watch"]
