@@ -37,7 +37,8 @@ EXPECTED = "395"  # what the default task's answer must contain
 async def _run(console: Console, task: str, url: str, model_url: str) -> int:
     from runtime import events as ev
     from runtime.client import Client
-    from runtime.client.replay import timeline, verify, watch
+    from runtime.client.replay import timeline, watch
+    from runtime.client.verify import verify
     from runtime.commands import publish_task
     from runtime.host import Host, close_agents, load_agents
     from runtime.log import RunLog

@@ -24,7 +24,8 @@ from runtime import history, kernel
 from runtime import nats as bus
 from runtime.client import Client
 from runtime.client.control import Control
-from runtime.client.replay import verify, watch
+from runtime.client.replay import watch
+from runtime.client.verify import verify
 from runtime.commands import publish_task, run_id_for
 from runtime.host import Host
 from runtime.log import RunLog

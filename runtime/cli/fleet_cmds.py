@@ -27,8 +27,9 @@ from runtime.cli.connect import with_client
 from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, announce, start_metrics
 from runtime.cli.output import console
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
-from runtime.cli.where import bundle_paths, expand_bundles, read_state, resolve_nats
+from runtime.cli.where import bundle_paths, expand_bundles, resolve_nats
 from runtime.observe.logs import LogFormat
+from runtime.running import read_state
 
 # ---------------------------------------------------------------------------------------------------------
 # sa host

@@ -6,7 +6,7 @@
 
 Start-up prints one line per process (nats, model, workers, state, host) and then `ready:`; a host's
 per-partition log lines start once it is ready (all of them with --verbose). While it runs, the state file
-(`runtime.cli.where.state_file`) holds the NATS and model URLs, so the other commands find them. Exit codes:
+(`runtime.running.state_file`) holds the NATS and model URLs, so the other commands find them. Exit codes:
 0 stopped by Ctrl-C / SIGTERM; 1 a bundle needs the `model` extra that is not installed; 2 bad usage (an
 invalid bundle, --secure with NATS_URL set). The host, workers and agents are the same as `sa host` and
 `sa worker` run (`runtime.cli.serving`).
@@ -30,8 +30,9 @@ from runtime.cli import serving
 from runtime.cli.app import app
 from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
-from runtime.cli.where import bundle_paths, read_state, state_file
+from runtime.cli.where import bundle_paths
 from runtime.observe.logs import LogFormat
+from runtime.running import read_state, state_file
 
 if TYPE_CHECKING:
     from rich.console import Console

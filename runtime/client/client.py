@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from runtime.client.control import Control, Pending
@@ -84,6 +85,12 @@ class Client:
         self.log = RunLog(self.js)
         self.control = Control(self.js)
         self._owns = owns_connection
+
+    @classmethod
+    def over(cls, source: Client | JetStreamContext) -> Client:
+        """`source` as a client: a JetStream context (what older callers hold) becomes a client over the
+        same connection, which stays the caller's to close; a client is itself."""
+        return source if isinstance(source, Client) else cls(source._nc)
 
     @classmethod
     async def connect(cls, servers: str | Sequence[str] | None = None, *,

@@ -38,7 +38,7 @@ from runtime.streaming import Delta, subscribe
 if TYPE_CHECKING:
     from runtime.bundle import Bundle
     from runtime.client.fork import ForkEdit
-    from runtime.client.replay import Verification
+    from runtime.client.verify import Verification
 
 
 class Fleet(Protocol):
@@ -300,7 +300,7 @@ class RunHandle:
         """Re-fold the run with the kernel and check it reproduces every recorded effect. `bundle` is the
         run's bundle (loaded, or its path); by default the one the runs index names."""
         from runtime.bundle import load_bundle
-        from runtime.client.replay import verify
+        from runtime.client.verify import verify
         from runtime.log.threads import conversation_for
 
         history = await self.history()

@@ -1,18 +1,11 @@
-"""Seeing a run: the rendered timeline, the live view, and verification by the kernel (`sa replay`).
+"""Seeing a run: the rendered timeline and the live view (`sa replay`, `sa send --follow`).
 
     history = await client.get(run_id).history()    # the events (runtime.client)
     console.print(timeline(history.events))          # model requests, tool calls, scripts, durations, tokens
-    report = verify(config, history.events)          # re-fold with the kernel: decide reproduces the log?
     await watch(client.get(run_id), console)         # the run live, until it ends
 
-`verify` is the executable form of the kernel's purity: folding the recorded events and asking `decide`
-at every point must predict every event the runner wrote on its own initiative. What the kernel settles
-by itself (a denial, an approval request, a turn's end, the run's ending) it returns as an event, and the
-log must hold the same fact (`events.same_fact`); for the two effects it returns (call the model, run
-tools) the log must hold the request the kernel asked for (`model.requested` with the same id and new
-messages, `tool.called` for a call it dispatched). Events that came from the outside world (model
-replies, tool results, script notes, approvals, cancels) are inputs, not predictions: they must only
-fold without error.
+Each event's one-line detail is `runtime.client.describe`'s; checking a run against the kernel is
+`runtime.client.verify`'s.
 """
 
 from __future__ import annotations
@@ -20,13 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from contextlib import aclosing, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from runtime import events as ev
-from runtime import kernel
+from runtime.client.describe import describe
 from runtime.streaming import Delta
 
 if TYPE_CHECKING:
@@ -35,112 +28,6 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------------------------
 # rendering
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _short(value: Any, width: int = 90) -> str:
-    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _ref(ref: ev.PayloadRef) -> str:
-    return f"[{ref.size:,} bytes in the object store: {ref.object_name[:19]}…]"
-
-
-def _big(event: ev.Event, value: Any, width: int) -> str:
-    """The event's big field, shortened; or where it is when the event (as stored) is a stub."""
-    return _ref(event.ref) if event.ref is not None else _short(value, width)
-
-
-def describe(event: ev.Event) -> str:
-    """One line saying what an event records (the timeline's detail column, `sa send --follow`)."""
-    match event:
-        case ev.RunForked():
-            edit = f", {_edit(event.edit)}" if event.edit is not None else ""
-            return f"forked from {event.source_run} at seq {event.source_seq}{edit}"
-        case ev.RunStarted():
-            deadline = f"  deadline {event.timeout_s:g}s" if event.timeout_s else ""
-            parent = event.metadata.get("sa.parent_run")  # a sub-run names its parent
-            child = f"  sub-run of {parent} (call {event.metadata.get('sa.parent_call')})" if parent else ""
-            thread = ""
-            if event.thread is not None:
-                thread = f"  thread {event.thread!r}" + (
-                    f" continuing {event.previous_run} to seq {event.previous_seq}" if event.previous_run
-                    else " (its first run)")
-                if event.summary is not None:
-                    thread += f", {event.summarised} earlier message(s) summarised"
-            return (f"task {_big(event, event.input, 70)}{deadline}  bundle {event.bundle_digest or '-'}"
-                    f"{thread}{child}")
-        case ev.ModelRequested():
-            again = f" attempt {event.attempt}" if event.attempt else ""
-            added = _ref(event.ref) if event.ref is not None else f"+{len(event.messages)} message(s)"
-            return (f"turn {event.turn}{again}: {added}, "
-                    f"context from {event.context_start}")
-        case ev.ModelResponded():
-            usage = event.usage
-            head = f"{event.latency_ms:.0f} ms, {usage.prompt_tokens}+{usage.completion_tokens} tok"
-            if event.parse_error:
-                return f"{head}; unparseable: {_short(event.parse_error, 60)}"
-            if event.calls:
-                if event.ref is not None:
-                    return f"{head}; calls {', '.join(c.name for c in event.calls)} {_ref(event.ref)}"
-                calls = ", ".join(f"{c.name}({_short(c.arguments, 50)})" for c in event.calls)
-                return f"{head}; calls {calls}"
-            return f"{head}; says {_big(event, event.content or event.text, 60)}"
-        case ev.ModelFailed():
-            return f"{event.error_kind}: {_short(event.error, 80)}"
-        case ev.ToolCalled():
-            call = event.call
-            return f"{call.id.rsplit('/', 1)[-1]} {call.name}({_big(event, call.arguments, 60)})"
-        case ev.ScriptStarted():
-            return f"{event.tool} on {event.worker or 'a worker'}"
-        case ev.ScriptPrinted():
-            return f"{event.tool}: {_short(event.text, 70)}"
-        case ev.ScriptCompleted():
-            return f"{event.tool} in {event.duration_ms:.1f} ms"
-        case ev.ScriptFailed():
-            return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 60)}"
-        case ev.ToolRedelivered():
-            why = "; ".join(event.earlier) or "earlier deliveries ended without an outcome"
-            return f"{event.tool} attempt {event.attempt} on {event.worker or 'a worker'}: {why}"
-        case ev.ToolCompleted():
-            return f"{event.tool} {event.duration_ms:.1f} ms -> {_big(event, event.output, 60)}"
-        case ev.ToolFailed():
-            return f"{event.tool}: {event.error.kind}: {_short(event.error.message, 70)}"
-        case ev.TurnCompleted():
-            return f"turn {event.turn}: {event.calls_ok} ok, {event.calls_failed} failed"
-        case ev.RunCompleted():
-            return f"output {_big(event, event.output, 80)}"
-        case ev.RunFailed():
-            return f"{event.reason}{': ' + _short(event.detail, 70) if event.detail else ''}"
-        case ev.RunCancelled():
-            return f"{event.reason}{' by ' + event.by if event.by else ''}"
-        case ev.ApprovalRequested():
-            why = f" ({event.condition})" if event.condition else ""
-            role = f" by {event.role}" if event.role else ""
-            until = f", {event.on_timeout} after {event.timeout_s:g}s" if event.timeout_s is not None else ""
-            asked = f"{event.call.name}({_short(event.call.arguments, 60)})"
-            return f"{asked} waits for approval{role}{why}{until}"
-        case ev.ApprovalGranted():
-            edited = f" with arguments {_short(event.arguments, 50)}" if event.arguments is not None else ""
-            note = f": {_short(event.note, 50)}" if event.note else ""
-            return f"{event.call_id}{' by ' + event.by if event.by else ''}{edited}{note}"
-        case ev.ApprovalDenied():
-            return f"{event.call_id}{' by ' + event.by if event.by else ''}: {_short(event.reason, 60)}"
-    return ""
-
-
-def _edit(edit: ev.ForkEdit) -> str:
-    match edit:
-        case ev.OutputEdit():
-            return f"call {edit.call_id.rsplit('/', 1)[-1]} output {_short(edit.output, 50)}"
-        case ev.ReplyEdit():
-            calls = ", ".join(f"{c.name}({_short(c.arguments, 40)})" for c in edit.calls)
-            return f"reply {_short(edit.content, 40) if edit.content else ''}{calls}"
-        case ev.BundleEdit():
-            return f"bundle version {edit.digest}"
-        case ev.SystemEdit():
-            return f"system prompt {_short(edit.system_prompt, 50)}"
 
 
 @dataclass(frozen=True)
@@ -326,112 +213,4 @@ class _NoStatus:
         pass
 
 
-# ---------------------------------------------------------------------------------------------------------
-# verifying
-# ---------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Verification:
-    """What `verify` found: every predicted event checked against `decide`, and any mismatch."""
-
-    checked: int = 0
-    inputs: int = 0
-    problems: list[str] = field(default_factory=list)
-    final: kernel.State | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-# Endings a host records on its own authority, not the kernel's: inputs to the fold, not predictions.
-_HOST_VERDICTS = frozenset({"unknown_agent", "bad_task", "log_rejected", "bundle_changed", "double_texting"})
-
-
-def _predicted(state: kernel.State, e: ev.Event) -> bool:
-    """True if the runner wrote `e` because `decide` asked for it (rather than the world sending it)."""
-    if isinstance(e, ev.ModelRequested | ev.ToolCalled | ev.ApprovalRequested | ev.TurnCompleted
-                  | ev.RunCompleted):
-        return True
-    if isinstance(e, ev.RunFailed):
-        return e.reason not in _HOST_VERDICTS
-    if isinstance(e, ev.ToolFailed):  # a denial, unless the call was dispatched (its own failure/timeout)
-        return state.turn is None or e.call_id not in state.turn.called
-    if isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied):  # a person's verdict is an input
-        return e.by == "timeout"
-    return False
-
-
-def _expected(state: kernel.State, e: ev.Event) -> str | None:
-    """None if `decide(state)` asked for event `e`, else why not."""
-    decisions = kernel.decide(state)
-    match e:
-        case ev.ModelRequested():
-            for d in decisions:
-                if isinstance(d, kernel.CallModel) and d.id == e.request_id:
-                    if tuple(d.new_messages) != tuple(e.messages) or d.context_start != e.context_start:
-                        return f"model request {e.request_id}: the recorded prompt differs from the kernel's"
-                    return None
-        case ev.ToolCalled():
-            if any(isinstance(d, kernel.CallTools) and e.call in d.calls for d in decisions):
-                return None
-        case ev.ApprovalGranted() | ev.ApprovalDenied():  # a timeout verdict: due at the time it carries
-            if any(ev.same_fact(d, e) for d in kernel.expire(state, e.ts)):
-                return None
-        case ev.ApprovalRequested() if _before_rules(e):  # written before requests recorded their rule
-            if any(isinstance(d, ev.ApprovalRequested) and d.call == e.call for d in decisions):
-                return None
-        case _:
-            if any(isinstance(d, kernel.DECIDED_TYPES) and ev.same_fact(d, e) for d in decisions):
-                return None
-    wanted = ", ".join(_name(d) for d in decisions) or "nothing"
-    return f"seq {e.seq} {ev.kind_of(e)}: the kernel asked for {wanted}"
-
-
-def _before_rules(e: ev.ApprovalRequested) -> bool:
-    """True for an approval request as logs recorded it before approval rules: the call alone."""
-    return not e.condition and not e.parameters and not e.role and e.timeout_s is None
-
-
-def _name(decision: kernel.Decision) -> str:
-    if isinstance(decision, kernel.CallModel | kernel.CallTools):
-        return f"{type(decision).__name__}({decision.id})"
-    return ev.kind_of(decision)
-
-
-def _copied_under_other_config(events: Sequence[ev.Event]) -> int:
-    """For a fork that goes on with another bundle version or system prompt, the seq its own events start
-    at: the events before it were decided by the source's configuration, so they are folded as inputs
-    (they were checked as the source's). 0 for any other run: every event is checked."""
-    first = events[0] if events else None
-    if isinstance(first, ev.RunForked) and (first.system_prompt is not None
-                                             or isinstance(first.edit, ev.BundleEdit)):
-        return first.source_seq
-    return 0
-
-
-def verify(config: kernel.KernelConfig, events: Sequence[ev.Event],
-           conversation: kernel.Conversation | None = None) -> Verification:
-    """Re-fold `events` with the kernel; check `decide` predicted every event the runner chose to write.
-    A run that continues a conversation (a thread's) needs it: `runtime.log.threads.conversation_for`."""
-    out = Verification()
-    state = kernel.initial(config, conversation)
-    copied = _copied_under_other_config(events)
-    for e in events:
-        if e.seq >= copied and _predicted(state, e):
-            problem = _expected(state, e)
-            out.checked += 1
-            if problem:
-                out.problems.append(problem)
-        elif not isinstance(e, ev.RunStarted):
-            out.inputs += 1
-        try:
-            state = kernel.evolve(state, e)
-        except kernel.EvolveError as exc:
-            out.problems.append(f"seq {e.seq} {ev.kind_of(e)}: {exc}")
-            break
-    out.final = state
-    return out
-
-
-__all__ = ["Summary", "Verification", "describe", "event_line", "summarize", "timeline", "verify", "watch"]
+__all__ = ["Summary", "describe", "event_line", "summarize", "timeline", "watch"]
