@@ -193,7 +193,7 @@ async def test_a_job_handed_off_at_every_delivery_fails_at_its_last_naming_who_s
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(worker.run, stop)
-        (outcome,) = await collect_outcomes(js, 1)
+        (outcome,) = await collect_outcomes(js, 1, bundle="alpha")
         stop.set()
     error = outcome.result.error
     assert error is not None and error.kind == "input", outcome.result
@@ -225,7 +225,7 @@ async def test_the_last_delivery_of_a_job_only_handed_off_before_runs_where_its_
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(worker.run, stop)
-        (outcome,) = await collect_outcomes(js, 1)
+        (outcome,) = await collect_outcomes(js, 1, bundle="alpha")
         stop.set()
     assert outcome.attempt == 2 and outcome.worker == "alpha-worker"
     assert outcome.result.error is None and outcome.result.output == {"value": 3}  # run, not dead-lettered
@@ -260,7 +260,7 @@ async def test_on_a_secured_server_a_worker_hands_a_delivery_it_cannot_run_to_on
             tg.start_soon(has.run, stop)
             await has.ready.wait()
             await lacks.handle(delivered)
-            (outcome,) = await collect_outcomes(js, 1)
+            (outcome,) = await collect_outcomes(js, 1, bundle="alpha")
             stop.set()
     finally:
         for nc in (admin, a_nc, b_nc):

@@ -21,8 +21,10 @@ from runtime import events as ev
 from runtime.log import rebased
 
 # Fields that say where, when or how fast a fact was recorded, not what it is.
+# where, when and how fast: the run, its place, the time, who served it (a worker, a model server and the
+# id it gave its answer) and how long it took
 _NOT_THE_FACT = frozenset({"run_id", "seq", "ts", "actor", "v", "ref", "latency_ms", "duration_ms", "worker",
-                           "earlier"})
+                           "earlier", "response_id", "server", "provider"})
 _TASK = ("input", "instance", "timeout_s", "metadata")
 
 
@@ -81,10 +83,11 @@ def render(d: Divergence) -> Any:
         table.add_column(run)
         table.add_column("detail", overflow="fold")
     for i in range(max(len(d.a_rest), len(d.b_rest))):
-        cells: list[str] = [str(d.common + i)]
+        cells: list[Text] = [Text(str(d.common + i))]
         for rest in (d.a_rest, d.b_rest):
             e = rest[i] if i < len(rest) else None
-            cells += [ev.kind_of(e), describe(e)] if e is not None else ["", ""]
+            # Text, not str: a recorded value with square brackets is data, never rich markup
+            cells += [Text(ev.kind_of(e)), Text(describe(e))] if e is not None else [Text(), Text()]
         table.add_row(*cells)
     ends = []
     for run, rest in ((d.a, d.a_rest), (d.b, d.b_rest)):
