@@ -24,7 +24,7 @@ from host_helpers import calc_responder, hosts, kinds, running_fleet, wait_until
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.bundle import load_bundle
-from runtime.client.replay import verify
+from runtime.client.verify import verify
 from runtime.commands import publish_task
 from runtime.host.endpoint import PERMITS
 from runtime.host.leases import LeaseConfig
