@@ -26,7 +26,7 @@ from runtime import nats as bus
 from runtime.bundle import load_bundle
 from runtime.client.verify import verify
 from runtime.commands import publish_task
-from runtime.host.endpoint import PERMITS
+from runtime.host.endpoint import PERMITS, FleetTokens
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
 from runtime.model.limits import endpoint_key
@@ -201,3 +201,17 @@ async def test_an_agent_over_its_daily_budget_fails_its_next_run(nats_server, to
     assert refused.error_kind == "budget_exceeded" and served == 2  # no request for the second run
     report = verify(load_bundle(bundle).kernel_config(), second)
     assert report.ok, report.problems
+
+
+async def test_token_counts_are_the_fleets(nats_server, js):
+    """Two hosts' counts of one agent's day add up in the `budgets` bucket, each seeing the other's."""
+    a, b = FleetTokens(js), FleetTokens(js)
+    await a.open()
+    await b.open()
+    a.add("day.calc.1", 30, ttl=60)
+    b.add("day.calc.1", 12, ttl=60)
+    assert a.used("day.calc.1") == 30 and b.used("day.calc.1") == 12  # each sees its own at once
+    await a.flush()
+    await b.flush()
+    await a.flush()  # reads back what b wrote
+    assert a.used("day.calc.1") == b.used("day.calc.1") == 42

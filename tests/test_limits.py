@@ -125,6 +125,25 @@ async def test_a_permit_of_an_abandoned_request_goes_back_only_after_a_while():
     assert gate.stats.held == 0 and gate.stats.granted == 2
 
 
+@pytest.mark.anyio
+async def test_a_spent_minute_of_tokens_holds_calls_until_the_next_minute():
+    readings = [59.9, 59.9, 59.9]  # the first call, its charge, the second call's first look; then 60.0
+    looks: list[float] = []
+
+    def clock() -> float:
+        looks.append(readings.pop(0) if readings else 60.0)
+        return looks[-1]
+
+    gate = LocalGate(4, tokens_per_minute=10, clock=clock)
+    async with gate.slot(Ticket("a")):
+        pass
+    gate.spent(Usage(8, 4))  # minute 0: 12 of 10 tokens
+    async with gate.slot(Ticket("a")):  # minute 0 is spent: it waits, looks again in minute 1, goes on
+        pass
+    assert looks == [59.9, 59.9, 59.9, 60.0]
+    assert gate.tokens is not None and gate.tokens.used(gate._minute_key(59.9)) == 12
+
+
 # ── the daily budget ─────────────────────────────────────────────────────────────────────────────────────
 
 
