@@ -92,6 +92,7 @@ class FleetGate(Gate):
         self._out: list[tuple[str, bytes]] = []  # naks and renewals to send (from sync code)
         self._wake = anyio.Event()
         self._subs: list[Any] = []
+        self._closed = False
 
     # -- opening: the stream, this endpoint's permits, its consumer ---------------------------------------
 
@@ -151,6 +152,8 @@ class FleetGate(Gate):
             await self.nc.publish(permit, b"-NAK")  # at once: the next in line is waiting for it
 
     def _may_nak(self, permit: Any) -> bool:
+        if self._closed:  # `close` gave back every permit held: a second nak would free one under its next
+            return False  # holder
         renewed = self._holding.pop(permit, None)
         if renewed is not None and time.monotonic() - renewed > self.lease_s * STALE_SHARE:
             # its lease may have lapsed and the server given it to another: a nak now would take it from
@@ -230,6 +233,7 @@ class FleetGate(Gate):
 
     async def close(self) -> None:
         """Give back every permit held here (the runs using them are being stopped)."""
+        self._closed = True
         for permit in list(self._holding):
             try:
                 await self.nc.publish(permit, b"-NAK")
