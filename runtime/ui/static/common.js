@@ -91,3 +91,27 @@ function flagChip(flag) {
 function runHref(runId) {
   return "/runs/" + encodeURIComponent(runId);
 }
+
+// The pages of one run, as tabs under its title: its events, its time, its conversation.
+function runTabs(runId, active) {
+  const base = runHref(runId);
+  const tab = (name, href, label) => el("a", {class: "tab" + (name === active ? " tab-active" : ""), href: href,
+    dataset: {tab: name}}, label);
+  return el("nav", {class: "tabs", id: "run-tabs"}, tab("events", base, "events"),
+    tab("waterfall", base + "/waterfall", "waterfall"), tab("conversation", base + "/conversation", "conversation"));
+}
+
+// A bar's or a box's geometry: set through the CSSOM (the CSP allows no style attribute).
+function place(node, styles) {
+  for (const [key, value] of Object.entries(styles)) node.style[key] = value;
+  return node;
+}
+
+function agentHref(agent) {
+  return "/agents/" + encodeURIComponent(agent.split(":")[0]);
+}
+
+function fmtAge(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  return fmtMs(seconds * 1000) + " ago";
+}

@@ -55,7 +55,9 @@ function renderOverview() {
   append(box, [
     el("div", {class: "title-row"},
       el("h1", {class: "mono"}, state.runId), statusBadge(s.status),
-      el("span", {class: "muted"}, view.actor), el("span", {class: "spacer"}), buttons),
+      state.exported ? el("span", {class: "muted"}, view.actor) : el("a", {class: "muted", href: agentHref(view.actor)}, view.actor),
+      el("span", {class: "spacer"}), buttons),
+    state.exported ? null : runTabs(state.runId, "events"),
     el("div", {class: "stats"},
       stat("events", s.events), stat("turns", s.turns), stat("model calls", s.model_calls),
       stat("tool calls", s.tool_calls), stat("tokens", s.prompt_tokens + " + " + s.completion_tokens),
@@ -566,6 +568,7 @@ async function init() {
     state.view = data;
     setEvents(data.events);
     document.getElementById("home").removeAttribute("href");
+    document.getElementById("site").remove();  // a file: the other pages are the server's
     render();
     return;
   }
