@@ -16,7 +16,8 @@ function turnHref(turn) {
 function systemNote(s) {
   if (!s) return null;
   const text = {
-    recorded: "system prompt as run " + s.run_id + " recorded it (its first request, event #" + s.seq + ")",
+    recorded: "system prompt as " + (s.run_id === conv.runId ? "this run" : "run " + s.run_id + ", the thread's first,") +
+      " recorded it (its first request, event #" + s.seq + ")",
     fork: "system prompt given by the fork (run.forked)",
     bundle: "system prompt from the bundle at " + s.path + " (the same version the run used)",
     "bundle-changed": "system prompt from the bundle at " + s.path + ", which changed since the run (its digest " +

@@ -35,7 +35,7 @@ function renderHead() {
     bar,
     el("div", {class: "stats", id: "breakdown"},
       stat2("wall time", fmtMs(b.wall_ms), "wall"),
-      parts.map(([kind, ms, label]) => stat2(label, fmtMs(ms) + share(ms, b.wall_ms), kind)),
+      parts.map(([kind, ms, label]) => stat2(label, ms ? fmtMs(ms) + share(ms, b.wall_ms) : "none", kind)),
       stat2("of it in the sandbox", fmtMs(b.script_ms), "script")),
     v.forked_at ? el("p", {class: "muted"}, "a fork: events before #" + v.forked_at + " are its source's, " +
       "and so are their spans (see the source run's waterfall)") : null,
@@ -113,7 +113,9 @@ function renderWaterfall() {
       dataset: {span: s.id}, tabindex: "0", "aria-label": s.name + " " + fmtMs(s.duration_ms)}),
     {left: (100 * s.start_ms / total).toFixed(3) + "%", width: Math.max(0.15, 100 * s.duration_ms / total).toFixed(3) + "%"});
     const label = fmtMs(s.duration_ms) + (s.tokens ? " · " + (s.tokens.input + s.tokens.output) + " tok" : "");
-    bar.appendChild(el("span", {class: "wf-bar-text"}, label));
+    // the label after the bar; inside a wide one; before one that ends near the right edge
+    const where = s.duration_ms / total > 0.3 ? " inside" : s.end_ms / total > 0.85 ? " before" : "";
+    bar.appendChild(el("span", {class: "wf-bar-text" + where}, label));
     bar.addEventListener("mouseenter", (e) => showTip(s, e));
     bar.addEventListener("mousemove", moveTip);
     bar.addEventListener("mouseleave", hideTip);
