@@ -135,3 +135,94 @@ async def test_a_big_message_is_fetched_on_demand(nats_server, nc, js):
         assert seen["reply"]["content"] == "read it"
         gone = await _get(client, "/api/runs/rbig2/conversation/messages/9", 404)
         assert "has 3 message(s), not one at 9" in gone["error"]
+
+
+async def test_pending_work_fleet_and_agent(nats_server, nc, js, tmp_path: Path):
+    """A fleet with no worker: a tool job waits (one delivery given back, as a worker would record it), a
+    call waits for a person; the pending page says what is stuck and why, and decides the call. Then a
+    worker, a dead letter on the fleet page, replayed from it; and the agent's page."""
+    from host_helpers import running_worker
+
+    from runtime.jobs import ToolJob
+    from runtime.worker.attempts import record_end
+    from runtime.worker.dlq import copy_to_dlq
+
+    await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    bundle = write_ui_bundle(tmp_path)
+    app_client = Client(nc)
+    responder = ui_responder(Gate())
+    async with running_fleet(nats_server.url, js, bundle, responder=responder, worker=False) as env, \
+            serving(create_app(client=app_client)) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as client:
+        computed = await app_client.start("calc", "compute: 2 + 2", instance="a")  # an actor runs one task at
+        paid = await app_client.start("calc", "pay: 250", instance="b")  # a time: two of them, one run each
+        for handle, kind in ((computed, "tool.called"), (paid, "approval.requested")):
+            async for e in handle.events():
+                if ev.kind_of(e) == kind:
+                    break
+        await record_end(js, f"{computed.run_id}/1.0", 1, "w-gone", "NATS went away mid-run")
+
+        seen = await _get(client, "/api/pending")
+        assert [(a["run_id"], a["tool"], a["role"]) for a in seen["approvals"]] == \
+            [(paid.run_id, "transfer", "finance")]
+        job = next(j for j in seen["tool_jobs"] if j["run_id"] == computed.run_id)
+        assert (job["tool"], job["call"], job["state"], job["deliveries"]) == \
+            ("calculator", "1.0", "waiting", 2)
+        assert "given back by worker w-gone: NATS went away mid-run" in job["last_failure"]
+        assert job["workers"] == []
+        kinds = {(s["kind"], s.get("run_id")) for s in seen["stuck"]}
+        assert {("job-no-worker", computed.run_id), ("job-given-back", computed.run_id)} <= kinds
+        waits = {r["run_id"]: [w["what"] for w in r["waiting_on"]] for r in seen["runs"]}
+        assert waits[computed.run_id] == ["tool"] and waits[paid.run_id] == ["approval"]
+        approved = await client.post(f"/api/runs/{paid.run_id}/approve",
+                                     json={"call_id": "1.0", "note": "ok"})
+        assert approved.status_code == 200, approved.text
+        assert (await _get(client, "/api/pending"))["approvals"] == []
+
+        fleet = await _get(client, "/api/fleet")
+        host = env.host
+        assert [h["agents"] for h in fleet["hosts"]] == [["calc"]] and not fleet["hosts"][0]["stale"]
+        assert sorted(fleet["hosts"][0]["leases"]["calc"]) == [0, 1] and fleet["agents"] == ["calc"]
+        assert fleet["workers"] == [] and fleet["dead_letters"] == []
+        assert fleet["queues"]["tool_jobs_pending"] >= 1
+        assert host is not None
+
+        async with running_worker(nats_server.url, [bundle]):
+            assert await computed.result(60) == {"answer": "4"}
+            await paid.result(60)
+            dead = ToolJob(run_id=computed.run_id, actor="calc", call_id=f"{computed.run_id}/1.0",
+                           tool="calculator", arguments={"expression": "2 + 2"})
+            await copy_to_dlq(js, subject=dead.subject, data=dead.encode(), stream_seq=4242, deliveries=5,
+                              reason="delivered 5 times, every worker died")
+            fleet = await _get(client, "/api/fleet")
+            assert len(fleet["workers"]) == 1 and "calculator" in fleet["workers"][0]["tools"]
+            [letter] = fleet["dead_letters"]
+            assert (letter["tool"], letter["run_id"], letter["call"], letter["deliveries"]) == \
+                ("calculator", computed.run_id, "1.0", 5)
+            assert letter["reason"] == "delivered 5 times, every worker died"
+            assert '"2 + 2"' in letter["arguments"]
+            replayed = await client.post(f"/api/dead-letters/{letter['seq']}/replay", json={})
+            assert replayed.status_code == 200, replayed.text
+            assert replayed.json()["replayed"]["seq"] == letter["seq"]
+            assert (await _get(client, "/api/fleet"))["dead_letters"] == []
+            again = await client.post(f"/api/dead-letters/{letter['seq']}/replay", json={})
+            assert again.status_code == 404 and "replayed or purged already" in again.json()["error"]
+            form = await client.post(f"/api/dead-letters/{letter['seq']}/replay", content="x")
+            assert form.status_code == 415
+
+        agent = await _get(client, "/api/agents/calc")
+        b = agent["bundle"]
+        assert b["system_prompt"] == "You compute things with tools." and b["model"]["name"] == "scripted"
+        assert b["constraint"]["strategy"] == "ebnf" and b["termination"]["terminal_tool"] == "submit"
+        tools = {t["name"]: t for t in b["tools"]}
+        assert set(tools) == {"submit", "calculator", "transfer"} and tools["submit"]["terminal"]
+        assert tools["transfer"]["approval"] == [
+            {"when": "amount > 100", "role": "finance", "timeout_s": None, "on_timeout": "deny"}]
+        assert "expression" in tools["calculator"]["input_schema"]["properties"]
+        assert tools["calculator"]["kind"] == "script" and tools["calculator"]["limits"]
+        assert [h["partitions"] for h in agent["hosts"]] == [[0, 1]]
+        assert {r["run_id"] for r in agent["runs"]} == {computed.run_id, paid.run_id}
+        assert agent["failures"]["statuses"] == {"completed": 2} and sum(
+            bk["runs"] for bk in agent["failures"]["buckets"]) == 2
+        nobody = await _get(client, "/api/agents/nobody", 404)
+        assert "no run and no host knows an agent 'nobody' (agents: calc)" in nobody["error"]

@@ -9,6 +9,9 @@
     await reads.waterfall(run_id)                                     # its time, as the traces' spans
     await reads.conversation(run_id, turn)                            # what the model saw at a turn
     await reads.message(run_id, index)                                # one message whole
+    await reads.pending()                                             # everything waiting, and what is stuck
+    await reads.fleet()                                               # hosts, workers, queues, dead letters
+    await reads.agent(name)                                           # a bundle, its hosts, runs, failures
 
 Why a layer of its own: the routes (`runtime.ui.routes`) speak HTTP and nothing else, and these speak to
 the fleet and nothing else, so each can be read, and changed, without the other. Going through `Client` and
@@ -37,9 +40,12 @@ from runtime.client.fork import fork_points
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import check_token
 from runtime.ui import views
+from runtime.ui.agent import Agents, NoAgent
 from runtime.ui.bundles import Bundles
 from runtime.ui.conversation import Conversations, NoConversation
 from runtime.ui.export import NoSuchRun, export_run
+from runtime.ui.fleet import Fleet
+from runtime.ui.pending import Pending
 from runtime.ui.waterfall import waterfall
 
 log = logging.getLogger("runtime.ui")
@@ -67,6 +73,9 @@ class Reads:
         self._reads = anyio.Semaphore(READ_CONCURRENCY)
         self.bundles = Bundles()
         self.conversations = Conversations(self.client, self.bundles)
+        self._pending = Pending(self.client)
+        self._fleet = Fleet(self.client)
+        self._agents = Agents(self.client, self.bundles, self)
 
     # -- the runs index --------------------------------------------------------------------------------
 
@@ -181,6 +190,23 @@ class Reads:
         try:
             return await self.conversations.message(run_id, index)
         except NoConversation as e:
+            raise NotFound(str(e)) from None
+
+    # -- the team's pages --------------------------------------------------------------------------------
+
+    async def pending(self) -> dict[str, Any]:
+        """Calls waiting for a person, tool jobs in flight, unfinished runs, and what is stuck and why."""
+        return await self._pending.read()
+
+    async def fleet(self) -> dict[str, Any]:
+        """Hosts, partitions, workers, queue depths and dead letters (`sa status` and `sa dlq`)."""
+        return await self._fleet.read()
+
+    async def agent(self, name: str) -> dict[str, Any]:
+        """An agent's bundle, the hosts serving it, its runs and its failure kinds over time."""
+        try:
+            return await self._agents.read(name)
+        except NoAgent as e:
             raise NotFound(str(e)) from None
 
     async def export(self, run_id: str) -> str:

@@ -22,6 +22,11 @@
     POST /api/runs/{run}/cancel             {"reason": "..."} -> {"event": the run's ending as recorded}
     POST /api/runs/{run}/approve            {"call_id": "1.0", "arguments": {...}?, "note": ""} -> the verdict
     POST /api/runs/{run}/deny               {"call_id": "1.0", "reason": "..."} -> the verdict
+    GET  /pending  /fleet  /agents/{agent}  the team's pages: everything waiting, the fleet, an agent
+    GET  /api/pending                       approvals, tool jobs in flight, unfinished runs, what is stuck
+    GET  /api/fleet                         hosts, partitions, workers, queues, dead letters (`sa status`)
+    GET  /api/agents/{agent}                its bundle, the hosts serving it, its runs, failures over time
+    POST /api/dead-letters/{seq}/replay     {} -> the dead letter sent back to its tool's workers
     GET  /api/health                        {"ok": true, "followers": open live views}
 
 Every failure is `{"error": message}` with the status that says whose it is to fix (`failure`): 400 and
@@ -50,7 +55,7 @@ from starlette.staticfiles import StaticFiles
 from runtime.nats.connection import explain_refusal
 from runtime.nats.subjects import check_token
 from runtime.ui import views
-from runtime.ui.actions import Actions, Refused, web_edit
+from runtime.ui.actions import Actions, Gone, Refused, web_edit
 from runtime.ui.conversation import LATEST
 from runtime.ui.follow import Following, FollowResponse
 from runtime.ui.reads import NotFound, Reads
@@ -89,7 +94,7 @@ def failure(e: Exception) -> JSONResponse:
     status, message = 500, ""
     if isinstance(e, BadBody):
         status = e.status
-    elif isinstance(e, NotFound):
+    elif isinstance(e, NotFound | Gone):
         status = 404
     elif isinstance(e, ValueError):  # a bad run id, number or filter, ForkError, ControlError
         status = 400
@@ -168,6 +173,18 @@ async def conversation_page(request: Request) -> Response:
     return FileResponse(STATIC / "conversation.html")
 
 
+async def pending_page(request: Request) -> Response:
+    return FileResponse(STATIC / "pending.html")
+
+
+async def fleet_page(request: Request) -> Response:
+    return FileResponse(STATIC / "fleet.html")
+
+
+async def agent_page(request: Request) -> Response:
+    return FileResponse(STATIC / "agent.html")
+
+
 async def health(request: Request) -> Response:
     return JSONResponse({"ok": True, "followers": services(request).following.open})
 
@@ -232,6 +249,21 @@ async def api_message(request: Request) -> Any:
     return await services(request).reads.message(request.path_params["run"], index)
 
 
+@answers
+async def api_pending(request: Request) -> Any:
+    return await services(request).reads.pending()
+
+
+@answers
+async def api_fleet(request: Request) -> Any:
+    return await services(request).reads.fleet()
+
+
+@answers
+async def api_agent(request: Request) -> Any:
+    return await services(request).reads.agent(request.path_params["agent"])
+
+
 # -- commands ----------------------------------------------------------------------------------------------
 
 
@@ -270,12 +302,26 @@ async def api_deny(request: Request) -> Any:
         request.path_params["run"], text_field(body, "call_id", required=True), text_field(body, "reason"))
 
 
+@answers
+async def api_replay_dead_letter(request: Request) -> Any:
+    await json_body(request, "{}")
+    seq = whole_number(request.path_params["seq"], "seq", 0)
+    return await services(request).actions.replay_dead_letter(seq)
+
+
 ROUTES: list[BaseRoute] = [
     Route("/", index_page),
     Route("/runs/{run}", run_page),
     Route("/runs/{run}/waterfall", waterfall_page),
     Route("/runs/{run}/conversation", conversation_page),
+    Route("/pending", pending_page),
+    Route("/fleet", fleet_page),
+    Route("/agents/{agent}", agent_page),
     Route("/api/health", health),
+    Route("/api/pending", api_pending),
+    Route("/api/fleet", api_fleet),
+    Route("/api/agents/{agent}", api_agent),
+    Route("/api/dead-letters/{seq}/replay", api_replay_dead_letter, methods=["POST"]),
     Route("/api/approvals", api_approvals),
     Route("/api/runs", api_runs),
     Route("/api/runs/{run}", api_run),
