@@ -172,3 +172,91 @@ def test_conversation_shows_html_as_text_and_fetches_big_payloads(stack: Stack, 
     system.locator("button.whole").click()
     page.wait_for_selector("#prompt .msg[data-role=system] pre.msg-text")
     assert page.text_content("#prompt .msg[data-role=system] pre.msg-text") == "be thorough"
+
+
+def test_pending_page_says_what_is_stuck_and_decides_approvals(stack: Stack, page: Any):
+    """Tasks for an agent no host serves, a call waiting for a person, a run waiting for the model: one
+    page lists them with why; the call is approved from it, with edited arguments."""
+    from runtime.commands import publish_task
+
+    stack.gate.reset()
+    held = stack.call(stack.client.start("calc", "hold: 5 * 5", instance="h1"))
+    wait_for_kind(stack, held.run_id, "tool.completed")
+    paid = stack.call(stack.client.start("calc", "pay: 250", instance="p1"))
+    wait_for_kind(stack, paid.run_id, "approval.requested")
+    stack.call(publish_task(stack.js, "ghostagent", "anyone there?"))
+    try:
+        page.goto(stack.base + "/pending")
+        page.wait_for_selector("#stuck li[data-kind=agent-unserved]")
+        assert "1 task(s) for ghostagent wait: no live host serves it" in page.text_content("#stuck")
+        runs = page.locator(f"#runs-table tr[data-run='{held.run_id}']")
+        assert runs.locator(".chip[data-what=model]").count() == 1  # the gate holds its model call
+        row = page.locator(f"#approvals-table tr[data-run='{paid.run_id}']")
+        assert "transfer" in row.text_content() and "finance" in row.text_content()
+        waiting = page.locator(f"#runs-table tr[data-run='{paid.run_id}'] .chip[data-what=approval]")
+        assert waiting.count() == 1
+        shot(page, "29-pending")
+
+        row.locator(".approval-args").fill('{"amount": 90}')
+        row.locator(".approval-note").fill("capped from the pending page")
+        before = page.get_attribute("body", "data-loaded")
+        page.wait_for_function("b => document.body.dataset.loaded !== b", arg=before)  # a poll meanwhile...
+        assert row.locator(".approval-args").input_value() == '{"amount": 90}'  # ...keeps what was typed
+        row.locator(".approve").click()
+        page.wait_for_selector(f"#approvals-table tr[data-run='{paid.run_id}']", state="detached")
+        assert '{"sent": 90}' in stack.call(paid.result(60))["answer"]  # the edited arguments ran
+        shot(page, "30-pending-approved")
+    finally:
+        stack.gate.release()
+
+
+def test_fleet_page_and_dead_letter_replay(stack: Stack, runs: dict[str, str], page: Any):
+    from runtime.jobs import ToolJob
+    from runtime.worker.dlq import copy_to_dlq
+
+    pair = runs["pair"]
+    dead = ToolJob(run_id=pair, actor="calc", call_id=f"{pair}/1.0", tool="calculator",
+                   arguments={"expression": "2 + 3"})
+    stack.call(copy_to_dlq(stack.js, subject=dead.subject, data=dead.encode(), stream_seq=777, deliveries=5,
+                           reason="delivered 5 times to tool workers, none finished it"))
+    page.goto(stack.base + "/fleet")
+    letter = page.locator("#letters-table tbody tr")
+    letter.first.wait_for()
+    assert "none finished it" in letter.first.text_content() and pair in letter.first.text_content()
+    host = page.locator("#hosts-table tbody tr")
+    assert host.count() == 1 and "calc" in host.text_content() and "ago" in host.text_content()
+    assert host.locator("a[href='/agents/calc']").count() == 1
+    assert "calculator" in page.text_content("#workers-table")
+    assert "TOOLS" in page.text_content("#queues-table")
+    assert page.locator("#partitions-table tbody tr").count() == 2
+    before = page.get_attribute("body", "data-loaded")
+    page.wait_for_function("b => document.body.dataset.loaded !== b", arg=before)  # it polls
+    shot(page, "31-fleet")
+    letter.first.locator("button.replay").click()
+    page.wait_for_selector("#message.info")
+    assert "sent back to the workers" in page.text_content("#message")
+    page.wait_for_selector("#letters-table tbody tr", state="detached")
+    assert "no dead letter" in page.text_content("#dead-letters")
+    shot(page, "32-fleet-replayed")
+
+
+def test_agent_page(stack: Stack, runs: dict[str, str], page: Any):
+    page.goto(f"{stack.base}/runs/{runs['failing']}")
+    page.wait_for_selector("body[data-status]")
+    page.click("#overview a[href='/agents/calc']")
+    page.wait_for_selector("body[data-agent=calc]")
+    assert page.text_content("#system-prompt") == "You compute things with tools."
+    cards = page.eval_on_selector_all("#tools .tool-card", "cs => cs.map(c => c.dataset.tool)")
+    assert sorted(cards) == ["calculator", "submit", "transfer"]
+    transfer = page.locator(".tool-card[data-tool=transfer]")
+    assert "waits for a person when amount > 100, role finance" in transfer.text_content()
+    assert '"amount"' in transfer.locator(".input-schema").text_content()
+    assert "terminal" in page.text_content(".tool-card[data-tool=submit] h3")
+    assert "scripted" in page.text_content("#model") and "ebnf" in page.text_content("#constraint")
+    assert page.locator("#hosts-table tbody tr").count() == 1  # which host owns this agent
+    assert page.locator("#chart .chart-col").count() >= 1
+    kinds = page.eval_on_selector_all("#kinds-chart .chart-col", "cs => cs.map(c => +c.dataset.n)")
+    assert sum(kinds) >= 1  # the failing run's `execution` error, in its bar
+    assert page.locator("#errors-table tr[data-error=execution]").count() == 1
+    assert page.locator(f"#agent-runs tr[data-run='{runs['failing']}']").count() == 1
+    shot(page, "33-agent")

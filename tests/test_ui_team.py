@@ -172,6 +172,7 @@ async def test_pending_work_fleet_and_agent(nats_server, nc, js, tmp_path: Path)
         assert job["workers"] == []
         kinds = {(s["kind"], s.get("run_id")) for s in seen["stuck"]}
         assert {("job-no-worker", computed.run_id), ("job-given-back", computed.run_id)} <= kinds
+        assert "no worker is running: the calculator job waits for one" in str(seen["stuck"])
         waits = {r["run_id"]: [w["what"] for w in r["waiting_on"]] for r in seen["runs"]}
         assert waits[computed.run_id] == ["tool"] and waits[paid.run_id] == ["approval"]
         approved = await client.post(f"/api/runs/{paid.run_id}/approve",

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from runtime.ui.reads import Reads
 
 RUNS_SHOWN = 200  # the agent's most recent runs the page lists and buckets
-BUCKETS = (60.0, 300.0, 3600.0, 6 * 3600.0, 86400.0)  # bucket widths tried, smallest first (about 24 buckets)
+# bucket widths tried, smallest first: the first that makes at most 24 buckets of the runs' span
+BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0)
 
 
 class NoAgent(LookupError):
@@ -125,7 +126,8 @@ class Agents:
                  for h in status["hosts"] if name in h["agents"]]
         listed = await self.reads.runs(views.RunFilter(agent=name), RUNS_SHOWN)
         rows = listed["runs"]
-        if not rows and not hosts:
+        unserved = (status.get("unserved_agents") or {}).get(name)
+        if not rows and not hosts and not unserved:
             known = sorted({h for host in status["hosts"] for h in host["agents"]} |
                            {a.split(":")[0] for a in listed["facets"]["agents"]})
             raise NoAgent(f"no run and no host knows an agent {name!r} "
@@ -135,7 +137,7 @@ class Agents:
                  if e.bundle and (e.actor == name or e.actor.split(":")[0] == name)]
         loaded = await self.bundles.load(max(paths)[1] if paths else None)
         return {"name": name, "now": now, "hosts": hosts,
-                "unserved": (status.get("unserved_agents") or {}).get(name),
+                "unserved": unserved,
                 "instances": sorted({r["actor"] for r in rows}),
                 "bundle": bundle_view(loaded.bundle) if loaded.bundle is not None else None,
                 "bundle_path": loaded.path or None, "bundle_problem": loaded.problem,

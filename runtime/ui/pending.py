@@ -8,13 +8,15 @@ Four sources, each read through the client as `sa` reads it:
 * tool jobs not done yet (`Client.tool_work`: the TOOLS work queue, whether each was delivered, and why
   its earlier deliveries ended where a worker recorded it), next to the workers that serve the tool and
   their heartbeats' ages (`Client.status`); a job's worker is not known while it runs (a worker says
-  which job it ran only with the outcome), so the page names the workers that may hold it;
+  which job it ran only with the outcome), so the page names the workers that may hold it (every worker
+  takes every job: one whose tool it lacks is answered as an unknown tool, so only a fleet with no worker
+  at all leaves a job waiting for ever);
 * runs not finished (the runs index), each with what it waits for, read from its events (`waiting_on`):
   the model, a tool call, a person, or nothing recorded for a while;
 * tasks waiting for an agent no live host serves (`Client.status`'s `unserved_agents`).
 
 `stuck` picks out of these what needs a person's eyes, each with a sentence saying why: a job given back
-or delivered again, a job waiting with no live worker for its tool, a run waiting longer than `SLOW_S`
+or delivered again, a job while no worker runs at all, a run waiting longer than `SLOW_S`
 for the model or a tool, a run with no event for that long and nothing in flight, tasks no host takes.
 """
 
@@ -91,9 +93,10 @@ def job_view(q: QueuedJob, now: float, workers: list[dict[str, Any]]) -> dict[st
             "deadline": job.deadline if job else None, "workers": serving, "readable": job is not None}
 
 
-def stuck(jobs: list[dict[str, Any]], runs: list[dict[str, Any]], unserved: dict[str, int],
-          now: float) -> list[dict[str, Any]]:
-    """What needs a person's eyes, each with why (see the module docstring)."""
+def stuck(jobs: list[dict[str, Any]], runs: list[dict[str, Any]], unserved: dict[str, int], now: float,
+          workers: int) -> list[dict[str, Any]]:
+    """What needs a person's eyes, each with why (see the module docstring); `workers` is how many live
+    workers there are (any worker takes every job: one for a tool it lacks is answered `unknown tool`)."""
     out: list[dict[str, Any]] = []
     for j in jobs:
         where = {"run_id": j["run_id"], "tool": j["tool"], "job": j["seq"]}
@@ -101,10 +104,10 @@ def stuck(jobs: list[dict[str, Any]], runs: list[dict[str, Any]], unserved: dict
             out.append({**where, "kind": "job-given-back",
                         "why": f"{j['tool']} job was given back {len(j['given_back'])} time(s), last: "
                                f"{j['last_failure']}"})
-        if not j["workers"]:
+        if not workers:
             out.append({**where, "kind": "job-no-worker",
-                        "why": f"no live worker serves {j['tool']}: the job waits for one (start `sa worker` "
-                               "with the bundle that has it)"})
+                        "why": f"no worker is running: the {j['tool']} job waits for one (start `sa worker` "
+                               "with the bundle that has the tool)"})
         elif j["state"] == "waiting" and (j["age_s"] or 0) > SLOW_S:
             out.append({**where, "kind": "job-waiting",
                         "why": f"{j['tool']} job waits {j['age_s']:.0f} s for a worker: the workers "
@@ -168,7 +171,8 @@ class Pending:
                 "ack_wait": work.ack_wait, "runs": runs, "runs_total": total,
                 "runs_truncated": total > MAX_RUNS,
                 "workers": status["workers"], "dead_letters": status["queues"]["dlq"],
-                "unserved_agents": unserved, "stuck": stuck(jobs, runs, unserved, now)}
+                "unserved_agents": unserved,
+                "stuck": stuck(jobs, runs, unserved, now, len(status["workers"]))}
 
 
 __all__ = ["MAX_RUNS", "SLOW_S", "Pending", "job_view", "stuck", "waiting_on"]

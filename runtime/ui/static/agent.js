@@ -49,27 +49,38 @@ function bundlePanel(d) {
     el("h3", {}, "tools (" + b.tools.length + ")"), el("div", {class: "cards", id: "tools"}, b.tools.map(toolCard)));
 }
 
+const KIND_COLOURS = 6;  // failure kinds past the sixth most frequent share the last colour
+
+// stacked columns, one per bucket: `parts(bucket)` gives [[class, count, label]...]
+function chart(id, buckets, parts, most) {
+  return el("div", {class: "chart", id: id}, buckets.map((b) => {
+    const shown = parts(b).filter(([, n]) => n);
+    const col = el("div", {class: "chart-col", dataset: {n: shown.reduce((t, [, n]) => t + n, 0)},
+      title: fmtTime(b.start) + (shown.length ? ": " + shown.map(([, n, label]) => n + " " + label).join(", ") : ": none")});
+    for (const [cls, n] of shown) col.appendChild(place(el("div", {class: "chart-part " + cls}), {height: (100 * n / most) + "%"}));
+    return col;
+  }));
+}
+
 function failuresPanel(d) {
   const f = d.failures;
   if (!f.buckets.length) return panel("failures", "runs over time", el("p", {class: "muted"}, "no run yet"));
-  const most = Math.max(1, ...f.buckets.map((b) => b.runs));
-  const chart = el("div", {class: "chart", id: "chart"}, f.buckets.map((b) => {
-    const col = el("div", {class: "chart-col", title: fmtTime(b.start) + ": " + b.runs + " run(s)" +
-      Object.entries(b.statuses).map(([s, n]) => ", " + n + " " + s).join("") +
-      (Object.keys(b.errors).length ? "; errors: " + Object.entries(b.errors).map(([k, n]) => k + " ×" + n).join(", ") : ""),
-    dataset: {runs: b.runs}});
-    for (const [s, n] of Object.entries(b.statuses)) {
-      const cls = ["completed", "failed", "cancelled"].includes(s) ? s : "other";
-      col.appendChild(place(el("div", {class: "chart-part s-" + cls}), {height: (100 * n / most) + "%"}));
-    }
-    return col;
-  }));
   const errors = Object.entries(f.errors).sort((a, b) => b[1] - a[1]);
-  return panel("failures", "runs over time (" + fmtMs(f.width_s * 1000) + " per bar) and their failure kinds", chart,
-    el("div", {class: "chart-axis"}, el("span", {}, fmtTime(f.buckets[0].start)), el("span", {}, "now")),
+  const colour = new Map(errors.map(([k], i) => [k, "k" + Math.min(i, KIND_COLOURS - 1)]));
+  const outcome = (s) => ["completed", "failed", "cancelled"].includes(s) ? s : "other";
+  const byOutcome = (b) => Object.entries(b.statuses).map(([s, n]) => ["s-" + outcome(s), n, s]);
+  const byKind = (b) => Object.entries(b.errors).map(([k, n]) => [colour.get(k), n, k]);
+  const mostRuns = Math.max(1, ...f.buckets.map((b) => b.runs));
+  const mostErrors = Math.max(1, ...f.buckets.map((b) => Object.values(b.errors).reduce((t, n) => t + n, 0)));
+  const axis = () => el("div", {class: "chart-axis"}, el("span", {}, fmtTime(f.buckets[0].start)), el("span", {}, "now"));
+  return panel("failures", "runs over time (" + fmtMs(f.width_s * 1000) + " per bar) and their failure kinds",
+    el("h3", {}, "runs, by how they ended"), chart("chart", f.buckets, byOutcome, mostRuns), axis(),
     el("p", {}, Object.entries(f.statuses).map(([s, n]) => [statusBadge(s), " " + n + "  "])),
-    table("errors-table", ["failure kind", "runs"], errors.map(([k, n]) => [el("span", {class: "chip error-chip"}, k), String(n)]),
-      "no failure recorded", (i) => ({error: errors[i][0]})));
+    el("h3", {}, "failure kinds their events recorded"),
+    errors.length ? [chart("kinds-chart", f.buckets, byKind, mostErrors), axis()] : null,
+    table("errors-table", ["failure kind", "runs"], errors.map(([k, n]) => [
+      el("span", {}, el("span", {class: "swatch " + colour.get(k)}), el("span", {class: "chip error-chip"}, k)), String(n)]),
+    "no failure recorded", (i) => ({error: errors[i][0]})));
 }
 
 function runsPanel(d) {

@@ -113,7 +113,7 @@ function agentHref(agent) {
 
 function fmtAge(seconds) {
   if (seconds === null || seconds === undefined) return "";
-  return fmtMs(seconds * 1000) + " ago";
+  return seconds < 1 ? "under 1 s ago" : fmtMs(seconds * 1000) + " ago";
 }
 
 // A panel with a title, for the team's pages.

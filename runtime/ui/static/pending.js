@@ -24,8 +24,7 @@ async function decide(a, path, body, box) {
   try {
     await api("/api/runs/" + encodeURIComponent(a.run_id) + "/" + path, {
       method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
-    pending.approvals = "";  // redraw: the call is decided
-    await load();
+    await load(true);  // redraw: the call is decided
   } catch (err) {
     problem.textContent = err.message;
     problem.hidden = false;
@@ -63,8 +62,10 @@ function approvalsPanel(approvals) {
       "no call waits for a person", (i) => ({run: approvals[i].run_id, call: approvals[i].call_id})));
 }
 
-function workersCell(ws) {
-  if (!ws.length) return el("span", {class: "stale"}, "no live worker serves it");
+function workersCell(ws, fleet) {
+  if (!ws.length && !fleet) return el("span", {class: "stale"}, "no worker is running");
+  if (!ws.length) return el("span", {class: "stale"}, "no worker serves this tool: the first to take it answers " +
+    "\"unknown tool\"");
   return ws.map((w) => el("div", {}, el("span", {class: "mono"}, w.name), el("span", {class: "muted"},
     " beat " + fmtAge(w.beat_age_s) + ", holds " + w.running)));
 }
@@ -74,7 +75,7 @@ function jobsPanel(d) {
     el("span", {class: "mono"}, "#" + j.seq), el("b", {}, j.tool), runCell(j.run_id), j.call || "",
     statusBadge(j.state), fmtMs((j.age_s || 0) * 1000), String(j.deliveries),
     j.last_failure ? el("span", {class: "why"}, j.last_failure) : el("span", {class: "muted"}, "none recorded"),
-    workersCell(j.workers)]);
+    workersCell(j.workers, d.workers.length)]);
   return panel("jobs", "tool jobs in flight (" + d.tool_jobs.length + (d.tool_jobs_truncated ? "+" : "") + ")",
     el("p", {class: "muted"}, "held: delivered to a worker (a job's worker is named only when it ends); a dead " +
       "worker's job is delivered again " + (d.ack_wait ? fmtMs(d.ack_wait * 1000) + " " : "") + "after its last heartbeat"),
@@ -113,7 +114,7 @@ function fill(name, ...children) {
   append(clear(slot(name)), children);
 }
 
-async function load() {
+async function load(redraw) {
   const d = await api("/api/pending");
   pending.data = d;
   fill("stats", el("div", {class: "stats"}, [["stuck", d.stuck.length], ["waiting for a person", d.approvals.length],
@@ -122,8 +123,9 @@ async function load() {
     el("div", {class: "stat-value"}, String(n)), el("div", {class: "stat-label"}, label)))));
   fill("stuck", stuckPanel(d.stuck));
   const key = JSON.stringify(d.approvals.map((a) => [a.run_id, a.call_id]));
-  const typing = slot("approvals").contains(document.activeElement);
-  if (key !== pending.approvals && !typing) {
+  const focused = document.activeElement;
+  const typing = slot("approvals").contains(focused) && ["INPUT", "TEXTAREA"].includes(focused.tagName);
+  if (redraw === true || (key !== pending.approvals && !typing)) {
     fill("approvals", approvalsPanel(d.approvals));
     pending.approvals = key;
   }
