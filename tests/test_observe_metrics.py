@@ -219,6 +219,8 @@ def test_every_long_running_command_takes_log_format_and_metrics_port():
     parse_sa(["host", "b", "--log-format", "json", "--metrics-port", "9464"])
     parse_sa(["worker", "--bundle", "b", "--log-format", "json", "--metrics-port", "9464"])
     parse_sa(["up", "--log-format", "json", "--metrics-port", "9464"])
+    parse_sa(["host", "b", "--metrics-port", "9464", "--metrics-addr", "0.0.0.0"])
+    parse_sa(["worker", "--metrics-port", "9464", "--metrics-addr", "10.1.2.3"])
     parse_sa(["otel", "--endpoint", "http://collector:4318", "--log-format", "json"])
     with pytest.raises(AssertionError, match="log-format"):
         parse_sa(["host", "--log-format", "xml"])
@@ -265,3 +267,38 @@ def test_metrics_bind_loopback_by_default_and_carry_the_process_metrics():
     for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
         value = next(line for line in text.splitlines() if line.startswith(family + " "))
         assert float(value.split()[1]) > 0, value
+
+
+def test_sa_worker_serves_metrics_on_loopback_unless_told_an_address(nats_server):
+    """A real `sa worker --metrics-port P` answers on 127.0.0.1:P and its listening socket is bound to
+    loopback (not every interface), as its ready line and /proc say."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "worker",
+           "--metrics-port", str(port),
+           "--tools", "agents/calculator.pym"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "NATS_URL": nats_server.url}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        text = ""
+        while time.monotonic() < deadline and not text:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "process_resident_memory_bytes" in text and "sa_worker" in text
+        listening = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        local = {line.split()[1] for line in listening if line.split()[3] == "0A"}  # 0A: LISTEN
+        assert f"0100007F:{port:04X}" in local and f"00000000:{port:04X}" not in local
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -15,7 +15,8 @@ A task-subject message (`runtime.commands`) is one of:
   partition that owns the run (a command sent on the bundle's subject for a run of ``bundle:instance``);
   a command for a run that does not exist is logged and terminated;
 * not a command at all (`commands.BadCommand`): logged with the reason and terminated — never redelivered,
-  never stopping the host.
+  never stopping the host; on a task subject it is also recorded as a run that fails at once with
+  `bad_task` and the reason, under the run id a task gets, so its publisher finds why (`sa replay RUN`).
 
 A RESULTS message (a tool outcome) goes to the driver of its run; a late or duplicate outcome of a run that
 ended is acked; one for a run nobody drives yet (it is starting, or being resumed) is retried a little
@@ -33,7 +34,7 @@ from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.commands import PARENT_RUN, BadCommand, decode, run_id_for, split_actor
+from runtime.commands import PARENT_RUN, BadCommand, decode, refused_task, run_id_for, split_actor
 from runtime.host.actors import Actors, Task
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, ack_quietly
@@ -45,6 +46,7 @@ from runtime.nats.pull import Budget
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import (
     ANONYMOUS,
+    HDR_MSG_ID,
     command_subject,
     is_subtask_subject,
     parse_task_subject,
@@ -65,9 +67,11 @@ class Router:
                  stats: HostStats, *, serves: Callable[[Slot], bool],
                  total_partitions: Callable[[], int],
                  resume: Callable[[str, str, int], Awaitable[bool]],
-                 admit: Callable[[str, Task], Awaitable[bool]] | None = None) -> None:
+                 admit: Callable[[str, Task], Awaitable[bool]] | None = None,
+                 refuse: Callable[[str, Task, str, str], Awaitable[None]] | None = None) -> None:
         self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
         self.serves, self.total_partitions, self.resume, self.admit = serves, total_partitions, resume, admit
+        self.refuse = refuse  # records a refused task as a run failing with the reason (`Host._refuse`)
 
     async def on_task(self, slot: Slot, raw: Msg) -> None:
         """A message of `slot`'s task consumer; it carries one unit of `self.budget`."""
@@ -80,13 +84,15 @@ class Router:
 
     async def route_command(self, p: int, msg: Guarded) -> bool:
         """Route one task-subject message; True if it now waits in a mailbox (keeping its budget unit)."""
+        msg_id = (msg.headers or {}).get(HDR_MSG_ID)
         try:
             subject_agent, operator = parse_task_subject(msg.subject)
-            addressed = decode(subject_agent, msg.data, operator)
+            addressed = decode(subject_agent, msg.data, operator, msg_id=msg_id)
         except (BadCommand, ValueError) as e:
             self.stats.rejected += 1
             log.error("rejected a message on %s: %s", msg.subject, e)
-            await _term(msg)
+            if not await self._record_refusal(p, msg, msg_id, str(e)):
+                await _term(msg)
             return False
         cmd = addressed.command
         md = msg.metadata
@@ -135,6 +141,23 @@ class Router:
                   msg.subject)
         await _term(msg)
         return False
+
+    async def _record_refusal(self, p: int, msg: Guarded, msg_id: str | None, reason: str) -> bool:
+        """A message on a task subject that is not a task: recorded as a run that fails at once with
+        `bad_task` and the reason (`commands.refused_task`), under the run id any task gets (from its
+        Nats-Msg-Id, else its stream sequence), so its publisher can find why; True if it was (and the
+        message acked). Refused commands and sub-run tasks are only logged, as before."""
+        try:
+            subject_agent, operator = parse_task_subject(msg.subject)
+        except ValueError:
+            return False
+        if self.refuse is None or operator is not None or is_subtask_subject(msg.subject):
+            return False
+        seq = msg.metadata.sequence.stream
+        task = refused_task(subject_agent, msg.data, msg_id)
+        run_id = run_id_for(subject_agent, task.task_id, stream_seq=seq)
+        await self.refuse(subject_agent, Task(task, msg, run_id, p, seq), "bad_task", reason)
+        return True
 
     async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny, ix: RunIndex, msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of

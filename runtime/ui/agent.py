@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime.client import Client
 from runtime.nats.subjects import check_token
@@ -24,11 +24,16 @@ from runtime.ui.bundles import Bundles
 
 if TYPE_CHECKING:
     from runtime.bundle import Bundle, BundleTool
-    from runtime.ui.reads import Reads
 
 RUNS_SHOWN = 200  # the agent's most recent runs the page lists and buckets
 # bucket widths tried, smallest first: the first that makes at most 24 buckets of the runs' span
 BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0)
+
+
+class RunsIndex(Protocol):
+    """What the agent page reads its runs from: the runs index with its digests (`Reads.runs`)."""
+
+    async def runs(self, flt: views.RunFilter, limit: int) -> dict[str, Any]: ...
 
 
 class NoAgent(LookupError):
@@ -114,7 +119,7 @@ def failures_over_time(rows: list[dict[str, Any]], now: float) -> dict[str, Any]
 class Agents:
     """The agent page's read over one client, the inspector's bundles and its runs index."""
 
-    def __init__(self, client: Client, bundles: Bundles, reads: Reads) -> None:
+    def __init__(self, client: Client, bundles: Bundles, reads: RunsIndex) -> None:
         self.client, self.bundles, self.reads = client, bundles, reads
 
     async def read(self, name: str) -> dict[str, Any]:
@@ -146,4 +151,4 @@ class Agents:
                 "failures": failures_over_time(rows, now)}
 
 
-__all__ = ["Agents", "NoAgent", "bucket_width", "bundle_view", "failures_over_time", "tool_view"]
+__all__ = ["Agents", "NoAgent", "RunsIndex", "bucket_width", "bundle_view", "failures_over_time", "tool_view"]
