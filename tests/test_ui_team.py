@@ -227,3 +227,51 @@ async def test_pending_work_fleet_and_agent(nats_server, nc, js, tmp_path: Path)
             bk["runs"] for bk in agent["failures"]["buckets"]) == 2
         nobody = await _get(client, "/api/agents/nobody", 404)
         assert "no run and no host knows an agent 'nobody' (agents: calc)" in nobody["error"]
+
+
+async def test_on_a_secured_server_the_team_pages_are_bounded_by_the_operator_role(tmp_path: Path):
+    """`sa ui` as the operator role: the pending page answers without the tool jobs (the operator may not
+    read a worker's queue) and says so; the fleet page lists dead letters, and a replay (admin only)
+    comes back as a refusal that says so."""
+    import os
+
+    from runtime import nats as bus
+    from runtime.jobs import ToolJob
+    from runtime.nats.auth import ROLES
+    from runtime.nats.credentials import Credentials
+    from runtime.nats.server import EmbeddedNats
+    from runtime.worker.dlq import copy_to_dlq
+
+    passwords = {role: f"pw-{role}" for role in ROLES}
+    conf = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "auth.conf"
+    env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in passwords.items()}}
+    server = EmbeddedNats(extra_args=["-c", str(conf)], env=env).start()
+    try:
+        admin = await bus.connect(server.url, name="ui-admin",
+                                  **Credentials(user="admin", password=passwords["admin"]).connect_options())
+        operator = await bus.connect(server.url, name="ui-operator", **Credentials(
+            user="operator", password=passwords["operator"]).connect_options())
+        try:
+            ajs = admin.jetstream()
+            await ensure_topology(ajs, partitions=2, tool_ack_wait=2.0)
+            job = ToolJob(run_id="rsec2", actor="calc", call_id="rsec2/1.0", tool="calculator")
+            await ajs.publish(job.subject, job.encode(), headers=job.headers())
+            await copy_to_dlq(ajs, subject=job.subject, data=job.encode(), stream_seq=9, deliveries=5,
+                              reason="every worker died")
+            async with serving(create_app(client=Client(operator))) as base, \
+                    httpx.AsyncClient(base_url=base, timeout=30) as client:
+                seen = await _get(client, "/api/pending")
+                assert seen["tool_jobs"] == []
+                assert "the tool jobs cannot be read" in seen["tool_jobs_unreadable"]
+                assert "msg.get.tools" in seen["tool_jobs_unreadable"].lower()
+                fleet = await _get(client, "/api/fleet")
+                [letter] = fleet["dead_letters"]
+                assert letter["reason"] == "every worker died"
+                refused = await client.post(f"/api/dead-letters/{letter['seq']}/replay", json={})
+                assert refused.status_code == 403, refused.text
+                assert "NATS refused" in refused.json()["error"]
+        finally:
+            await bus.close(operator)
+            await bus.close(admin)
+    finally:
+        server.stop()

@@ -31,11 +31,13 @@ import anyio
 from runtime import events as ev
 from runtime import kernel
 from runtime.client import Client
-from runtime.client.work import QueuedJob
+from runtime.client.work import QueuedJob, ToolWork
+from runtime.nats.connection import explain_refusal
 from runtime.nats.records import RunIndex
 from runtime.ui import views
 
 SLOW_S = 60.0  # a wait longer than this is listed as stuck
+REFUSED_RETRY_S = 60.0  # how long a refused read of TOOLS is not tried again (each try waits for a timeout)
 MAX_RUNS = 200  # unfinished runs whose events one read looks at (the most recently updated)
 READ_CONCURRENCY = 8
 
@@ -135,6 +137,19 @@ class Pending:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._reads = anyio.Semaphore(READ_CONCURRENCY)
+        self._refused: tuple[float, str] | None = None  # (until when, why) TOOLS is not read again
+
+    async def tool_work(self, now: float) -> tuple[ToolWork, str | None]:
+        """The jobs in TOOLS, or none and why: the operator role may not read TOOLS' messages (a worker's
+        queue), so its inspector lists no job and says so, and the rest of the page still answers."""
+        if self._refused is not None and now < self._refused[0]:
+            return ToolWork([], False, None), self._refused[1]
+        try:
+            return await self.client.tool_work(), None
+        except Exception as e:
+            why = explain_refusal(e) or f"{type(e).__name__}: {e}"
+            self._refused = (now + REFUSED_RETRY_S, f"the tool jobs cannot be read: {why}")
+            return ToolWork([], False, None), self._refused[1]
 
     async def _run(self, run_id: str, entry: RunIndex, now: float) -> dict[str, Any]:
         async with self._reads:
@@ -162,12 +177,13 @@ class Pending:
     async def read(self) -> dict[str, Any]:
         now = time.time()
         status = await self.client.status()
-        work = await self.client.tool_work()
+        work, unreadable = await self.tool_work(now)
         jobs = [job_view(q, now, status["workers"]) for q in work.jobs]
         runs, total = await self.runs(now)
         approvals = [p.to_json(now) for p in await self.client.approvals()]
         unserved = status.get("unserved_agents") or {}
         return {"now": now, "approvals": approvals, "tool_jobs": jobs, "tool_jobs_truncated": work.truncated,
+                "tool_jobs_unreadable": unreadable,
                 "ack_wait": work.ack_wait, "runs": runs, "runs_total": total,
                 "runs_truncated": total > MAX_RUNS,
                 "workers": status["workers"], "dead_letters": status["queues"]["dlq"],

@@ -79,8 +79,9 @@ function jobsPanel(d) {
   return panel("jobs", "tool jobs in flight (" + d.tool_jobs.length + (d.tool_jobs_truncated ? "+" : "") + ")",
     el("p", {class: "muted"}, "held: delivered to a worker (a job's worker is named only when it ends); a dead " +
       "worker's job is delivered again " + (d.ack_wait ? fmtMs(d.ack_wait * 1000) + " " : "") + "after its last heartbeat"),
-    table("jobs-table", ["job", "tool", "run", "call", "state", "in the queue", "delivery", "last failure",
-      "workers serving the tool"], rows, "no tool job in flight", (i) => ({job: d.tool_jobs[i].seq})));
+    d.tool_jobs_unreadable ? el("p", {class: "stale", id: "jobs-unreadable"}, d.tool_jobs_unreadable) :
+      table("jobs-table", ["job", "tool", "run", "call", "state", "in the queue", "delivery", "last failure",
+        "workers serving the tool"], rows, "no tool job in flight", (i) => ({job: d.tool_jobs[i].seq})));
 }
 
 function waitChip(w, now) {
