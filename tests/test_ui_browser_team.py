@@ -76,6 +76,8 @@ def test_waterfall_page(stack: Stack, runs: dict[str, str], page: Any):
     assert "wall time" in where and "model calls" in where and "tool calls" in where
     assert page.locator("#where-bar .where-part").count() >= 2
     assert page.evaluate("document.documentElement.scrollWidth") == 1400  # no label spills past the page
+    page.locator(".wf-row[data-kind=model] .wf-bar").last.hover()  # the tip clear of turn 1's parallel calls
+    assert "tokens" in page.text_content("#tip")
     shot(page, "23-waterfall")
     page.locator(".wf-row[data-kind=script] .wf-bar").first.hover()
     assert "worker" in page.text_content("#tip") and "in the sandbox" in page.text_content("#tip")

@@ -105,7 +105,7 @@ function renderWaterfall() {
   const box = clear(document.getElementById("waterfall"));
   const axis = el("div", {class: "wf-axis"});
   for (const t of ticks(total)) {
-    axis.appendChild(place(el("span", {class: "wf-tick"}, fmtMs(t)), {left: (100 * t / total).toFixed(3) + "%"}));
+    axis.appendChild(place(el("span", {class: "wf-tick"}, t ? fmtMs(t) : "0"), {left: (100 * t / total).toFixed(3) + "%"}));
   }
   box.appendChild(el("div", {class: "wf-row wf-head"}, el("div", {class: "wf-label muted"}, "span"), axis));
   for (const s of v.spans) {
