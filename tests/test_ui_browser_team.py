@@ -82,6 +82,9 @@ def test_waterfall_page(stack: Stack, runs: dict[str, str], page: Any):
     page.locator(".wf-row[data-kind=script] .wf-bar").first.hover()
     assert "worker" in page.text_content("#tip") and "in the sandbox" in page.text_content("#tip")
     shot(page, "24-waterfall-hover-sandbox")
+    page.locator(".wf-row[data-kind=tool] .wf-bar").first.click()  # a bar opens its first event
+    page.wait_for_selector(".event.target[data-kind='tool.called'] .detail")
+    assert page.url.endswith("#seq-" + page.get_attribute(".event.target", "data-seq"))
 
 
 def test_waterfall_follows_a_running_run(stack: Stack, page: Any):
@@ -125,13 +128,17 @@ def test_conversation_page(stack: Stack, runs: dict[str, str], page: Any):
     page.click("#turns a[data-turn=all]")
     page.wait_for_selector("body[data-turn=all]")
     assert page.locator("#prompt .msg").count() == 7
+    # a message links to the event it came from: the run's page opens it
+    page.locator("#prompt .msg[data-index='4'] a.event-link").click()
+    page.wait_for_selector(".event.target[data-kind='tool.completed'] .detail")
+    assert '"value": 40' in page.text_content(".event.target .detail")
 
     # a thread's later run: the earlier run's exchange first, each message naming its run
     later, first = runs["later"], runs["first"]
     page.goto(f"{stack.base}/runs/{later}/conversation?turn=1")
     page.wait_for_selector("body[data-turn='1']")
     assert first in page.text_content("#thread-note")
-    origins = page.eval_on_selector_all("#prompt .msg .origin a", "as => as.map(a => a.textContent)")
+    origins = page.eval_on_selector_all("#prompt .msg .origin a.mono", "as => as.map(a => a.textContent)")
     assert origins and set(origins) == {first}
     assert page.get_attribute("#system-source", "data-source") == "bundle"
     shot(page, "27-conversation-thread")

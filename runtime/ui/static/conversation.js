@@ -56,7 +56,9 @@ function origin(m) {
   const o = m.origin;
   const parts = [];
   if (o.run_id !== conv.runId) parts.push("from run ", el("a", {class: "mono", href: runHref(o.run_id)}, o.run_id), " ");
-  if (o.seq !== null && o.seq !== undefined) parts.push("event #" + o.seq);
+  if (o.seq !== null && o.seq !== undefined) {
+    parts.push(el("a", {class: "event-link", href: runHref(o.run_id) + "#seq-" + o.seq}, "event #" + o.seq));
+  }
   if (o.note) parts.push(parts.length ? " · " + o.note : o.note);
   return el("span", {class: "muted origin"}, parts);
 }

@@ -574,7 +574,21 @@ async function init() {
   }
   const parts = location.pathname.split("/");
   state.runId = decodeURIComponent(parts[parts.length - 1] || "");
-  if (await reload()) follow();
+  if (await reload()) {
+    openFromHash();
+    follow();
+  }
+}
+
+// `/runs/RUN#seq-N` (the links of the waterfall and the conversation): event N opened and in view.
+function openFromHash() {
+  const m = /^#seq-(\d+)$/.exec(location.hash);
+  if (!m || !state.bySeq.has(Number(m[1]))) return;
+  const seq = Number(m[1]);
+  state.open.add(seq);
+  render();
+  const node = document.querySelector(".event[data-seq='" + seq + "']");
+  if (node) { node.classList.add("target"); node.scrollIntoView({block: "center"}); }
 }
 
 window.addEventListener("beforeunload", () => { if (state.source) state.source.close(); });

@@ -73,7 +73,7 @@ function tipLines(s) {
   if (a["sa.attempt"]) lines.push(["attempt", String(a["sa.attempt"])]);
   for (const m of s.marks || []) lines.push([m.name, "+" + fmtMs(m.at_ms) + (m.attributes["sa.worker"] ? " on " + m.attributes["sa.worker"] : "")]);
   if (s.error) lines.push(["error", (a["error.type"] ? a["error.type"] + ": " : "") + s.error]);
-  lines.push(["events", "#" + s.start_seq + (s.end_seq !== null ? " → #" + s.end_seq : " → (open)")]);
+  lines.push(["events", "#" + s.start_seq + (s.end_seq !== null ? " → #" + s.end_seq : " → (open)") + " (click: open them)"]);
   return lines;
 }
 
@@ -119,6 +119,7 @@ function renderWaterfall() {
     bar.addEventListener("mouseenter", (e) => showTip(s, e));
     bar.addEventListener("mousemove", moveTip);
     bar.addEventListener("mouseleave", hideTip);
+    bar.addEventListener("click", () => { location.href = runHref(wf.runId) + "#seq-" + s.start_seq; });  // its first event
     bar.addEventListener("focus", () => { const r = bar.getBoundingClientRect(); showTip(s, {clientX: r.left, clientY: r.bottom}); });
     bar.addEventListener("blur", hideTip);
     const name = place(el("div", {class: "wf-label", title: s.name}, el("span", {class: "wf-kind kind-" + s.kind}), s.name),
