@@ -128,3 +128,16 @@ def test_long_text_is_cut_and_a_stub_is_fetched_on_demand():
     stub = conv.message_view(3, message, conv.Origin("r", 7, stub=300_000))
     assert stub["content"] == "" and stub["origin"]["stub"] == 300_000
     assert conv.message_view(3, message, conv.Origin("r", 7), cut=None)["content"] == "x" * 5000
+
+
+def test_a_fork_with_another_system_prompt_is_no_mismatch_and_says_whose_turns_it_kept():
+    sim = _windowed()
+    at = next(e.seq for e in sim.events if isinstance(e, ev.ModelRequested) and e.turn == 3)
+    first = sim.events[0]
+    forked = ev.stamp(ev.RunForked(run_id="run1", input=first.input, source_run="src", source_seq=at,
+                                   system_prompt="be verbose"), seq=0, ts=first.ts, actor=first.actor)
+    traced = conv.fold_traced(k.KernelConfig(system_prompt="ignored"), [forked, *sim.events[1:]])
+    assert traced.mismatches == [] and traced.kept == ("src", at)
+    assert traced.state.messages[0].content == "be verbose"
+    assert conv.prompt_view(traced, 2)["kept_from"] == {"run_id": "src", "seq": at}
+    assert conv.prompt_view(traced, 3)["kept_from"] is None  # the fork's own request

@@ -83,6 +83,15 @@ async def test_waterfall_and_conversation_of_real_runs(nats_server, nc, js, tmp_
         odd = await client.get(f"/api/runs/{pair.run_id}/conversation", params={"turn": "x"})
         assert odd.status_code == 400
 
+        # -- a fork at turn 2's request saw what its source saw (the kept events fold the same way) ----------
+        at = next(e.seq for e in await pair.replay() if isinstance(e, ev.ModelRequested) and e.turn == 2)
+        fork = await pair.fork(at)
+        await fork.result(60)
+        forked = await _get(client, f"/api/runs/{fork.run_id}/conversation", turn="2")
+        assert [(m["role"], m["content"]) for m in forked["messages"]] == \
+            [(m["role"], m["content"]) for m in seen["messages"]]
+        assert forked["system"]["source"] == "recorded" and forked["mismatches"] == []
+
         # -- a thread's later run: the earlier run's messages first, each naming its run --------------------
         later = await _get(client, f"/api/runs/{second.run_id}/conversation", turn="1")
         assert later["thread"] == [first.run_id]

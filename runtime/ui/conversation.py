@@ -94,6 +94,8 @@ class Traced:
     requests: list[Request] = field(default_factory=list)
     answers: dict[str, ev.Event] = field(default_factory=dict)  # request id -> its reply or failure
     mismatches: list[int] = field(default_factory=list)  # seqs of requests the log records differently
+    kept: tuple[str, int] | None = None  # a fork: its source run, and the seq below which events are its
+    reprompted: bool = False  # a fork that goes on with another system prompt than its kept events had
 
 
 def _same(recorded: Sequence[Message], folded: Sequence[Message]) -> bool:
@@ -134,6 +136,8 @@ def fold_traced(config: kernel.KernelConfig, events: Sequence[ev.Event], *,
         if isinstance(e, ev.RunStarted) and not traced.origins:
             traced.origins = _started_origins(state, e, list(earlier_origins),
                                               system or origin_of(e, "the system prompt"))
+            if isinstance(e, ev.RunForked):
+                traced.kept, traced.reprompted = (e.source_run, e.source_seq), e.system_prompt is not None
             continue
         for m in state.messages[before:]:
             traced.origins.append(outcomes.get(m.tool_call_id or "") or origin_of(e))
@@ -147,6 +151,8 @@ def _request(traced: Traced, state: kernel.State, e: ev.ModelRequested) -> None:
     delta = state.messages[state.recorded:]
     origins = traced.origins[state.recorded:]
     comparable = e.ref is None and all(o.stub is None for o in origins)
+    if traced.kept is not None and traced.reprompted and e.seq < traced.kept[1]:
+        comparable = False  # the source's request, made with the source's system prompt
     if comparable and e.attempt == 0 and not _same(e.messages, delta):
         traced.mismatches.append(e.seq)
 
@@ -214,7 +220,7 @@ def prompt_view(traced: Traced, turn: int | None) -> dict[str, Any]:
     model's answer to it; for None, the whole conversation so far."""
     messages, origins = traced.state.messages, traced.origins
     if turn is None:
-        return {"turn": None, "request": None, "answer": None, "left_out": 0,
+        return {"turn": None, "request": None, "answer": None, "left_out": 0, "kept_from": None,
                 "messages": [message_view(i, m, o)
                              for i, (m, o) in enumerate(zip(messages, origins, strict=True))]}
     request = next((r for r in reversed(traced.requests) if r.turn == turn), None)
@@ -233,6 +239,8 @@ def prompt_view(traced: Traced, turn: int | None) -> dict[str, Any]:
         replied = message_view(request.count, messages[request.count], origins[request.count])
     return {"turn": turn, "messages": views, "left_out": start - pinned, "reply": replied,
             "answer": _answer(answer),
+            "kept_from": ({"run_id": traced.kept[0], "seq": traced.kept[1]}
+                          if traced.kept is not None and request.seq < traced.kept[1] else None),
             "request": {"seq": request.seq, "attempt": request.attempt,
                         "context_start": request.context_start,
                         "ts": request.ts, "tools": list(request.tools), "sampling": request.sampling}}

@@ -112,6 +112,12 @@ function renderPrompt() {
       (v.left_out ? ", " + v.left_out + " left out by the history window" : "") +
       " · request event #" + v.request.seq + " · " + fmtTime(v.request.ts) +
       (v.request.tools.length ? " · tools offered: " + v.request.tools.join(", ") : "")) : null));
+  if (v.kept_from) {  // a fork's kept turn: the source run made this request
+    box.appendChild(el("p", {class: "message info", id: "kept-from"}, "this request was made by run ",
+      el("a", {class: "mono", href: runHref(v.kept_from.run_id) + "/conversation?turn=" + v.turn}, v.kept_from.run_id),
+      ", whose events before #" + v.kept_from.seq + " this fork kept: the model saw that run's prompt (with its " +
+      "system prompt, where the fork changed it)"));
+  }
   if (!v.messages.length) box.appendChild(el("p", {class: "muted"}, "no message yet"));
   for (const m of v.messages) box.appendChild(messageNode(m));
   const answer = clear(document.getElementById("answer"));
