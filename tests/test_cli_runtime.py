@@ -83,8 +83,9 @@ def test_send_follow_runs_and_replay_verify(services: str):
     events = [json.loads(x) for x in sa("replay", run_id, "--json", url=url).stdout.splitlines()]
     assert events[0]["kind"] == "run.started" and events[-1]["kind"] == "run.completed"
 
-    failed = sa("send", "nosuchagent", "hello", "--follow", url=url)
-    assert failed.returncode == 1 and "unknown_agent" in failed.stdout
+    waiting = sa("send", "nosuchagent", "hello", url=url)  # stored, and waits for a host that serves it
+    assert waiting.returncode == 0 and waiting.stdout.startswith("run r")
+    assert "no live host serves agent 'nosuchagent'" in waiting.stderr and "calc" in waiting.stderr
 
     missing = sa("replay", "rdoesnotexist", url=url)
     assert missing.returncode == 2 and "no events" in missing.stderr

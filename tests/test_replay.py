@@ -78,3 +78,22 @@ async def test_replay_renders_and_verifies_a_run_and_catches_a_tampered_log(nats
         await runs.copy_prefix(run_id, 4, "rfork")
     with pytest.raises(ValueError, match="prefix"):
         await runs.copy_prefix(run_id, len(log.events) + 1, "rfork2")
+
+
+def test_events_appended_after_the_run_ended_say_so_in_the_timeline():
+    """A cancelled run's stopped job reports its script run after `run.cancelled`: the timeline shows it
+    where the log has it, marked as reported after the end (it explains, it changes nothing)."""
+    from rich.console import Console
+
+    run = "r-late"
+    events = [ev.stamp(e, seq=i, ts=10.0 + i, actor="calc") for i, e in enumerate([
+        ev.RunStarted(run_id=run, input="x"),
+        ev.RunCancelled(run_id=run, reason="stop", by="op"),
+        ev.ScriptStarted(run_id=run, call_id=f"{run}/1.0", tool="spin", worker="w1"),
+    ])]
+    console = Console(width=200, record=True)
+    console.print(timeline(events))
+    lines = console.export_text().splitlines()
+    started = next(line for line in lines if "script.started" in line)
+    cancelled = next(line for line in lines if "run.cancelled" in line)
+    assert "reported after the run ended" in started and "reported after" not in cancelled

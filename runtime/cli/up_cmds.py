@@ -87,6 +87,10 @@ def up(
     try:
         url = fleet.start_nats(store, secure)
         model_url = fleet.start_model() if local_model else None
+        # this fleet's host owns the topology: made before the workers start, which wait for it
+        import anyio
+
+        anyio.run(serving.apply_retention, url, bounds, partitions, backend="asyncio")
         fleet.start_workers(workers, concurrency, paths, url, log_format)
         _write_state(console, url, model_url, paths)
         agents = serving.load_agents(paths, model_url)

@@ -226,6 +226,17 @@ class Client:
         record, _ = await Threads(self.js).get(actor, thread)
         return record
 
+    async def served(self) -> set[str]:
+        """The bundles some live host serves now (from the hosts' heartbeats, gone a lease TTL after a host
+        dies): a task for any other agent waits in TASKS until a host serving it starts."""
+        from runtime.nats.kv import fleet_kv
+        from runtime.nats.records import HostBeat
+        from runtime.nats.subjects import HOSTS_BUCKET
+
+        beats = await kv_entries(await fleet_kv(self.js, HOSTS_BUCKET))
+        return {agent for entry in beats.values() if entry.value
+                for agent in HostBeat.decode(entry.value).agents}
+
     async def status(self) -> dict[str, Any]:
         """The fleet now: hosts and their partitions, workers, queue depths, runs in flight."""
         from runtime.client.status import gather
