@@ -74,7 +74,9 @@ async def test_a_foreign_host_is_refused_and_a_cross_origin_command_too(nats_ser
         assert "127.0.0.1, [::1], inspector.example, localhost" in message
         assert "`sa ui --allow-host attacker.example`" in message
         assert "script-src 'self'" in rebound.headers["content-security-policy"]
-        for path in ("/", "/runs/r1", "/api/health", "/static/index.js", "/api/runs/r1/follow"):
+        for path in ("/", "/runs/r1", "/api/health", "/static/index.js", "/api/runs/r1/follow", "/pending",
+                     "/fleet", "/agents/calc", "/api/pending", "/api/fleet", "/api/agents/calc",
+                     "/runs/r1/waterfall", "/api/runs/r1/waterfall", "/api/runs/r1/conversation"):
             assert (await _get(base, path, Host="attacker.example")).status_code == 400, path
         assert (await _post(base, "/api/runs/r1/cancel", {}, Host="attacker.example")).status_code == 400
         for name in ("127.0.0.1", "localhost", "LocalHost", "[::1]", "inspector.example"):
@@ -99,6 +101,12 @@ async def test_a_foreign_host_is_refused_and_a_cross_origin_command_too(nats_ser
             form = await client.post(cancel, content="reason=x", headers={
                 "Origin": "http://attacker.example", "Content-Type": "application/x-www-form-urlencoded"})
         assert form.status_code == 403
+        replay = await _post(base, "/api/dead-letters/1/replay", {}, Origin="http://attacker.example")
+        assert replay.status_code == 403 and "another origin" in replay.json()["error"]  # the new command too
+        for page in ("/pending", "/fleet", "/agents/calc", "/runs/r1/waterfall", "/runs/r1/conversation"):
+            served = await _get(base, page)
+            assert served.status_code == 200, page
+            assert "script-src 'self'" in served.headers["content-security-policy"]
 
         # the inspector's own origin, by any of its names, and a program (no Origin, no Referer) get
         # through to the command itself, which answers that the run is not there
