@@ -252,7 +252,7 @@ async def test_on_a_secured_server_the_team_pages_are_bounded_by_the_operator_ro
     from runtime.worker.dlq import copy_to_dlq
 
     passwords = {role: f"pw-{role}" for role in ROLES}
-    conf = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "auth.conf"
+    conf = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "auth.conf"
     env = {**os.environ, **{f"SA_{r.upper()}_PASSWORD": pw for r, pw in passwords.items()}}
     server = EmbeddedNats(extra_args=["-c", str(conf)], env=env).start()
     try:

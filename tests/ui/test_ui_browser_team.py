@@ -5,7 +5,7 @@ ends), what the model saw at a turn (a thread's earlier runs included, a big pay
 a reply full of HTML shown as text), pending work (approve from it), the fleet (hosts, workers, queues,
 dead letters replayed from it) and an agent's page.
 
-Each step saves a screenshot under tests/artifacts/ui/ (git-ignored), as tests/test_ui_browser.py does."""
+Each step saves a screenshot under tests/artifacts/ui/ (git-ignored), as tests/ui/test_ui_browser.py does."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from runtime import events as ev
 from runtime.log import RunLog
 from runtime.types import Message, Usage
 
-browser = base.browser  # the same Chromium and pages (with their error check) as tests/test_ui_browser.py
+browser = base.browser  # the same Chromium and pages (with their error check) as tests/ui/test_ui_browser.py
 page = base.page
 
 
