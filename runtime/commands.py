@@ -136,7 +136,7 @@ def decode(subject_agent: str, data: bytes, operator: str | None = None) -> Addr
     if isinstance(cmd, ev.Task):
         raise BadCommand(f"a task is not accepted on a command subject: publish it on "
                          f"agents.{subject_agent}.tasks")
-    if isinstance(cmd, ev.Resume):  # names no operator: it asks a host to drive a run that exists
+    if isinstance(cmd, ev.Resume | ev.Wake):  # name no operator: they ask a host to drive a run that exists
         return addressed
     if operator == ANONYMOUS:  # no authenticated name to go by (a server without auth): keep the message's
         return Addressed(addressed.agent, msgspec.structs.replace(cmd, by=cmd.by or ANONYMOUS))
