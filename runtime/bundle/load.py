@@ -31,8 +31,10 @@ from runtime.bundle.sections import (
     name_section,
     output_models_section,
     policies_section,
+    schedules_section,
     system_prompt_section,
     termination_section,
+    timers_section,
     workspace_section,
 )
 from runtime.bundle.tools import tools_section
@@ -71,13 +73,15 @@ def load_bundle(path: str | Path) -> Bundle:
     policies = keep(policies_section(spec.policies))
     data = keep(data_provider_section(spec.data_provider, spec.workspace, root))
     problems += workspace_section(spec.workspace)
+    problems += timers_section(spec.timers, found.tools)
+    schedules = keep(schedules_section(spec.schedules, spec.name))
     if problems:
         raise BundleError(source, problems)
 
     return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
                   limits=global_limits, tools=found.tools, data_provider=data, deadline_s=deadline_s,
                   policies=policies, digest=_digest(raw_text, found.tools), approvals=found.approvals,
-                  grants=found.grants, factory=factory)
+                  grants=found.grants, factory=factory, schedules=schedules)
 
 
 def _read(p: Path) -> tuple[str, dict[Any, Any]]:

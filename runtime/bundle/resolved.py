@@ -25,6 +25,7 @@ from runtime.types import ToolSchema
 if TYPE_CHECKING:
     from runtime.kernel import KernelConfig
     from runtime.policies import ToolPolicy
+    from runtime.schedules import Schedule
 
 __all__ = ["Bundle", "BundleTool", "DataProviderSpec"]
 
@@ -60,6 +61,7 @@ class Bundle:
     approvals: tuple[ApprovalRule, ...] = ()  # the tools' approval rules (`approval:` entries)
     grants: dict[str, Grants] = field(default_factory=dict)  # tool -> its built-in externals
     factory: ExternalsFactory | None = None  # `externals:`, imported
+    schedules: tuple[Schedule, ...] = ()  # `schedules:`, checked (stored by a host serving the bundle)
 
     @property
     def root(self) -> Path:
@@ -76,7 +78,10 @@ class Bundle:
         return self.tools[tool].output_model if tool in self.tools else None
 
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
-        return tuple(t.schema for t in self.tools.values())
+        """What the model is offered: the bundle's tools, then its built-in timers (`timers:`)."""
+        from runtime.timers import TIMER_TOOLS
+
+        return (*(t.schema for t in self.tools.values()), *(TIMER_TOOLS[n] for n in self.spec.timers))
 
     def kernel_config(self) -> KernelConfig:
         """The kernel's `KernelConfig` for this bundle (tool schemas, termination, policies, sampling)."""
@@ -90,7 +95,8 @@ class Bundle:
             max_concurrent_tools=self.spec.max_concurrent_tools, history_window=self.spec.history_window,
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
-            approvals=self.approvals, sampling=dict(self.spec.model.sampling))
+            approvals=self.approvals, sampling=dict(self.spec.model.sampling),
+            timers=frozenset(self.spec.timers))
 
     def decoding_constraint(self) -> DecodingConstraint:
         c = self.spec.constraint

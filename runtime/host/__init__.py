@@ -19,6 +19,8 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
 - `serve`      — `load_agents`, `serve` (connect, run a host until stopped), `close_agents`
 - `leases`     — which host serves which slot: expiring KV leases, fair shares per bundle, fencing
 - `unserved`   — tasks of agents no live host serves: waited for, failed `unknown_agent` after a while
+- `scheduler`  — the cluster's clock (SCHEDULES): schedules' fires become tasks, wake-ups wake commands
+- `sleep`      — a run asleep on a timer: its wake-ups scheduled in the cluster, deleted if it ends first
 
 The continuous pull consumer and the back-pressure budget are `runtime.nats.pull`.
 """

@@ -137,6 +137,22 @@ class Recovery:
             self.stats.runs_resumed += 1
         return True
 
+    async def unpark(self, run_id: str, actor: str, p: int) -> RunDriver | None:
+        """The driver of run `run_id` of partition `p` for a command that found none (a run asleep on a
+        timer, `runtime.host.sleep`): folded from its log and queued first in its actor's mailbox, marked
+        `parked` so the host puts it back in ``active`` before it applies anything. None if the run is
+        over (its index is then fixed) or not this host's to drive."""
+        driver = self.actors.drivers.get(run_id)
+        if driver is not None:
+            return driver
+        driver = await self.fold_existing(run_id, actor, p)
+        if driver is None or not self.serves(slot_of(actor, p)) or run_id in self.actors.drivers:
+            return self.actors.drivers.get(run_id)
+        driver.parked = True
+        self.actors.resume(driver)
+        self.stats.runs_resumed += 1
+        return driver
+
     async def refold(self, run_id: str, actor: str, p: int) -> None:
         """Resume a run after losing an append race in a partition this host still serves: the other
         writer was a stale owner that stops at its next renewal, so fold what it wrote and go on."""

@@ -12,6 +12,14 @@ import msgspec
 
 # the status of a running run that waits for an operator (`sa approvals` lists such runs' calls)
 WAITING_FOR_APPROVAL = "waiting for approval"
+SLEEPING = "sleeping until "  # + the RFC 3339 instant: a run parked on a timer (`runtime.host.sleep`)
+
+
+def sleeping_status(until: float) -> str:
+    """The status of a run asleep on a timer until `until` (unix time): ``sleeping until <RFC 3339>``."""
+    from runtime.timers import iso
+
+    return SLEEPING + iso(until)
 
 
 class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -104,4 +112,4 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-__all__ = ["WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat"]
+__all__ = ["SLEEPING", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat", "sleeping_status"]
