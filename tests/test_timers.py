@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from control_helpers import sa
 from host_helpers import kinds, running_fleet, write_bundle
 
 from runtime import events as ev
@@ -76,6 +77,8 @@ async def test_a_sleeping_run_holds_nothing_and_the_cluster_wakes_it(nats_server
         started = next(e for e in (await RunLog(topo).read(run_id)).events if isinstance(e, ev.TimerStarted))
         assert status == SLEEPING + iso(started.due)
         events = await env.wait_run(run_id)
+        verified = await client.get(run_id).verify()
+    assert verified.ok and verified.checked >= 1, verified.problems  # timer.started is decided again
     assert kinds(events) == ["run.started", "model.requested", "model.responded", "timer.started",
                              "timer.fired", "turn.completed", "model.requested", "model.responded",
                              "turn.completed", "run.completed"]
@@ -93,6 +96,8 @@ async def test_cancel_ends_a_sleeping_run_at_once_and_deletes_its_wake_up(nats_s
         await sleeping(client, run_id)
         call_id = f"{run_id}/1.0"
         assert await stored(topo, timer_subject(call_id)) == 1  # its wake-up, an hour from now
+        listed = await sa(nats_server.url, "runs", "napper")
+        assert listed.code == 0 and "sleeping until" in listed.out, listed.out + listed.err
         ending = await client.control.cancel(run_id, reason="not needed any more", by="ops")
         assert isinstance(ending, ev.RunCancelled) and ending.reason == "not needed any more"
         events = (await RunLog(topo).read(run_id)).events

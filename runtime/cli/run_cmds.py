@@ -221,9 +221,11 @@ def runs(
     table.add_column("last seq", justify="right")
     colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
               "waiting for approval": "magenta"}  # `sa approvals` lists what such a run waits for
+    # (and "sleeping until <T>": a run parked on a timer, `runtime.host.sleep`)
     for run_id, ix in rows:
         when = datetime.datetime.fromtimestamp(ix.updated).strftime("%Y-%m-%d %H:%M:%S") if ix.updated else ""
-        table.add_row(run_id, ix.actor, f"[{colors.get(ix.status, '')}]{ix.status}[/]", when,
+        style = colors.get(ix.status) or ("blue" if ix.status.startswith("sleeping") else "default")
+        table.add_row(run_id, ix.actor, f"[{style}]{ix.status}[/]", when,
                       ix.task_id or "", str(ix.last_seq))
     Console().print(table if rows else "no runs yet")
 

@@ -14,6 +14,7 @@
 - `replay`  — a run's timeline and live view, `verify` (the kernel re-decides the log)
 - `diff`    — where two runs (a fork and its source) diverge
 - `status`  — hosts, partitions, workers, queue depths, runs in flight
+- `schedules` — `Schedules` (`client.schedules`): add, list, pause, resume, delete the cluster's schedules
 
 `sa` and `sa ui` reach runs through this package and nothing else.
 """
@@ -32,9 +33,10 @@ from runtime.client.fork import (
 )
 from runtime.client.handle import RunCancelledError, RunError, RunFailedError, RunHandle
 from runtime.client.replay import Verification
+from runtime.client.schedules import Schedules
 from runtime.client.submit import NotSent
 from runtime.client.sync import SyncClient, SyncRunHandle
 
 __all__ = ["BundleEdit", "Client", "ControlError", "EditedCall", "ForkEdit", "ForkError", "Forked",
            "NotSent", "OutputEdit", "Pending", "ReplyEdit", "RunCancelledError", "RunError", "RunFailedError",
-           "RunHandle", "RunInfo", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]
+           "RunHandle", "RunInfo", "Schedules", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]

@@ -126,6 +126,17 @@ def describe(event: ev.Event) -> str:
             return f"{event.call_id}{' by ' + event.by if event.by else ''}{edited}{note}"
         case ev.ApprovalDenied():
             return f"{event.call_id}{' by ' + event.by if event.by else ''}: {_short(event.reason, 60)}"
+    return _timer(event)
+
+
+def _timer(event: ev.Event) -> str:
+    """A timer's line: `1.0 sleep until 2030-01-01T08:00:00Z`, `1.0 woke (schedule)`."""
+    from runtime.timers import iso
+
+    if isinstance(event, ev.TimerStarted):
+        return f"{event.call_id.rsplit('/', 1)[-1]} {event.tool} until {iso(event.due)}"
+    if isinstance(event, ev.TimerFired):
+        return f"{event.call_id.rsplit('/', 1)[-1]} woke{f' ({event.by})' if event.by else ''}"
     return ""
 
 
@@ -180,7 +191,7 @@ def _t0(events: Sequence[ev.Event]) -> float:
 
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
-          "approval": "green"}
+          "approval": "green", "timer": "blue"}
 
 
 def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:

@@ -38,6 +38,7 @@ from runtime.commands import publish_task
 from runtime.host.config import HostStats
 from runtime.host.served import AgentRuntime
 from runtime.nats.pull import consume
+from runtime.nats.retry import backoff
 from runtime.nats.subjects import (
     HDR_MSG_ID,
     SCHEDULE_OPERATOR,
@@ -60,27 +61,37 @@ class Scheduler:
         self.nc, self.js, self.stats, self.clock = nc, js, stats, clock
 
     async def run(self, stop: anyio.Event) -> None:
-        await consume(self.nc, SCHEDULES, SCHEDULER_CONSUMER, self.on_message, stop=stop, batch=64)
+        while not stop.is_set():
+            try:  # NATS trouble (a reconnect, a leader election): keep taking fires
+                await consume(self.nc, SCHEDULES, SCHEDULER_CONSUMER, self.on_message, stop=stop, batch=64)
+            except Exception as e:
+                await backoff("taking schedule fires", e, delay=RETRY_S, logger=log)
 
     async def on_message(self, msg: Msg) -> None:
-        kind = msg.subject.split(".")[1] if msg.subject.count(".") >= 2 else ""
+        """`handle` the message, then ack it; a message that is not a fire or a wake-up is terminated, one
+        whose publish failed (NATS trouble) comes again a little later."""
         try:
-            if kind == "fire":
-                await self._fire(msg)
-            elif kind == "wake":
-                await self._wake(msg)
-            else:
-                raise ScheduleError(f"not a fire or a wake-up: {msg.subject}")
+            await self.handle(msg)
         except (ScheduleError, ValueError) as e:
             self.stats.rejected += 1
             log.error("dropped %s: %s", msg.subject, e)
             await msg.term()
             return
-        except Exception as e:  # NATS trouble: again later
+        except Exception as e:
             log.warning("%s: %s (%s); it comes again", msg.subject, type(e).__name__, e)
             await msg.nak(delay=RETRY_S)
             return
         await msg.ack()
+
+    async def handle(self, msg: Msg) -> None:
+        """Publish what a fire or a wake-up becomes (idempotent: done twice, it is stored once)."""
+        kind = msg.subject.split(".")[1] if msg.subject.count(".") >= 2 else ""
+        if kind == "fire":
+            await self._fire(msg)
+        elif kind == "wake":
+            await self._wake(msg)
+        else:
+            raise ScheduleError(f"not a fire or a wake-up: {msg.subject}")
 
     async def _fire(self, msg: Msg) -> None:
         md = msg.metadata
