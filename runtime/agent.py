@@ -7,7 +7,7 @@
 Why it exists: the bundle is the one way to describe an agent, so a library user, a notebook or a test
 gets exactly the agent `sa host` would serve (its prompt, tools, limits, policies, decoding constraint,
 terminal tool and model) from the same file, and the same event log comes back (`RunOutcome.events`
-folds with `kernel.fold` and verifies with `replay.verify`).
+folds with `kernel.fold` and verifies with `runtime.client.verify.verify`).
 
 Data, as the worker does it. A bundle's static data provider mounts its files under `/data/` for every
 call. A workspace bundle gets a workspace of its own in this process (`LocalWorkspace`, in memory unless

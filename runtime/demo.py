@@ -36,7 +36,9 @@ EXPECTED = "395"  # what the default task's answer must contain
 
 async def _run(console: Console, task: str, url: str, model_url: str) -> int:
     from runtime import events as ev
-    from runtime.client.replay import timeline, verify, watch
+    from runtime.client import Client
+    from runtime.client.replay import timeline, watch
+    from runtime.client.verify import verify
     from runtime.commands import publish_task
     from runtime.host import Host, close_agents, load_agents
     from runtime.log import RunLog
@@ -65,7 +67,7 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
             run_id = await publish_task(js, "demo", task)
             console.print(f"run [bold]{run_id}[/]  (published to agents.demo.tasks)")
             with anyio.fail_after(600):
-                last = await watch(js, run_id, console)
+                last = await watch(Client(nc).get(run_id, "demo"), console)
             console.print(Rule("its replay, read back from the event stream"))
             runlog = await RunLog(js).read(run_id)
             console.print(timeline(runlog.events, title=f"sa replay {run_id}"))

@@ -460,6 +460,9 @@ class Task(_Command, frozen=True, kw_only=True, tag="task"):
     timeout_s: float | None = None
     metadata: dict[str, Any] = {}
     thread: str | None = None  # a conversation: the run continues where the thread's previous run ended
+    # an input too big for one message: stored in the payload object store (msgpack of the text), `input`
+    # left empty; the host reads it back when it starts the run (`runtime.client.submit` writes it)
+    input_ref: PayloadRef | None = None
 
 
 class Cancel(_Command, frozen=True, kw_only=True, tag="cancel"):

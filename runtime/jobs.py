@@ -75,9 +75,13 @@ class ToolJob(_Message, frozen=True, kw_only=True, omit_defaults=True):
     `limits` is the resolved per-tool `Limits.to_dict()` (bundle global merged with the tool's own), so a
     worker applies exactly what the host decided even if its local bundle copy differs. `deadline` is
     unix time: a job picked up after it is answered with a `timeout` failure without running.
-    `partition` routes the outcome back to the host that owns the run. Arguments too big for one message
-    (a model can write megabytes of them) travel in the object store: `arguments` is then empty and
-    `arguments_ref` says where they are; the worker resolves them before running the tool.
+    `partition` routes the outcome back to the host that owns the run. `tool_digest` is the version of the
+    tool the host resolved from its bundle (the tool's content hash; the actor names the bundle): a worker
+    runs exactly that version, and one that lacks it leaves the job to a worker that has it or fails it
+    naming the version (`runtime.worker.handoff`); "" (older hosts) means any version of the name.
+    Arguments too big for one message (a model can write megabytes of them) travel in the object store:
+    `arguments` is then empty and `arguments_ref` says where they are; the worker resolves them before
+    running the tool.
     """
 
     arguments: dict[str, Any] = {}
@@ -86,7 +90,7 @@ class ToolJob(_Message, frozen=True, kw_only=True, omit_defaults=True):
     limits: dict[str, Any] = {}
     workspace: str | None = None
     deadline: float | None = None
-    tool_digest: str = ""  # the host's view of the tool (content hash); a mismatch is logged
+    tool_digest: str = ""  # the version the run's host resolved (content hash): exactly what a worker runs
 
     @property
     def subject(self) -> str:

@@ -12,7 +12,7 @@ from host_helpers import hermes_call, write_bundle
 
 from runtime import Agent, LocalWorkspace, kernel
 from runtime import events as ev
-from runtime.client.replay import verify
+from runtime.client.verify import verify
 from runtime.model import ModelClient
 from runtime.testing import ScriptedModelServer, last_message
 

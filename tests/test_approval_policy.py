@@ -13,7 +13,7 @@ from runtime import events as ev
 from runtime import kernel as k
 from runtime.approval_policy import ApprovalRule, Clause, Condition, ConditionError, parse_condition, rule_for
 from runtime.bundle import BundleError, load_bundle
-from runtime.client.replay import verify
+from runtime.client.verify import verify
 from runtime.types import ToolCall
 
 TRANSFER = schema("transfer", amount="number", to="string")

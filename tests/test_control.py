@@ -76,6 +76,8 @@ async def test_a_cancel_stops_the_busy_tool_in_the_sandbox_and_the_worker_takes_
         await wait_until(lambda: spinning in f.worker.running_runs, timeout=30)  # the sandbox loops now
         done = await sa(f.url, "cancel", spinning, "--reason", "runaway loop")
         assert done.code == 0 and f"cancelled {spinning}" in done.out, done.err
+        # nothing is left running when the command closes its connection (it once left its log follow)
+        assert "Task exception was never retrieved" not in done.err and "Traceback" not in done.err, done.err
         after = await publish_task(topo, "ctl", "pay: 5 to acme", task_id="after-1")  # a tool job too
         second = await f.ended(after)
         with anyio.fail_after(20):  # the stopped job's report reaches the log after run.cancelled

@@ -13,7 +13,7 @@ from host_helpers import kinds
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.bundle import load_bundle
-from runtime.client.replay import verify
+from runtime.client.verify import verify
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer

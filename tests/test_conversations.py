@@ -22,8 +22,10 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import history, kernel
 from runtime import nats as bus
+from runtime.client import Client
 from runtime.client.control import Control
-from runtime.client.replay import verify, watch
+from runtime.client.replay import watch
+from runtime.client.verify import verify
 from runtime.commands import publish_task, run_id_for
 from runtime.host import Host
 from runtime.log import RunLog
@@ -222,7 +224,8 @@ async def test_a_follower_receives_deltas_whose_concatenation_is_the_recorded_re
                 watched: list[ev.Event | None] = []
 
                 async def follow() -> None:
-                    watched.append(await watch(js, run_id, Console(file=console, width=200), tokens=True))
+                    handle = Client(nc).get(run_id)
+                    watched.append(await watch(handle, Console(file=console, width=200), tokens=True))
 
                 tg.start_soon(follow)
                 await publish_task(js, "calc", "compute: 6 * 7", task_id="stream-1")

@@ -363,7 +363,7 @@ async def test_a_pym_external_and_a_python_tool_reach_the_service_from_a_worker(
     for j in (job("0.0", "order", {"amount": 5}), job("0.1", "lookup_order", {"order_id": "A17"}),
               job("0.2", "order", {"amount": -1})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
-    _, outcomes = await run_worker_until(js, registry, 3)
+    _, outcomes = await run_worker_until(js, registry, 3, bundle="shop")
     raised = next(o.result.error for o in outcomes if o.call_id == "r1/0.2")
     assert raised is not None and raised.kind == "external" and raised.line == 17  # `paid = charge(amount)`
     assert "external function 'charge' raised ValueError: a charge cannot be negative" in raised.message
@@ -385,7 +385,7 @@ async def test_missing_externals_and_failing_factories_are_error_values_and_the_
     broken = build_registry(bundles=[shop_bundle(tmp_path / "b", externals="shopx:broken")])
     for j in (job("0.0", "order", {"amount": 1}), job("0.1", "lookup_order", {"order_id": "B2"})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
-    _, outcomes = await run_worker_until(js, plain, 2)
+    _, outcomes = await run_worker_until(js, plain, 2, bundle="shop")
     by_tool = {o.tool: o.result for o in outcomes}
     err = by_tool["order"].error
     assert err is not None and err.kind == "external" and err.line == 7
@@ -393,7 +393,7 @@ async def test_missing_externals_and_failing_factories_are_error_values_and_the_
     assert by_tool["lookup_order"].output == {"order": "B2", "status": "shipped"}  # still serving
     j = job("1.0", "order", {"amount": 1})
     await js.publish(j.subject, j.encode(), headers=j.headers())
-    _, (outcome,) = await run_worker_until(js, broken, 1)
+    _, (outcome,) = await run_worker_until(js, broken, 1, bundle="shop")
     assert outcome.result.error is not None and outcome.result.error.kind == "external"
     assert "RuntimeError: the CRM is down" in outcome.result.error.message
     assert shop.calls("/charge") == []
@@ -415,7 +415,7 @@ async def test_kill_9_after_an_answered_external_call_does_not_call_it_again(js,
     assert first.wait(10) == -signal.SIGKILL
     second = start_bundle_worker(nats_server.url, bundle, tmp_path / "b.log")
     try:
-        (outcome,) = await collect_outcomes(js, 1, timeout=60)
+        (outcome,) = await collect_outcomes(js, 1, timeout=60, bundle="shop")
     finally:
         assert stop(second) == 0
     assert outcome.result.error is None, outcome.result.error

@@ -19,7 +19,7 @@ from runtime import nats as bus
 from runtime.bundle import load_bundle
 from runtime.client.diff import diverge
 from runtime.client.fork import ForkError, fork, fork_points, plan, ranges
-from runtime.client.replay import verify
+from runtime.client.verify import verify
 from runtime.commands import publish_task
 from runtime.log import RunHistory, RunLog
 from runtime.nats.topology import ensure_topology

@@ -12,7 +12,8 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import kernel
 from runtime.bundle import load_bundle
-from runtime.client.replay import describe, summarize, timeline, verify
+from runtime.client.replay import describe, summarize, timeline
+from runtime.client.verify import verify
 from runtime.commands import publish_task
 from runtime.log import RunLog, Superseded
 from runtime.nats.topology import ensure_topology

@@ -11,7 +11,7 @@ from host_helpers import calc_responder, kinds, running_host, running_worker, wr
 
 from runtime import events as ev
 from runtime.bundle import load_bundle
-from runtime.client.replay import verify
+from runtime.client.verify import verify
 from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv
 from runtime.nats.subjects import ACTIVE_BUCKET, active_key, partition_of

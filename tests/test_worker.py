@@ -84,9 +84,10 @@ def job(call: str, tool: str, args: dict, **kw) -> ToolJob:
     return ToolJob(run_id=run, actor="a", call_id=f"{run}/{call}", tool=tool, arguments=args, **kw)
 
 
-async def collect_outcomes(js, n: int, partition: int = 0, timeout: float = 30.0) -> list[ToolOutcome]:
-    """Read `n` outcomes from RESULTS (through the partition's consumer, as the host will)."""
-    _, rcons = await ensure_partition_consumers(js, partition)
+async def collect_outcomes(js, n: int, partition: int = 0, timeout: float = 30.0,
+                           bundle: str = "a") -> list[ToolOutcome]:
+    """Read `n` outcomes from RESULTS (through the consumer of the bundle's partition, as its host will)."""
+    _, rcons = await ensure_partition_consumers(js, partition, bundle)
     psub = await js.pull_subscribe_bind(durable=rcons, stream=RESULTS)
     out: list[ToolOutcome] = []
     with anyio.fail_after(timeout):
@@ -98,12 +99,12 @@ async def collect_outcomes(js, n: int, partition: int = 0, timeout: float = 30.0
     return out
 
 
-async def run_worker_until(js, registry, n: int, **kw) -> tuple[Worker, list[ToolOutcome]]:
+async def run_worker_until(js, registry, n: int, bundle: str = "a", **kw) -> tuple[Worker, list[ToolOutcome]]:
     worker = Worker(js, registry, **kw)
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(worker.run, stop)
-        outcomes = await collect_outcomes(js, n)
+        outcomes = await collect_outcomes(js, n, bundle=bundle)
         stop.set()
     return worker, outcomes
 
@@ -248,7 +249,8 @@ async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: 
         "    output_model: {type: object, properties: {echo: {type: integer}}, required: [echo]}\n")
     reg = build_registry(bundles=[tmp_path])
     assert set(reg.tools) == {"busy", "echo"}
-    assert reg.tools["busy"].limits.max_duration == 0.2  # the registry holds the bundle's tool objects
+    (busy,) = reg.tools["busy"]
+    assert busy.limits.max_duration == 0.2  # the registry holds the bundle's tool objects
     for j in (job("1.0", "busy", {"n": 10**9}), job("1.1", "echo", {"text": "x"})):
         await js.publish(j.subject, j.encode(), headers=j.headers())
     _, outcomes = await run_worker_until(js, reg, 2)
@@ -259,7 +261,7 @@ async def test_bundle_tools_carry_their_limits_and_output_models(js, tools_dir: 
 
 async def _one_job(js, registry, j: ToolJob) -> ToolOutcome:
     await js.publish(j.subject, j.encode(), headers=j.headers())
-    _, (outcome,) = await run_worker_until(js, registry, 1)
+    _, (outcome,) = await run_worker_until(js, registry, 1, bundle=j.actor.partition(":")[0])
     return outcome
 
 

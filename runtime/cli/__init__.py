@@ -1,6 +1,7 @@
 """The `sa` command line: one module per group of commands, each registering on the app of `app.py`.
 
-- `fleet_cmds`      — `sa up`, `sa host`, `sa worker` (the long-running processes) and `sa status`
+- `up_cmds`         — `sa up` (NATS, the local model, a host and workers on this machine, stopped together)
+- `fleet_cmds`      — `sa host`, `sa worker` (the long-running processes) and `sa status`
 - `run_cmds`        — `sa send`, `sa runs` (tasks and runs)
 - `replay_cmds`     — `sa replay` (a run's timeline, `--verify`, `--diff`, `--thread`, `--html`)
 - `thread_cmds`     — `sa threads` (conversations: threads and their runs)
@@ -14,11 +15,15 @@
 - `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `ui_cmds`         — `sa ui` (the run inspector in a browser)
 - `auth_cmds`       — `sa auth config` (the NATS users and permissions per role, as config)
+- `serving`         — what `sa up`, `sa host` and `sa worker` share (retention, logging, metrics, agents)
 - `signals`         — how the long-running commands stop on SIGINT / SIGTERM
 - `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
+- `connect`         — how a command reaches runs: one `runtime.client.Client`, and nothing else
+- `output`          — how data is printed: never as rich markup, and in full into a pipe
 """
 
 from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)
+    up_cmds,
     fleet_cmds,
     run_cmds,
     replay_cmds,

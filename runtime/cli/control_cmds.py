@@ -1,4 +1,5 @@
-"""Run control for operators: `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (`runtime.client.control`).
+"""Run control for operators: `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (`RunHandle.cancel`,
+`Client.approvals`, `RunHandle.approve` / `deny`).
 
     sa cancel RUN [--reason R]                    end a run; a tool it is running stops at once
     sa approvals [AGENT] [--json]                 calls waiting for a person: arguments, run, age, deadline
@@ -16,33 +17,30 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from runtime.cli.app import app
+from runtime.cli.connect import with_client
+from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+
+if TYPE_CHECKING:
+    from runtime.client import Client
+
+T = TypeVar("T")
 
 NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")]
 
 
-def _run(command: str, url: str, op: Any) -> Any:
-    """Run `op(control)` on a fresh connection; a `ControlError` exits 1 with its message."""
-    import anyio
-
-    from runtime.client.control import Control, ControlError
-
-    async def main() -> Any:
-        from runtime import nats as bus
-
-        nc = await bus.connect(url, name=f"sa-{command}", max_reconnect_attempts=3)
-        try:
-            return await op(Control(bus.jetstream_for(nc)))
-        finally:
-            await bus.close(nc)
+def _run(command: str, url: str, op: Callable[[Client], Awaitable[T]]) -> T:
+    """Run `op(client)` on a client of its own; a `ControlError` exits 1 with its message."""
+    from runtime.client import ControlError
 
     try:
-        return anyio.run(main, backend="asyncio")
+        return with_client(url, command, op)
     except ControlError as e:
         typer.echo(f"sa {command}: {e}", err=True)
         raise typer.Exit(1) from None
@@ -72,7 +70,7 @@ def cancel(
     from runtime import events as ev
 
     url = resolve_nats(nats_url, "cancel")
-    event = _run("cancel", url, lambda c: c.cancel(run, reason=reason))
+    event = _run("cancel", url, lambda c: c.get(run).cancel(reason))
     if isinstance(event, ev.RunCancelled):
         typer.echo(f"cancelled {run}{' by ' + event.by if event.by else ''}")
         return
@@ -89,16 +87,15 @@ def approvals(
 ) -> None:
     """List the tool calls waiting for an operator: tool, arguments, run, age, when they time out."""
     url = resolve_nats(nats_url, "approvals")
-    pending = _run("approvals", url, lambda c: c.pending(agent))
+    pending = _run("approvals", url, lambda c: c.approvals(agent))
     now = time.time()
     if as_json:
         print(json.dumps([p.to_json(now) for p in pending], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     if not pending:
-        Console().print("no calls are waiting for approval")
+        console().print("no calls are waiting for approval")
         return
     table = Table(header_style="bold")
     for col in ("run", "agent", "call", "tool", "arguments", "age", "times out", "role"):
@@ -112,9 +109,10 @@ def approvals(
             times_out = f"in {_ago(p.run_deadline - now)}: deny (run deadline)"
         else:
             times_out = "never"
-        table.add_row(p.run_id, p.actor, p.call_id.rsplit("/", 1)[-1], p.tool, _short(p.arguments),
-                      _ago(now - p.requested_at), times_out, p.role or "-")
-    Console().print(table)
+        table.add_row(*(cell(c) for c in (p.run_id, p.actor, p.call_id.rsplit("/", 1)[-1], p.tool,
+                                          _short(p.arguments), _ago(now - p.requested_at), times_out,
+                                          p.role or "-")))
+    console().print(table)
 
 
 @app.command()
@@ -142,7 +140,7 @@ def approve(
             typer.echo(f"sa approve: --args must be a JSON object of arguments, got {args}", err=True)
             raise typer.Exit(1)
     url = resolve_nats(nats_url, "approve")
-    event = _run("approve", url, lambda c: c.approve(run, call, arguments=arguments, note=note))
+    event = _run("approve", url, lambda c: c.get(run).approve(call, arguments=arguments, note=note))
     if isinstance(event, ev.ApprovalGranted) and event.by != "timeout":
         edited = f" with arguments {_short(event.arguments, 80)}" if event.arguments is not None else ""
         typer.echo(f"approved {event.call_id}{edited} by {event.by}")
@@ -163,7 +161,7 @@ def deny(
     from runtime import events as ev
 
     url = resolve_nats(nats_url, "deny")
-    event = _run("deny", url, lambda c: c.deny(run, call, reason=reason))
+    event = _run("deny", url, lambda c: c.get(run).deny(call, reason))
     if isinstance(event, ev.ApprovalDenied) and event.by != "timeout":
         typer.echo(f"denied {event.call_id} by {event.by}: {event.reason}")
         return

@@ -1,4 +1,4 @@
-"""`sa fork`: a new run from any past event of a run, re-firing nothing before it (`runtime.client.fork`).
+"""`sa fork`: a new run from any past event of a run, re-firing nothing before it (`Client.fork`).
 
     sa fork RUN --at SEQ                              the same run again from seq SEQ
     sa fork RUN --at SEQ --output CALL_ID=JSON        ... as if call CALL_ID (e.g. 2.0) had returned JSON
@@ -24,6 +24,8 @@ from typing import Annotated, Any
 import typer
 
 from runtime.cli.app import app
+from runtime.cli.connect import client_for
+from runtime.cli.output import console
 from runtime.cli.where import resolve_nats
 
 
@@ -68,15 +70,15 @@ def _usage(message: str) -> None:
 
 def parse_edit(*, output: str | None = None, reply: str | None = None, bundle: Path | None = None,
                system: str | None = None) -> Any:
-    """The `events.ForkEdit` the options describe (None for a plain fork); ValueError saying what is wrong."""
-    from runtime import events as ev
+    """The `ForkEdit` the options describe (None for a plain fork); ValueError saying what is wrong."""
+    from runtime.client import BundleEdit, OutputEdit, SystemEdit
 
     if output is not None:
         call_id, sep, value = output.partition("=")
         if not sep or not call_id.strip():
             raise ValueError(f"--output takes CALL_ID=JSON (for example 2.0='{{\"sum\": 5}}'), "
                              f"not {output!r}")
-        return ev.OutputEdit(call_id=call_id.strip(), output=_json(value, "--output"))
+        return OutputEdit(call_id=call_id.strip(), output=_json(value, "--output"))
     if reply is not None:
         return _reply(_json(reply, "--reply"))
     if bundle is not None:
@@ -86,9 +88,9 @@ def parse_edit(*, output: str | None = None, reply: str | None = None, bundle: P
             loaded = load_bundle(bundle)
         except BundleError as e:
             raise ValueError(f"--bundle: {e}") from None
-        return ev.BundleEdit(digest=loaded.digest, path=str(loaded.path))
+        return BundleEdit(digest=loaded.digest, path=str(loaded.path))
     if system is not None:
-        return ev.SystemEdit(system_prompt=system)
+        return SystemEdit(system_prompt=system)
     return None
 
 
@@ -103,40 +105,31 @@ def _json(text: str, option: str) -> Any:
 def _reply(value: Any) -> Any:
     import msgspec
 
-    from runtime import events as ev
+    from runtime.client import ReplyEdit
 
     if isinstance(value, str):
-        return ev.ReplyEdit(content=value)
+        return ReplyEdit(content=value)
     if isinstance(value, list):
         value = {"calls": value}
     if not isinstance(value, dict):
         raise ValueError("--reply takes a JSON object {\"content\": ..., \"calls\": [{\"name\": ..., "
                          "\"arguments\": {...}}]}, a list of calls, or a string")
     try:
-        return msgspec.convert({k: v for k, v in value.items() if k != "kind"}, ev.ReplyEdit)
+        return msgspec.convert({k: v for k, v in value.items() if k != "kind"}, ReplyEdit)
     except msgspec.ValidationError as e:
         raise ValueError(f"--reply: {e} (calls look like {{\"name\": \"add\", \"arguments\": "
                          "{\"a\": 1}})") from None
 
 
 async def _fork(url: str, run: str, at: int, edit: Any, follow: bool, as_json: bool) -> int:
-    from rich.console import Console
-
     from runtime import events as ev
-    from runtime import nats as bus
-    from runtime.client.fork import ForkError
-    from runtime.client.fork import fork as fork_run
+    from runtime.client import ForkError
     from runtime.client.replay import watch
 
-    nc = await bus.connect(url, name="sa-fork", max_reconnect_attempts=3)
-    try:
-        js = bus.jetstream_for(nc)
+    async with client_for(url, "fork") as client:
         try:
-            forked = await fork_run(js, run, at, edit)
-        except ForkError as e:
-            typer.echo(f"sa fork: {e}", err=True)
-            return 2
-        except ValueError as e:  # a run id that is not a subject token
+            forked = await client.fork(run, at, edit)
+        except (ForkError, ValueError) as e:  # ValueError: a run id that is not a subject token
             typer.echo(f"sa fork: {e}", err=True)
             return 2
         if as_json:
@@ -149,7 +142,6 @@ async def _fork(url: str, run: str, at: int, edit: Any, follow: bool, as_json: b
                        f"partition {forked.partition}); see: sa replay {forked.run_id}", err=True)
         if not follow:
             return 0
-        last = await watch(js, forked.run_id, Console(stderr=not as_json), as_json=as_json)
+        last = await watch(client.get(forked.run_id, forked.actor), console(stderr=not as_json),
+                           as_json=as_json)
         return 0 if isinstance(last, ev.RunCompleted) else 1
-    finally:
-        await bus.close(nc)

@@ -1,5 +1,5 @@
-"""Reading a run back: `sa replay` (`runtime.client.replay` renders and verifies; `runtime.client.diff`
-compares).
+"""Reading a run back: `sa replay` (`runtime.client` reads; `runtime.client.replay` renders and verifies;
+`runtime.client.diff` compares).
 
     sa replay RUN [--json] [--verify]     a run's timeline; --verify re-folds it with the kernel
     sa replay RUN --thread                every run of RUN's thread, in order
@@ -15,16 +15,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from runtime.cli.app import app
+from runtime.cli.connect import with_client
+from runtime.cli.output import console
 from runtime.cli.where import resolve_nats
 
-# ---------------------------------------------------------------------------------------------------------
-# sa replay
-# ---------------------------------------------------------------------------------------------------------
+if TYPE_CHECKING:
+    from runtime import events as ev
+    from runtime.client import Client, RunHandle
 
 
 @app.command()
@@ -45,194 +47,148 @@ def replay(
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Show a run's timeline: model requests, tool calls, script start/complete/error, durations, tokens."""
-    import anyio
-
-    from runtime import events as ev
-
     url = resolve_nats(nats_url, "replay")
-    if html:
-        raise typer.Exit(_replay_html(url, run))
-    if diff is not None:
-        raise typer.Exit(anyio.run(_diff, url, run, diff, as_json, backend="asyncio"))
-    if thread:
-        raise typer.Exit(anyio.run(_replay_thread, url, run, as_json, backend="asyncio"))
+
+    async def chosen(client: Client) -> int:
+        if html:
+            return await _html(client, run)
+        if diff is not None:
+            return await _diff(client, run, diff, as_json)
+        if thread:
+            return await _thread(client, run, as_json)
+        return await _replay(client, run, as_json, bundle, verify)
+
+    raise typer.Exit(with_client(url, "replay", chosen))
+
+
+def _fail(message: str) -> int:
+    typer.echo(f"sa replay: {message}", err=True)
+    return 2
+
+
+async def _events(handle: RunHandle) -> list[ev.Event] | None:
+    """The run's events (and `handle.actor` set); None, after saying why, for a run id that is not one
+    or a run with none."""
     try:
-        runlog, index = anyio.run(_read, url, run, backend="asyncio")
-    except ValueError as e:
-        typer.echo(f"sa replay: {e}", err=True)
-        raise typer.Exit(2) from None
-    if not runlog.events:
-        typer.echo(f"sa replay: no events for run {run!r} (see `sa runs`)", err=True)
-        raise typer.Exit(2)
-    code = 0
+        events = await handle.replay()
+    except ValueError as e:  # not a subject token
+        _fail(str(e))
+        return None
+    if not events:
+        _fail(f"no events for run {handle.run_id!r} (see `sa runs`)")
+        return None
+    return events
+
+
+async def _replay(client: Client, run: str, as_json: bool, bundle: Path | None, verify: bool) -> int:
+    from runtime import events as ev
+    from runtime.client.replay import timeline
+
+    handle = client.get(run)
+    events = await _events(handle)
+    if events is None:
+        return 2
     if as_json:
-        for e in runlog.events:  # type: ignore[misc]  # `e` was the except clause's name above
+        for e in events:
             print(ev.to_json(e))
     else:
-        from rich.console import Console
-
-        from runtime.client.replay import timeline
-
-        Console().print(timeline(runlog.events, title=f"run {run} · {runlog.actor}"))
-    if verify:
-        from runtime.bundle import BundleError, load_bundle
-        from runtime.client.replay import verify as verify_log
-
-        path = bundle or (Path(index.bundle) if index is not None and index.bundle else None)
-        if path is None:
-            typer.echo("sa replay --verify: the run's bundle is unknown; pass --bundle PATH", err=True)
-            raise typer.Exit(2)
-        try:
-            loaded = load_bundle(path)
-        except BundleError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
-        started = runlog.events[0]
-        if isinstance(started, ev.RunStarted) and started.bundle_digest and \
-                started.bundle_digest != loaded.digest:
-            typer.echo(f"warning: the run was made with bundle version {started.bundle_digest}, {path} is "
-                       f"{loaded.digest}", err=True)
-        config = loaded.kernel_config()
-        try:
-            conv = anyio.run(_conversation, url, config, runlog.events, backend="asyncio")
-        except LookupError as e:
-            typer.echo(f"sa replay --verify: {e}", err=True)
-            raise typer.Exit(2) from None
-        report = verify_log(config, runlog.events, conv)
-        if as_json:
-            print(json.dumps({"verified": report.ok, "checked": report.checked, "inputs": report.inputs,
-                              "problems": report.problems}))
-        elif report.ok:
-            typer.echo(f"verified: the kernel reproduces all {report.checked} recorded effects "
-                       f"({report.inputs} inputs folded)")
-        else:
-            typer.echo("NOT verified:\n  " + "\n  ".join(report.problems))
-        code = 0 if report.ok else 1
-    raise typer.Exit(code)
+        console().print(timeline(events, title=f"run {run} · {handle.actor}"))
+    return await _verify(client, handle, events[0], bundle, as_json) if verify else 0
 
 
-def _replay_html(url: str, run: str) -> int:
-    """`sa replay RUN --html`: print the run's one-file HTML (`runtime.ui.export`); 2 if there is no run."""
-    import anyio
+async def _verify(client: Client, handle: RunHandle, started: ev.Event, bundle: Path | None,
+                  as_json: bool) -> int:
+    """`--verify`: the kernel re-folds the run with its bundle (`RunHandle.verify`); 0 if it reproduces
+    every recorded effect, 1 if not, 2 if the bundle is unknown or invalid."""
+    from runtime import events as ev
+    from runtime.bundle import BundleError, load_bundle
 
-    from runtime import nats as bus
+    if bundle is None:
+        info = await client.run_info(handle.run_id)
+        bundle = Path(info.bundle) if info is not None and info.bundle else None
+    if bundle is None:
+        typer.echo("sa replay --verify: the run's bundle is unknown; pass --bundle PATH", err=True)
+        return 2
+    try:
+        loaded = load_bundle(bundle)
+    except BundleError as e:
+        typer.echo(f"error: {e}", err=True)
+        return 2
+    made_with = started.bundle_digest if isinstance(started, ev.RunStarted) else ""
+    if made_with and made_with != loaded.digest:
+        typer.echo(f"warning: the run was made with bundle version {made_with}, {bundle} is "
+                   f"{loaded.digest}", err=True)
+    try:
+        report = await handle.verify(loaded)
+    except LookupError as e:  # a thread's earlier run is gone
+        typer.echo(f"sa replay --verify: {e}", err=True)
+        return 2
+    if as_json:
+        print(json.dumps({"verified": report.ok, "checked": report.checked, "inputs": report.inputs,
+                          "problems": report.problems}))
+    elif report.ok:
+        typer.echo(f"verified: the kernel reproduces all {report.checked} recorded effects "
+                   f"({report.inputs} inputs folded)")
+    else:
+        typer.echo("NOT verified:\n  " + "\n  ".join(report.problems))
+    return 0 if report.ok else 1
+
+
+async def _html(client: Client, run: str) -> int:
+    """`--html`: the run's one-file HTML (`runtime.ui.export`) on stdout; 2 if there is no run."""
     from runtime.ui.export import NoSuchRun, export_run
 
-    async def render() -> str:
-        nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
-        try:
-            return await export_run(bus.jetstream_for(nc), run)
-        finally:
-            await bus.close(nc)
-
     try:
-        page = anyio.run(render, backend="asyncio")
+        page = await export_run(client.js, run)
     except (ValueError, NoSuchRun) as e:
-        typer.echo(f"sa replay: {e}", err=True)
-        return 2
+        return _fail(str(e))
     sys.stdout.write(page)
     sys.stdout.flush()
     return 0
 
 
-async def _conversation(url: str, config: Any, events: list[Any]) -> Any:
-    """The conversation a run in a thread continues (None for any other run), read from the earlier runs'
-    logs: `--verify` folds the run with it."""
-    from runtime import nats as bus
-    from runtime.log import RunLog
-    from runtime.log.threads import conversation_for
-
-    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
-    try:
-        return await conversation_for(RunLog(bus.jetstream_for(nc)), config, events)
-    finally:
-        await bus.close(nc)
-
-
-async def _replay_thread(url: str, run: str, as_json: bool) -> int:
-    from rich.console import Console
-
+async def _thread(client: Client, run: str, as_json: bool) -> int:
+    """`--thread`: the timelines of every run of RUN's thread, in order."""
     from runtime import events as ev
-    from runtime import nats as bus
     from runtime.client.replay import timeline
-    from runtime.log import RunLog
-    from runtime.log.threads import Threads
 
-    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
+    handle = client.get(run)
+    first = await _events(handle)
+    if first is None:
+        return 2
+    started, actor = first[0], handle.actor or ""
+    if not isinstance(started, ev.RunStarted) or started.thread is None:
+        typer.echo(f"sa replay --thread: run {run} is in no thread (it was sent without --thread)", err=True)
+        return 2
+    record = await client.thread(actor, started.thread)
+    ids = record.runs if record is not None else [run]
+    out = console()
+    for i, run_id in enumerate(ids, 1):
+        events = first if run_id == run else await client.get(run_id, actor).replay()
+        if as_json:
+            for e in events:
+                print(ev.to_json(e))
+        else:
+            out.print(timeline(events, title=f"thread {started.thread!r} · run {i} of {len(ids)}: "
+                                             f"{run_id} · {actor}"))
+    return 0
+
+
+async def _diff(client: Client, a: str, b: str, as_json: bool) -> int:
+    """`--diff`: where run `b` diverges from run `a` (`Client.diff`)."""
+    from runtime.client.diff import fact, render
+
     try:
-        js = bus.jetstream_for(nc)
-        runs = RunLog(js)
-        first = await runs.read(run)
-        started = first.events[0] if first.events else None
-        if not isinstance(started, ev.RunStarted):
-            typer.echo(f"sa replay: no events for run {run!r} (see `sa runs`)", err=True)
-            return 2
-        if started.thread is None:
-            typer.echo(f"sa replay --thread: run {run} is in no thread (it was sent without --thread)",
-                       err=True)
-            return 2
-        record, _ = await Threads(js).get(first.actor, started.thread)
-        ids = record.runs if record is not None else [run]
-        console = Console()
-        for i, run_id in enumerate(ids, 1):
-            history = first if run_id == run else await runs.read(run_id)
-            if as_json:
-                for e in history.events:
-                    print(ev.to_json(e))
-            else:
-                console.print(timeline(history.events, title=f"thread {started.thread!r} · run {i} of "
-                                                             f"{len(ids)}: {run_id} · {first.actor}"))
-        return 0
-    finally:
-        await bus.close(nc)
-
-
-async def _diff(url: str, a: str, b: str, as_json: bool) -> int:
-    from rich.console import Console
-
-    from runtime import nats as bus
-    from runtime.client.diff import diverge, fact, render
-    from runtime.log import RunLog
-
-    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
-    try:
-        runs = RunLog(bus.jetstream_for(nc))
-        try:
-            logs = [await runs.read(a), await runs.read(b)]
-        except ValueError as e:
-            typer.echo(f"sa replay: {e}", err=True)
-            return 2
-    finally:
-        await bus.close(nc)
-    for log in logs:
-        if not log.events:
-            typer.echo(f"sa replay --diff: no events for run {log.run_id!r} (see `sa runs`)", err=True)
-            return 2
-    d = diverge(a, logs[0].events, b, logs[1].events)
+        d = await client.diff(a, b)
+    except (ValueError, LookupError) as e:
+        return _fail(str(e))
     if as_json:
         print(json.dumps({"a": a, "b": b, "common": d.common, "identical": d.identical,
                           "a_rest": [fact(e) for e in d.a_rest], "b_rest": [fact(e) for e in d.b_rest]},
                          default=str))
     else:
-        Console().print(render(d))
+        console().print(render(d))
     return 0
 
 
-async def _read(url: str, run: str) -> tuple[Any, Any]:
-    from nats.js.errors import KeyNotFoundError, NotFoundError
-
-    from runtime import nats as bus
-    from runtime.log import RunLog
-
-    nc = await bus.connect(url, name="sa-replay", max_reconnect_attempts=3)
-    try:
-        js = bus.jetstream_for(nc)
-        runlog = await RunLog(js).read(run)
-        try:
-            entry = await (await bus.runs_kv(js)).get(run)
-            index = bus.RunIndex.decode(entry.value) if entry.value else None
-        except (KeyNotFoundError, NotFoundError):
-            index = None
-        return runlog, index
-    finally:
-        await bus.close(nc)
+__all__ = ["replay"]

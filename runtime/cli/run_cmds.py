@@ -4,31 +4,43 @@
                                           publish a task, print its run id, optionally follow it live
                                           (the model's output as it is generated); in a thread, the run
                                           continues that conversation
-    sa threads [AGENT] [THREAD]           the threads (conversations), or one thread's runs in order
-    sa runs [AGENT]                       the runs index
+    sa send AGENT --file F | -            the task is the text of file F (`-`: standard input)
+    sa runs [AGENT]                       the runs index (tab-separated when piped: full run ids)
     sa runs purge --before DATE [--agent A] [--dry-run] [--json]
                                           delete finished runs (events, payloads, index entries)
 
-Finding the server: `runtime.cli.where`. Exit codes: 0 success; 1 the task was not stored (`send`: no
-host has created the TASKS stream yet, unless `--wait` outlasts that), the run failed or was cancelled
-(`send --follow`); 2 bad usage (no server, unknown run, invalid bundle).
+Every read and write goes through `runtime.client` (`runtime.cli.connect`). Finding the server:
+`runtime.cli.where`. Exit codes of `sa send`: 0 stored (and with `--follow`: completed); 1 the task was not
+stored (no host has created the TASKS stream yet, unless `--wait` outlasts that; the server refused it;
+too big for what these credentials may store), or the run failed or was cancelled (`--follow`); 2 bad usage
+(no server, no task text, a bad name); 3 the task was stored (its run id is printed) but these credentials
+may not read runs, so it cannot be followed: follow it with an operator's (`sa replay RUN`).
 
-`sa send` never creates a stream (the hosts own the topology: a stream made here could have the wrong
-partition count) and never drops a task silently: it prints the run id only once JetStream confirmed the
-task is stored, and it retries under one task id, so a retried publish is stored once.
+`sa send` never creates a stream (the hosts own the topology) and never drops a task silently: it prints
+the run id only once JetStream confirmed the task is stored, and it retries under one task id, so a
+retried publish is stored once. An input too big for one NATS message travels through the payload object
+store (`Client.start`).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from typing import Annotated, Any
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
 
 from runtime.cli.app import PLAIN, app
+from runtime.cli.connect import client_for, with_client
+from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+
+if TYPE_CHECKING:
+    from runtime.client import Client, RunInfo
+
+STORED_NOT_FOLLOWED = 3  # `sa send --follow`: the task is stored, but these credentials may not read runs
 
 # ---------------------------------------------------------------------------------------------------------
 # sa send
@@ -38,7 +50,10 @@ from runtime.cli.where import resolve_nats
 @app.command()
 def send(
     agent: Annotated[str, typer.Argument(help="The agent (bundle name, or bundle:instance).")],
-    task: Annotated[str, typer.Argument(help="The task text.")],
+    task: Annotated[str | None, typer.Argument(help="The task text ('-': read it from standard "
+                                                    "input).")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read the task text from this file ('-': "
+                                                            "standard input).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the run's events until it ends; "
                                                                  "exit 1 if it fails.")] = False,
     instance: Annotated[str | None, typer.Option("--instance", "-i", help="Run on this instance (its own "
@@ -59,105 +74,85 @@ def send(
     """Publish a task to agents.<agent>.tasks and print its run id (then follow it with --follow)."""
     import anyio
 
+    text = task_text(task, file)
     url = resolve_nats(nats_url, "send")
-    code = anyio.run(_send, url, agent, task, follow, instance, task_id, timeout, as_json, wait, thread,
-                     tokens, backend="asyncio")
+    options = {"instance": instance, "task_id": task_id, "timeout": timeout, "thread": thread, "wait": wait}
+    code = anyio.run(_send, url, agent, text, options, follow, as_json, tokens, backend="asyncio")
     raise typer.Exit(code)
 
 
-NO_STREAM = ("no host has created the TASKS stream yet: start `sa host` or `sa up` (or pass --wait SECONDS); "
-             "the task was not sent")
-RETRY_UNANSWERED_S = 10.0  # how long an existing stream that does not answer (a leader election) is retried
+def task_text(task: str | None, file: Path | None) -> str:
+    """The task's text: the argument, or the file (`-`: standard input); exit 2 saying what is wrong."""
+    if (task is None) == (file is None):
+        _usage("give the task as text (sa send AGENT \"...\") or with --file PATH (- for standard input), "
+               "one of them")
+    source = "-" if task == "-" else (str(file) if file is not None else None)
+    if source is None:
+        text = task or ""
+    else:
+        try:
+            data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+        except OSError as e:
+            _usage(f"cannot read the task from {source}: {e.strerror or e}")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = "standard input" if source == "-" else source
+            _usage(f"the task in {where} is not UTF-8 text (byte {e.start}): a task is text")
+    if not text.strip():
+        _usage("the task is empty")
+    return text
 
 
-class NotSent(Exception):
-    """The task is not stored in TASKS (the message says why and what to do)."""
+def _usage(message: str) -> NoReturn:
+    typer.echo(f"sa send: {message}", err=True)
+    raise typer.Exit(2)
 
 
-async def _send(url: str, agent: str, task: str, follow: bool, instance: str | None, task_id: str | None,
-                timeout: float | None, as_json: bool, wait: float, thread: str | None = None,
-                tokens: bool = True) -> int:
-    from rich.console import Console
-
+async def _send(url: str, agent: str, text: str, options: dict[str, Any], follow: bool, as_json: bool,
+                tokens: bool) -> int:
     from runtime import events as ev
-    from runtime import nats as bus
+    from runtime.client import NotSent
     from runtime.client.replay import watch
 
-    console = Console()
-    nc = await bus.connect(url, name="sa-send", max_reconnect_attempts=3)
-    try:
-        js = bus.jetstream_for(nc)
+    def waiting(message: str) -> None:
+        typer.echo(f"sa send: {message}", err=True)
+
+    async with client_for(url, "send") as client:
         try:
-            run_id = await publish(js, agent, task, task_id=task_id, instance=instance, timeout_s=timeout,
-                                   wait=wait, thread=thread)
+            handle = await client.start(agent, text, on_waiting=waiting, **options)
         except ValueError as e:
             typer.echo(f"sa send: {e}", err=True)
             return 2
         except NotSent as e:
-            typer.echo(f"sa send: {e}", err=True)
+            hint = " (sa send --wait SECONDS waits for one)" if e.reason == "no_stream" else ""
+            typer.echo(f"sa send: {e}{hint}", err=True)
             return 1
         if as_json:
-            print(json.dumps({"run_id": run_id}), flush=True)
+            print(json.dumps({"run_id": handle.run_id}), flush=True)
         else:
-            console.print(f"run [bold]{run_id}[/]")
+            print(f"run {handle.run_id}", flush=True)
         if not follow:
             return 0
-        last = await watch(js, run_id, console, as_json=as_json, tokens=tokens)
-        ok = isinstance(last, ev.RunCompleted)
-        return 0 if ok else 1
-    finally:
-        await bus.close(nc)
-
-
-async def publish(js: Any, agent: str, task: str, *, task_id: str | None, instance: str | None,
-                  timeout_s: float | None, wait: float, thread: str | None = None) -> str:
-    """Publish the task and return its run id once JetStream confirms it is stored; raise `NotSent` if not.
-
-    No TASKS stream: wait up to `wait` seconds for a host to create it (never create it here). A stream
-    that exists but does not answer is retried for `RETRY_UNANSWERED_S`. Every attempt carries the same
-    task id (`Nats-Msg-Id`), so an attempt that was stored after all is not stored twice.
-    """
-    import anyio
-    from nats.errors import TimeoutError as NatsTimeoutError
-    from nats.js.errors import NoStreamResponseError
-
-    from runtime.commands import publish_task
-
-    task_id = task_id or uuid.uuid4().hex
-    start = anyio.current_time()
-    told = False
-    while True:
         try:
-            return await publish_task(js, agent, task, task_id=task_id, instance=instance,
-                                      timeout_s=timeout_s, thread=thread)
-        except (NoStreamResponseError, NatsTimeoutError) as e:
-            missing = isinstance(e, NoStreamResponseError) and not await _tasks_stream_exists(js)
-            waited = anyio.current_time() - start
-            if missing and waited >= wait:
-                raise NotSent(NO_STREAM) from None
-            if not missing and waited >= max(wait, RETRY_UNANSWERED_S):
-                raise NotSent(f"the task was not confirmed stored ({type(e).__name__}: {e}); re-send it with "
-                              f"--task-id {task_id} (a task id runs once)") from None
-            if missing and not told:
-                typer.echo(f"sa send: no host has created the TASKS stream yet; waiting up to {wait:g} s "
-                           "for one", err=True)
-                told = True
-            await anyio.sleep(0.25)
+            last = await watch(handle, console(), as_json=as_json, tokens=tokens)
+        except Exception as e:
+            return _not_followed(e, handle.run_id)
+        return 0 if isinstance(last, ev.RunCompleted) else 1
 
 
-async def _tasks_stream_exists(js: Any) -> bool:
-    """False only when the server says TASKS does not exist (any other answer: assume it does)."""
-    from nats.js.errors import NotFoundError
+def _not_followed(error: Exception, run_id: str) -> int:
+    """The task is stored but following it failed: if the server refused to let these credentials read
+    the run, say so and how to follow it (exit 3); anything else is raised."""
+    from runtime.nats.connection import explain_refusal
 
-    from runtime import nats as bus
-
-    try:
-        await js.stream_info(bus.TASKS)
-    except NotFoundError:
-        return False
-    except Exception:  # the server did not answer: the stream may well be there
-        return True
-    return True
+    refusal = explain_refusal(error)
+    if refusal is None:
+        raise error
+    typer.echo(f"sa send: the task is stored: run {run_id}. Following it was refused: these credentials may "
+               f"publish tasks but not read runs; follow it with an operator's: sa replay {run_id}  "
+               f"({refusal})", err=True)
+    return STORED_NOT_FOLLOWED
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,9 +177,9 @@ runs_app = typer.Typer(cls=_RunsGroup, help="List runs from the runs index, newe
                                                "deletes finished runs.", **PLAIN)
 app.add_typer(runs_app, name="runs")
 
-
-def _matches(agent: str | None, ix: Any) -> bool:
-    return agent is None or ix.actor == agent or ix.actor.split(":")[0] == agent
+RUN_COLUMNS = ("run", "agent", "status", "updated", "task id", "last seq")
+STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
+                "waiting for approval": "magenta"}  # `sa approvals` lists what such a run waits for
 
 
 @runs_app.callback(invoke_without_command=True)
@@ -195,51 +190,48 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
-    """List runs from the runs index, newest first."""
+    """List runs from the runs index, newest first (tab-separated, ids in full, when not on a terminal)."""
     if ctx.invoked_subcommand is not None:
         return
-    import anyio
-
     url = resolve_nats(nats_url, "runs")
-    rows = anyio.run(_list_runs, url, backend="asyncio")
-    rows = [r for r in rows if _matches(agent, r[1])]
-    rows = sorted(rows, key=lambda r: r[1].updated, reverse=True)[:limit]
-    if as_json:
-        import msgspec
 
-        print(json.dumps([{"run_id": k, **msgspec.to_builtins(v)} for k, v in rows], indent=2))
-        return
+    async def listed(client: Client) -> list[RunInfo]:
+        return await client.runs(agent, limit=limit)
+
+    rows = with_client(url, "runs", listed)
+    if as_json:
+        print(json.dumps([r.to_json() for r in rows], indent=2))
+    elif not sys.stdout.isatty():
+        print("\t".join(RUN_COLUMNS))
+        for r in rows:
+            print("\t".join(_run_cells(r)))
+    else:
+        _runs_table(rows)
+
+
+def _run_cells(r: RunInfo) -> list[str]:
     import datetime
 
-    from rich.console import Console
+    when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S") if r.updated else ""
+    return [r.run_id, r.actor, r.status, when, r.task_id or "", str(r.last_seq)]
+
+
+def _runs_table(rows: list[RunInfo]) -> None:
     from rich.table import Table
 
+    if not rows:
+        console().print("no runs yet")
+        return
     table = Table(header_style="bold")
-    for col in ("run", "agent", "status", "updated"):
+    for col in RUN_COLUMNS[:4]:
         table.add_column(col, no_wrap=True)
     table.add_column("task id", overflow="ellipsis", max_width=14, no_wrap=True)
     table.add_column("last seq", justify="right")
-    colors = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
-              "waiting for approval": "magenta"}  # `sa approvals` lists what such a run waits for
-    # (and "sleeping until <T>": a run parked on a timer, `runtime.host.sleep`)
-    for run_id, ix in rows:
-        when = datetime.datetime.fromtimestamp(ix.updated).strftime("%Y-%m-%d %H:%M:%S") if ix.updated else ""
-        style = colors.get(ix.status) or ("blue" if ix.status.startswith("sleeping") else "default")
-        table.add_row(run_id, ix.actor, f"[{style}]{ix.status}[/]", when,
-                      ix.task_id or "", str(ix.last_seq))
-    Console().print(table if rows else "no runs yet")
-
-
-async def _list_runs(url: str) -> list[tuple[str, Any]]:
-    from runtime import nats as bus
-
-    nc = await bus.connect(url, name="sa-runs", max_reconnect_attempts=3)
-    try:
-        kv = await bus.runs_kv(bus.jetstream_for(nc))
-        return [(key, bus.RunIndex.decode(entry.value))
-                for key, entry in (await bus.kv_entries(kv)).items() if entry.value]
-    finally:
-        await bus.close(nc)
+    for r in rows:
+        cells = [cell(c) for c in _run_cells(r)]
+        cells[2].stylize(STATUS_STYLE.get(r.status, ""))
+        table.add_row(*cells)
+    console().print(table)
 
 
 @runs_app.command("purge")
@@ -260,15 +252,13 @@ def purge(
     A run still in flight (its last event not terminal, its index entry not ended, or an active entry a
     host would resume) is skipped and listed with the reason, never deleted.
     """
-    import anyio
-
     try:
         cutoff = parse_before(before)
     except ValueError as e:
         typer.echo(f"sa runs purge: {e}", err=True)
         raise typer.Exit(2) from None
     url = resolve_nats(nats_url, "runs purge")
-    reports = anyio.run(_purge, url, cutoff, agent, dry_run, backend="asyncio")
+    reports = with_client(url, "runs-purge", lambda c: c.purge(cutoff, agent=agent, dry_run=dry_run))
     done = [r for r in reports if r.skipped is None]
     skipped = [r for r in reports if r.skipped is not None]
     events = sum(r.events for r in done)
@@ -308,21 +298,3 @@ def parse_before(text: str, now: float | None = None) -> float:
         raise ValueError(f"--before {text!r}: use a date ('2025-01-31'), a time ('2025-01-31T12:00') or an "
                          "age ('30d', '12h')") from None
     return (time.time() if now is None else now) - age
-
-
-async def _purge(url: str, cutoff: float, agent: str | None, dry_run: bool) -> list[Any]:
-    """The runs the index lists as last updated before `cutoff` (of `agent`), oldest first, purged by the
-    run log (which skips any still in flight)."""
-    from runtime import nats as bus
-    from runtime.log import RunLog
-
-    nc = await bus.connect(url, name="sa-runs-purge", max_reconnect_attempts=3)
-    try:
-        js = bus.jetstream_for(nc)
-        kv = await bus.runs_kv(js)
-        rows = [(key, bus.RunIndex.decode(entry.value)) for key, entry in (await bus.kv_entries(kv)).items()
-                if entry.value]
-        chosen = sorted((ix.updated, key) for key, ix in rows if ix.updated < cutoff and _matches(agent, ix))
-        return await RunLog(js).purge([key for _, key in chosen], dry_run=dry_run)
-    finally:
-        await bus.close(nc)

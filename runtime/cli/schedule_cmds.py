@@ -31,19 +31,13 @@ NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")]
 
 
 def _run(command: str, url: str, op: Callable[[Any], Awaitable[Any]]) -> Any:
-    """`op(client.schedules)` on a fresh connection; a schedule that cannot be, or an unknown name, exits 1
+    """`op(client.schedules)` on a client of its own; a schedule that cannot be, or an unknown name, exits 1
     with the message."""
-    import anyio
-
-    from runtime.client import Client
+    from runtime.cli.connect import with_client
     from runtime.schedules import ScheduleError
 
-    async def main() -> Any:
-        async with await Client.connect(url, name=f"sa-schedule-{command}") as client:
-            return await op(client.schedules)
-
     try:
-        return anyio.run(main, backend="asyncio")
+        return with_client(url, f"schedule-{command}", lambda client: op(client.schedules))
     except (ScheduleError, LookupError) as e:
         typer.echo(f"sa schedule {command}: {str(e).strip(chr(39))}", err=True)
         raise typer.Exit(1) from None
@@ -113,18 +107,20 @@ def list_(
     if not listed:
         typer.echo("no schedules (sa schedule add NAME --agent A --every 1h --input TEXT)")
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from runtime.cli.output import cell, console
+
     table = Table(header_style="bold")
-    for column in ("schedule", "agent", "when", "state", "catch-up", "waiting", "input"):
-        table.add_column(column)
+    for column in ("schedule", "agent", "when", "state", "catch-up", "waiting"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("input", overflow="ellipsis", max_width=40, no_wrap=True)
     for x in listed:
         s = x.schedule
-        text = s.input if len(s.input) <= 40 else s.input[:39] + "…"
-        table.add_row(s.name, s.actor, s.when, "paused" if s.paused else "active", s.catch_up,
-                      str(x.waiting), text)
-    Console().print(table)
+        table.add_row(cell(s.name), cell(s.actor), cell(s.when),
+                      cell("paused" if s.paused else "active", "yellow" if s.paused else "green"),
+                      cell(s.catch_up), cell(str(x.waiting)), cell(s.input))
+    console().print(table)
 
 
 @schedule_app.command("pause")

@@ -4,19 +4,24 @@
     sa threads AGENT THREAD       one thread's runs in order: status and task of each
 
 A thread is made by its first task (`sa send AGENT TEXT --thread T`); its runs continue one conversation
-(`runtime.log.threads`). `sa replay RUN --thread` shows the timelines of a thread's runs in order. Exit codes:
-0 success; 2 bad usage (no server, unknown thread).
+(`Client.threads`, `Client.thread`). `sa replay RUN --thread` shows the timelines of a thread's runs in
+order. Exit codes: 0 success; 2 bad usage (no server, unknown thread).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from runtime.cli.app import app
+from runtime.cli.connect import with_client
+from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+
+if TYPE_CHECKING:
+    from runtime.client import Client
 
 
 @app.command()
@@ -28,80 +33,72 @@ def threads(
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """List conversations (threads) and their runs."""
-    import anyio
-
     url = resolve_nats(nats_url, "threads")
-    raise typer.Exit(anyio.run(_threads, url, agent, thread, as_json, backend="asyncio"))
+    if thread is None:
+        raise typer.Exit(with_client(url, "threads", lambda c: _all(c, agent, as_json)))
+    if agent is None:
+        typer.echo("sa threads: name the agent of the thread: sa threads AGENT THREAD", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(with_client(url, "threads", lambda c: _one(c, agent, thread, as_json)))
 
 
-async def _threads(url: str, agent: str | None, thread: str | None, as_json: bool) -> int:
+async def _all(client: Client, agent: str | None, as_json: bool) -> int:
+    """Every thread (of `agent`), most recent first."""
     import datetime
 
-    from rich.console import Console
     from rich.table import Table
 
-    from runtime import nats as bus
-    from runtime.log.threads import Threads
-
-    nc = await bus.connect(url, name="sa-threads", max_reconnect_attempts=3)
-    try:
-        js = bus.jetstream_for(nc)
-        store = Threads(js)
-        if thread is None:
-            records = await store.all(agent)
-            if as_json:
-                print(json.dumps([{"actor": r.actor, "thread": r.thread, "runs": r.runs, "updated": r.updated}
-                                  for r in records], indent=2))
-                return 0
-            table = Table(header_style="bold")
-            for column in ("thread", "agent", "runs", "latest run", "updated"):
-                table.add_column(column)
-            for r in records:
-                when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S")
-                table.add_row(r.thread, r.actor, str(len(r.runs)), r.runs[-1] if r.runs else "", when)
-            Console().print(table if records else
-                            "no threads yet (sa send AGENT TEXT --thread NAME makes one)")
-            return 0
-        if agent is None:
-            typer.echo("sa threads: name the agent of the thread: sa threads AGENT THREAD", err=True)
-            return 2
-        record, _ = await store.get(agent, thread)
-        if record is None:
-            typer.echo(f"sa threads: agent {agent!r} has no thread {thread!r} (see `sa threads {agent}`)",
-                       err=True)
-            return 2
-        rows = [await _run_row(js, run_id) for run_id in record.runs]
-        if as_json:
-            print(json.dumps({"actor": record.actor, "thread": record.thread, "runs": rows}, indent=2))
-            return 0
-        table = Table(title=f"thread {thread!r} · {record.actor}", header_style="bold")
-        for column in ("#", "run", "status", "task"):
-            table.add_column(column)
-        for i, row in enumerate(rows, 1):
-            table.add_row(str(i), row["run_id"], row["status"], row["input"])
-        Console().print(table)
+    records = await client.threads(agent)
+    if as_json:
+        print(json.dumps([{"actor": r.actor, "thread": r.thread, "runs": r.runs, "updated": r.updated}
+                          for r in records], indent=2))
         return 0
-    finally:
-        await bus.close(nc)
+    if not records:
+        console().print("no threads yet (sa send AGENT TEXT --thread NAME makes one)")
+        return 0
+    table = Table(header_style="bold")
+    for column in ("thread", "agent", "runs", "latest run", "updated"):
+        table.add_column(column)
+    for r in records:
+        when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S")
+        latest = r.runs[-1] if r.runs else ""
+        table.add_row(*(cell(c) for c in (r.thread, r.actor, len(r.runs), latest, when)))
+    console().print(table)
+    return 0
 
 
-async def _run_row(js: Any, run_id: str) -> dict[str, Any]:
+async def _one(client: Client, agent: str, thread: str, as_json: bool) -> int:
+    """One thread's runs in order: status and task of each."""
+    from rich.table import Table
+
+    record = await client.thread(agent, thread)
+    if record is None:
+        typer.echo(f"sa threads: agent {agent!r} has no thread {thread!r} (see `sa threads {agent}`)",
+                   err=True)
+        return 2
+    rows = [await _run_row(client, record.actor, run_id) for run_id in record.runs]
+    if as_json:
+        print(json.dumps({"actor": record.actor, "thread": record.thread, "runs": rows}, indent=2))
+        return 0
+    table = Table(title=cell(f"thread {thread!r} · {record.actor}"), header_style="bold")
+    for column in ("#", "run", "status", "task"):
+        table.add_column(column)
+    for i, row in enumerate(rows, 1):
+        table.add_row(*(cell(c) for c in (i, row["run_id"], row["status"], row["input"])))
+    console().print(table)
+    return 0
+
+
+async def _run_row(client: Client, actor: str, run_id: str) -> dict[str, Any]:
     """One run of a thread: its id, how it stands (the runs index) and its task (its `run.started`)."""
-    from nats.js.errors import KeyNotFoundError, NotFoundError
-
     from runtime import events as ev
-    from runtime import nats as bus
-    from runtime.log import RunLog
 
-    try:
-        entry = await (await bus.runs_kv(js)).get(run_id)
-        status = bus.RunIndex.decode(entry.value).status if entry.value else "?"
-    except (KeyNotFoundError, NotFoundError):
-        status = "?"
-    history = await RunLog(js).read(run_id)
+    info = await client.run_info(run_id)
+    history = await client.get(run_id, actor).history()
     started = history.events[0] if history.events else None
     text = started.input if isinstance(started, ev.RunStarted) else ""
-    return {"run_id": run_id, "status": status, "input": " ".join(text.split())[:80]}
+    return {"run_id": run_id, "status": info.status if info is not None else "?",
+            "input": " ".join(text.split())[:80]}
 
 
 __all__ = ["threads"]

@@ -184,6 +184,42 @@ def _read_files(pairs: list[tuple[str, str]]) -> dict[str, str | bytes]:
     return files
 
 
+def _input_values(script: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """`--input NAME=VALUE`s as the script's inputs: JSON, else plain text for a string; a string input
+    keeps the text as given (`--input name=123` means the text "123")."""
+    values: dict[str, Any] = {}
+    for name, raw in pairs:
+        spec = script.inputs.get(name)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw  # plain text for a string input
+        if (
+            spec is not None
+            and spec.schema.get("type") in ("string", ["string", "null"])
+            and not isinstance(value, str)
+        ):
+            value = raw
+        values[name] = value
+    return values
+
+
+def _stubs(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """`--external NAME=JSON`s as stub functions returning that value (plain text if it is not JSON)."""
+    stubs: dict[str, Any] = {}
+    for name, raw in pairs:
+        try:
+            returned = json.loads(raw)
+        except json.JSONDecodeError:
+            returned = raw
+
+        def stub(*_args: Any, _value: Any = returned, **_kwargs: Any) -> Any:
+            return _value
+
+        stubs[name] = stub
+    return stubs
+
+
 @app.command("run")
 def run_cmd(
     script_path: Annotated[str, typer.Argument(metavar="SCRIPT", help="The .pym script to run.")],
@@ -234,31 +270,8 @@ def run_cmd(
     except LimitsError as e:
         raise _fail(f"--limits: {e}") from None
 
-    values: dict[str, Any] = {}
-    for name, raw in _pairs(inputs or [], "--input"):
-        spec = script.inputs.get(name)
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw  # plain text for a string input
-        if (
-            spec is not None
-            and spec.schema.get("type") in ("string", ["string", "null"])
-            and not isinstance(value, str)
-        ):
-            value = raw  # `--input name=123` for a str input means the text "123"
-        values[name] = value
-    stubs: dict[str, Any] = {}
-    for name, raw in _pairs(externals or [], "--external"):
-        try:
-            returned = json.loads(raw)
-        except json.JSONDecodeError:
-            returned = raw
-
-        def stub(*_args: Any, _value: Any = returned, **_kwargs: Any) -> Any:
-            return _value
-
-        stubs[name] = stub
+    values = _input_values(script, _pairs(inputs or [], "--input"))
+    stubs = _stubs(_pairs(externals or [], "--external"))
     environ = dict(_pairs(env or [], "--env"))
     virtual = _read_files(_pairs(files or [], "--file"))
 

@@ -1,9 +1,8 @@
 """Where things are, for every `sa` command that talks to NATS or loads bundles.
 
 The NATS server: `--nats`, else `NATS_URL`, else the state file a running `sa up` writes
-(`<user data dir>/structured-agents/up.json`, e.g. ~/.local/share/structured-agents/up.json on Linux;
-it holds the NATS URL, the local model URL, the bundles and the pid, and is removed when `sa up` stops).
-A state file whose pid is gone (an `sa up` that was killed) is ignored.
+(`runtime.running`: it holds the NATS URL, the local model URL, the bundles and the pid, and is removed
+when `sa up` stops; a file whose `sa up` was killed is ignored).
 
 Bundles: a bundle.yaml file, a folder holding one, or a folder of such folders (`sa up bundles`); with no
 argument, `bundles/demo` of the current directory.
@@ -11,40 +10,14 @@ argument, `bundles/demo` of the current directory.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from runtime.running import read_state
+
 BUNDLE_FILE = "bundle.yaml"
 DEFAULT_BUNDLE = Path("bundles/demo")
-
-
-def state_file() -> Path:
-    """Where `sa up` records its NATS and model URLs while it runs."""
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("structured-agents")) / "up.json"
-
-
-def read_state() -> dict[str, Any]:
-    """The running `sa up`'s state ({} when there is none, or its process is gone)."""
-    path = state_file()
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    pid = state.get("pid")
-    if isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return {}  # a stale file from an `sa up` that was killed
-        except PermissionError:
-            pass
-    return state
 
 
 def resolve_nats(explicit: str | None, command: str) -> str:
@@ -87,4 +60,4 @@ def expand_bundles(paths: list[Path]) -> list[Path]:
     return out
 
 
-__all__ = ["bundle_paths", "expand_bundles", "read_state", "resolve_nats", "state_file"]
+__all__ = ["bundle_paths", "expand_bundles", "resolve_nats"]

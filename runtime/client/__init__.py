@@ -32,10 +32,10 @@ from runtime.client.fork import (
     SystemEdit,
 )
 from runtime.client.handle import RunCancelledError, RunError, RunFailedError, RunHandle
-from runtime.client.replay import Verification
 from runtime.client.schedules import Schedules
 from runtime.client.submit import NotSent
 from runtime.client.sync import SyncClient, SyncRunHandle
+from runtime.client.verify import Verification
 
 __all__ = ["BundleEdit", "Client", "ControlError", "EditedCall", "ForkEdit", "ForkError", "Forked",
            "NotSent", "OutputEdit", "Pending", "ReplyEdit", "RunCancelledError", "RunError", "RunFailedError",

@@ -18,6 +18,7 @@ commands hosts apply: every answer comes from the log.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from runtime.client.control import Control, Pending
@@ -39,7 +41,9 @@ from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 
 if TYPE_CHECKING:
+    from runtime.bundle import Bundle
     from runtime.client.diff import Divergence
+    from runtime.client.fork import Forked, ForkEdit
     from runtime.log import Purged
     from runtime.nats.records import ThreadRecord
 
@@ -56,11 +60,17 @@ class RunInfo:
     last_seq: int
     bundle: str | None
     forked_from: str | None
+    partition: int | None = None  # the task partition whose host drives the run
+    forked_at: int | None = None  # a fork: the seq of `forked_from` it was forked at
 
     @classmethod
     def of(cls, run_id: str, ix: RunIndex) -> RunInfo:
         return cls(run_id, ix.actor, ix.status, ix.updated, ix.task_id, ix.last_seq, ix.bundle,
-                   ix.forked_from)
+                   ix.forked_from, ix.partition, ix.forked_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as a JSON object (`sa runs --json`)."""
+        return dataclasses.asdict(self)
 
     def belongs_to(self, agent: str | None) -> bool:
         """True for any run when `agent` is None, else for runs of that bundle or bundle:instance."""
@@ -77,6 +87,12 @@ class Client:
         self.control = Control(self.js)
         self.schedules = Schedules(self.js)  # runs started by the cluster's clock (`sa schedule`)
         self._owns = owns_connection
+
+    @classmethod
+    def over(cls, source: Client | JetStreamContext) -> Client:
+        """`source` as a client: a JetStream context (what older callers hold) becomes a client over the
+        same connection, which stays the caller's to close; a client is itself."""
+        return source if isinstance(source, Client) else cls(source._nc)
 
     @classmethod
     async def connect(cls, servers: str | Sequence[str] | None = None, *,
@@ -121,11 +137,13 @@ class Client:
         """Give `agent` (a bundle, or `bundle:instance`) a task; return its run's handle once the task is
         stored. Idempotent by `task_id` (default: a new one): starting the same task id again returns the
         same run and runs nothing twice. `timeout` is the run's deadline in seconds; `thread` continues a
-        conversation of the agent; `wait` how long to wait for a host to create the streams. Raises
-        `NotSent` if the task was not stored (saying why), `ValueError` for a name that can never be."""
+        conversation of the agent; `wait` how long to wait for a host to create the streams. An input too
+        big for one message is stored in the payload object store and the task refers to it. Raises
+        `NotSent` if the task was not stored (saying why, `reason` telling the cases apart), `ValueError`
+        for a name that can never be."""
         run_id, _ = await submit(self.js, agent, input, task_id=task_id, instance=instance, timeout_s=timeout,
                                  thread=thread, metadata=metadata, headers=headers, wait=wait,
-                                 on_waiting=on_waiting)
+                                 on_waiting=on_waiting, payloads=self.log.payloads)
         actor = f"{agent.split(':')[0]}:{instance}" if instance else agent
         return RunHandle(self, run_id, actor)
 
@@ -172,6 +190,16 @@ class Client:
         rows = [r for r in await self.runs(agent) if r.updated < before]
         chosen = [r.run_id for r in sorted(rows, key=lambda r: r.updated)]
         return await self.log.purge(chosen, dry_run=dry_run)
+
+    async def fork(self, run_id: str, at: int, edit: ForkEdit | None = None, *,
+                   bundle: Bundle | None = None) -> Forked:
+        """A new run that keeps run `run_id`'s events before seq `at` (with `edit` applied there) and goes
+        on from that point without re-calling the model for what it kept: the fork as written (its run
+        id, actor, partition, how many events it holds). `ForkError` if it cannot be made as asked
+        (nothing is written then); `RunHandle.fork` is the same, returning the new run's handle."""
+        from runtime.client.fork import fork
+
+        return await fork(self.js, run_id, at, edit, bundle=bundle)
 
     async def diff(self, a: str, b: str) -> Divergence:
         """Where run `b` (a fork of `a`, say) diverges from `a`, and what differs after."""

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from nats.js import JetStreamContext
@@ -240,11 +241,16 @@ class Control:
     async def _recorded(self, run: _Run, wanted: Any, *, stop_at_end: bool = False) -> ev.Event:
         """The first event of the run's log that `wanted` accepts, waiting for the host to write it."""
         ending: ev.Event | None = None
+        # closed here, not whenever the generator is collected: by then the connection may be draining,
+        # and its unsubscribe would die in a task nobody awaits ("Task exception was never retrieved")
         with anyio.move_on_after(self.record_wait):
-            async for event in self.log.follow(run.run_id, run.actor, resolve=True):
-                if wanted(event):
-                    return event
-                ending = event
+            follow = cast(AsyncGenerator[ev.Event, None],
+                          self.log.follow(run.run_id, run.actor, resolve=True))
+            async with aclosing(follow) as events:
+                async for event in events:
+                    if wanted(event):
+                        return event
+                    ending = event
         if stop_at_end and ending is not None and ev.kind_of(ending) in ("run.completed", "run.failed",
                                                                           "run.cancelled"):
             raise ControlError(f"run {run.run_id} {_ended(ending)} before the decision was recorded")

@@ -81,10 +81,11 @@ def render(d: Divergence) -> Any:
         table.add_column(run)
         table.add_column("detail", overflow="fold")
     for i in range(max(len(d.a_rest), len(d.b_rest))):
-        cells: list[str] = [str(d.common + i)]
+        cells: list[Text] = [Text(str(d.common + i))]
         for rest in (d.a_rest, d.b_rest):
             e = rest[i] if i < len(rest) else None
-            cells += [ev.kind_of(e), describe(e)] if e is not None else ["", ""]
+            # Text, not str: a recorded value with square brackets is data, never rich markup
+            cells += [Text(ev.kind_of(e)), Text(describe(e))] if e is not None else [Text(), Text()]
         table.add_row(*cells)
     ends = []
     for run, rest in ((d.a, d.a_rest), (d.b, d.b_rest)):

@@ -10,28 +10,35 @@ free to make (`client.get(run_id)`) and a handle made in another process, or aft
 Everything it answers is read from the run's log (`runtime.log`), the one truth; everything it changes
 goes through the commands a host applies (`runtime.client.control`), so a result is what was recorded,
 never what this process believes.
+
+Every read of the live log is closed before the call returns (`aclosing`), however it ends: a follow left
+suspended would be finalised later, after its connection closed, and die there as a task exception that
+nobody retrieves.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import nullcontext
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
+import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from runtime import events as ev
 from runtime.client.control import Control, Pending
 from runtime.log import TERMINAL_KINDS, RunHistory, RunLog
 from runtime.nats.jetstream import JetStream
+from runtime.nats.subjects import stream_filter, stream_subject
 from runtime.streaming import Delta, subscribe
 
 if TYPE_CHECKING:
     from runtime.bundle import Bundle
     from runtime.client.fork import ForkEdit
-    from runtime.client.replay import Verification
+    from runtime.client.verify import Verification
 
 
 class Fleet(Protocol):
@@ -44,6 +51,8 @@ class Fleet(Protocol):
     control: Control
 
     async def run_info(self, run_id: str) -> Any: ...
+
+    async def fork(self, run_id: str, at: int, edit: Any = None, *, bundle: Any = None) -> Any: ...
 
 
 class RunError(Exception):
@@ -107,8 +116,9 @@ class RunHandle:
         to `timeout` seconds (None: as long as it takes; `TimeoutError` after)."""
         with anyio.fail_after(timeout) if timeout is not None else nullcontext():
             last: ev.Event | None = None
-            async for event in self.client.log.follow(self.run_id, self.actor):
-                last = event
+            async with aclosing(_follow(self.client, self.run_id, self.actor)) as events:
+                async for event in events:
+                    last = event
             if last is None or ev.kind_of(last) not in TERMINAL_KINDS:  # follow returns after the end
                 raise RuntimeError(f"the log of run {self.run_id} ended without a terminal event")
             return await self.client.log.resolve(last)
@@ -131,7 +141,7 @@ class RunHandle:
         """The run's events, in order, as recorded (what `sa replay` shows)."""
         return list((await self.history()).events)
 
-    async def events(self, *, from_seq: int = 0, follow: bool = True) -> AsyncIterator[ev.Event]:
+    async def events(self, *, from_seq: int = 0, follow: bool = True) -> AsyncGenerator[ev.Event, None]:
         """The run's events from `from_seq` on: with `follow`, live until its terminal event (waiting for
         the run to start if it has not); without, those recorded now."""
         if not follow:
@@ -139,9 +149,10 @@ class RunHandle:
                 if event.seq >= from_seq:
                     yield event
             return
-        async for event in self.client.log.follow(self.run_id, self.actor, resolve=True):
-            if event.seq >= from_seq:
-                yield event
+        async with aclosing(_follow(self.client, self.run_id, self.actor, resolve=True)) as events:
+            async for event in events:
+                if event.seq >= from_seq:
+                    yield event
 
     async def tokens(self) -> AsyncIterator[Delta]:
         """The model's output as it is generated (`runtime.streaming`), live, until the run ends. At most
@@ -156,8 +167,9 @@ class RunHandle:
                             await send.send(delta)
 
                 async def until_end() -> None:
-                    async for _ in self.client.log.follow(self.run_id, self.actor):
-                        pass
+                    async with aclosing(_follow(self.client, self.run_id, self.actor)) as events:
+                        async for _ in events:
+                            pass
                     await send.send(None)
 
                 tg.start_soon(pump)
@@ -187,33 +199,59 @@ class RunHandle:
         against their digest; an event that is not a stub as it is."""
         return await self.client.log.resolve(event)
 
-    async def watch(self) -> AsyncIterator[ev.Event | Delta]:
-        """The run as a live view shows it: every event from the first as stored (see `stored`), and the
-        model's output as it is generated (`tokens`) in between, ending after the terminal event.
+    async def watch(self) -> AsyncGenerator[ev.Event | Delta, None]:
+        """The run as a live page shows it: every event from the first as stored (see `stored`; stubs stay
+        stubs), and the model's output as it is generated, in reading order (`live`), ending after the
+        terminal event. Close the iterator when the page goes (e.g. `contextlib.aclosing`)."""
+        async with aclosing(self.live(resolve=False)) as items:
+            async for item in items:
+                yield item
 
-        One ordered consumer and one core subscription, both released when the caller stops iterating
-        (close the iterator, e.g. with `contextlib.aclosing`). The stream is subscribed before the log is
-        read, so no delta published meanwhile is missed; a delta is at most once and never stored."""
-        sub, deltas = await subscribe(self.client.nc, self.run_id, self.actor)
+    async def live(self, *, tokens: bool = True,
+                   resolve: bool = True) -> AsyncGenerator[ev.Event | Delta, None]:
+        """The run's events from the first, live, until its terminal event; with `tokens`, the model's
+        output as it is generated (`Delta`s) among them, in the order a person reads a run:
+
+        * a request's fragments come after its `model.requested` and before its `model.responded`: the
+          host publishes the fragments on core NATS as the model writes them and appends the events to
+          the log, so they reach this process by two paths, and a fragment can overtake the request it
+          answers; it is held until that request has been yielded;
+        * fragments of a request the log has already answered are dropped (the recorded reply holds
+          them all), and so are those still held when the run ends;
+        * a request's last message is a `Delta` with `done` (unless it was lost: the stream is at most
+          once).
+
+        Why the fragments cannot come after their reply: the host publishes all of them before it
+        appends `model.responded`, one connection delivers in order, and they are handed over here
+        from the subscription's callback, before the log's path (a consumer, then a reader) hands
+        over the reply."""
+        if not tokens:
+            async with aclosing(_follow(self.client, self.run_id, self.actor, resolve=resolve)) as events:
+                async for event in events:
+                    yield event
+            return
         send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
+
+        async def on_delta(msg: Msg) -> None:
+            try:
+                send.send_nowait(Delta.decode(msg.data))
+            except (msgspec.DecodeError, anyio.WouldBlock):
+                pass  # not a delta, or a reader far behind: the log has the truth
+
+        subject = stream_subject(self.actor, self.run_id) if self.actor else stream_filter(self.run_id)
+        sub = await self.client.nc.subscribe(subject, cb=on_delta)  # before the log is read: none missed
         try:
             async with anyio.create_task_group() as tg:
-                async def pump_deltas() -> None:
-                    async with deltas:
-                        async for delta in deltas:
-                            await send.send(delta)
-
-                async def pump_events() -> None:
-                    async for event in self.client.log.follow(self.run_id, self.actor):
-                        await send.send(event)
+                async def from_log() -> None:
+                    follow = _follow(self.client, self.run_id, self.actor, resolve=resolve)
+                    async with aclosing(follow) as events:
+                        async for event in events:
+                            await send.send(event)
                     await send.send(None)
 
-                tg.start_soon(pump_deltas)
-                tg.start_soon(pump_events)
-                async with receive:
-                    async for item in receive:
-                        if item is None:
-                            break
+                tg.start_soon(from_log)
+                async with receive, aclosing(_in_reading_order(receive)) as ordered:
+                    async for item in ordered:
                         yield item
                 tg.cancel_scope.cancel()
         finally:
@@ -255,16 +293,14 @@ class RunHandle:
                    bundle: Bundle | None = None) -> RunHandle:
         """A new run that keeps this run's events before seq `at` (with `edit` applied there) and goes on
         from that point without re-calling the model for what it kept; its handle."""
-        from runtime.client.fork import fork
-
-        forked = await fork(self.client.js, self.run_id, at, edit, bundle=bundle)
+        forked = await self.client.fork(self.run_id, at, edit, bundle=bundle)
         return RunHandle(self.client, forked.run_id, forked.actor)
 
     async def verify(self, bundle: Bundle | str | Path | None = None) -> Verification:
         """Re-fold the run with the kernel and check it reproduces every recorded effect. `bundle` is the
         run's bundle (loaded, or its path); by default the one the runs index names."""
         from runtime.bundle import load_bundle
-        from runtime.client.replay import verify
+        from runtime.client.verify import verify
         from runtime.log.threads import conversation_for
 
         history = await self.history()
@@ -279,6 +315,40 @@ class RunHandle:
         config = loaded.kernel_config()
         conversation = await conversation_for(self.client.log, config, history.events)
         return verify(config, history.events, conversation)
+
+
+def _follow(client: Fleet, run_id: str, actor: str | None, *,
+            resolve: bool = False) -> AsyncGenerator[ev.Event, None]:
+    """The run log's live read of a run, typed as the generator it is (so it can be closed)."""
+    return cast(AsyncGenerator[ev.Event, None], client.log.follow(run_id, actor, resolve=resolve))
+
+
+async def _in_reading_order(items: AsyncIterator[ev.Event | Delta | None]
+                            ) -> AsyncGenerator[ev.Event | Delta, None]:
+    """`RunHandle.live`'s ordering of events and fragments as they arrived (None: the log ended)."""
+    requested: set[str] = set()  # model requests yielded
+    answered: set[str] = set()  # ... and answered (their reply or failure yielded)
+    held: dict[str, list[Delta]] = {}  # fragments that came before their request
+    async for item in items:
+        if item is None:
+            return
+        if isinstance(item, Delta):
+            if item.request_id in answered:
+                continue
+            if item.request_id not in requested:
+                held.setdefault(item.request_id, []).append(item)
+                continue
+            yield item
+            continue
+        yield item
+        if isinstance(item, ev.ModelRequested):  # a new attempt of a failed request streams again
+            requested.add(item.request_id)
+            answered.discard(item.request_id)
+            for delta in held.pop(item.request_id, []):
+                yield delta
+        elif isinstance(item, ev.ModelResponded | ev.ModelFailed):
+            answered.add(item.request_id)
+            held.pop(item.request_id, None)
 
 
 __all__ = ["RunCancelledError", "RunError", "RunFailedError", "RunHandle", "outcome"]

@@ -192,22 +192,27 @@ async def _messages(js: JetStreamContext, stream: str) -> int:
 
 
 def render(status: dict[str, Any]) -> Any:
-    """Rich tables: hosts, partitions, workers, queues."""
+    """Rich tables: hosts, partitions, workers, queues. Names read from NATS (hosts, workers, agents) are
+    `Text` cells, shown as they are, never read as rich markup."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
+
+    def row(table: Table, *cells: Any) -> None:
+        table.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in cells))
 
     q = status["queues"]
     head = Table.grid(padding=(0, 2))
-    head.add_row("partitions", f"{status['partitions_total']} (R{status['replicas']})",
-                 "runs in flight", str(status["runs_in_flight"]))
+    row(head, "partitions", f"{status['partitions_total']} (R{status['replicas']})",
+        "runs in flight", status["runs_in_flight"])
     unserved = status["unserved_partitions"]
-    head.add_row("hosts", str(len(status["hosts"])), "unserved partitions",
-                 f"[red]{unserved}[/]" if unserved else "none")
+    row(head, "hosts", len(status["hosts"]), "unserved partitions",
+        Text(str(unserved), "red") if unserved else "none")
     waiting = status.get("unserved_agents") or {}
     if waiting:
-        head.add_row("", "", "tasks for agents no host serves",
-                     "[red]" + ", ".join(f"{b}: {c}" for b, c in waiting.items()) + "[/]")
-    head.add_row("workers", str(len(status["workers"])), "dead letters", str(q["dlq"]))
+        row(head, "", "", "tasks for agents no host serves",
+            Text(", ".join(f"{b}: {c}" for b, c in waiting.items()), "red"))
+    row(head, "workers", len(status["workers"]), "dead letters", q["dlq"])
 
     hosts = Table(title="hosts", title_justify="left")
     for col in ("host", "partitions", "runs", "queued", "bound", "agents", "up", "beat"):
@@ -216,34 +221,34 @@ def render(status: dict[str, Any]) -> Any:
         leases = h.get("leases") or {}
         held = (partition_ranges(h["partitions"]) if len(leases) <= 1 else
                 "; ".join(f"{b}: {partition_ranges(ps)}" for b, ps in leases.items()))
-        hosts.add_row(h["id"], held, str(h["runs"]), str(h["queued"]),
-                      str(h["max_runs"]), ", ".join(h["agents"]), f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
+        row(hosts, h["id"], held, h["runs"], h["queued"], h["max_runs"], ", ".join(h["agents"]),
+            f"{h['up_s']:.0f}s", _secs(h["beat_age_s"]))
 
     parts = Table(title="partitions", title_justify="left")
     for col in ("p", "host", "runs in flight", "tasks (waiting/held)", "results (waiting/held)"):
         parts.add_column(col)
     for p in status["partitions"]:
         by_bundle = p.get("hosts") or {}
-        who = (p["host"] or "[red]unserved[/]") if len(by_bundle) <= 1 else \
-            "; ".join(f"{b}: {h or '[red]unserved[/]'}" for b, h in by_bundle.items())
-        parts.add_row(str(p["partition"]), who, str(p["runs_in_flight"]),
-                      f"{p['tasks_pending']}/{p['tasks_held']}",
-                      f"{p['results_pending']}/{p['results_held']}")
+        who: Any = (p["host"] or Text("unserved", "red")) if len(by_bundle) <= 1 else \
+            Text("; ".join(f"{b}: {h or 'unserved'}" for b, h in by_bundle.items()),
+                 "red" if not all(by_bundle.values()) else "")
+        row(parts, p["partition"], who, p["runs_in_flight"], f"{p['tasks_pending']}/{p['tasks_held']}",
+            f"{p['results_pending']}/{p['results_held']}")
 
     workers = Table(title="workers", title_justify="left")
     for col in ("worker", "concurrency", "holding", "completed", "failed", "up", "beat"):
         workers.add_column(col)
     for w in status["workers"]:
-        workers.add_row(w["name"], str(w["concurrency"]), str(w["running"]), str(w["completed"]),
-                        str(w["failed"]), f"{w['up_s']:.0f}s", _secs(w["beat_age_s"]))
+        row(workers, w["name"], w["concurrency"], w["running"], w["completed"], w["failed"],
+            f"{w['up_s']:.0f}s", _secs(w["beat_age_s"]))
 
     queues = Table(title="queues", title_justify="left")
     for col in ("queue", "waiting", "held by a process"):
         queues.add_column(col)
-    queues.add_row("tasks (TASKS)", str(q["tasks_pending"]), str(q["tasks_held"]))
-    queues.add_row("tool jobs (TOOLS)", str(q["tool_jobs_pending"]), str(q["tool_jobs_held"]))
-    queues.add_row("tool results (RESULTS)", str(q["results_pending"]), str(q["results_held"]))
-    queues.add_row("dead letters (DLQ)", str(q["dlq"]), "")
+    row(queues, "tasks (TASKS)", q["tasks_pending"], q["tasks_held"])
+    row(queues, "tool jobs (TOOLS)", q["tool_jobs_pending"], q["tool_jobs_held"])
+    row(queues, "tool results (RESULTS)", q["results_pending"], q["results_held"])
+    row(queues, "dead letters (DLQ)", q["dlq"], "")
     return Group(head, hosts, parts, workers, queues)
 
 

@@ -107,6 +107,7 @@ from runtime.host.served import AgentRuntime
 from runtime.host.summary import summarise
 from runtime.host.unserved import Unserved
 from runtime.log import RunLog
+from runtime.log.payloads import PayloadError
 from runtime.log.threads import Conversations, Threads, conversation
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
@@ -153,7 +154,7 @@ class Host:
                                  serves=self.serves, on_event=on_event, conversations=self.conversations)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
                              total_partitions=lambda: self.total_partitions, resume=self.recovery.resume,
-                             admit=self._admit, unpark=self.recovery.unpark)
+                             admit=self._admit, refuse=self._refuse, unpark=self.recovery.unpark)
         self._served = Partitions(nc, self.js, self.config, self.budget, self.stats, self.id,
                                   spawn=self._spawn, recover=self.recovery.recover,
                                   on_task=self.router.on_task, on_result=self.router.on_result,
@@ -262,6 +263,11 @@ class Host:
             await self._unknown_agent(actor, item)
             return
         task = item.task
+        try:  # an input too big for one message was stored apart (`events.Task.input_ref`)
+            text = await self.log.payloads.resolve(task.input_ref or task.input)
+        except PayloadError as e:
+            await self._refuse(actor, item, "bad_task", f"the task's input could not be read: {e}")
+            return
         timeout = task.timeout_s if task.timeout_s is not None else agent.bundle.deadline_s
         conv: kernel.Conversation | None = None
         summary: tuple[str | None, int] = (None, 0)
@@ -272,7 +278,7 @@ class Host:
                 summary = await summarise(agent, conv)
         elif item.continues is not None and await self.log.last(item.run_id, actor) is None:
             conv = await conversation(self.log, agent.config, item.continues, cache=self.conversations)
-        started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=task.input,
+        started = ev.RunStarted(run_id=item.run_id, seq=0, ts=time.time(), actor=actor, input=text,
                                 task_id=task.task_id, instance=split_actor(actor)[1], timeout_s=timeout,
                                 metadata=_with_trace_context(task.metadata, item.msg),
                                 bundle_digest=agent.bundle.digest, thread=task.thread,

@@ -17,7 +17,8 @@ A task-subject message (`runtime.commands`) is one of:
   bundle's subject for a run of ``bundle:instance`` is republished to the partition that owns the run; a
   command for a run that does not exist is logged and terminated;
 * not a command at all (`commands.BadCommand`): logged with the reason and terminated — never redelivered,
-  never stopping the host.
+  never stopping the host; on a task subject it is also recorded as a run that fails at once with
+  `bad_task` and the reason, under the run id a task gets, so its publisher finds why (`sa replay RUN`).
 
 A RESULTS message (a tool outcome) goes to the driver of its run; a late or duplicate outcome of a run that
 ended is acked; one for a run nobody drives yet (it is starting, or being resumed) is retried a little
@@ -35,7 +36,7 @@ from nats.js import JetStreamContext
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.commands import PARENT_RUN, BadCommand, decode, run_id_for, split_actor
+from runtime.commands import PARENT_RUN, BadCommand, decode, refused_task, run_id_for, split_actor
 from runtime.host.actors import Actors, Task
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly
@@ -47,6 +48,7 @@ from runtime.nats.pull import Budget
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import (
     ANONYMOUS,
+    HDR_MSG_ID,
     command_subject,
     is_subtask_subject,
     parse_task_subject,
@@ -68,10 +70,12 @@ class Router:
                  total_partitions: Callable[[], int],
                  resume: Callable[[str, str, int], Awaitable[bool]],
                  admit: Callable[[str, Task], Awaitable[bool]] | None = None,
+                 refuse: Callable[[str, Task, str, str], Awaitable[None]] | None = None,
                  unpark: Callable[[str, str, int], Awaitable[RunDriver | None]] | None = None) -> None:
         self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
         self.serves, self.total_partitions, self.resume, self.admit = serves, total_partitions, resume, admit
-        self.unpark = unpark
+        self.refuse = refuse  # records a refused task as a run failing with the reason (`Host._refuse`)
+        self.unpark = unpark  # folds back a run no driver holds (asleep on a timer) for a command
 
     async def on_task(self, slot: Slot, raw: Msg) -> None:
         """A message of `slot`'s task consumer; it carries one unit of `self.budget`."""
@@ -84,13 +88,15 @@ class Router:
 
     async def route_command(self, p: int, msg: Guarded) -> bool:
         """Route one task-subject message; True if it now waits in a mailbox (keeping its budget unit)."""
+        msg_id = (msg.headers or {}).get(HDR_MSG_ID)
         try:
             subject_agent, operator = parse_task_subject(msg.subject)
-            addressed = decode(subject_agent, msg.data, operator)
+            addressed = decode(subject_agent, msg.data, operator, msg_id=msg_id)
         except (BadCommand, ValueError) as e:
             self.stats.rejected += 1
             log.error("rejected a message on %s: %s", msg.subject, e)
-            await _term(msg)
+            if not await self._record_refusal(p, msg, msg_id, str(e)):
+                await _term(msg)
             return False
         cmd = addressed.command
         md = msg.metadata
@@ -116,38 +122,69 @@ class Router:
                 await _term(msg)
             return False
         assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny | ev.Wake)
+        await self._to_run(cmd, p, msg)
+        return False
+
+    async def _to_run(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Wake, p: int, msg: Guarded) -> None:
+        """A command for one run: to its driver, beside its waiting task, or to the run folded back from its
+        sleep; acked if the run ended, forwarded if it lives in another partition, else dropped."""
         driver = self.actors.drivers.get(cmd.run_id)
         if driver is not None:
             driver.deliver(Inbound(cmd, msg))
-            return False
+            return
         waiting = self.actors.waiting.get(cmd.run_id)
         if waiting is not None and isinstance(cmd, ev.Cancel):
             if waiting.cancel is not None and waiting.cancel.msg is not None:
                 await ack_quietly(waiting.cancel.msg)
             waiting.cancel = Inbound(cmd, msg)  # applied right after the run starts
-            return False
+            return
         ix = await self.index.get(cmd.run_id)
         if ix is not None and ix.status in kernel.TERMINAL:
             log.info("%s for run %s ignored: the run already %s", cmd.__struct_config__.tag, cmd.run_id,
                      ix.status)
             await ack_quietly(msg)
-            return False
-        if ix is not None and ix.partition == p and self.unpark is not None:
-            driver = await self.unpark(cmd.run_id, ix.actor, p)
-            if driver is not None:  # folded back from its sleep: it takes the command first
-                driver.deliver(Inbound(cmd, msg))
-                return False
-            if (await self.index.get(cmd.run_id) or ix).status in kernel.TERMINAL:
-                await ack_quietly(msg)  # its log says it ended
-                return False
+            return
+        if ix is not None and ix.partition == p and await self._unparked(cmd, ix, p, msg):
+            return
         if ix is not None and ix.partition != p and not isinstance(cmd, ev.Wake) and \
                 await self._forward(cmd, ix, msg):
-            return False
+            return
         self.stats.rejected += 1
         log.error("%s for unknown run %s (published on %s): dropped", cmd.__struct_config__.tag, cmd.run_id,
                   msg.subject)
         await _term(msg)
+
+    async def _unparked(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Wake, ix: RunIndex, p: int,
+                        msg: Guarded) -> bool:
+        """A command for a run of this partition that no driver holds (asleep on a timer): the run folded
+        back takes it first; True if it was handled (or the run turned out to have ended: acked)."""
+        if self.unpark is None:
+            return False
+        driver = await self.unpark(cmd.run_id, ix.actor, p)
+        if driver is not None:
+            driver.deliver(Inbound(cmd, msg))
+            return True
+        if (await self.index.get(cmd.run_id) or ix).status in kernel.TERMINAL:
+            await ack_quietly(msg)  # its log says it ended
+            return True
         return False
+
+    async def _record_refusal(self, p: int, msg: Guarded, msg_id: str | None, reason: str) -> bool:
+        """A message on a task subject that is not a task: recorded as a run that fails at once with
+        `bad_task` and the reason (`commands.refused_task`), under the run id any task gets (from its
+        Nats-Msg-Id, else its stream sequence), so its publisher can find why; True if it was (and the
+        message acked). Refused commands and sub-run tasks are only logged, as before."""
+        try:
+            subject_agent, operator = parse_task_subject(msg.subject)
+        except ValueError:
+            return False
+        if self.refuse is None or operator is not None or is_subtask_subject(msg.subject):
+            return False
+        seq = msg.metadata.sequence.stream
+        task = refused_task(subject_agent, msg.data, msg_id)
+        run_id = run_id_for(subject_agent, task.task_id, stream_seq=seq)
+        await self.refuse(subject_agent, Task(task, msg, run_id, p, seq), "bad_task", reason)
+        return True
 
     async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny, ix: RunIndex, msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of

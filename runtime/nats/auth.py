@@ -24,7 +24,9 @@ The roles (subjects in `runtime.nats.subjects`):
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
   and dead letters, reads and writes the workspace, ``applied``, ``attempts``, ``workers`` and
   ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
-  ``run.cancelled`` (to stop a cancelled job's sandbox). For agent tools (`runtime.worker.subruns`) it
+  ``run.cancelled`` (to stop a cancelled job's sandbox); it offers a delivery whose tool version it lacks
+  to a worker that has it, and answers such offers, on ``handoffs.>`` (core NATS: `runtime.worker.handoff`;
+  a worker may so hand any job it holds to any worker). For agent tools (`runtime.worker.subruns`) it
   publishes the child's task on ``agents.<agent>.subtasks`` (a subject of its own: a worker cannot publish an
   ordinary task, and a host takes a task there only if it names its parent run) and a cancel for it on
   ``ops.*.<its own name>``, as an operator would, and reads every run's end through the ``subruns``
@@ -62,6 +64,7 @@ from runtime.nats.subjects import (
     COMMANDS_PREFIX,
     DLQ,
     EVENTS,
+    HANDOFFS_PREFIX,
     HOSTS_BUCKET,
     LEASES_BUCKET,
     PAYLOADS_BUCKET,
@@ -144,7 +147,8 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                f"$JS.API.STREAM.MSG.DELETE.{TOOLS}",  # a job the server gave up on, once dead-lettered
                f"$JS.API.STREAM.PURGE.{_OBJ_PAYLOADS}", "$JS.API.STREAM.CREATE.*",
                "$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.CREATE.>",
-               "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.MSG.NEXT.>", "$JS.FC.>"]
+               "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.MSG.NEXT.>", "$JS.FC.>",
+               f"{HANDOFFS_PREFIX}.>"]  # a job's delivery offered to a worker that has its tool version
         deny = [*(f"$KV.{b}.>" for b in _FLEET_BUCKETS),
                 *(f"$JS.API.CONSUMER.{op}.{s}{tail}" for op in ("CREATE", "DELETE")
                   for s in (TASKS, RESULTS, TOOLS) for tail in ("", ".>")),
@@ -152,10 +156,12 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                 *(f"$JS.API.STREAM.CREATE.{s}" for s in (TASKS, EVENTS, TOOLS, RESULTS, DLQ)),
                 *(f"$JS.API.STREAM.CREATE.{_kv(b)}" for b in (*_FLEET_BUCKETS, APPLIED_BUCKET)),
                 "events.>", "tasks.>", "tools.>"]
-        # a worker follows every run's `run.cancelled` (a plain subscription) to stop a cancelled job, and
-        # hears the server give up on a tool job (the MaxDeliver advisory) to dead-letter it
+        # a worker follows every run's `run.cancelled` (a plain subscription) to stop a cancelled job,
+        # hears the server give up on a tool job (the MaxDeliver advisory) to dead-letter it, and takes the
+        # deliveries other workers offer it (and their answers to its own offers)
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TOOLS}.{WORKERS_CONSUMER}"
-        return Permissions(pub, [*inbox, "events.*.*.run.cancelled", advisory], pub_deny=deny)
+        return Permissions(pub, [*inbox, "events.*.*.run.cancelled", advisory, f"{HANDOFFS_PREFIX}.>"],
+                           pub_deny=deny)
     raise ValueError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
 
 

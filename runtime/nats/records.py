@@ -94,7 +94,8 @@ class HostBeat(msgspec.Struct, omit_defaults=True):
 
 
 class WorkerBeat(msgspec.Struct, omit_defaults=True):
-    """A worker's heartbeat in the `workers` bucket (read by `sa status` only)."""
+    """A worker's heartbeat in the `workers` bucket: read by `sa status`, and by a worker handed a job
+    whose tool version it lacks, to tell whether another worker serves it (`runtime.worker.handoff`)."""
 
     name: str
     started: float
@@ -103,6 +104,9 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
     completed: int = 0
     failed: int = 0
     tools: list[str] = []
+    # every tool version served: (name, content hash, bundle or "" for a glob's script); empty from a
+    # worker older than versions, which runs any version of the tools it names
+    versions: list[tuple[str, str, str]] = []
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

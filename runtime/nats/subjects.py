@@ -57,6 +57,10 @@ SCHEDULES  ``schedules.def.<name>``,             WorkQueue  the cluster's clock 
                                                             (or a wake command) and acks it.
 =========  ====================================  =========  ==================================================
 
+Core NATS subjects (never stored): ``stream.<actor>.<run>`` (a run's live model output, `stream_subject`) and
+``handoffs.<worker key>`` (a worker offering a tool-job delivery to another that has the job's tool version,
+`handoff_subject`).
+
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
 ``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet
 buckets ``leases`` (`lease_key`: one per partition of each bundle served), ``hosts``, ``workers``,
@@ -110,6 +114,7 @@ ACTIVE_PURGE_TTL_S = 60.0  # a purge marker of `active` only needs to outlive a 
 WORKERS_CONSUMER = "workers"
 SUBRUNS_CONSUMER = "subruns"  # the EVENTS consumer of run ends, for agent tools (`runtime.worker.subruns`)
 COMMANDS_PREFIX = "ops"  # operators' commands: ops.<agent>.<operator> (`command_subject`)
+HANDOFFS_PREFIX = "handoffs"  # tool-job deliveries offered to one worker, core NATS: handoffs.<worker key>
 ANONYMOUS = "anonymous"  # the operator name of a connection that authenticated as nobody
 
 DEFAULT_PARTITIONS = 16
@@ -321,6 +326,13 @@ def stream_subject(actor: str, run: str) -> str:
     return f"{STREAM_PREFIX}.{check_token(actor, 'agent')}.{check_token(run, 'run id')}"
 
 
+def handoff_subject(worker_key: str) -> str:
+    """Where a worker that lacks a job's tool version offers the delivery to a worker that has it (core
+    NATS request/reply: `runtime.worker.handoff`); `worker_key` is the worker's key in the ``workers``
+    bucket."""
+    return f"{HANDOFFS_PREFIX}.{check_token(worker_key, 'worker key')}"
+
+
 def stream_filter(run: str) -> str:
     """A run's stream without knowing its actor."""
     return f"{STREAM_PREFIX}.*.{check_token(run, 'run id')}"
@@ -454,85 +466,22 @@ def result_consumer_name(partition: int, bundle: str) -> str:
     return f"results-p{partition}-{bundle_slug(bundle)}"
 
 
-__all__ = [
-    "ACTIVE_BUCKET",
-    "ACTIVE_PURGE_TTL_S",
-    "ANONYMOUS",
-    "APPLIED_BUCKET",
-    "APPLIED_TTL_S",
-    "ATTEMPTS_BUCKET",
-    "BATCH_MAX_MESSAGES",
-    "COMMANDS_PREFIX",
-    "DEFAULT_PARTITIONS",
-    "DEFAULT_TOOL_ACK_WAIT_S",
-    "DEFAULT_TOOL_MAX_ACK_PENDING",
-    "DEFAULT_TOOL_MAX_DELIVER",
-    "DLQ",
-    "DUPLICATE_WINDOW_S",
-    "ENV_REPLICAS",
-    "ENV_VARS",
-    "ERR_ATOMIC_DISABLED",
-    "ERR_BATCH_DUPLICATE_MSG_ID",
-    "ERR_WRONG_LAST_SEQUENCE",
-    "EVENTS",
-    "FIRE_FILTERS",
-    "HDR_BATCH_COMMIT",
-    "HDR_BATCH_ID",
-    "HDR_BATCH_SEQ",
-    "HDR_EXPECTED_SUBJECT_SEQ",
-    "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT",
-    "HDR_MSG_ID",
-    "HOSTS_BUCKET",
-    "LEASES_BUCKET",
-    "PAYLOADS_BUCKET",
-    "RESULTS",
-    "RUNS_BUCKET",
-    "SCHEDULER_CONSUMER",
-    "SCHEDULES",
-    "SCHEDULE_FILTER",
-    "SCHEDULE_OPERATOR",
-    "STREAM_PREFIX",
-    "SUBRUNS_CONSUMER",
-    "TASKS",
-    "THREADS_BUCKET",
-    "TOOLS",
-    "WORKERS_BUCKET",
-    "WORKERS_CONSUMER",
-    "active_filter",
-    "active_key",
-    "agent_of_task_subject",
-    "bundle_of_slug",
-    "bundle_result_filters",
-    "bundle_slug",
-    "bundle_task_filters",
-    "bundle_token",
-    "check_token",
-    "command_subject",
-    "dlq_subject",
-    "event_subject",
-    "fire_subject",
-    "is_subtask_subject",
-    "job_msg_id",
-    "lease_key",
-    "occ_headers",
-    "parse_lease_key",
-    "parse_task_subject",
-    "partition_of",
-    "result_consumer_name",
-    "result_filter",
-    "result_subject",
-    "run_events_filter",
-    "schedule_subject",
-    "stored_bundle",
-    "stream_filter",
-    "stream_subject",
-    "task_consumer_name",
-    "task_filter",
-    "task_subject",
-    "timer_subject",
-    "timer_token",
-    "tool_subject",
-    "unserved_task_filters",
-    "wake_subject",
-    "workspace_bucket",
-]
+__all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET", "APPLIED_TTL_S",
+           "ATTEMPTS_BUCKET", "BATCH_MAX_MESSAGES", "COMMANDS_PREFIX", "DEFAULT_PARTITIONS",
+           "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING", "DEFAULT_TOOL_MAX_DELIVER", "DLQ",
+           "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_ATOMIC_DISABLED",
+           "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS", "FIRE_FILTERS",
+           "HANDOFFS_PREFIX",
+           "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
+           "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET",
+           "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "SCHEDULER_CONSUMER", "SCHEDULES", "SCHEDULE_FILTER",
+           "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS",
+           "THREADS_BUCKET", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "active_filter", "active_key",
+           "agent_of_task_subject", "bundle_of_slug", "bundle_result_filters", "bundle_slug",
+           "bundle_task_filters", "bundle_token", "check_token", "command_subject", "dlq_subject",
+           "event_subject", "fire_subject", "handoff_subject", "is_subtask_subject", "job_msg_id",
+           "lease_key", "occ_headers", "parse_lease_key", "parse_task_subject", "partition_of",
+           "result_consumer_name", "result_filter", "result_subject", "run_events_filter",
+           "schedule_subject", "stored_bundle", "stream_filter", "stream_subject", "task_consumer_name",
+           "task_filter", "task_subject", "timer_subject", "timer_token", "tool_subject",
+           "unserved_task_filters", "wake_subject", "workspace_bucket"]

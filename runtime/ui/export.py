@@ -58,12 +58,12 @@ async def export_run(source: Client | JetStreamContext, run_id: str) -> str:
     """The one-file HTML of a run read through the fleet client (`source`: a `runtime.client.Client`, or a
     JetStream context, wrapped in one): its events whole (big payloads fetched), its index entry and fork
     tree. `NoSuchRun` if it has no events."""
+    from runtime.client import Client
     from runtime.nats.subjects import check_token
-    from runtime.ui.reads import as_client
     from runtime.ui.views import run_view
 
     check_token(run_id, "run id")
-    client = as_client(source)
+    client = Client.over(source)
     history = await client.get(run_id).history()
     if not history.events:
         raise NoSuchRun(f"no events for run {run_id!r} (see `sa runs`)")

@@ -67,7 +67,7 @@ class Following:
         finally:
             self.open -= 1
             with anyio.CancelScope(shield=True):  # release the consumer even when the page went away
-                await watch.aclose()  # type: ignore[attr-defined]  # an async generator
+                await watch.aclose()
 
 
 class FollowResponse(Response):

@@ -46,17 +46,11 @@ class NotFound(LookupError):
     """No such run or event; the message says what to look at instead."""
 
 
-def as_client(source: Client | JetStreamContext) -> Client:
-    """`source` as a client: a JetStream context (what `sa replay --html` and older callers hold) becomes
-    a client over the same connection, so there is still one way to reach a run."""
-    return source if isinstance(source, Client) else Client(source._nc)
-
-
 class Reads:
     """The inspector's reads over one client, with the digest cache of the runs index."""
 
     def __init__(self, source: Client | JetStreamContext) -> None:
-        self.client = as_client(source)
+        self.client = Client.over(source)
         self.digests: dict[str, views.Digest] = {}
         self._reads = anyio.Semaphore(READ_CONCURRENCY)
 
@@ -157,4 +151,4 @@ class Reads:
             raise NotFound(str(e)) from None
 
 
-__all__ = ["MAX_SCAN", "NotFound", "Reads", "as_client"]
+__all__ = ["MAX_SCAN", "NotFound", "Reads"]

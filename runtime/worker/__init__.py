@@ -10,9 +10,13 @@ and agent tools as sub-runs), apply workspace writes once, and publish `ToolOutc
 Modules, one concept each (`loop` first: its docstring is the per-job protocol and its failure modes):
 
 - `loop`      — `Worker`: fetch, buffer, run, publish, ack / nak / dead-letter; `serve` (connect and run)
-- `execute`   — one job to its outcome: replay applied writes, look the tool up, limits, deadline, the
-                sandbox run, writes persisted (re-run on a conflict)
-- `registry`  — `ToolRegistry` (the tools a worker can run, from bundles and globs) and `build_registry`
+- `execute`   — one job to its outcome, seeing the worker only through a narrow `JobEnv`: replay applied
+                writes, look the tool up, limits, deadline, the sandbox run, writes persisted (re-run on a
+                conflict)
+- `registry`  — `ToolRegistry` (the tool versions a worker can run, from bundles and globs, each found by
+                the `ToolVersion` a job names) and `build_registry`
+- `handoff`   — a job whose tool version this worker lacks: left to a worker that has it, or failed
+                naming the missing version (and why versions are not routed by subject)
 - `cancel`    — `Cancels`: a `run.cancelled` stops the run's job in the sandbox; later jobs of it don't start
 - `externals` — a script's `@external` functions per job, their recorded answers, secrets scrubbed
 - `subruns`   — agent tools: the call becomes a child run (`Delegated`); the `SubrunWatch` answers it

@@ -16,14 +16,16 @@ in place), and every worker re-reads it periodically (`JobHeartbeats.follow`), s
 before a change adapts its period instead of losing its jobs to a shorter AckWait.
 
 Why a delivery ended. Every delivery counts against the consumer's MaxDeliver, a crashed one too. A
-delivery ends without an outcome in one of two ways: its worker hit NATS trouble and gave the job back
-(`nak`), recording why first (`record_end`, in the ``attempts`` bucket, one key per job, kept an hour);
-or its worker stopped heartbeating and the server delivered the job again after AckWait, with nobody left
-to record anything. So the worker that gets delivery n explains deliveries 1..n-1 (`explain`): the
-recorded reason where there is one, else that it was not acknowledged because its worker stopped
-heartbeating. The explanation travels in the outcome (`ToolOutcome.earlier`) and the host records it as
-a `tool.redelivered` event, so `sa replay` shows why a call took longer. Reading the bucket happens only
-for redeliveries and writing it only before a nak: a first delivery pays nothing for it.
+delivery ends without an outcome in one of two ways: its worker gave the job back (`nak`), recording why
+first (`record_end`, in the ``attempts`` bucket, one key per job, kept an hour), because it hit NATS
+trouble or because it lacks the tool version the job names (a hand-off, `runtime.worker.handoff`, which
+is recorded as such: `handed_off`); or its worker stopped heartbeating and the server delivered the job
+again after AckWait, with nobody left to record anything. So the worker that gets delivery n explains
+deliveries 1..n-1 (`explain`): the recorded reason where there is one, else that it was not acknowledged
+because its worker stopped heartbeating. The explanation travels in the outcome (`ToolOutcome.earlier`)
+and the host records it as a `tool.redelivered` event, so `sa replay` shows why a call took longer.
+Reading the bucket happens only for redeliveries and writing it only before a nak: a first delivery pays
+nothing for it.
 """
 
 from __future__ import annotations
@@ -164,16 +166,35 @@ async def _recorded(js: JetStreamContext, msg_id: str) -> dict[str, str]:
     return _reasons.decode(entry.value) if entry.value else {}
 
 
-async def record_end(js: JetStreamContext, msg_id: str, attempt: int, worker: str, reason: str) -> None:
+_HANDOFFS = "handoffs"  # the key (beside the numbered reasons) listing the deliveries that were hand-offs
+
+
+async def record_end(js: JetStreamContext, msg_id: str, attempt: int, worker: str, reason: str, *,
+                     handoff: bool = False) -> None:
     """Record why delivery `attempt` of a job ends without an outcome (called before a nak; best effort:
-    without it the next delivery reports that this one was not acknowledged)."""
+    without it the next delivery reports that this one was not acknowledged). `handoff`: the worker
+    lacked the job's tool version and left the job to one that has it (`runtime.worker.handoff`): the
+    job never ran, which `handed_off` tells the last delivery."""
     try:
         reasons = await _recorded(js, msg_id)
         reasons[str(attempt)] = f"delivery {attempt} was given back by worker {worker}: {reason}"
+        if handoff:
+            reasons[_HANDOFFS] = ",".join(filter(None, (reasons.get(_HANDOFFS, ""), str(attempt))))
         await put_kv(js, ATTEMPTS_BUCKET, _key(msg_id), msgspec.msgpack.encode(reasons), ttl=ATTEMPTS_TTL_S,
                      timeout=2.0)
     except Exception as e:
         log.debug("cannot record why delivery %d of %s ended: %s", attempt, msg_id, e)
+
+
+async def handed_off(js: JetStreamContext, msg_id: str) -> set[int]:
+    """The deliveries of a job that were hand-offs (recorded by `record_end(handoff=True)`): deliveries
+    that ended without an outcome because the worker lacked the tool version, not because it died."""
+    try:
+        recorded = (await _recorded(js, msg_id)).get(_HANDOFFS, "")
+    except Exception as e:  # unknown: as if none were (the caller then treats them as crashes)
+        log.debug("cannot read the hand-offs of %s: %s", msg_id, e)
+        return set()
+    return {int(n) for n in recorded.split(",") if n.isdigit()}
 
 
 async def explain(js: JetStreamContext, msg_id: str, attempt: int, ack_wait: float) -> tuple[str, ...]:
@@ -191,5 +212,5 @@ async def explain(js: JetStreamContext, msg_id: str, attempt: int, ack_wait: flo
                  f"heartbeat" for n in range(1, attempt))
 
 
-__all__ = ["ATTEMPTS_TTL_S", "JobHeartbeats", "consumer_ack_wait", "deliveries", "explain",
+__all__ = ["ATTEMPTS_TTL_S", "JobHeartbeats", "consumer_ack_wait", "deliveries", "explain", "handed_off",
            "heartbeat_period", "record_end", "retry_delay", "sync_ack_wait"]

@@ -4,7 +4,7 @@ secrets kept out of what the worker sends back.
 The functions come from the bundle's grants (built-ins such as `ask_llm`, `http_request`, `secret`), the
 bundle's `externals:` factory or the worker's own (`sa worker --externals package.module:factory`), built
 per job with an `ExecutionContext` (`runtime.externals.provide`, which this module calls with what the
-worker knows: the tool's setup from the registry, the worker's factory and secrets, the record bucket).
+worker knows: the setup the tool's bundle gave it, the worker's factory and secrets, the record bucket).
 Each answered external call is recorded in the `externals` KV bucket before the script goes on, so a
 redelivered job replays answered calls instead of making them again (`runtime.externals.record` states the
 guarantee); a worker opens that bucket only when a script first needs it (`ExternalRecords`). The task's
@@ -24,14 +24,14 @@ from nats.js import JetStreamContext
 
 from runtime.externals import ExecutionContext, ExternalsFactory, Secrets
 from runtime.externals.builtins import redact_value
-from runtime.externals.provide import Provided, provide
+from runtime.externals.provide import Provided, ToolSetup, provide
 from runtime.externals.record import externals_kv
 from runtime.jobs import ToolJob
 from runtime.log import RunLog
 from runtime.tools import ScriptTool
 from runtime.tools.agent_tool import AgentTool
 from runtime.types import ScriptNote, ToolError, ToolResult
-from runtime.worker.registry import ToolRegistry, WorkerTool
+from runtime.worker.registry import WorkerTool
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
@@ -68,10 +68,11 @@ async def task_metadata(js: JetStreamContext, job: ToolJob, tool: WorkerTool, *,
 
 
 async def provide_externals(tool: WorkerTool, execution: ExecutionContext, notes: list[ScriptNote], *,
-                            registry: ToolRegistry, factory: ExternalsFactory | None,
+                            setup: ToolSetup | None, factory: ExternalsFactory | None,
                             records: ExternalRecords, secrets: Secrets) -> Provided | ToolResult:
     """The job's externals (those its script declares), or the `external` failure naming what is
-    missing. What an external prints goes to `notes`, as the sandbox's own output does."""
+    missing. `setup` is what the tool's bundle grants it (`Served.setup`: None for a glob's script).
+    What an external prints goes to `notes`, as the sandbox's own output does."""
     if not isinstance(tool, ScriptTool):
         return Provided({})
 
@@ -79,7 +80,7 @@ async def provide_externals(tool: WorkerTool, execution: ExecutionContext, notes
         notes.append(ScriptNote(kind="printed", ts=time.time(), text=text, stream="external",
                                 script=tool.name, call_id=execution.call_id))
 
-    provided = await provide(tool.script, tool.name, registry.setups.get(tool.name), factory,
+    provided = await provide(tool.script, tool.name, setup, factory,
                              execution, records, secrets, printed)
     return ToolResult(error=provided) if isinstance(provided, ToolError) else provided
 

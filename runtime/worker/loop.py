@@ -11,11 +11,14 @@ failure mode in brackets):
 
 1. decode the `ToolJob` [malformed: logged, copied to the DLQ stream, `term()`: never redelivered];
    the last delivery (`num_delivered >= MaxDeliver`) of a job that never produced an outcome is not
-   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.worker.dlq`);
+   run again: it is dead-lettered with a `crashed` outcome carrying the delivery count (`runtime.worker.dlq`),
+   unless every earlier delivery was a hand-off (step 3): such a job never ran;
 2. a job whose writes an earlier attempt already applied replays that attempt's recorded output
    (`ResultHandler.recorded`), so a crash between "writes applied" and "ack" never writes twice;
-3. look up the tool [unknown: an `input` failure outcome, as the kernel reports a tool it does not know;
-   acked: never a crash loop]; check the deadline [passed: a `timeout` failure without running];
+3. look up the exact tool version the job names [lacking: the delivery is handed over to a live worker
+   that serves it (or, none taking it, nak'd for a while), else an `input` failure outcome naming the
+   version, as the kernel reports a tool it does not know; acked: never a crash loop
+   (`runtime.worker.handoff`)]; check the deadline [passed: a `timeout` failure without running];
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
    data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
@@ -24,7 +27,8 @@ failure mode in brackets):
    `runtime.log.payloads`);
 6. ack the job.
 
-Steps 1, 5 and 6 are here (`Worker.handle`); steps 2 to 4 are `runtime.worker.execute`. A crash anywhere
+Steps 1, 5 and 6 are here (`Worker.handle`); steps 2 to 4 are `runtime.worker.execute`, which sees the
+worker only through the `JobEnv` the worker builds once (it never imports this module). A crash anywhere
 repeats from step 1 on redelivery; every step is idempotent, so the repetition costs time, never a
 duplicate write or a second outcome. The outcome of a redelivery says which delivery it is and why the
 earlier ones ended (`runtime.worker.attempts.explain`), and the host records that as a `tool.redelivered`
@@ -42,11 +46,13 @@ answers are recorded exactly once, is `runtime.worker.externals`.
 
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
-to idle workers; the Monty pool bounds CPU.
+to idle workers; the Monty pool bounds CPU. Deliveries other workers hand over (jobs of tool versions
+they lack, `runtime.worker.handoff`) join the same buffer, at most `concurrency` of them at a time.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -55,6 +61,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -85,18 +92,36 @@ from runtime.tools.data import (
     WorkspaceResultHandler,
 )
 from runtime.worker import dlq
-from runtime.worker.attempts import JobHeartbeats, deliveries, record_end, retry_delay, sync_ack_wait
+from runtime.worker.attempts import (
+    JobHeartbeats,
+    deliveries,
+    handed_off,
+    record_end,
+    retry_delay,
+    sync_ack_wait,
+)
 from runtime.worker.cancel import Cancels
-from runtime.worker.execute import execute
+from runtime.worker.execute import JobEnv, execute
 from runtime.worker.externals import ExternalRecords
+from runtime.worker.handoff import Fleet, HandOff, Offers, offer
 from runtime.worker.registry import ToolRegistry
-from runtime.worker.stats import WorkerStats, beat, remove_beat
+from runtime.worker.stats import Beat, WorkerStats, remove_beat
 from runtime.worker.subruns import Delegated, open_watch
 
 log = logging.getLogger("runtime.worker")
 
 COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
 PUBLISH_PATIENCE_S = 30.0  # keep retrying an outcome's publish this long (heartbeats hold the job meanwhile)
+
+
+_made = itertools.count(1)  # workers made in this process
+
+
+def _default_name() -> str:
+    """`host:pid`, and `host:pid-n` for the n-th worker of one process: a worker's name keys its beat and
+    tells workers apart (`runtime.worker.handoff`), so two in one process (tests, demos) must not share it."""
+    n = next(_made)
+    return f"{socket.gethostname()}:{os.getpid()}" + (f"-{n}" if n > 1 else "")
 
 
 class Worker:
@@ -115,7 +140,7 @@ class Worker:
         self.registry = registry
         self.concurrency = concurrency
         self.max_batch = max_batch
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.name = name or _default_name()
         self.stats = WorkerStats()
         self.on_outcome = on_outcome  # each published outcome (metrics: `runtime.observe.metrics`)
         self._workspace_files = data_provider or WorkspaceDataProvider(js)
@@ -127,9 +152,16 @@ class Worker:
         # nats-py keeps the connection on the context; the advisory watch needs core subscribe
         self._watch = dlq.MaxDeliveriesWatch(js._nc, js, worker=self.name)
         self.cancels = Cancels(self.name)  # runs cancelled lately; the jobs of each running here
-        self.externals = externals  # the worker's own factory (`--externals`); a bundle's comes first
-        self.secrets = secrets or Secrets()
-        self.records = ExternalRecords(js)  # the `externals` KV bucket, opened when a script first needs it
+        self.ready = anyio.Event()  # set once `run` has put its first beat and takes jobs
+        self._intake: MemoryObjectSendStream[Msg] | None = None  # the local buffer, while taking jobs
+        self._handed_in = anyio.Semaphore(concurrency)  # room for deliveries other workers hand over
+        self._taken_over: set[int] = set()  # id() of the buffered or running ones
+        # what a job may touch of this worker (`runtime.worker.execute`); the `externals` KV bucket is
+        # opened when a script first needs it
+        self.env = JobEnv(js=js, worker=self.name, registry=registry, fleet=Fleet(js, self.name),
+                          payloads=self.payloads, io_for=self.io_for, cancels=self.cancels, stats=self.stats,
+                          ack_wait=lambda: self.held.ack_wait, max_deliver=lambda: self._max_deliver,
+                          records=ExternalRecords(js), externals=externals, secrets=secrets or Secrets())
 
     @property
     def running_runs(self) -> frozenset[str]:
@@ -163,19 +195,26 @@ class Worker:
                                       logger=log)
         self.held.set_ack_wait(ack_wait)
         self._max_deliver = topo.tool_max_deliver
+        beat = Beat(self.js, self.name, self.concurrency, sorted(self.registry.tools),
+                    [(v.name, v.digest, v.bundle) for v in self.registry.versions()], self.held, self.stats)
+        await beat.put()  # before the first job: a worker handed one it lacks sees every taker (`handoff`)
         psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
         cancel_watch = await RunLog(self.js).watch_cancels(self.cancels.on_cancelled)
         # agent tools: the watch that answers a call when its child run ends (None: this worker has none)
         subruns = await open_watch(self.js, self.registry, worker=self.name, patience=PUBLISH_PATIENCE_S)
         room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
-        send, receive = anyio.create_memory_object_stream[Msg](2 * self.concurrency)
+        # and up to `concurrency` more that other workers hand over (`_accept`)
+        send, receive = anyio.create_memory_object_stream[Msg](3 * self.concurrency)
+        offers = Offers(self.js, self.registry, worker=self.name, accept=self._accept)
+        self._intake = send
+        await offers.open()
+        self.ready.set()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.held.run)
                 tg.start_soon(self.held.follow, self.js)
-                tg.start_soon(beat, self.js, self.name, self.concurrency, sorted(self.registry.tools),
-                              self.held, self.stats)
+                tg.start_soon(beat.run)
                 if subruns is not None:
                     tg.start_soon(subruns.run)
                 async with anyio.create_task_group() as runners:
@@ -183,29 +222,14 @@ class Worker:
                         runners.start_soon(self._runner, receive.clone(), room)
                     receive.close()
                     async with send:
-                        while not stop.is_set():
-                            await room.acquire()
-                            taken = 1
-                            while taken < self.max_batch and room.value > 0:
-                                room.acquire_nowait()
-                                taken += 1
-                            # runners still have buffered jobs: wait briefly for more free slots, so a
-                            # busy worker fetches a few jobs per round trip instead of one at a time
-                            want = min(self.max_batch, max(1, self.concurrency // 4))
-                            while taken < want and send.statistics().current_buffer_used > 0:
-                                with anyio.move_on_after(COALESCE_S):
-                                    await room.acquire()
-                                    taken += 1
-                                    continue
-                                break
-                            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
-                            for _ in range(taken - len(msgs)):
-                                room.release()
-                            for m in msgs:
-                                self.held.hold(m)
-                                send.send_nowait(m)
+                        await self._fetch(psub, send, room, stop)
+                        self._intake = None  # stopping: take no more handed-over deliveries
+                        await offers.close()
                 tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
         finally:
+            self._intake = None
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await offers.close()
             await self._watch.stop()
             await psub.unsubscribe()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
@@ -218,6 +242,53 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await remove_beat(self.js, self.name)
 
+    async def _fetch(self, psub: JetStreamContext.PullSubscription, send: MemoryObjectSendStream[Msg],
+                     room: anyio.Semaphore, stop: anyio.Event) -> None:
+        """Keep the local buffer topped up from the ``workers`` consumer until `stop` is set."""
+        while not stop.is_set():
+            await room.acquire()
+            taken = 1
+            while taken < self.max_batch and room.value > 0:
+                room.acquire_nowait()
+                taken += 1
+            # runners still have buffered jobs: wait briefly for more free slots, so a
+            # busy worker fetches a few jobs per round trip instead of one at a time
+            want = min(self.max_batch, max(1, self.concurrency // 4))
+            while taken < want and send.statistics().current_buffer_used > 0:
+                with anyio.move_on_after(COALESCE_S):
+                    await room.acquire()
+                    taken += 1
+                    continue
+                break
+            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
+            for _ in range(taken - len(msgs)):
+                room.release()
+            for m in msgs:
+                self.held.hold(m)
+                send.send_nowait(m)
+
+    def _accept(self, msg: Msg) -> bool:
+        """Take a delivery another worker hands over (`runtime.worker.handoff`) into the local buffer, if
+        this worker is taking jobs and has fewer than `concurrency` such deliveries already."""
+        intake = self._intake
+        if intake is None:
+            return False
+        try:
+            self._handed_in.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        self.held.hold(msg)
+        self._taken_over.add(id(msg))
+        try:
+            intake.send_nowait(msg)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._taken_over.discard(id(msg))
+            self.held.settle(msg)
+            self._handed_in.release()
+            return False
+        self.stats.handed_in += 1
+        return True
+
     async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
         async with jobs:
             async for msg in jobs:
@@ -227,7 +298,11 @@ class Worker:
                     log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
                 finally:
                     self.held.settle(msg)
-                    room.release()
+                    if id(msg) in self._taken_over:  # handed over by another worker
+                        self._taken_over.discard(id(msg))
+                        self._handed_in.release()
+                    else:
+                        room.release()
 
     # -- one job ---------------------------------------------------------------------------------------
 
@@ -243,18 +318,25 @@ class Worker:
 
     async def _handle(self, msg: Msg, job: ToolJob) -> None:
         attempt = deliveries(msg)
-        if 1 < self._max_deliver <= attempt and not await self._has_record(job):
+        if await self._last_after_crashes(job, attempt):
             await self._give_up(msg, job, attempt)
             return
-        outcome = await execute(self, job, attempt)
+        outcome = await execute(self.env, job, attempt)
         if isinstance(outcome, str):  # NATS trouble: retry later, later each time (MaxDeliver is finite)
             await self._give_back(msg, job, attempt, outcome)
+            return
+        if isinstance(outcome, HandOff):  # this worker lacks the tool version: another one has it
+            await self._hand_off(msg, job, attempt, outcome)
             return
         if isinstance(outcome, Delegated):  # the child's end answers the call (`SubrunWatch`): done here
             log.info("worker %s: %s delegated to sub-run %s", self.name, job.msg_id, outcome.child_run)
             self.stats.delegated += 1
             await msg.ack()
             return
+        await self._publish(msg, job, attempt, outcome)
+
+    async def _publish(self, msg: Msg, job: ToolJob, attempt: int, outcome: ToolOutcome) -> None:
+        """Publish the outcome (retrying NATS trouble for a while), then ack the job."""
         sending = outcome
 
         async def publish() -> None:  # a retry sends the outcome offloaded before: its payload is stored once
@@ -283,6 +365,24 @@ class Worker:
         await record_end(self.js, job.msg_id, attempt, self.name, reason)
         await msg.nak(delay=retry_delay(attempt))
 
+    async def _hand_off(self, msg: Msg, job: ToolJob, attempt: int, handoff: HandOff) -> None:
+        """Hand the delivery to a worker that has the job's tool version; if none takes it, back to the
+        stream (recorded as a hand-off), or at its last delivery its failure (`runtime.worker.handoff`)."""
+        taker = await offer(self.js, msg, handoff.targets, worker=self.name) if msg.reply else None
+        if taker is not None:  # its delivery now: nothing to settle here
+            log.info("worker %s: handed %s to worker %s (%s)", self.name, job.msg_id, taker, handoff.reason)
+            self.stats.handed_off += 1
+            return
+        if handoff.last is not None:
+            log.warning("worker %s: %s: %s", self.name, job.msg_id, handoff.last.result.error)
+            await self._publish(msg, job, attempt, handoff.last)
+            return
+        log.info("worker %s: no worker took %s; back to the stream for %g s (%s)", self.name, job.msg_id,
+                 handoff.delay, handoff.reason)
+        self.stats.handed_off += 1
+        await record_end(self.js, job.msg_id, attempt, self.name, handoff.reason, handoff=True)
+        await msg.nak(delay=handoff.delay)
+
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         log.error("worker %s: malformed job on %s: %s (moved to %s)", self.name, msg.subject, reason, DLQ)
         md = msg.metadata
@@ -295,6 +395,13 @@ class Worker:
             return
         self.stats.dead_lettered += 1
         await msg.term()
+
+    async def _last_after_crashes(self, job: ToolJob, attempt: int) -> bool:
+        """The job's last delivery, after earlier ones that ended without an outcome, not all of them
+        hand-offs (a job that was only handed off never ran: it is no suspect of killing workers)."""
+        if not 1 < self._max_deliver <= attempt or await self._has_record(job):
+            return False
+        return not set(range(1, attempt)) <= await handed_off(self.js, job.msg_id)
 
     async def _has_record(self, job: ToolJob) -> bool:
         """An earlier delivery applied this job's writes (its outcome is known, only unpublished)."""

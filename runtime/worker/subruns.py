@@ -247,7 +247,7 @@ async def open_watch(js: JetStreamContext, registry: ToolRegistry, *, worker: st
                      patience: float) -> SubrunWatch | None:
     """The watch that answers a call when its child run ends, opened (retrying NATS trouble for up to
     `patience` seconds), for a worker that serves agent tools; None for one that does not."""
-    if not any(isinstance(t, AgentTool) for t in registry.tools.values()):
+    if not any(isinstance(served.tool, AgentTool) for served in registry.served()):
         return None
     watch = SubrunWatch(js, worker=worker)
     await retrying(watch.open, what="opening the sub-run watch", give_up=patience, logger=log)

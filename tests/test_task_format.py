@@ -1,0 +1,109 @@
+"""Tasks from any NATS client (the README's task format), published with a plain nats-py client.
+
+A task that carries only a `Nats-Msg-Id` (what `nats pub -H Nats-Msg-Id:t-p4` sends) runs under the run
+id the README's formula gives for that id; it used to get one from the stream sequence, which `nats pub`
+never sees. A message that is not a task (an unknown key such as `thred`, JSON that is not an object, a
+control byte) is refused with the reason, recorded where its publisher finds it: a run of the agent that
+fails at once with `bad_task`, under the run id any task gets; it used to be a host log line, or worse,
+run as a text task."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_helpers import sa
+from host_helpers import running_host, running_worker, write_bundle
+
+from runtime import nats as bus
+from runtime.client import Client, RunFailedError
+from runtime.commands import BadCommand, decode
+from runtime.testing import ScriptedModelServer, last_message
+from runtime.testing.fleet import hermes_call
+
+pytestmark = pytest.mark.anyio
+
+
+def readme_run_id(actor: str, task_id: str) -> str:
+    """The run id as the README writes it, for a client in any language."""
+    return "r" + hashlib.blake2b(f"{actor}\x00id:{task_id}".encode(), digest_size=8).hexdigest()
+
+
+def readme_seq_run_id(actor: str, seq: int) -> str:
+    return "r" + hashlib.blake2b(f"{actor}\x00seq:{seq}".encode(), digest_size=8).hexdigest()
+
+
+def echo_model(body: dict[str, Any]) -> str:
+    if "<tool_response>" in last_message(body):
+        return "done"
+    task = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    return hermes_call("submit", {"answer": f"did {task}"})
+
+
+@pytest.fixture
+async def topo(js):
+    await bus.ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    return js
+
+
+async def test_tasks_from_a_plain_client_run_where_the_readme_says_and_bad_ones_say_why(nats_server, topo,
+                                                                                       tmp_path: Path):
+    url, js = nats_server.url, topo
+    bundle = write_bundle(tmp_path, "calc", tools=())
+    bad = {  # Nats-Msg-Id -> (body, what the refusal says)
+        "bad-key": (b'{"input": "x", "thred": "t1"}',
+                    "unknown key 'thred' in a task (a task has: agent, input"),
+        "bad-timeout": (b'{"input": "x", "timeout": 5}', "unknown key 'timeout'"),
+        "bad-array": (b"[1, 2, 3]", "a JSON task must be an object"),
+        "bad-quoted": (b'"just text"', "not a JSON string"),
+        "bad-control": (b"\x01", "control character 0x01 at character 0"),
+    }
+    with ScriptedModelServer(responder=echo_model) as model:
+        async with running_host(url, [bundle], model), running_worker(url, [bundle]), \
+                await Client.connect(url) as client:
+            await js.publish("agents.calc.tasks", b"add 2 and 2", headers={"Nats-Msg-Id": "t-p4"})
+            await js.publish("agents.calc.tasks", b'{"input": "add 3 and 3"}',
+                             headers={"Nats-Msg-Id": "t-p5"})
+            for msg_id, (body, _) in bad.items():
+                await js.publish("agents.calc.tasks", body, headers={"Nats-Msg-Id": msg_id})
+            unnamed = await js.publish("agents.calc.tasks", b"\x00\x07")  # no Msg-Id: by its sequence
+            outputs = [await client.get(readme_run_id("calc", t)).result(timeout=30)
+                       for t in ("t-p4", "t-p5")]
+            refusals: dict[str, RunFailedError] = {}
+            for msg_id in [*bad, "unnamed"]:
+                run_id = readme_seq_run_id("calc", unnamed.seq) if msg_id == "unnamed" else \
+                    readme_run_id("calc", msg_id)
+                with pytest.raises(RunFailedError) as caught:
+                    await client.get(run_id).result(timeout=30)
+                refusals[msg_id] = caught.value
+            still = await client.run("calc", "add 1 and 1", result_timeout=30)  # the host keeps serving
+            listed = {r["run_id"]: r for r in (await sa(url, "runs", "--json")).json()}
+            replayed = await sa(url, "replay", readme_run_id("calc", "bad-key"))
+
+    assert outputs == [{"answer": "did add 2 and 2"}, {"answer": "did add 3 and 3"}]
+    for msg_id, (_, says) in bad.items():
+        assert refusals[msg_id].reason == "bad_task" and says in refusals[msg_id].detail, refusals[msg_id]
+        assert listed[readme_run_id("calc", msg_id)]["status"] == "failed"
+    assert "control character 0x00" in refusals["unnamed"].detail
+    assert replayed.code == 0 and "bad_task" in replayed.out and "unknown key 'thred'" in replayed.out
+    assert '{"input": "x", "thred": "t1"}' in replayed.out  # the message as published: its task
+    assert still == {"answer": "did add 1 and 1"}
+
+
+def test_what_a_task_subject_accepts():
+    task = decode("calc", b"what is 2+2?", msg_id="t-p4").command
+    assert task.input == "what is 2+2?" and task.task_id == "t-p4"  # type: ignore[union-attr]
+    named = decode("calc", json.dumps({"input": "x", "task_id": "mine"}).encode(), msg_id="t-p4").command
+    assert named.task_id == "mine"  # type: ignore[union-attr]  # the task's own id wins
+    for text in ("[urgent] fix the build", "line one\nline two\ttabbed\r\n", '"unclosed quote'):
+        assert decode("calc", text.encode()).command.input == text  # type: ignore[union-attr]
+    for body, says in ((b'{"input": "x", "thred": "t"}', "unknown key 'thred'"),
+                       (b'{"kind": "cancel", "run_id": "r1", "resaon": "typo"}',
+                        "unknown key 'resaon' in a cancel"),
+                       (b"[1, 2, 3]", "not a JSON array"), (b"ok\x1bnot", "control character 0x1b"),
+                       (b"\x7f", "control character 0x7f")):
+        with pytest.raises(BadCommand, match=says):
+            decode("calc", body, "alice" if b"cancel" in body else None)
