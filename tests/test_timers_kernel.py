@@ -1,5 +1,6 @@
 """Durable timers in the pure kernel: `timer.started` decided from the log, a timer call waiting like a call
-for its result, `timer.fired` giving it one, and everything a runner needs to park a sleeping run."""
+for its result, `timer.fired` giving it one, and everything a runner needs to park a sleeping run; and the
+in-process runner (`runtime.loop`), for which a timer is a plain wait."""
 
 from __future__ import annotations
 
@@ -167,3 +168,27 @@ def test_iso_and_parse_instant_agree_with_the_calendar():
     with pytest.raises(ValueError, match="has no day 29"):
         timers.parse_instant("2023-02-29T00:00:00Z")
     assert isinstance(timers.due_of(ToolCall("c", "nap", {}), 0.0), timers.ToolError)
+
+
+@pytest.mark.anyio
+async def test_in_one_process_a_timer_is_a_plain_wait():
+    from runtime.loop import run_task
+    from runtime.model.adapters import get_adapter
+    from runtime.model.client import ModelClient
+    from runtime.testing import ScriptedModelServer
+
+    hermes = get_adapter("hermes")
+    cfg = k.KernelConfig(tools=(timers.TIMER_TOOLS["sleep"],), timers=frozenset({"sleep"}))
+    with ScriptedModelServer([hermes.format_call("sleep", {"seconds": 0.2}), "rested"]) as server:
+        client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+        try:
+            outcome = await run_task(ev.Task(agent="napper", input="rest a little"), cfg, client=client,
+                                     adapter=hermes, tools=[])
+        finally:
+            await client.aclose()
+    assert outcome.status == "completed" and outcome.output == "rested"
+    kinds = [ev.kind_of(e) for e in outcome.events]
+    assert kinds[3:5] == ["timer.started", "timer.fired"]
+    started, fired = outcome.events[3], outcome.events[4]
+    assert fired.by == "loop" and fired.ts >= started.due  # it woke once the timer was due
+    assert k.fold(cfg, outcome.events).status == "completed"

@@ -12,7 +12,10 @@ removes. The fire's stored time is when it fired (within a few ms of the instant
 is busy). Ticks are whole seconds, and the server fires once for every tick even when nobody consumes:
 fires are stored messages and wait. While the server itself is down, a recurring schedule's missed ticks
 make a single fire when it comes back. A schedule stops when its message is purged or replaced by one
-without the headers (how `pause` works).
+without the headers (how `pause` works). A client cannot forge a fire: a publish carrying
+``Nats-Scheduler`` or ``Nats-Schedule-Next`` is refused (err 10212, "message schedules invalid
+scheduler"); a pattern the server does not take is err 10189 (five-field cron, ``@every 500ms``, an
+``@at`` without a zone, a zone on ``@every``), an unknown zone err 10223.
 
 A fire's identity (`Fire.key`), unique per tick of a schedule: the ``@at`` instant; for ``every``, its
 ``Nats-Schedule-Next`` minus the interval (the tick); for a cron, ``before-<Nats-Schedule-Next>``. The task

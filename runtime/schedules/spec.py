@@ -18,7 +18,9 @@ When, in the server's terms (ADR-51 message schedules, what nats-server 2.15 acc
 `catch_up` (fires that waited longer than `grace_s`, because no host ran when they fired):
 
 * ``all``: every such fire runs;
-* ``latest`` (default): only the newest waiting fire of the schedule runs, the older ones are skipped;
+* ``latest`` (default): only the newest waiting fire of the schedule runs, the older ones are skipped (a
+  missed fire is skipped when a later fire of the schedule is still stored; with several hosts taking a
+  backlog at the same instant, the one before the newest may run too);
 * ``none``: every such fire is skipped; the schedule goes on with its next fire.
 """
 
