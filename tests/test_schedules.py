@@ -267,8 +267,11 @@ async def test_a_bundles_schedules_are_stored_by_its_hosts_once(nc, topo, tmp_pa
         assert listed["ping"].origin == "bundle calc"
         await client.schedules.pause("ping")
         paused_seq = (await topo.get_last_msg(SCHEDULES, schedule_subject("ping"))).seq
-        async with hosts(url, [bundle], server, 1, lease=FAST):  # a restart: nothing stored again
+        other = write_bundle(tmp_path, "other", tools=(),
+                             extra="schedules:\n  - {name: nightly, every: 1s, input: mine now}\n")
+        async with hosts(url, [bundle, other], server, 1, lease=FAST):  # a restart: nothing stored again,
             assert (await topo.get_last_msg(SCHEDULES, schedule_subject("nightly"))).seq == seqs["nightly"]
+            assert (await client.schedules.get("nightly")).origin == "bundle calc"  # nor taken by another
             assert (await topo.get_last_msg(SCHEDULES, schedule_subject("ping"))).seq == paused_seq
             assert (await client.schedules.get("ping")).paused  # a paused one stays paused
 

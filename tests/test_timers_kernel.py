@@ -159,6 +159,11 @@ def test_timer_events_and_the_wake_command_round_trip():
     wake = ev.Wake(run_id="r", call_id="r/1.0")
     assert ev.decode_command(ev.encode_command(wake)) == wake
     assert ev.command_from_json('{"kind": "wake", "run_id": "r", "call_id": "r/1.0"}') == wake
+    from runtime.commands import BadCommand, decode
+
+    assert decode("napper", ev.encode_command(wake), "scheduler").command == wake
+    with pytest.raises(BadCommand, match="cluster's clock only"):  # an operator cannot wake a timer early
+        decode("napper", ev.encode_command(wake), "mallory")
 
 
 def test_iso_and_parse_instant_agree_with_the_calendar():

@@ -126,19 +126,26 @@ class Scheduler:
 async def ensure_bundle_schedules(js: Any, agents: dict[str, AgentRuntime]) -> None:
     """Store the `schedules:` of every bundle served (`runtime.bundle`). A schedule already stored the same
     is left as it is (an interval keeps counting from when it was stored); one of the same name that
-    differs is replaced by the bundle's, and says so; a paused one stays paused either way."""
+    differs is replaced by the bundle's, and says so, unless another bundle's stored it (two bundles naming
+    one schedule would replace each other at every start: the first stays, with an error); a paused one
+    stays paused either way."""
     for agent in agents.values():
+        origin = f"bundle {agent.bundle.name}"
         for schedule in agent.bundle.schedules:
             existing = await get_schedule(js, schedule.name)
             if existing is not None and existing.same_as(schedule):
                 continue
+            if existing is not None and existing.origin.startswith("bundle ") and existing.origin != origin:
+                log.error("schedule %s of %s not stored: %s has a schedule of that name; rename one of them",
+                          schedule.name, origin, existing.origin)
+                continue
             if existing is not None:
                 schedule = msgspec.structs.replace(schedule, paused=existing.paused)
-                log.warning("schedule %s (%s) replaced by bundle %s's (%s)", schedule.name, existing.when,
-                            agent.bundle.name, schedule.when)
+                log.warning("schedule %s (%s) replaced by %s's (%s)", schedule.name, existing.when, origin,
+                            schedule.when)
             await put_schedule(js, schedule, replace=True)
-            log.info("schedule %s (%s, %s) stored from bundle %s", schedule.name, schedule.actor,
-                     schedule.when, agent.bundle.name)
+            log.info("schedule %s (%s, %s) stored from %s", schedule.name, schedule.actor, schedule.when,
+                     origin)
 
 
 __all__ = ["Scheduler", "ensure_bundle_schedules"]
