@@ -118,7 +118,6 @@ from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
 from runtime.nats.topology import attach_topology, ensure_schedules, ensure_transforms
 from runtime.observe.logs import log_context
 from runtime.observe.traces import TRACEPARENT, TRACESTATE
-from runtime.schedules import ScheduleError
 from runtime.streaming import StreamPublisher
 
 log = logging.getLogger("runtime.host")
@@ -211,7 +210,7 @@ class Host:
         await retrying(lambda: ensure_schedules(self.js), what="creating the SCHEDULES stream",
                        delay=OPEN_RETRY_S, logger=log, fatal=BadRequestError)  # the same
         await retrying(lambda: ensure_bundle_schedules(self.js, self.agents), what="storing the bundles' "
-                       "schedules", delay=OPEN_RETRY_S, logger=log, fatal=(ScheduleError, BadRequestError))
+                       "schedules", delay=OPEN_RETRY_S, logger=log, fatal=BadRequestError)
         total = self.total_partitions = topology.partitions
         self.budget.expected_sharers = total * max(1, len(self.agents))  # a fair share per slot it may serve
         self._served.replicas = topology.replicas  # a WorkQueue stream's consumers must match its replicas

@@ -128,7 +128,7 @@ async def ensure_bundle_schedules(js: Any, agents: dict[str, AgentRuntime]) -> N
     is left as it is (an interval keeps counting from when it was stored); one of the same name that
     differs is replaced by the bundle's, and says so, unless another bundle's stored it (two bundles naming
     one schedule would replace each other at every start: the first stays, with an error); a paused one
-    stays paused either way."""
+    stays paused either way. A schedule the server refuses is logged, and the host serves on."""
     for agent in agents.values():
         origin = f"bundle {agent.bundle.name}"
         for schedule in agent.bundle.schedules:
@@ -143,7 +143,11 @@ async def ensure_bundle_schedules(js: Any, agents: dict[str, AgentRuntime]) -> N
                 schedule = msgspec.structs.replace(schedule, paused=existing.paused)
                 log.warning("schedule %s (%s) replaced by %s's (%s)", schedule.name, existing.when, origin,
                             schedule.when)
-            await put_schedule(js, schedule, replace=True)
+            try:
+                await put_schedule(js, schedule, replace=True)
+            except ScheduleError as e:  # the server refuses it (a zone it lacks): the rest is still served
+                log.error("schedule %s of %s not stored: %s", schedule.name, origin, e)
+                continue
             log.info("schedule %s (%s, %s) stored from %s", schedule.name, schedule.actor, schedule.when,
                      origin)
 
