@@ -342,8 +342,8 @@ class Host:
 
     async def _run_awake(self, driver: RunDriver) -> kernel.State:
         """Drive until the run ends or sleeps (`runtime.host.sleep`). A run folded back from its sleep for a
-        command is in ``active`` again before it applies it; a run that went to sleep leaves ``active``
-        (its wake-up scheduled), unless something arrived for it meanwhile: then it goes on here."""
+        command is indexed as awake before it applies it; a run that went to sleep is indexed as asleep (its
+        wake-up scheduled) and let go, unless something arrived for it meanwhile: then it goes on here."""
         while True:
             if driver.parked:
                 driver.parked = False

@@ -2,7 +2,9 @@
 
 At every takeover of a slot (`recover`: a partition of a bundle), before consuming anything: read the
 partition's unfinished runs from the ``active`` bucket (`runtime.host.runs_index`), keep those of the slot's
-bundle (the partition's runs of other bundles are their own hosts'), fold each run's events
+bundle (the partition's runs of other bundles are their own hosts') but those asleep on a timer not due yet
+(the cluster's wake-up folds them at their instant; one whose instant passed is folded, and wakes at once,
+whatever became of its wake-up), fold each run's events
 (`log.RunLog.read`; a run in a thread with the conversation it continues, `runtime.log.threads.fold_run`)
 and queue it first in its actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is
 pending: an answered model call is never made again, a job already answered is never re-published, a job
@@ -17,6 +19,7 @@ slot, it re-folds the run and goes on (`refold`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +38,7 @@ from runtime.host.served import AgentRuntime
 from runtime.log import RunLog
 from runtime.log.threads import Conversations, fold_run
 from runtime.nats.kv import kv_entries
+from runtime.nats.records import parse_active
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import active_filter
 
@@ -63,9 +67,11 @@ class Recovery:
         entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p)),
                                  what=f"partition {p}: reading its unfinished runs", delay=RECOVER_RETRY_S,
                                  logger=log)
-        todo = [(key.split(".", 1)[1], entry.value.decode()) for key, entry in entries.items()]
-        todo = [(run_id, actor) for run_id, actor in todo
-                if slot_of(actor, p) == slot and run_id not in self.actors.drivers]
+        now = time.time()
+        found = [(key.split(".", 1)[1], *parse_active(entry.value)) for key, entry in entries.items()]
+        todo = [(run_id, actor) for run_id, actor, until in found  # a run asleep: left alone until it wakes
+                if slot_of(actor, p) == slot and run_id not in self.actors.drivers
+                and (until is None or until <= now)]
         limiter = anyio.CapacityLimiter(self.config.recovery_concurrency)
         resumed: list[RunDriver] = []
 

@@ -5,9 +5,9 @@ the inspector and a command for a run read it, and the host answers a late outco
 already ended from it. ``active`` holds one key per unfinished run, ``p<N>.<run>`` -> actor: a host taking a
 partition over lists its keys only, not the whole index. An entry is written when a run starts (``running``)
 when it starts or stops waiting for an approver (``waiting for approval``, `RunDriver.on_status`), when it
-goes to sleep on a timer (``sleeping until <T>``: its driver let it go, and its ``active`` key is purged, so
-no takeover folds it; its wake-up is in SCHEDULES, `runtime.host.sleep`) and when it ends (its status; its
-``active`` key is then purged).
+goes to sleep on a timer (``sleeping until <T>``: its driver let it go, and its ``active`` entry says when it
+wakes, so a takeover leaves it in its log until then; its wake-up is in SCHEDULES, `runtime.host.sleep`) and
+when it ends (its status; its ``active`` key is then purged).
 
 Index writes are retried until NATS answers (a leader election lasts a few seconds): an index that skipped
 a write would hide a running run from its next owner.
@@ -25,7 +25,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from runtime import kernel
 from runtime.host.driver import RunDriver
 from runtime.nats.kv import fleet_kv, runs_kv
-from runtime.nats.records import WAITING_FOR_APPROVAL, RunIndex, sleeping_status
+from runtime.nats.records import WAITING_FOR_APPROVAL, RunIndex, active_value, sleeping_status
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import ACTIVE_BUCKET, ACTIVE_PURGE_TTL_S, active_key
 
@@ -61,12 +61,12 @@ class RunsIndex:
             forked_from=driver.forked[0] if driver.forked else None,
             forked_at=driver.forked[1] if driver.forked else None))
         key = active_key(driver.partition, driver.run_id)
-        if status in kernel.TERMINAL or until is not None:
+        if status in kernel.TERMINAL:
             await _retrying(f"clearing the active entry of {driver.run_id}",
                             lambda: self.active.purge(key, msg_ttl=ACTIVE_PURGE_TTL_S))
         else:
             await _retrying(f"the active entry of {driver.run_id}",
-                            lambda: self.active.put(key, driver.actor.encode()))
+                            lambda: self.active.put(key, active_value(driver.actor, until)))
 
     async def put(self, run_id: str, entry: RunIndex) -> None:
         await _retrying(f"runs index update of {run_id}", lambda: self.runs.put(run_id, entry.encode()))

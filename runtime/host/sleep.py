@@ -2,14 +2,17 @@
 
 The driver (`runtime.host.driver`) parks a run whose only pending work is timers (`kernel.sleeping_until`):
 it schedules each timer's wake-up here (an ``@at`` message schedule on SCHEDULES, `runtime.schedules`), and
-lets the run go; the host indexes it as ``sleeping until <T>`` and drops it from ``active``, so no takeover
-folds it. At the instant the server republishes the wake-up, a host turns it into a `Wake` command on the
-run's partition (`runtime.host.scheduler`), and the host serving it folds the run back and records
-`timer.fired` (`runtime.host.routing`). Crash-safe in every order: `timer.started` is durable before its
-wake-up is scheduled, the wake-up is scheduled before the run leaves ``active`` (a host that dies between
-has the run recovered, and schedules the wake-up again: one Msg-Id per timer), and a folded-back run is in
-``active`` again before the wake is applied. A run that ends with a timer still pending (a cancel) has its
-wake-up deleted.
+lets the run go; the host indexes it as ``sleeping until <T>``, and its ``active`` entry says when it wakes,
+so a takeover leaves it alone until then (and folds it once due, should its wake-up have been lost: a host
+folding a run past its instant fires the timer at once). At the instant the server republishes the
+wake-up, a host turns it into a `Wake` command on the run's partition (`runtime.host.scheduler`), and the
+host serving it folds the run back and records `timer.fired` (`runtime.host.routing`).
+
+Crash-safe in every order: `timer.started` is durable before its wake-up is scheduled; the wake-up is
+scheduled before the run's ``active`` entry says it sleeps (a host that dies between has the run
+recovered, which schedules the wake-up again: one Msg-Id per timer); a folded-back run's entry says it is
+awake before the wake is applied. A run that ends with a timer still pending (a cancel) has its wake-up
+deleted.
 """
 
 from __future__ import annotations

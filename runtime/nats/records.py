@@ -22,6 +22,18 @@ def sleeping_status(until: float) -> str:
     return SLEEPING + iso(until)
 
 
+def active_value(actor: str, until: float | None = None) -> bytes:
+    """An `active` entry's value: the run's actor, and for a run asleep on a timer when it wakes (a takeover
+    leaves such a run in its log until then)."""
+    return (actor if until is None else f"{actor} {until!r}").encode()
+
+
+def parse_active(value: bytes) -> tuple[str, float | None]:
+    """(actor, when it wakes or None) of an `active` entry (an actor is one subject token: no space)."""
+    actor, _, until = value.decode().partition(" ")
+    return actor, float(until) if until else None
+
+
 class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One entry of the `runs` bucket (key = run id): enough to list runs without scanning EVENTS.
 
@@ -116,4 +128,5 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-__all__ = ["SLEEPING", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat", "sleeping_status"]
+__all__ = ["SLEEPING", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat", "active_value",
+           "parse_active", "sleeping_status"]
