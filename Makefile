@@ -27,7 +27,7 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 install: $(STAMP)
 
-# The inspector's browser tests (tests/test_ui_browser.py) drive Debian's chromium through Playwright;
+# The inspector's browser tests (tests/ui/test_ui_browser.py) drive Debian's chromium through Playwright;
 # Playwright's own browser download cannot work offline, so the browser comes from apt when it is missing.
 CHROMIUM := /usr/bin/chromium
 
@@ -51,7 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check runtime tests bench
 	$(BIN)/mypy
 
-# Conformance with vLLM (tests/test_vllm_conformance.py): every request body the runtime sends, checked offline
+# Conformance with vLLM (tests/model/test_vllm_conformance.py): every request body the runtime sends, checked offline
 # by vLLM's own request model, structured-output check and tool parsers. vLLM and what its imports need are
 # installed --no-deps into $(VLLM_VENV), which reuses this project's venv (CPU torch, xgrammar, ...) through a
 # .pth file: vLLM's declared dependencies would pull CUDA torch and nvidia-* packages. Pins: .ci/vllm-conformance.txt.
@@ -69,7 +69,7 @@ $(VLLM_STAMP): .ci/vllm-conformance.txt $(STAMP)
 	touch $(VLLM_STAMP)
 
 conformance: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_conformance.py
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_vllm_conformance.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -10,7 +10,7 @@
 
 The public API is the `TYPE_CHECKING` block below, grouped by what a user does; each name is written there
 once, and the loader reads that block to know where a name lives, so the API and `__all__` cannot drift
-apart (tests/test_public_api.py imports every name). Event and command types are the `events` namespace
+apart (tests/core/test_public_api.py imports every name). Event and command types are the `events` namespace
 (`runtime.events.RunStarted`), not names of their own here. Everything else (`runtime.nats`,
 `runtime.host.driver`, `runtime.scripts.pool`, ...) is implementation: importable, but free to change.
 

@@ -1,7 +1,7 @@
-"""Shared pieces of the inspector's tests (tests/test_ui_api.py, tests/test_ui_browser.py): a scripted model
-that can also answer with parallel calls, with a reply full of HTML, or hold a run open until told; the app
-served by a real uvicorn on loopback; and, for the browser tests, the whole fleet running on a background
-event loop so that the test itself can drive Playwright's synchronous API."""
+"""Shared pieces of the inspector's tests (tests/ui/test_ui_api.py, tests/ui/test_ui_browser.py): a scripted
+model that can also answer with parallel calls, with a reply full of HTML, or hold a run open until told;
+the app served by a real uvicorn on loopback; and, for the browser tests, the whole fleet running on a
+background event loop so that the test itself can drive Playwright's synchronous API."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from runtime.bundle.resolved import Bundle, BundleTool, DataProviderSpec
 from runtime.bundle.schema import BundleSpec
 from runtime.bundle.sections import SAMPLING_KEYS
 
-# the sampling keys' name before runtime.bundle was a package (tests/test_vllm_conformance.py imports it)
+# the sampling keys' name before runtime.bundle was a package (the vLLM conformance test imports it)
 _SAMPLING_KEYS = SAMPLING_KEYS
 
 __all__ = ["SAMPLING_KEYS", "Bundle", "BundleError", "BundleSpec", "BundleTool", "DataProviderSpec",

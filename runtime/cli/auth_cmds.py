@@ -5,7 +5,8 @@
 
 Both are generated from the role table in `runtime.nats.auth`, with each role's password read by the
 server from its environment (`SA_<ROLE>_PASSWORD`), so the shipped files never hold a secret and a change
-of a role's permissions is one change in code (`tests/test_auth.py` checks the shipped files are current).
+of a role's permissions is one change in code (`tests/nats/test_auth.py` checks the shipped files are
+current).
 """
 
 from __future__ import annotations

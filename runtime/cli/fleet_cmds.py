@@ -24,7 +24,13 @@ import typer
 from runtime.cli import serving
 from runtime.cli.app import app
 from runtime.cli.connect import with_client
-from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption, announce, start_metrics
+from runtime.cli.observe_cmds import (
+    LogFormatOption,
+    MetricsAddrOption,
+    MetricsPortOption,
+    announce,
+    start_metrics,
+)
 from runtime.cli.output import console
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
 from runtime.cli.where import bundle_paths, expand_bundles, resolve_nats
@@ -62,6 +68,7 @@ def host(
     payloads_max_age: PayloadsMaxAge = None,
     payloads_max_bytes: PayloadsMaxBytes = None,
     metrics_port: MetricsPortOption = None,
+    metrics_addr: MetricsAddrOption = "127.0.0.1",
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Run an agent host: every bundle is an agent at agents.<name>.tasks; unfinished runs are resumed.
@@ -82,7 +89,7 @@ def host(
     paths = bundle_paths(bundles)
     serving.setup_logging(verbose, log_format)
     agents = serving.load_agents(paths, model_url)
-    metrics = serving.host_metrics(metrics_port)
+    metrics = serving.host_metrics(metrics_port, metrics_addr)
 
     async def main() -> None:
         stop = anyio.Event()
@@ -136,6 +143,7 @@ def worker(
         "--secrets", help="A file of NAME=value lines: secrets a bundle may grant to tools by name "
                           "(else they are read from the environment).")] = None,
     metrics_port: MetricsPortOption = None,
+    metrics_addr: MetricsAddrOption = "127.0.0.1",
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Run sandboxed tool jobs from the shared `workers` consumer until Ctrl-C / SIGTERM.
@@ -183,7 +191,7 @@ def worker(
         from runtime.observe.metrics import WorkerMetrics
 
         metrics = WorkerMetrics()
-        start_metrics(metrics_port, metrics)
+        start_metrics(metrics_port, metrics, metrics_addr)
 
     async def main() -> None:
         stop = anyio.Event()

@@ -24,7 +24,11 @@ LogFormatOption = Annotated[LogFormat, typer.Option(
          "fields where known.")]
 MetricsPortOption = Annotated[int | None, typer.Option(
     "--metrics-port", min=0, max=65535, show_default=False,
-    help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics [default: no metrics].")]
+    help="Serve Prometheus metrics at http://ADDR:PORT/metrics (ADDR: --metrics-addr) [default: no "
+         "metrics].")]
+MetricsAddrOption = Annotated[str, typer.Option(
+    "--metrics-addr", help="The address the metrics listen on: loopback by default; 0.0.0.0 in a container "
+                           "whose port a Prometheus on another machine scrapes.")]
 
 
 def announce(text: str, log_format: LogFormat) -> None:
@@ -112,14 +116,16 @@ def otel(
     anyio.run(main, backend="asyncio")
 
 
-def start_metrics(port: int | None, metrics: Any) -> None:
-    """Serve `metrics.registry` on `port` (nothing when None); exit 2 if the port cannot be bound."""
+def start_metrics(port: int | None, metrics: Any, addr: str = "127.0.0.1") -> None:
+    """Serve `metrics.registry` on `addr`:`port` (nothing when `port` is None); exit 2 if it cannot be
+    bound."""
     if port is None:
         return
     from runtime.observe.metrics import serve_metrics
 
     try:
-        serve_metrics(port, metrics.registry, "0.0.0.0")
+        serve_metrics(port, metrics.registry, addr)
     except OSError as e:
-        typer.echo(f"error: --metrics-port {port}: {e} (pick a free port)", err=True)
+        typer.echo(f"error: --metrics-port {port} --metrics-addr {addr}: {e} (pick a free port, or an "
+                   "address of this machine)", err=True)
         raise typer.Exit(2) from None

@@ -104,6 +104,21 @@ def task_text(task: str | None, file: Path | None) -> str:
     return text
 
 
+async def _warn_if_unserved(client: Any, agent: str) -> None:
+    """Say so when no live host serves the task's agent: the task is stored and waits for one (and fails
+    `unknown_agent` once none has served it for a while), which looks like a hang otherwise."""
+    bundle = agent.split(":")[0]
+    try:
+        served = await client.served()
+    except Exception:  # a role that may not read the hosts' beats: nothing to say
+        return
+    if bundle not in served:
+        hosts = ", ".join(sorted(served)) or "none"
+        typer.echo(f"sa send: no live host serves agent {bundle!r} (served now: {hosts}): the task waits in "
+                   "TASKS until a host serving it starts, and fails unknown_agent if none does in time",
+                   err=True)
+
+
 def _usage(message: str) -> NoReturn:
     typer.echo(f"sa send: {message}", err=True)
     raise typer.Exit(2)
@@ -132,6 +147,7 @@ async def _send(url: str, agent: str, text: str, options: dict[str, Any], follow
             print(json.dumps({"run_id": handle.run_id}), flush=True)
         else:
             print(f"run {handle.run_id}", flush=True)
+        await _warn_if_unserved(client, agent)
         if not follow:
             return 0
         try:

@@ -83,14 +83,15 @@ def setup_logging(verbose: bool, log_format: LogFormat = LogFormat.text) -> None
     _host_log(info=verbose)
 
 
-def host_metrics(port: int | None) -> Any:
-    """A host's metrics, served on `port` (None: no metrics, and nothing added to the host's events)."""
+def host_metrics(port: int | None, addr: str = "127.0.0.1") -> Any:
+    """A host's metrics, served on `addr`:`port` (`port` None: no metrics, and nothing added to the host's
+    events)."""
     if port is None:
         return None
     from runtime.observe.metrics import HostMetrics
 
     metrics = HostMetrics()
-    start_metrics(port, metrics)
+    start_metrics(port, metrics, addr)
     return metrics
 
 

@@ -28,7 +28,7 @@ import typer
 
 from runtime.cli import serving
 from runtime.cli.app import app
-from runtime.cli.observe_cmds import LogFormatOption, MetricsPortOption
+from runtime.cli.observe_cmds import LogFormatOption, MetricsAddrOption, MetricsPortOption
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
 from runtime.cli.where import bundle_paths
 from runtime.observe.logs import LogFormat
@@ -57,6 +57,7 @@ def up(
     payloads_max_age: PayloadsMaxAge = None,
     payloads_max_bytes: PayloadsMaxBytes = None,
     metrics_port: MetricsPortOption = None,
+    metrics_addr: MetricsAddrOption = "127.0.0.1",
     log_format: LogFormatOption = LogFormat.text,
     secure: Annotated[bool, typer.Option(
         "--secure", help="Start the embedded NATS with authentication: fresh credentials for each role "
@@ -75,7 +76,7 @@ def up(
     bounds = serving.retention(events_max_age, events_max_bytes, payloads_max_age, payloads_max_bytes)
     paths = bundle_paths(bundles)
     serving.setup_logging(verbose, log_format)
-    metrics = serving.host_metrics(metrics_port)
+    metrics = serving.host_metrics(metrics_port, metrics_addr)
     local_model = _needs_local_model(paths)
     if secure and bus.servers_from_env():
         typer.echo("error: --secure starts the embedded NATS with its own credentials, but NATS_URL names a "
@@ -86,6 +87,10 @@ def up(
     try:
         url = fleet.start_nats(store, secure)
         model_url = fleet.start_model() if local_model else None
+        # this fleet's host owns the topology: made before the workers start, which wait for it
+        import anyio
+
+        anyio.run(serving.apply_retention, url, bounds, partitions, backend="asyncio")
         fleet.start_workers(workers, concurrency, paths, url, log_format)
         _write_state(console, url, model_url, paths)
         agents = serving.load_agents(paths, model_url)

@@ -14,6 +14,7 @@
 - `replay`  — a run's timeline and live view, `verify` (the kernel re-decides the log)
 - `diff`    — where two runs (a fork and its source) diverge
 - `status`  — hosts, partitions, workers, queue depths, runs in flight
+- `work`    — tool jobs not done yet (and why earlier deliveries ended), dead letters and their replay
 - `schedules` — `Schedules` (`client.schedules`): add, list, pause, resume, delete the cluster's schedules
 
 `sa` and `sa ui` reach runs through this package and nothing else.

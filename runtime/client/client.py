@@ -44,8 +44,10 @@ if TYPE_CHECKING:
     from runtime.bundle import Bundle
     from runtime.client.diff import Divergence
     from runtime.client.fork import Forked, ForkEdit
+    from runtime.client.work import ToolWork
     from runtime.log import Purged
     from runtime.nats.records import ThreadRecord
+    from runtime.worker.dlq import DeadLetter
 
 
 @dataclass(frozen=True)
@@ -226,11 +228,40 @@ class Client:
         record, _ = await Threads(self.js).get(actor, thread)
         return record
 
+    async def served(self) -> set[str]:
+        """The bundles some live host serves now (from the hosts' heartbeats, gone a lease TTL after a host
+        dies): a task for any other agent waits in TASKS until a host serving it starts."""
+        from runtime.nats.kv import fleet_kv
+        from runtime.nats.records import HostBeat
+        from runtime.nats.subjects import HOSTS_BUCKET
+
+        beats = await kv_entries(await fleet_kv(self.js, HOSTS_BUCKET))
+        return {agent for entry in beats.values() if entry.value
+                for agent in HostBeat.decode(entry.value).agents}
+
     async def status(self) -> dict[str, Any]:
         """The fleet now: hosts and their partitions, workers, queue depths, runs in flight."""
         from runtime.client.status import gather
 
         return await gather(self.js)
+
+    async def tool_work(self) -> ToolWork:
+        """The tool jobs not done yet (waiting, or held by a worker), with why earlier deliveries ended."""
+        from runtime.client.work import tool_work
+
+        return await tool_work(self.js)
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        """The tool jobs no worker could finish (DLQ), oldest first, each with its reason (`sa dlq`)."""
+        from runtime.client.work import dead_letters
+
+        return await dead_letters(self.js)
+
+    async def replay_dead_letter(self, seq: int) -> DeadLetter:
+        """Send dead letter `seq` back to the workers (`sa dlq replay SEQ`); KeyError if there is none."""
+        from runtime.client.work import replay_dead_letter
+
+        return await replay_dead_letter(self.js, seq)
 
 
 __all__ = ["Client", "RunInfo"]

@@ -21,8 +21,10 @@ from runtime import events as ev
 from runtime.log import rebased
 
 # Fields that say where, when or how fast a fact was recorded, not what it is.
+# where, when and how fast: the run, its place, the time, who served it (a worker, a model server and the
+# id it gave its answer) and how long it took
 _NOT_THE_FACT = frozenset({"run_id", "seq", "ts", "actor", "v", "ref", "latency_ms", "duration_ms", "worker",
-                           "earlier"})
+                           "earlier", "response_id", "server", "provider"})
 _TASK = ("input", "instance", "timeout_s", "metadata")
 
 

@@ -69,6 +69,7 @@ def _t0(events: Sequence[ev.Event]) -> float:
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
           "approval": "green", "timer": "blue"}
+_ENDINGS = ("run.completed", "run.failed", "run.cancelled")
 _FAILED = ("run.failed", "model.failed", "tool.failed", "script.failed")
 
 
@@ -94,10 +95,14 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     table.add_column("+ms", justify="right")
     table.add_column("event")
     table.add_column("detail", overflow="fold")
+    ended = False
     for e in events:
         kind = ev.kind_of(e)
-        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", Text(kind, style=_style(kind)),
-                      Text(describe(e)))
+        detail = Text(describe(e))
+        if ended:  # a stopped job's own account, appended after the run ended: it explains, changes nothing
+            detail.append("  (reported after the run ended)", style="dim")
+        table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", Text(kind, style=_style(kind)), detail)
+        ended = ended or kind in _ENDINGS
     return table
 
 

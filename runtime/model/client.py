@@ -49,7 +49,7 @@ _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 # `complete(**extras)` keys that are request options of the SDK, not fields of the JSON body
 _REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
 # the order in which `chat.completions.create` lays out its body (openai 3.x); `_post` keeps it so the
-# bytes on the wire are the same as the SDK's (tests/test_client.py compares them)
+# bytes on the wire are the same as the SDK's (tests/model/test_model_client.py compares them)
 _BODY_ORDER = (
     "model", "stream", "service_tier", "messages", "audio", "frequency_penalty", "function_call",
     "functions", "logit_bias", "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities",
@@ -269,7 +269,8 @@ class ModelClient:
         `timeout` as options, keys in the SDK's order. msgspec writes the same compact UTF-8 JSON as the
         SDK's json.dumps(ensure_ascii=False, separators=(",", ":")), several times faster, and without
         `create`'s recursive TypedDict transform of the params (~8 ms of CPU per request here: it walks
-        every message) for a body that is already plain JSON. `tests/test_client.py` compares the bytes."""
+        every message) for a body that is already plain JSON. `tests/model/test_model_client.py` compares the
+        bytes."""
         rest = dict(params)
         options: dict[str, Any] = {}
         for key, option in _REQUEST_OPTIONS.items():
@@ -378,7 +379,7 @@ class _RawChunks(AsyncStream[object]):
     The SDK stops at `[DONE]` without saying so, and a body that just ends looks the same to its caller;
     `_iter_events` (private, like the other SDK internals this client leans on) is where the events pass by.
     If a new SDK renamed it, `[DONE]` would go unseen and a reply without a finish_reason would read as cut:
-    tests/test_model_replies.py checks that case in every mode."""
+    tests/model/test_model_replies.py checks that case in every mode."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

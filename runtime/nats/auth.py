@@ -5,7 +5,7 @@ publish and subscribe of every connection, so a rule written here holds for any 
 nothing in the runtime can forget to check it. This module turns the roles into that configuration (a
 ``authorization { users = [...] }`` block, `server_config`) and writes fresh credentials for `sa up
 --secure` (`write_secure_dir`); `deploy/nats/auth.conf` is `server_config(default_users(env=True))`, so the
-shipped file and this table cannot drift (tests/test_deploy.py compares them).
+shipped file and this table cannot drift (tests/system/test_deploy.py compares them).
 
 The roles (subjects in `runtime.nats.subjects`):
 

@@ -150,7 +150,7 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) ->
 
     Not nats-py's `watch`/`keys`/`history`: their "initial values done" marker comes from a consumer-info
     round trip that races the messages already on their way, so on a cluster they can report no keys
-    while keys exist (seen in tests/test_faults.py). Here an ephemeral pull consumer (last per subject)
+    while keys exist (seen in tests/system/test_faults.py). Here an ephemeral pull consumer (last per subject)
     says at creation how many entries there are, and exactly that many are read.
     """
     js: JetStreamContext = kv._js  # nats-py keeps these on the bucket handle

@@ -142,7 +142,7 @@ ERR_BATCH_DUPLICATE_MSG_ID = 10201  # a batch message's Msg-Id is stored already
 _BAD_TOKEN_CHARS = frozenset(".*> \t\r\n")
 
 # Every environment variable the runtime reads, with what it is for: the one list deploy files are
-# checked against (tests/test_deploy.py), so a manifest never sets a name nothing reads.
+# checked against (tests/system/test_deploy.py), so a manifest never sets a name nothing reads.
 ENV_VARS: dict[str, str] = {
     "NATS_URL": "NATS server URL(s), comma-separated (every `sa` command; unset: `sa up` starts one)",
     ENV_REPLICAS: "stream and bucket replicas when the topology is created or updated (3 on a 3-node "

@@ -3,8 +3,8 @@
 Monty (pydantic-monty 1.4.0) runs a subset of Python. Its parser rejects some constructs only when the
 code is fed, and missing modules and builtins fail only when reached. This module walks the `ast` once
 and reports each such use with a message that says what to write instead. The lists below were measured
-against pydantic-monty 1.4.0 by importing each module and feeding each construct; tests/test_scripts_loader.py
-holds the cases.
+against pydantic-monty 1.4.0 by importing each module and feeding each construct;
+tests/scripts/test_scripts_loader.py holds the cases.
 
 `runtime.scripts.diagnostics.probe(script)` additionally feeds the code to Monty's own parser without
 running it (wrapped in `if False:`), to catch anything this list misses; `sa check` uses it.

@@ -1,5 +1,5 @@
 """A fleet of real `sa` processes and the scripted model that drives it: what the fault-injection suite
-(tests/test_faults.py) and the reliability benchmark (bench/faults.py) both run, so the two measure the
+(tests/system/test_faults.py) and the reliability benchmark (bench/faults.py) both run, so the two measure the
 same thing.
 
     model = StepModel()                                 # responder for ScriptedModelServer

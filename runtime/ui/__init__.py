@@ -3,8 +3,18 @@
 - `views`    what the pages show, as plain data: event views, run flags, the runs-index digests and
              filters, fork trees (pure: events in, dicts out)
 - `reads`    what the pages read, through `runtime.client` (`Client`, `RunHandle`) and nothing else: the
-             runs index, a run, one event whole, its thread, pending approvals, the export
-- `actions`  what a page may change, through `RunHandle`: fork, cancel, approve, deny
+             runs index, a run, one event whole, its thread, pending approvals, the export, and the
+             team's pages below
+- `waterfall` a run's time: the trace export's spans (`observe.traces.trace_of`) on one axis, open spans,
+             approval waits, where the time went (pure)
+- `conversation` what the model saw at a turn: the kernel's fold with each message's origin, the history
+             window's cut, a thread's earlier runs, big payloads fetched on demand
+- `pending`  everything waiting (approvals, tool jobs in flight, unfinished runs) and what is stuck, why
+- `fleet`    hosts, workers, queues, partitions, dead letters (`sa status`, `sa dlq`)
+- `agent`    an agent's bundle, the hosts serving it, its runs and failure kinds over time
+- `bundles`  bundles loaded from the path the runs index names, when this machine can read them
+- `actions`  what a page may change, through `RunHandle`: fork, cancel, approve, deny; and through
+             `Client`: replay a dead letter
 - `follow`   live following: a run's events and tokens as server-sent events until it ends
 - `guard`    the door: the Host names it answers to, the origins it takes commands from, the CSP
 - `routes`   the HTTP routes: a request in, a call of the above, JSON out

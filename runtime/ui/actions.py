@@ -1,4 +1,5 @@
-"""What a page may change: fork a run, cancel it, approve or deny a waiting call, through `RunHandle`.
+"""What a page may change: fork a run, cancel it, approve or deny a waiting call, through `RunHandle`;
+send a dead letter back to the workers, through `Client`.
 
 These are `sa fork`, `sa cancel`, `sa approve` and `sa deny` (`runtime.client.fork`,
 `runtime.client.control`, reached through the run's handle), so a page's command is checked the same way
@@ -30,10 +31,15 @@ from runtime.nats.subjects import check_token
 from runtime.ui import views
 
 FORK_WAIT_S = 30.0
+REPLAY_WAIT_S = 10.0
 
 # The edits a page may ask for (see the module docstring for why not `bundle`).
 WEB_EDITS: dict[str, type[ev.OutputEdit | ev.ReplyEdit | ev.SystemEdit]] = {
     "output": ev.OutputEdit, "reply": ev.ReplyEdit, "system": ev.SystemEdit}
+
+
+class Gone(LookupError):
+    """What the page asked to act on is not there (any more); the message says so."""
 
 
 class Refused(PermissionError):
@@ -97,5 +103,20 @@ class Actions:
         verdict = await handle.deny(call_id, reason, by=web_operator())
         return {"event": views.event_view(verdict, verdict.ts)}
 
+    async def replay_dead_letter(self, seq: int) -> dict[str, Any]:
+        """Send dead letter `seq` back to its tool's workers (`sa dlq replay SEQ`); `Gone` if there is none,
+        `Refused` if NATS did not let it through in time."""
+        with anyio.move_on_after(REPLAY_WAIT_S) as waited:
+            try:
+                dead = await self.client.replay_dead_letter(seq)
+            except KeyError as e:
+                raise Gone(f"{e.args[0]}: it was replayed or purged already (reload the fleet)") from None
+        if waited.cancelled_caught:
+            raise Refused(f"the replay was not done within {REPLAY_WAIT_S:g} s: the NATS user `sa ui` runs "
+                          "as may not publish tool jobs or delete dead letters, or NATS does not answer")
+        replayed = {k: v for k, v in dead.to_dict().items() if k != "job"}
+        return {"replayed": replayed, "tool": dead.subject}
 
-__all__ = ["FORK_WAIT_S", "WEB_EDITS", "Actions", "Refused", "web_edit", "web_operator"]
+
+__all__ = ["FORK_WAIT_S", "REPLAY_WAIT_S", "WEB_EDITS", "Actions", "Gone", "Refused", "web_edit",
+           "web_operator"]

@@ -30,7 +30,7 @@ from runtime.ui.guard import Guard, allowed_hosts
 from runtime.ui.reads import Reads
 from runtime.ui.routes import ROUTES, Services
 
-# tests/test_conversations.py and older callers name the reads `Inspector` (`Inspector(js).run(run_id)`)
+# tests/log/test_conversations.py and older callers name the reads `Inspector` (`Inspector(js).run(run_id)`)
 Inspector = Reads
 
 

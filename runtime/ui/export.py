@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # only for the types: `sa replay --html` imports this module 
 
 STATIC = Path(__file__).parent / "static"
 _STYLE_TAG = '<link rel="stylesheet" href="/static/style.css">'
-_SCRIPT_TAGS = ('<script src="/static/common.js"></script>', '<script src="/static/run.js"></script>')
+_SCRIPTS = ("common.js", "run-control.js", "run.js")  # the run page's scripts, in the order it loads them
+_SCRIPT_TAGS = tuple(f'<script src="/static/{name}"></script>' for name in _SCRIPTS)
 
 
 class ExportError(RuntimeError):
@@ -77,7 +78,7 @@ def render_html(view: dict[str, Any]) -> str:
     """The whole HTML document for a run's view (make it with `exported=True` and resolved events)."""
     page = (STATIC / "run.html").read_text()
     css = (STATIC / "style.css").read_text()
-    script = "\n".join((STATIC / name).read_text() for name in ("common.js", "run.js"))
+    script = "\n".join((STATIC / name).read_text() for name in _SCRIPTS)
     if "</script" in script.lower() or "</style" in css.lower():
         raise ExportError("the inspector's script or style contains a closing tag and cannot be inlined")
     missing = [tag for tag in (_STYLE_TAG, *_SCRIPT_TAGS, "<head>") if page.count(tag) != 1]
@@ -87,7 +88,8 @@ def render_html(view: dict[str, Any]) -> str:
            "base-uri 'none'; form-action 'none'")
     page = page.replace("<head>", f'<head>\n<meta http-equiv="Content-Security-Policy" content="{csp}">', 1)
     page = page.replace(_STYLE_TAG, f"<style>{css}</style>", 1)
-    page = page.replace(_SCRIPT_TAGS[1], "", 1)
+    for tag in _SCRIPT_TAGS[1:]:
+        page = page.replace(tag + "\n", "", 1).replace(tag, "", 1)
     data = f'<script type="application/json" id="run-data">{embed_json(view)}</script>'
     return page.replace(_SCRIPT_TAGS[0], f"{data}\n<script>{script}</script>", 1)
 

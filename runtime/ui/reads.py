@@ -6,6 +6,12 @@
     await reads.event(run_id, seq)                                    # one event whole
     await reads.approvals(agent)                                      # calls waiting for a person
     await reads.export(run_id)                                        # the one-file HTML
+    await reads.waterfall(run_id)                                     # its time, as the traces' spans
+    await reads.conversation(run_id, turn)                            # what the model saw at a turn
+    await reads.message(run_id, index)                                # one message whole
+    await reads.pending()                                             # everything waiting, and what is stuck
+    await reads.fleet()                                               # hosts, workers, queues, dead letters
+    await reads.agent(name)                                           # a bundle, its hosts, runs, failures
 
 Why a layer of its own: the routes (`runtime.ui.routes`) speak HTTP and nothing else, and these speak to
 the fleet and nothing else, so each can be read, and changed, without the other. Going through `Client` and
@@ -34,7 +40,13 @@ from runtime.client.fork import fork_points
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import check_token
 from runtime.ui import views
+from runtime.ui.agent import Agents, NoAgent
+from runtime.ui.bundles import Bundles
+from runtime.ui.conversation import Conversations, NoConversation
 from runtime.ui.export import NoSuchRun, export_run
+from runtime.ui.fleet import Fleet
+from runtime.ui.pending import Pending
+from runtime.ui.waterfall import waterfall
 
 log = logging.getLogger("runtime.ui")
 
@@ -53,6 +65,11 @@ class Reads:
         self.client = Client.over(source)
         self.digests: dict[str, views.Digest] = {}
         self._reads = anyio.Semaphore(READ_CONCURRENCY)
+        self.bundles = Bundles()
+        self.conversations = Conversations(self.client, self.bundles)
+        self._pending = Pending(self.client)
+        self._fleet = Fleet(self.client)
+        self._agents = Agents(self.client, self.bundles, self)
 
     # -- the runs index --------------------------------------------------------------------------------
 
@@ -142,6 +159,49 @@ class Reads:
         --json` shows them."""
         now = time.time()
         return [p.to_json(now) for p in await self.client.approvals(agent or None)]
+
+    async def waterfall(self, run_id: str) -> dict[str, Any]:
+        """The run's spans on one time axis (`runtime.ui.waterfall`), open ones drawn up to now."""
+        check_token(run_id, "run id")
+        history = await self.client.get(run_id).stored()
+        if not history.events:
+            raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
+        index = await self.client.index()
+        entry = index.get(run_id)
+        return {"run_id": run_id, "actor": history.actor, "status": entry.status if entry else None,
+                "flags": views.flag_views(views.flags(history.events)),
+                **waterfall(history.events, now=time.time())}
+
+    async def conversation(self, run_id: str, turn: int | None) -> dict[str, Any]:
+        """What the model saw at `turn` (None: the whole conversation), `runtime.ui.conversation`."""
+        try:
+            return await self.conversations.read(run_id, turn)
+        except NoConversation as e:
+            raise NotFound(str(e)) from None
+
+    async def message(self, run_id: str, index: int) -> dict[str, Any]:
+        """Message `index` of the run's conversation whole (a big payload fetched from the object store)."""
+        try:
+            return await self.conversations.message(run_id, index)
+        except NoConversation as e:
+            raise NotFound(str(e)) from None
+
+    # -- the team's pages --------------------------------------------------------------------------------
+
+    async def pending(self) -> dict[str, Any]:
+        """Calls waiting for a person, tool jobs in flight, unfinished runs, and what is stuck and why."""
+        return await self._pending.read()
+
+    async def fleet(self) -> dict[str, Any]:
+        """Hosts, partitions, workers, queue depths and dead letters (`sa status` and `sa dlq`)."""
+        return await self._fleet.read()
+
+    async def agent(self, name: str) -> dict[str, Any]:
+        """An agent's bundle, the hosts serving it, its runs and its failure kinds over time."""
+        try:
+            return await self._agents.read(name)
+        except NoAgent as e:
+            raise NotFound(str(e)) from None
 
     async def export(self, run_id: str) -> str:
         """The run as one self-contained HTML file (`runtime.ui.export`)."""

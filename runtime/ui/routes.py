@@ -10,10 +10,23 @@
     GET  /api/runs/{run}/follow?after=N     server-sent events: each new event from seq N on, then `end`
     GET  /api/runs/{run}/export             the run as one self-contained HTML file (`runtime.ui.export`)
     GET  /api/approvals?agent=              every call waiting for a person, oldest first
+    GET  /runs/{run}/waterfall              a run's time on one axis (page)
+    GET  /runs/{run}/conversation?turn=N    what the model saw at turn N (page)
+    GET  /api/runs/{run}/waterfall          its spans (the traces' own) and where the time went
+    GET  /api/runs/{run}/conversation?turn=N|all
+                                            the turn's prompt (no turn: the latest), every message marked
+                                            sent or left out; `all`: the whole conversation so far
+    GET  /api/runs/{run}/conversation/messages/{index}
+                                            one message whole (its event's big payload fetched)
     POST /api/runs/{run}/fork               {"at_seq": N, "edit": {...}?} -> {"run_id": new run}
     POST /api/runs/{run}/cancel             {"reason": "..."} -> {"event": the run's ending as recorded}
     POST /api/runs/{run}/approve            {"call_id": "1.0", "arguments": {...}?, "note": ""} -> the verdict
     POST /api/runs/{run}/deny               {"call_id": "1.0", "reason": "..."} -> the verdict
+    GET  /pending  /fleet  /agents/{agent}  the team's pages: everything waiting, the fleet, an agent
+    GET  /api/pending                       approvals, tool jobs in flight, unfinished runs, what is stuck
+    GET  /api/fleet                         hosts, partitions, workers, queues, dead letters (`sa status`)
+    GET  /api/agents/{agent}                its bundle, the hosts serving it, its runs, failures over time
+    POST /api/dead-letters/{seq}/replay     {} -> the dead letter sent back to its tool's workers
     GET  /api/health                        {"ok": true, "followers": open live views}
 
 Every failure is `{"error": message}` with the status that says whose it is to fix (`failure`): 400 and
@@ -42,7 +55,8 @@ from starlette.staticfiles import StaticFiles
 from runtime.nats.connection import explain_refusal
 from runtime.nats.subjects import check_token
 from runtime.ui import views
-from runtime.ui.actions import Actions, Refused, web_edit
+from runtime.ui.actions import Actions, Gone, Refused, web_edit
+from runtime.ui.conversation import LATEST
 from runtime.ui.follow import Following, FollowResponse
 from runtime.ui.reads import NotFound, Reads
 
@@ -80,7 +94,7 @@ def failure(e: Exception) -> JSONResponse:
     status, message = 500, ""
     if isinstance(e, BadBody):
         status = e.status
-    elif isinstance(e, NotFound):
+    elif isinstance(e, NotFound | Gone):
         status = 404
     elif isinstance(e, ValueError):  # a bad run id, number or filter, ForkError, ControlError
         status = 400
@@ -151,6 +165,26 @@ async def run_page(request: Request) -> Response:
     return FileResponse(STATIC / "run.html")
 
 
+async def waterfall_page(request: Request) -> Response:
+    return FileResponse(STATIC / "waterfall.html")
+
+
+async def conversation_page(request: Request) -> Response:
+    return FileResponse(STATIC / "conversation.html")
+
+
+async def pending_page(request: Request) -> Response:
+    return FileResponse(STATIC / "pending.html")
+
+
+async def fleet_page(request: Request) -> Response:
+    return FileResponse(STATIC / "fleet.html")
+
+
+async def agent_page(request: Request) -> Response:
+    return FileResponse(STATIC / "agent.html")
+
+
 async def health(request: Request) -> Response:
     return JSONResponse({"ok": True, "followers": services(request).following.open})
 
@@ -197,6 +231,39 @@ async def api_approvals(request: Request) -> Any:
     return {"approvals": await services(request).reads.approvals(request.query_params.get("agent"))}
 
 
+@answers
+async def api_waterfall(request: Request) -> Any:
+    return await services(request).reads.waterfall(request.path_params["run"])
+
+
+@answers
+async def api_conversation(request: Request) -> Any:
+    raw = request.query_params.get("turn", "")
+    turn = None if raw == "all" else whole_number(raw, "turn", LATEST)
+    return await services(request).reads.conversation(request.path_params["run"], turn)
+
+
+@answers
+async def api_message(request: Request) -> Any:
+    index = whole_number(request.path_params["index"], "index", 0)
+    return await services(request).reads.message(request.path_params["run"], index)
+
+
+@answers
+async def api_pending(request: Request) -> Any:
+    return await services(request).reads.pending()
+
+
+@answers
+async def api_fleet(request: Request) -> Any:
+    return await services(request).reads.fleet()
+
+
+@answers
+async def api_agent(request: Request) -> Any:
+    return await services(request).reads.agent(request.path_params["agent"])
+
+
 # -- commands ----------------------------------------------------------------------------------------------
 
 
@@ -235,16 +302,35 @@ async def api_deny(request: Request) -> Any:
         request.path_params["run"], text_field(body, "call_id", required=True), text_field(body, "reason"))
 
 
+@answers
+async def api_replay_dead_letter(request: Request) -> Any:
+    await json_body(request, "{}")
+    seq = whole_number(request.path_params["seq"], "seq", 0)
+    return await services(request).actions.replay_dead_letter(seq)
+
+
 ROUTES: list[BaseRoute] = [
     Route("/", index_page),
     Route("/runs/{run}", run_page),
+    Route("/runs/{run}/waterfall", waterfall_page),
+    Route("/runs/{run}/conversation", conversation_page),
+    Route("/pending", pending_page),
+    Route("/fleet", fleet_page),
+    Route("/agents/{agent}", agent_page),
     Route("/api/health", health),
+    Route("/api/pending", api_pending),
+    Route("/api/fleet", api_fleet),
+    Route("/api/agents/{agent}", api_agent),
+    Route("/api/dead-letters/{seq}/replay", api_replay_dead_letter, methods=["POST"]),
     Route("/api/approvals", api_approvals),
     Route("/api/runs", api_runs),
     Route("/api/runs/{run}", api_run),
     Route("/api/runs/{run}/events/{seq}", api_event),
     Route("/api/runs/{run}/follow", api_follow),
     Route("/api/runs/{run}/export", api_export),
+    Route("/api/runs/{run}/waterfall", api_waterfall),
+    Route("/api/runs/{run}/conversation", api_conversation),
+    Route("/api/runs/{run}/conversation/messages/{index}", api_message),
     Route("/api/runs/{run}/fork", api_fork, methods=["POST"]),
     Route("/api/runs/{run}/cancel", api_cancel, methods=["POST"]),
     Route("/api/runs/{run}/approve", api_approve, methods=["POST"]),

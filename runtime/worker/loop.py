@@ -70,7 +70,7 @@ from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.log import RunLog
 from runtime.log.payloads import Payloads
 from runtime.nats.connection import close, connect
-from runtime.nats.jetstream import jetstream_for
+from runtime.nats.jetstream import JetStream, jetstream_for
 from runtime.nats.pull import fetch_batch
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
@@ -441,8 +441,9 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
     nc = await connect(servers, name="sa-worker")
     try:
         js = jetstream_for(nc)
-        if ensure:
-            await attach_topology(js, create=False)  # the hosts own it: wait for one
+        stop = stop or anyio.Event()
+        if ensure and not await _attached(js, stop):  # stopped while waiting for a host
+            return WorkerStats()
         worker = Worker(js, registry, concurrency=concurrency, ack_wait=ack_wait, on_outcome=on_outcome,
                         externals=externals, secrets=secrets)
         if on_ready is not None:
@@ -451,3 +452,23 @@ async def serve(servers: str | list[str] | None, registry: ToolRegistry, *, conc
         return worker.stats
     finally:
         await close(nc)
+
+
+async def _attached(js: JetStream, stop: anyio.Event) -> bool:
+    """Wait for the topology (the hosts own it, `attach_topology(create=False)`), or for `stop`: a worker
+    started before any host must still stop at once when told to. True once attached."""
+    attached = False
+    async with anyio.create_task_group() as tg:
+        async def attach() -> None:
+            nonlocal attached
+            await attach_topology(js, create=False)
+            attached = True
+            tg.cancel_scope.cancel()
+
+        async def stopped() -> None:
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(attach)
+        tg.start_soon(stopped)
+    return attached

@@ -91,3 +91,68 @@ function flagChip(flag) {
 function runHref(runId) {
   return "/runs/" + encodeURIComponent(runId);
 }
+
+// The pages of one run, as tabs under its title: its events, its time, its conversation.
+function runTabs(runId, active) {
+  const base = runHref(runId);
+  const tab = (name, href, label) => el("a", {class: "tab" + (name === active ? " tab-active" : ""), href: href,
+    dataset: {tab: name}}, label);
+  return el("nav", {class: "tabs", id: "run-tabs"}, tab("events", base, "events"),
+    tab("waterfall", base + "/waterfall", "waterfall"), tab("conversation", base + "/conversation", "conversation"));
+}
+
+// A bar's or a box's geometry: set through the CSSOM (the CSP allows no style attribute).
+function place(node, styles) {
+  for (const [key, value] of Object.entries(styles)) node.style[key] = value;
+  return node;
+}
+
+function agentHref(agent) {
+  return "/agents/" + encodeURIComponent(agent.split(":")[0]);
+}
+
+function fmtAge(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  return seconds < 1 ? "under 1 s ago" : fmtMs(seconds * 1000) + " ago";
+}
+
+// A panel with a title, for the team's pages.
+function panel(id, title, ...children) {
+  return el("section", {class: "panel", id: id}, el("h2", {}, title), children);
+}
+
+// A table of `rows` (arrays of cells: text or nodes) under `headers`; `empty` when there are none.
+function table(id, headers, rows, empty, rowData) {
+  if (!rows.length) return el("p", {class: "muted empty", id: id}, empty);
+  return el("div", {class: "table-wrap"}, el("table", {class: "grid", id: id},
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((cells, i) => el("tr", {dataset: rowData ? rowData(i) : {}},
+      cells.map((c) => el("td", {}, c)))))));
+}
+
+// Poll `load` every `ms` while the page is open; a failed poll shows its error and keeps polling.
+function poll(load, ms) {
+  const live = document.getElementById("live");
+  const tick = async () => {
+    try {
+      await load();
+      showMessage("");
+      if (live) live.hidden = false;
+    } catch (err) {
+      showMessage(err.message);
+      if (live) live.hidden = true;
+    }
+    document.body.dataset.loaded = String(Date.now());
+    setTimeout(tick, ms);
+  };
+  tick();
+}
+
+function ranges(ps) {
+  const spans = [];
+  for (const p of [...ps].sort((a, b) => a - b)) {
+    if (spans.length && spans[spans.length - 1][1] === p - 1) spans[spans.length - 1][1] = p;
+    else spans.push([p, p]);
+  }
+  return spans.map(([a, b]) => (a === b ? String(a) : a + "-" + b)).join(", ") || "-";
+}

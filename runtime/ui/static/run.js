@@ -1,6 +1,7 @@
 // A run's page: overview, fork tree, the timeline grouped by turns with parallel tool calls side by side,
 // each event expandable; live following over server-sent events; "fork here". In an exported file the
-// run comes from the embedded JSON block and nothing talks to a server.
+// run comes from the embedded JSON block and nothing talks to a server. Its commands (cancel, approve,
+// deny, fork with an edit, fetch a payload) are in run-control.js, loaded before this file.
 "use strict";
 
 const state = {
@@ -55,7 +56,9 @@ function renderOverview() {
   append(box, [
     el("div", {class: "title-row"},
       el("h1", {class: "mono"}, state.runId), statusBadge(s.status),
-      el("span", {class: "muted"}, view.actor), el("span", {class: "spacer"}), buttons),
+      state.exported ? el("span", {class: "muted"}, view.actor) : el("a", {class: "muted", href: agentHref(view.actor)}, view.actor),
+      el("span", {class: "spacer"}), buttons),
+    state.exported ? null : runTabs(state.runId, "events"),
     el("div", {class: "stats"},
       stat("events", s.events), stat("turns", s.turns), stat("model calls", s.model_calls),
       stat("tool calls", s.tool_calls), stat("tokens", s.prompt_tokens + " + " + s.completion_tokens),
@@ -303,176 +306,6 @@ function detailNode(e) {
   return el("div", {class: "detail"}, parts);
 }
 
-// -- run control: cancel, approve, deny (the same checks as `sa cancel` / `sa approve` / `sa deny`) ---------
-
-async function command(path, body) {
-  return api("/api/runs/" + encodeURIComponent(state.runId) + "/" + path, {
-    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
-  });
-}
-
-function cancelControl() {
-  const reason = el("input", {type: "text", class: "cancel-reason", placeholder: "why (recorded in the log)"});
-  const confirm = el("button", {class: "cancel-confirm danger"}, "cancel the run");
-  const form = el("span", {class: "cancel-form", hidden: true}, reason, confirm);
-  const open = el("button", {class: "cancel-open"}, "cancel run…");
-  open.addEventListener("click", () => { form.hidden = !form.hidden; if (!form.hidden) reason.focus(); });
-  confirm.addEventListener("click", async () => {
-    confirm.disabled = true;
-    showMessage("cancelling…", "info");
-    try {
-      const done = await command("cancel", {reason: reason.value});
-      showMessage("the run ended: " + done.event.describe, "info");
-      await reload();
-    } catch (err) {
-      confirm.disabled = false;
-      showMessage("cancel failed: " + err.message);
-    }
-  });
-  return el("span", {class: "cancel"}, open, form);
-}
-
-// Calls that wait for a person: requested, with no verdict and no outcome, in a run that has not ended.
-function pendingApprovals() {
-  const waiting = new Map();
-  if (state.exported) return waiting;
-  for (const e of state.events) {
-    if (e.kind === "approval.requested") waiting.set(e.data.call.id, e);
-    else if (["approval.granted", "approval.denied", "tool.completed", "tool.failed"].includes(e.kind)) waiting.delete(e.data.call_id);
-    else if (["run.completed", "run.failed", "run.cancelled"].includes(e.kind)) return new Map();
-  }
-  return waiting;
-}
-
-function approvalBox(requested) {
-  const d = requested.data;
-  const call = d.call.id.split("/").pop();
-  const args = el("textarea", {class: "edit-text approval-args", rows: Math.min(10, JSON.stringify(d.call.arguments, null, 2).split("\n").length + 1), spellcheck: "false"});
-  args.value = JSON.stringify(d.call.arguments, null, 2);
-  const note = el("input", {type: "text", class: "approval-note", placeholder: "note (optional)"});
-  const reason = el("input", {type: "text", class: "deny-reason", placeholder: "reason (the model reads it)"});
-  const problem = el("div", {class: "edit-problem", hidden: true});
-  const approve = el("button", {class: "approve"}, "approve");
-  const deny = el("button", {class: "deny danger"}, "deny");
-  const fail = (message) => { problem.textContent = message; problem.hidden = false; approve.disabled = deny.disabled = false; };
-  approve.addEventListener("click", async () => {
-    let edited;
-    try { edited = JSON.parse(args.value); } catch (err) { fail("the arguments are not JSON: " + err.message + ". Nothing was sent."); return; }
-    const changed = JSON.stringify(edited) !== JSON.stringify(d.call.arguments);
-    approve.disabled = deny.disabled = true;
-    try {
-      await command("approve", changed ? {call_id: call, arguments: edited, note: note.value} : {call_id: call, note: note.value});
-      await reload();
-    } catch (err) { fail("approve failed: " + err.message); }
-  });
-  deny.addEventListener("click", async () => {
-    approve.disabled = deny.disabled = true;
-    try {
-      await command("deny", {call_id: call, reason: reason.value});
-      await reload();
-    } catch (err) { fail("deny failed: " + err.message); }
-  });
-  const why = [d.condition ? "because " + d.condition : "", d.role ? "role " + d.role : "",
-    d.timeout_s ? "after " + d.timeout_s + " s: " + (d.on_timeout || "deny") : ""].filter(Boolean).join(" · ");
-  return el("div", {class: "approval", dataset: {call: d.call.id}},
-    el("div", {class: "approval-head"}, "waits for approval", why ? el("span", {class: "muted"}, " · " + why) : null),
-    el("div", {class: "field-label"}, "arguments (edit them to approve something else; checked against the tool's schema)"),
-    args, el("div", {class: "approval-row"}, note, approve), el("div", {class: "approval-row"}, reason, deny), problem);
-}
-
-// -- "what if": fork with an edit --------------------------------------------------------------------------
-
-// Where a fork may record another output for `e`'s call: the last valid point after the reply that made
-// the call and no later than its outcome (the kept prefix then has the call but not its result).
-function outputForkPoint(e) {
-  const made = state.events.find((x) => x.kind === "model.responded" && (x.data.calls || []).some((c) => c.id === e.lane));
-  const points = state.view.fork_points || [];
-  const valid = points.filter((p) => made && p > made.seq && p <= e.seq);
-  return valid.length ? valid[valid.length - 1] : null;
-}
-
-// The edit a page offers for an event: another output for a tool's outcome, another reply for a model's
-// answer. Returns [label, at_seq, initial JSON text, text -> edit object] or null.
-function editFor(e) {
-  if (state.exported || !state.view.fork_points) return null;
-  const d = e.data;
-  if ((e.kind === "tool.completed" || e.kind === "tool.failed") && e.lane) {
-    const at = outputForkPoint(e);
-    if (at === null) return null;
-    const call = e.lane.split("/").pop();
-    return ["fork with another output for call " + call, at, JSON.stringify(e.kind === "tool.completed" ? d.output : null, null, 2),
-      (value) => ({kind: "output", call_id: call, output: value})];
-  }
-  if (e.kind === "model.responded" && state.view.fork_points.includes(e.seq)) {
-    const reply = {content: d.content || "", calls: (d.calls || []).map((c) => ({name: c.name, arguments: c.arguments}))};
-    return ["fork with another reply", e.seq, JSON.stringify(reply, null, 2), (value) => ({kind: "reply", ...value})];
-  }
-  return null;
-}
-
-function editor(e) {
-  const spec = editFor(e);
-  if (!spec) return null;
-  const [label, at, initial, toEdit] = spec;
-  const area = el("textarea", {class: "edit-text", rows: Math.min(14, initial.split("\n").length + 1), spellcheck: "false"});
-  area.value = initial;
-  const problem = el("div", {class: "edit-problem", hidden: true});
-  const go = el("button", {class: "edit-fork"}, "fork");
-  const panel = el("div", {class: "edit-panel", hidden: true},
-    el("div", {class: "field-label"}, "JSON for the fork at seq " + at + " (events before it are kept; the host goes on from there)"),
-    area, problem, go);
-  const open = el("button", {class: "edit-open"}, label + "…");
-  open.addEventListener("click", () => { panel.hidden = !panel.hidden; if (!panel.hidden) area.focus(); });
-  area.addEventListener("input", () => { problem.hidden = true; });
-  go.addEventListener("click", async () => {
-    let value;
-    try {
-      value = JSON.parse(area.value);
-    } catch (err) {
-      problem.textContent = "not JSON: " + err.message + ". Nothing was forked.";
-      problem.hidden = false;
-      return;
-    }
-    problem.hidden = true;
-    const message = await forkAt(at, null, toEdit(value));
-    if (message) { problem.textContent = message; problem.hidden = false; }
-  });
-  return el("div", {class: "edit"}, open, panel);
-}
-
-async function loadPayload(seq, button) {
-  button.disabled = true;
-  button.textContent = "loading…";
-  try {
-    const whole = await api("/api/runs/" + encodeURIComponent(state.runId) + "/events/" + seq);
-    state.details.set(seq, whole);
-    const node = document.querySelector('.event[data-seq="' + seq + '"]');
-    if (node) node.replaceWith(eventNode(state.bySeq.get(seq)));
-  } catch (err) {
-    button.disabled = false;
-    button.textContent = "retry";
-    showMessage("could not load event " + seq + ": " + err.message);
-  }
-}
-
-// Fork at `seq` (with `edit`, if any) and open the new run; on refusal show why and return the message.
-async function forkAt(seq, node, edit) {
-  showMessage("forking at seq " + seq + "…", "info");
-  const body = edit ? {at_seq: seq, edit: edit} : {at_seq: seq};
-  try {
-    const forked = await api("/api/runs/" + encodeURIComponent(state.runId) + "/fork", {
-      method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
-    });
-    location.href = runHref(forked.run_id);
-    return null;
-  } catch (err) {
-    const message = "fork at seq " + seq + " failed: " + err.message;
-    showMessage(message);
-    if (node) node.classList.add("fork-error");
-    return message;
-  }
-}
-
 // -- data and live following --------------------------------------------------------------------------
 
 function setEvents(events) {
@@ -566,12 +399,27 @@ async function init() {
     state.view = data;
     setEvents(data.events);
     document.getElementById("home").removeAttribute("href");
+    document.getElementById("site").remove();  // a file: the other pages are the server's
     render();
     return;
   }
   const parts = location.pathname.split("/");
   state.runId = decodeURIComponent(parts[parts.length - 1] || "");
-  if (await reload()) follow();
+  if (await reload()) {
+    openFromHash();
+    follow();
+  }
+}
+
+// `/runs/RUN#seq-N` (the links of the waterfall and the conversation): event N opened and in view.
+function openFromHash() {
+  const m = /^#seq-(\d+)$/.exec(location.hash);
+  if (!m || !state.bySeq.has(Number(m[1]))) return;
+  const seq = Number(m[1]);
+  state.open.add(seq);
+  render();
+  const node = document.querySelector(".event[data-seq='" + seq + "']");
+  if (node) { node.classList.add("target"); node.scrollIntoView({block: "center"}); }
 }
 
 window.addEventListener("beforeunload", () => { if (state.source) state.source.close(); });

@@ -1,0 +1,97 @@
+"""The bundle as the one entry point in process: `Agent.from_bundle(path).run(task)` against a real HTTP
+model server (scripted), real Monty, the bundle's own tools, data and workspace writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from host_helpers import hermes_call, write_bundle
+
+from runtime import Agent, LocalWorkspace, kernel
+from runtime import events as ev
+from runtime.client.verify import verify
+from runtime.model import ModelClient
+from runtime.testing import ScriptedModelServer, last_message
+
+pytestmark = pytest.mark.anyio
+DEMO = Path(__file__).parents[2] / "bundles" / "demo"
+
+
+def demo_model(body: dict[str, Any]) -> str:
+    """What the demo's model does: calculate, then answer with the value the tool returned."""
+    last = last_message(body)
+    if "<tool_response>" in last:
+        value = json.loads(last.split("<tool_response>")[1].split("</tool_response>")[0])["value"]
+        return hermes_call("final_answer", {"answer": str(value)})
+    return hermes_call("calculator", {"expression": "17 * 23 + 4"})
+
+
+async def test_the_demo_bundle_runs_in_process_in_three_lines():
+    with ScriptedModelServer(responder=demo_model) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            agent = Agent.from_bundle(DEMO, client=client)
+            result = await agent.run("What is 17 * 23 + 4?")
+        requests = server.requests
+    assert result.ok and result.output == {"answer": "395"}
+    kinds = [ev.kind_of(e) for e in result.events]
+    assert kinds[0] == "run.started" and "script.completed" in kinds and kinds[-1] == "run.completed"
+    started = result.events[0]
+    assert isinstance(started, ev.RunStarted) and started.bundle_digest == agent.bundle.digest
+    assert started.actor == "demo" and started.timeout_s == agent.bundle.deadline_s  # the bundle's deadline
+    # the bundle's model settings went over the wire: its constraint and sampling
+    assert "grammar" in requests[0]["structured_outputs"] and requests[0]["temperature"] == 0.0
+    # the same log a host writes: it folds, and the kernel re-decides it event for event
+    assert kernel.fold(agent.config, result.events).status == "completed"
+    report = verify(agent.config, result.events)
+    assert report.ok and report.checked >= 6, report.problems
+
+
+async def test_a_workspace_bundle_reads_its_files_and_keeps_what_its_tools_wrote(tmp_path: Path):
+    bundle = write_bundle(tmp_path, tools=("note",), extra="workspace: notes\ndata_provider: workspace\n")
+
+    def model(body: dict[str, Any]) -> str:
+        last = last_message(body)
+        if "<tool_response>" in last:
+            return hermes_call("submit", {"answer": last.split("<tool_response>")[1].strip()[:40]})
+        return hermes_call("note", {"line": last.split(":", 1)[1].strip()})
+
+    with ScriptedModelServer(responder=model) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            agent = Agent.from_bundle(bundle, client=client)
+            first = await agent.run("note: first line")
+            second = await agent.run("note: second line")
+    assert first.ok and second.ok
+    # the second run's script read what the first one's write left in the workspace
+    assert isinstance(agent.data, LocalWorkspace)
+    assert agent.data.entries["log.txt"] == b"first line\nsecond line\n"
+    (done,) = [e for e in second.events if isinstance(e, ev.ToolCompleted) and e.tool == "note"]
+    assert done.output["lines"] == 2
+
+
+async def test_a_local_model_bundle_without_a_model_server_says_how_to_start_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("SA_LOCAL_MODEL_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no `sa up` state file
+    with pytest.raises(ValueError, match="sa model serve"):
+        Agent.from_bundle(DEMO)
+
+
+async def test_a_local_model_bundle_finds_the_model_of_a_running_sa_up(monkeypatch, tmp_path):
+    """`sa up` records its model server's URL; an in-process agent of a `local` bundle uses it."""
+    import json
+    import os
+
+    from runtime.running import state_file
+
+    monkeypatch.delenv("SA_LOCAL_MODEL_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    state_file().parent.mkdir(parents=True)
+    state_file().write_text(json.dumps({"nats_url": "nats://127.0.0.1:1", "pid": os.getpid(),
+                                        "model_url": "http://127.0.0.1:9/v1"}))
+    async with Agent.from_bundle(DEMO) as agent:
+        assert str(agent.client.base_url).rstrip("/") == "http://127.0.0.1:9/v1"
+    state_file().write_text(json.dumps({"model_url": "http://127.0.0.1:9/v1", "pid": 2**22 + 12345}))
+    with pytest.raises(ValueError, match="sa model serve"):  # a stale file (its `sa up` is gone) is ignored
+        Agent.from_bundle(DEMO)
