@@ -50,6 +50,7 @@ from runtime import events as ev
 from runtime.nats.subjects import (
     ANONYMOUS,
     HDR_MSG_ID,
+    SCHEDULE_OPERATOR,
     check_token,
     command_subject,
     subtask_subject,
@@ -149,7 +150,10 @@ def decode(subject_agent: str, data: bytes, operator: str | None = None, *,
     if isinstance(cmd, ev.Task):
         raise BadCommand(f"a task is not accepted on a command subject: publish it on "
                          f"agents.{subject_agent}.tasks")
-    if isinstance(cmd, ev.Resume):  # names no operator: it asks a host to drive a run that exists
+    if isinstance(cmd, ev.Wake) and operator != SCHEDULE_OPERATOR:
+        raise BadCommand(f"a wake comes from the cluster's clock only, on ops.{subject_agent}."
+                         f"{SCHEDULE_OPERATOR} (a host publishes it when a timer's wake-up fires)")
+    if isinstance(cmd, ev.Resume | ev.Wake):  # name no operator: they ask a host to drive a run that exists
         return addressed
     if operator == ANONYMOUS:  # no authenticated name to go by (a server without auth): keep the message's
         return Addressed(addressed.agent, msgspec.structs.replace(cmd, by=cmd.by or ANONYMOUS))

@@ -345,6 +345,28 @@ class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="approval.denied"):
     by: str = ""
 
 
+# ── timers ────────────────────────────────────────────────────────────────────────────────────────
+
+
+class TimerStarted(_Event, frozen=True, kw_only=True, tag="timer.started"):
+    """A call of a timer tool (`runtime.timers`: `sleep`, `wait_until`) waits until `due` (unix seconds).
+    The kernel decides it (the due time follows from the call's arguments and the `ts` of the event before
+    it), so a replay reproduces it; the call then waits for `timer.fired` as a call waits for its result,
+    and a host parks the run meanwhile (`runtime.schedules` holds its wake-up)."""
+
+    call_id: str
+    tool: str
+    due: float
+
+
+class TimerFired(_Event, frozen=True, kw_only=True, tag="timer.fired"):
+    """The timer of call `call_id` fired: the call now has its result (when it was due, when it woke). `by`
+    says what woke it: `schedule` (the cluster's scheduled wake-up) or `host` (a host found it due)."""
+
+    call_id: str
+    by: str = ""
+
+
 Event: TypeAlias = (
     RunStarted
     | RunForked
@@ -363,6 +385,8 @@ Event: TypeAlias = (
     | ApprovalRequested
     | ApprovalGranted
     | ApprovalDenied
+    | TimerStarted
+    | TimerFired
     | TurnCompleted
     | RunCompleted
     | RunFailed
@@ -498,7 +522,16 @@ class Resume(_Command, frozen=True, kw_only=True, tag="resume"):
     run_id: str
 
 
-Command: TypeAlias = Task | Cancel | Approve | Deny | Resume
+class Wake(_Command, frozen=True, kw_only=True, tag="wake"):
+    """The timer of call `call_id` of run `run_id` is due: the cluster's clock (a scheduled message,
+    `runtime.schedules`) sends it, through any host, to the host serving the run's partition, which folds
+    the parked run and records `timer.fired`. A wake for a timer that already fired changes nothing."""
+
+    run_id: str
+    call_id: str
+
+
+Command: TypeAlias = Task | Cancel | Approve | Deny | Resume | Wake
 COMMAND_TYPES: tuple[type[_Command], ...] = get_args(Command)
 COMMAND_KINDS: dict[str, type[_Command]] = {_tag(cls): cls for cls in COMMAND_TYPES}
 
@@ -731,11 +764,14 @@ __all__ = [
     "ScriptStarted",
     "SystemEdit",
     "Task",
+    "TimerFired",
+    "TimerStarted",
     "ToolCalled",
     "ToolCompleted",
     "ToolFailed",
     "ToolRedelivered",
     "TurnCompleted",
+    "Wake",
     "can_offload",
     "command_from_json",
     "decode",

@@ -58,6 +58,13 @@ timeout has its verdict decided from timestamps like the deadline: `decide` retu
 `ts` is past `approval.requested.ts + timeout_s`; since time passing appends nothing, a runner with nothing
 else to do wakes at `next_timer(state)` and appends what `expire(state, now)` returns.
 
+Timers: a call of a timer tool (`KernelConfig.timers`, `runtime.timers`: `sleep`, `wait_until`) runs on no
+worker. `decide` settles it as `timer.started`, due at a time computed from its arguments and the `ts` of
+the latest event (so `verify` decides the same), or as `tool.failed` for bad arguments or a wait past the
+deadline; the call then waits for `timer.fired`, which gives it its result, as a tool call waits for its
+outcome. Time passing appends nothing here either: a runner with nothing else to do (`sleeping_until`)
+parks the run until the instant, and records `timer.fired` when woken.
+
 Final-turn forcing: with a terminal tool configured (and `force_terminal_on_last_turn`, the default),
 the request for the last turn `max_turns` allows offers only the terminal tool (`CallModel.tools`), so
 a constrained decoder can only answer; a call of another tool in that turn is denied (`policy`).
@@ -66,7 +73,7 @@ Recovery contract (what a runner may rely on):
 
 1. `decide` returns only PENDING work: decisions whose event is not in the log yet. It is a function
    of the state, so after a crash a runner folds the run's events, calls `decide`, and performs what it
-   returns. The list is empty exactly when the run is over or waits for an approver.
+   returns. The list is empty exactly when the run is over or waits for an approver or a timer.
 2. An effect's intent event does not make it done. After `model.requested` without a reply, `decide`
    returns the same `CallModel` (same id; `new_messages` is then empty, because those messages are
    already recorded). After `tool.called` without a result, the call is in the next `CallTools` again.
@@ -100,7 +107,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
-from runtime import history
+from runtime import history, timers
 from runtime.approval_policy import ApprovalRule, rule_for
 from runtime.events import (
     ApprovalDenied,
@@ -115,6 +122,8 @@ from runtime.events import (
     RunFailed,
     RunForked,
     RunStarted,
+    TimerFired,
+    TimerStarted,
     ToolCalled,
     ToolCompleted,
     ToolFailed,
@@ -153,12 +162,15 @@ class KernelConfig:
     # The run's token budget (prompt + completion tokens of its model replies): spent, the next model call
     # is not made and the run fails `budget_exceeded`. None: no budget.
     token_budget: int | None = None
+    # tools among `tools` that are durable timers (`runtime.timers`): the kernel settles their calls itself
+    timers: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "policies", tuple(self.policies))
         object.__setattr__(self, "requires_approval", frozenset(self.requires_approval))
         object.__setattr__(self, "approvals", tuple(self.approvals))
+        object.__setattr__(self, "timers", frozenset(self.timers))
         for name in ("max_turns", "max_consecutive_errors", "max_concurrent_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KernelConfig.{name} must be at least 1, got {getattr(self, name)}")
@@ -173,6 +185,10 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.tools has duplicate names: {sorted(names)}")
         if self.terminal_tool is not None and self.terminal_tool not in names:
             raise ValueError(f"terminal_tool {self.terminal_tool!r} is not among the tools {names}")
+        unknown = sorted(t for t in self.timers if t not in timers.TIMER_TOOLS or t not in names)
+        if unknown:
+            raise ValueError(f"KernelConfig.timers {unknown}: a timer is one of {sorted(timers.TIMER_TOOLS)} "
+                             "and is among the tools")
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -226,8 +242,8 @@ class CallTools:
 
 # The facts `decide` settles on its own: the runner appends them as they are (the log stamps them).
 # An approval verdict is one only when its approval's timeout passed (`expire`); a person's is an input.
-Decided: TypeAlias = (ToolFailed | ApprovalRequested | ApprovalGranted | ApprovalDenied | TurnCompleted
-                      | RunCompleted | RunFailed)
+Decided: TypeAlias = (ToolFailed | ApprovalRequested | ApprovalGranted | ApprovalDenied | TimerStarted
+                      | TurnCompleted | RunCompleted | RunFailed)
 Effect: TypeAlias = CallModel | CallTools
 Decision: TypeAlias = Effect | Decided
 
@@ -308,6 +324,7 @@ class Turn:
     # call id -> (when its approval times out, the verdict then, the timeout): from `approval.requested`
     approval_timeouts: Mapping[str, tuple[float, str, float]] = field(default_factory=dict)
     edited: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # call id -> approved arguments
+    timers: Mapping[str, float] = field(default_factory=dict)  # call id -> when its timer is due
     policy_snapshot: tuple[Any, ...] = ()  # policy states when the model replied
 
     def call(self, call_id: str) -> ToolCall | None:
@@ -414,6 +431,10 @@ def _apply(state: State, ev: Event) -> State:
             return _approval_requested(state, ev)
         case ApprovalGranted() | ApprovalDenied():
             return _approval_decided(state, ev)
+        case TimerStarted():
+            return _timer_started(state, ev)
+        case TimerFired():
+            return _timer_fired(state, ev)
         case TurnCompleted():
             return _turn_completed(state, ev)
         case RunCompleted() | RunFailed() | RunCancelled():
@@ -482,6 +503,22 @@ def _approval_decided(state: State, ev: ApprovalGranted | ApprovalDenied) -> Sta
         edited = {**edited, ev.call_id: dict(ev.arguments)}
     return replace(state, turn=replace(turn, approvals={**turn.approvals, ev.call_id: verdict},
                                        edited=edited))
+
+
+def _timer_started(state: State, ev: TimerStarted) -> State:
+    turn = state.turn
+    if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.timers or \
+            ev.call_id in turn.results:
+        return state
+    return replace(state, turn=replace(turn, timers={**turn.timers, ev.call_id: ev.due}))
+
+
+def _timer_fired(state: State, ev: TimerFired) -> State:
+    """A timer's call gets its result; a wake for a timer that never started, or fired already, is nothing."""
+    turn = state.turn
+    if turn is None or ev.call_id not in turn.timers:
+        return state
+    return _result(state, ev.call_id, ToolResult(output=timers.fired_output(turn.timers[ev.call_id], ev.ts)))
 
 
 def _ended(state: State, ev: RunCompleted | RunFailed | RunCancelled) -> State:
@@ -661,6 +698,9 @@ def _decide_calls(state: State, turn: Turn) -> list[Decision]:
                 decisions.append(_approval_request(cfg, run, call, rule))
             elif (verdict := _timed_out(run, turn, call.id, state.ts)) is not None:
                 decisions.append(verdict)
+        elif call.name in cfg.timers:
+            if call.id not in turn.timers:  # started: it waits for `timer.fired`, as a call for its result
+                decisions.append(_start_timer(state, call))
         else:
             dispatch.append(call)
     if dispatch:
@@ -673,6 +713,15 @@ def _decide_calls(state: State, turn: Turn) -> list[Decision]:
             )
         )
     return decisions
+
+
+def _start_timer(state: State, call: ToolCall) -> TimerStarted | ToolFailed:
+    """A timer call's `timer.started`, due at a time computed from its arguments and the latest event's
+    `ts` (so a replay decides the same), or the error its arguments earn (`runtime.timers.due_of`)."""
+    due = timers.due_of(call, state.ts, state.deadline)
+    if isinstance(due, ToolError):
+        return ToolFailed(run_id=state.run_id, call_id=call.id, tool=call.name, error=due)
+    return TimerStarted(run_id=state.run_id, call_id=call.id, tool=call.name, due=due)
 
 
 def _approval_request(cfg: KernelConfig, run: str, call: ToolCall, rule: ApprovalRule) -> ApprovalRequested:
@@ -704,6 +753,25 @@ def pending_approvals(state: State) -> tuple[ToolCall, ...]:
         return ()
     return tuple(c for c in turn.calls if c.id in turn.approvals_requested and c.id not in turn.approvals
                  and c.id not in turn.results)
+
+
+def pending_timers(state: State) -> tuple[tuple[str, float], ...]:
+    """The open turn's timers that started and have not fired, as (call id, due), soonest first; empty
+    once the run is over. A run whose only pending work is these sleeps (`sleeping_until`)."""
+    turn = state.turn
+    if state.status != "running" or turn is None:
+        return ()
+    return tuple(sorted(((c, due) for c, due in turn.timers.items() if c not in turn.results),
+                        key=lambda t: (t[1], t[0])))
+
+
+def sleeping_until(state: State) -> float | None:
+    """When the run wakes, if all it waits for is timers (no decision pending, no approval, every other
+    call answered): the first timer's due time. Else None."""
+    timers_ = pending_timers(state)
+    if not timers_ or decide(state) or pending_approvals(state):
+        return None  # a call still out is in `decide`'s CallTools until its result arrives
+    return timers_[0][1]
 
 
 def next_timer(state: State) -> float | None:
@@ -771,7 +839,9 @@ __all__ = [
     "model_request_id",
     "next_timer",
     "pending_approvals",
+    "pending_timers",
     "rebase_id",
+    "sleeping_until",
     "tool_call_id",
     "tool_calls",
 ]

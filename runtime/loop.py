@@ -101,8 +101,9 @@ class _Runner:
             clock,
         )
         self.tools = {t.schema.name: t for t in tools}
-        missing = [
-            s.name for s in config.tools if s.name not in self.tools and s.name != config.terminal_tool
+        missing = [  # the terminal tool may return its arguments; a timer is the runner's own (`sleep`)
+            s.name for s in config.tools
+            if s.name not in self.tools and s.name != config.terminal_tool and s.name not in config.timers
         ]
         if missing:
             raise ValueError(f"the config offers tools with no implementation: {', '.join(missing)}")
@@ -128,9 +129,23 @@ class _Runner:
         return anyio.fail_after(max(deadline - self.clock(), 0.0)) if deadline is not None else nullcontext()
 
     async def drive(self) -> None:
-        while effects := kernel.decide(self.state):
+        while True:
+            effects = kernel.decide(self.state)
+            if not effects and not await self.sleep():
+                return
             for effect in effects:
                 await self.perform(effect)
+
+    async def sleep(self) -> bool:
+        """In one process a timer (`runtime.timers`) is a plain wait: until the first pending one is due,
+        then `timer.fired`; False if no timer is pending. Its due time is never past the deadline."""
+        timers = kernel.pending_timers(self.state)
+        if not timers:
+            return False
+        call_id, due = timers[0]
+        await anyio.sleep(max(due - self.clock(), 0.0))
+        await self.emit(ev.TimerFired(run_id=self.run_id, call_id=call_id, by="loop"))
+        return True
 
     async def perform(self, decision: kernel.Decision) -> None:
         match decision:

@@ -32,8 +32,10 @@ from runtime.bundle.sections import (
     name_section,
     output_models_section,
     policies_section,
+    schedules_section,
     system_prompt_section,
     termination_section,
+    timers_section,
     workspace_section,
 )
 from runtime.bundle.tools import tools_section
@@ -75,13 +77,16 @@ def load_bundle(path: str | Path) -> Bundle:
     endpoint = keep(endpoint_section(spec.endpoint))
     budgets = keep(budgets_section(spec.budgets))
     problems += priority_section(spec.priority)
+    problems += timers_section(spec.timers, found.tools)
+    schedules = keep(schedules_section(spec.schedules, spec.name))
     if problems:
         raise BundleError(source, problems)
 
     return Bundle(name=spec.name, path=p.resolve(), spec=spec, system_prompt=system_prompt,
                   limits=global_limits, tools=found.tools, data_provider=data, deadline_s=deadline_s,
                   policies=policies, digest=_digest(raw_text, found.tools), approvals=found.approvals,
-                  grants=found.grants, factory=factory, endpoint=endpoint, budgets=budgets)
+                  grants=found.grants, factory=factory, endpoint=endpoint, budgets=budgets,
+                  schedules=schedules)
 
 
 def _read(p: Path) -> tuple[str, dict[Any, Any]]:

@@ -26,6 +26,7 @@ from runtime.types import ToolSchema
 if TYPE_CHECKING:
     from runtime.kernel import KernelConfig
     from runtime.policies import ToolPolicy
+    from runtime.schedules import Schedule
 
 __all__ = ["Bundle", "BundleTool", "DataProviderSpec"]
 
@@ -63,6 +64,7 @@ class Bundle:
     factory: ExternalsFactory | None = None  # `externals:`, imported
     endpoint: EndpointLimits | None = None  # `endpoint:`: the model endpoint's fleet-wide share
     budgets: Budgets = field(default_factory=Budgets)  # `budgets:`: tokens per run and per agent per day
+    schedules: tuple[Schedule, ...] = ()  # `schedules:`, checked (stored by a host serving the bundle)
 
     @property
     def root(self) -> Path:
@@ -79,7 +81,10 @@ class Bundle:
         return self.tools[tool].output_model if tool in self.tools else None
 
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
-        return tuple(t.schema for t in self.tools.values())
+        """What the model is offered: the bundle's tools, then its built-in timers (`timers:`)."""
+        from runtime.timers import TIMER_TOOLS
+
+        return (*(t.schema for t in self.tools.values()), *(TIMER_TOOLS[n] for n in self.spec.timers))
 
     def kernel_config(self) -> KernelConfig:
         """The kernel's `KernelConfig` for this bundle (tool schemas, termination, policies, sampling)."""
@@ -94,7 +99,7 @@ class Bundle:
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
             approvals=self.approvals, sampling=dict(self.spec.model.sampling),
-            token_budget=self.budgets.run_tokens)
+            token_budget=self.budgets.run_tokens, timers=frozenset(self.spec.timers))
 
     def decoding_constraint(self) -> DecodingConstraint:
         c = self.spec.constraint

@@ -65,6 +65,15 @@ worker loads to know the agent's tools::
       on_exceeded: fail                       # the daily budget spent: fail the run, or wait for the next day
     priority: 5                               # its tasks' priority at the endpoint (0..9, higher first),
                                               # unless a task says otherwise
+    timers: [sleep, wait_until]               # durable timers the model may call (runtime.timers)
+    schedules:                                # runs started by the cluster's clock (runtime.schedules),
+      - name: digest                          #   stored when a host of this bundle starts
+        cron: "0 0 8 * * mon-fri"             #   or every: 30s, or at: 2030-01-01T09:00:00+01:00
+        tz: Europe/Paris                      #   a cron's zone (default UTC)
+        input: "Summarise yesterday's tickets."
+        instance: ops                         #   optional: the actor's instance, a thread to continue
+        catch_up: latest                      #   fires missed while no host ran: none | latest | all
+        grace: 60s                            #   a fire taken later than this after it fired was missed
 
 Every mapping rejects unknown keys, so a misspelt key is an error with a "did you mean" hint
 (`runtime.bundle.problems`) rather than a setting silently ignored. Unions of models are avoided so
@@ -82,8 +91,8 @@ from pydantic import BaseModel, ConfigDict
 from runtime.model import Strategy
 
 __all__ = ["ApprovalSpec", "BudgetsSpec", "BundleSpec", "ConstraintSpec", "ConversationSpec", "EndpointSpec",
-           "GrantsSpec", "HttpGrant", "ModelSpec", "RetrySpec", "SummariseSpec", "TerminationSpec",
-           "ToolEntry"]
+           "GrantsSpec", "HttpGrant", "ModelSpec", "RetrySpec", "ScheduleSpec", "SummariseSpec",
+           "TerminationSpec", "ToolEntry"]
 
 
 class _Strict(BaseModel):
@@ -197,6 +206,21 @@ class BudgetsSpec(_Strict):
     on_exceeded: Literal["fail", "wait"] = "fail"
 
 
+class ScheduleSpec(_Strict):
+    """One entry of `schedules:` (`runtime.schedules.make_schedule` checks what the values mean)."""
+
+    name: str
+    input: str
+    cron: str | None = None
+    every: str | int | None = None
+    at: str | None = None
+    tz: str | None = None
+    instance: str | None = None
+    thread: str | None = None
+    catch_up: Literal["none", "latest", "all"] = "latest"
+    grace: float | str = 60.0
+
+
 class BundleSpec(_Strict):
     name: str
     description: str = ""
@@ -221,3 +245,5 @@ class BundleSpec(_Strict):
     endpoint: EndpointSpec | None = None
     budgets: BudgetsSpec = BudgetsSpec()
     priority: int | None = None
+    timers: list[Literal["sleep", "wait_until"]] = []  # built-in durable timers offered to the model
+    schedules: list[ScheduleSpec] = []

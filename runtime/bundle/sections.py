@@ -10,13 +10,13 @@ file order and reports every problem at once. `tools:` is big enough for its own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.bundle.problems import Problem, did_you_mean
 from runtime.bundle.resolved import DataProviderSpec
-from runtime.bundle.schema import BundleSpec, ConversationSpec, ModelSpec, TerminationSpec
+from runtime.bundle.schema import BundleSpec, ConversationSpec, ModelSpec, ScheduleSpec, TerminationSpec
 from runtime.bundle.values import limits_value, output_model_value
 from runtime.externals import ExternalsError, ExternalsFactory, load_factory
 from runtime.model import ADAPTERS
@@ -24,11 +24,12 @@ from runtime.scripts import Limits, LimitsError, parse_duration
 
 if TYPE_CHECKING:
     from runtime.policies import ToolPolicy
+    from runtime.schedules import Schedule
 
 __all__ = ["SAMPLING_KEYS", "conversation_section", "data_provider_section", "externals_section",
            "limits_section", "max_concurrent_tools_section", "model_section", "name_section",
-           "output_models_section", "policies_section", "system_prompt_section", "termination_section",
-           "workspace_section"]
+           "output_models_section", "policies_section", "schedules_section", "system_prompt_section",
+           "termination_section", "timers_section", "workspace_section"]
 
 # the sampling parameters `model.sampling` may set (what the model client passes on to the server)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
@@ -241,3 +242,38 @@ def workspace_section(workspace: str | None) -> list[Problem]:
     except ValueError as e:
         return [("workspace", str(e))]
     return []
+
+
+def timers_section(timers: Sequence[str], tools: Collection[str]) -> list[Problem]:
+    """`timers:`, the built-in durable timers (`runtime.timers`) the model is offered: each once, and not
+    the name of one of the bundle's own tools."""
+    problems: list[Problem] = []
+    for i, name in enumerate(timers):
+        if name in timers[:i]:
+            problems.append((f"timers[{i}]", f"{name} is listed twice"))
+        elif name in tools:
+            problems.append((f"timers[{i}]", f"a tool of this bundle is named {name}: rename it, or drop the "
+                                             "timer"))
+    return problems
+
+
+def schedules_section(entries: list[ScheduleSpec], agent: str) -> tuple[tuple[Schedule, ...], list[Problem]]:
+    """`schedules:`, runs of this agent the cluster's clock starts (`runtime.schedules`): each a valid
+    schedule, names unique."""
+    from runtime.schedules import ScheduleError, make_schedule
+
+    problems: list[Problem] = []
+    out: list[Schedule] = []
+    for i, entry in enumerate(entries):
+        path = f"schedules[{i}]"
+        if any(e.name == entry.name for e in entries[:i]):
+            problems.append((f"{path}.name", f"schedule {entry.name!r} is defined twice"))
+            continue
+        try:
+            grace = parse_duration(entry.grace, field="grace")
+            out.append(make_schedule(entry.name, agent, entry.input, cron=entry.cron, every=entry.every,
+                                     at=entry.at, tz=entry.tz, instance=entry.instance, thread=entry.thread,
+                                     catch_up=entry.catch_up, grace_s=grace, origin=f"bundle {agent}"))
+        except (ScheduleError, LimitsError) as e:
+            problems.append((path, str(e)))
+    return tuple(out), problems

@@ -7,6 +7,7 @@
 - `thread_cmds`     — `sa threads` (conversations: threads and their runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
 - `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
+- `schedule_cmds`   — `sa schedule add / list / pause / resume / delete` (runs started by the cluster's clock)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
@@ -29,6 +30,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     thread_cmds,
     fork_cmds,
     control_cmds,
+    schedule_cmds,
     tools_cmds,
     constraint_cmds,
     model_cmds,

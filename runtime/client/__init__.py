@@ -15,6 +15,7 @@
 - `diff`    — where two runs (a fork and its source) diverge
 - `status`  — hosts, partitions, workers, queue depths, runs in flight
 - `work`    — tool jobs not done yet (and why earlier deliveries ended), dead letters and their replay
+- `schedules` — `Schedules` (`client.schedules`): add, list, pause, resume, delete the cluster's schedules
 
 `sa` and `sa ui` reach runs through this package and nothing else.
 """
@@ -32,10 +33,11 @@ from runtime.client.fork import (
     SystemEdit,
 )
 from runtime.client.handle import RunCancelledError, RunError, RunFailedError, RunHandle
+from runtime.client.schedules import Schedules
 from runtime.client.submit import NotSent
 from runtime.client.sync import SyncClient, SyncRunHandle
 from runtime.client.verify import Verification
 
 __all__ = ["BundleEdit", "Client", "ControlError", "EditedCall", "ForkEdit", "ForkError", "Forked",
            "NotSent", "OutputEdit", "Pending", "ReplyEdit", "RunCancelledError", "RunError", "RunFailedError",
-           "RunHandle", "RunInfo", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]
+           "RunHandle", "RunInfo", "Schedules", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]

@@ -31,6 +31,7 @@ from nats.js.errors import KeyNotFoundError
 
 from runtime.client.control import Control, Pending
 from runtime.client.handle import RunHandle
+from runtime.client.schedules import Schedules
 from runtime.client.submit import submit
 from runtime.log import RunLog
 from runtime.nats.connection import close, connect
@@ -86,6 +87,7 @@ class Client:
         self.js: JetStream = jetstream_for(nc)
         self.log = RunLog(self.js)
         self.control = Control(self.js)
+        self.schedules = Schedules(self.js)  # runs started by the cluster's clock (`sa schedule`)
         self._owns = owns_connection
 
     @classmethod

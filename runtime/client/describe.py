@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from runtime import events as ev
+from runtime.timers import iso
 
 
 def short(value: Any, width: int = 90) -> str:
@@ -132,6 +133,8 @@ _DESCRIBE: dict[type, Callable[[Any], str]] = {
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalGranted: _granted,
     ev.ApprovalDenied: lambda e: f"{e.call_id}{_by(e.by)}: {short(e.reason, 60)}",
+    ev.TimerStarted: lambda e: f"{e.call_id.rsplit('/', 1)[-1]} {e.tool} until {iso(e.due)}",
+    ev.TimerFired: lambda e: f"{e.call_id.rsplit('/', 1)[-1]} woke{f' ({e.by})' if e.by else ''}",
 }
 
 

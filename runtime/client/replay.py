@@ -68,7 +68,7 @@ def _t0(events: Sequence[ev.Event]) -> float:
 
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",
-          "approval": "green"}
+          "approval": "green", "timer": "blue"}
 _ENDINGS = ("run.completed", "run.failed", "run.cancelled")
 _FAILED = ("run.failed", "model.failed", "tool.failed", "script.failed")
 

@@ -50,6 +50,10 @@ class HostStats:
     gained: int = 0  # slots (partitions of a bundle) taken (at start or over)
     lost: int = 0  # slots given up (released, expired or fenced)
     unserved_failed: int = 0  # tasks failed because no live host served their agent (`runtime.host.unserved`)
+    fires: int = 0  # schedule fires turned into tasks (`runtime.host.scheduler`)
+    fires_skipped: int = 0  # missed fires skipped by their schedule's catch_up
+    wakes: int = 0  # timer wake-ups turned into wake commands
+    runs_parked: int = 0  # times a run went to sleep on a timer, holding nothing
 
 
 __all__ = ["DEFAULT_MAX_RUNS", "DEFAULT_UNSERVED_AFTER_S", "HostConfig", "HostStats"]

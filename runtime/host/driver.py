@@ -70,6 +70,7 @@ from nats.js.errors import BadRequestError
 from runtime import events as ev
 from runtime import kernel
 from runtime.host.served import AgentRuntime
+from runtime.host.sleep import forget_wakes, schedule_wakes
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.model.limits import Throttle, Ticket
@@ -95,7 +96,7 @@ class Ackable(Protocol):
 class Inbound:
     """Something for a run from outside: a tool outcome or a command, with the message to ack after."""
 
-    item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny
+    item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny | ev.Wake
     msg: Ackable | None = None
 
 
@@ -126,6 +127,10 @@ class RunDriver:
         # called when the run starts or stops waiting for an approver (the host rewrites its index entry)
         self.on_status: Callable[[RunDriver], Awaitable[None]] | None = None
         self._waiting_indexed = False
+        # the run sleeps on timers and this driver let go of it (`run` returned; the host indexes it as
+        # sleeping); set by whoever folds a parked run back for a command, until the host re-indexes it
+        self.parked = False
+        self._wakes: set[str] = set()  # timers whose wake-up this driver has scheduled
 
     # -- fed by the host ---------------------------------------------------------------------------------
 
@@ -156,11 +161,41 @@ class RunDriver:
                     break
                 progressed |= await self._perform(effect)
             if not progressed and not self.state.done and not self._cancelling:
+                if await self._timers_due():
+                    continue
+                if await self._park():
+                    return self.state  # asleep: the cluster's wake-up brings it back (`runtime.schedules`)
                 await self._wait()
         await self._drain_inbox()  # ack whatever arrived for a run that is over
         await self._stopped_jobs()
         await self._flush()
+        await forget_wakes(self.js, self.run_id, self.state)
         return self.state
+
+    # -- timers ------------------------------------------------------------------------------------------
+
+    async def _timers_due(self) -> bool:
+        """Fire the timers already due by this host's clock (a wait_until in the past, a run folded back
+        after its instant); True if any fired."""
+        now = self.clock()
+        due = [call_id for call_id, at in kernel.pending_timers(self.state) if at <= now]
+        for call_id in due:
+            await self.append(ev.TimerFired(run_id=self.run_id, call_id=call_id, by="host"))
+        return bool(due)
+
+    async def _park(self) -> bool:
+        """Schedule the wake-up of every pending timer (once `timer.started` is durable: a wake-up never
+        names a timer the log lacks); True if the run now only sleeps, so the driver lets it go: no slot,
+        no memory held until the wake-up arrives (as a `Wake` command, `runtime.host.scheduler`)."""
+        timers = kernel.pending_timers(self.state)
+        if not timers:
+            return False
+        await self._flush()
+        await schedule_wakes(self.js, self.actor, self.run_id, timers, self._wakes)
+        if self.inbox or self.in_flight or kernel.sleeping_until(self.state) is None:
+            return False
+        self.parked = True
+        return True
 
     async def _stopped_jobs(self) -> None:
         """A cancelled run with jobs out: the workers stop them (they follow `run.cancelled`) and report
@@ -215,7 +250,7 @@ class RunDriver:
         for call in turn.calls:
             if call.id in turn.results:
                 continue
-            if call.id in self.in_flight or call.id in turn.called:
+            if call.id in self.in_flight or call.id in turn.called or call.id in turn.timers:
                 await self.append(ev.ToolFailed(run_id=self.run_id, call_id=call.id, tool=call.name,
                                                 error=ToolError("timeout", f"{call.name} did not finish "
                                                                 "before the task's deadline")))
@@ -233,8 +268,12 @@ class RunDriver:
             if item.msg is not None:
                 self._acks.append(item.msg)
 
-    async def _apply(self, item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny) -> None:
+    async def _apply(self, item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny | ev.Wake) -> None:
         state = self.state
+        if isinstance(item, ev.Wake):
+            if any(c == item.call_id for c, _ in kernel.pending_timers(state)):
+                await self.append(ev.TimerFired(run_id=self.run_id, call_id=item.call_id, by="schedule"))
+            return
         if isinstance(item, ToolOutcome):
             was_out = item.call_id in self.in_flight
             self.in_flight.discard(item.call_id)

@@ -74,6 +74,9 @@ Where each part lives
 - `runtime.host.runs_index`  `RunsIndex`: the ``runs`` index and the ``active`` bucket
 - `runtime.host.driver`      `RunDriver`: one run's kernel loop
 - `runtime.host.unserved`    `Unserved`: tasks of agents no live host serves, failed after a wait
+- `runtime.host.scheduler`   `Scheduler`: the cluster's clock turned into tasks (schedules' fires) and wake
+                             commands (sleeping runs' timers); a bundle's `schedules:` stored at start
+- `runtime.host.sleep`       a run asleep on a timer: its wake-ups scheduled, or deleted if it ends first
 """
 from __future__ import annotations
 
@@ -86,6 +89,7 @@ import anyio
 import anyio.abc
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.errors import BadRequestError
 
 from runtime import events as ev
 from runtime import kernel
@@ -99,6 +103,7 @@ from runtime.host.partitions import Partitions
 from runtime.host.recovery import Recovery
 from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
+from runtime.host.scheduler import Scheduler, ensure_bundle_schedules
 from runtime.host.served import AgentRuntime
 from runtime.host.summary import summarise
 from runtime.host.unserved import Unserved
@@ -111,7 +116,7 @@ from runtime.nats.pull import Budget
 from runtime.nats.records import HostBeat, RunIndex
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
-from runtime.nats.topology import attach_topology, ensure_transforms
+from runtime.nats.topology import attach_topology, ensure_schedules, ensure_transforms
 from runtime.observe.logs import log_context
 from runtime.observe.traces import TRACEPARENT, TRACESTATE
 from runtime.streaming import StreamPublisher
@@ -149,7 +154,7 @@ class Host:
                                  serves=self.serves, on_event=on_event, conversations=self.conversations)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
                              total_partitions=lambda: self.total_partitions, resume=self.recovery.resume,
-                             admit=self._admit, refuse=self._refuse)
+                             admit=self._admit, refuse=self._refuse, unpark=self.recovery.unpark)
         self._served = Partitions(nc, self.js, self.config, self.budget, self.stats, self.id,
                                   spawn=self._spawn, recover=self.recovery.recover,
                                   on_task=self.router.on_task, on_result=self.router.on_result,
@@ -203,6 +208,10 @@ class Host:
         topology = await attach_topology(self.js)
         await retrying(lambda: ensure_transforms(self.js), what="updating the streams' subject transforms",
                        delay=OPEN_RETRY_S, logger=log)  # streams made by an older version
+        await retrying(lambda: ensure_schedules(self.js), what="creating the SCHEDULES stream",
+                       delay=OPEN_RETRY_S, logger=log, fatal=BadRequestError)  # the same
+        await retrying(lambda: ensure_bundle_schedules(self.js, self.agents), what="storing the bundles' "
+                       "schedules", delay=OPEN_RETRY_S, logger=log, fatal=BadRequestError)
         total = self.total_partitions = topology.partitions
         self.budget.expected_sharers = total * max(1, len(self.agents))  # a fair share per slot it may serve
         self._served.replicas = topology.replicas  # a WorkQueue stream's consumers must match its replicas
@@ -214,6 +223,7 @@ class Host:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(endpoints.run)
+            tg.start_soon(Scheduler(self.nc, self.js, self.stats).run, stop)
             if self.config.partitions is not None:
                 wanted = sorted(set(self.config.partitions))
                 bad = [p for p in wanted if not 0 <= p < total]
@@ -324,14 +334,32 @@ class Host:
             driver.streamer = StreamPublisher(self.nc, driver.actor, driver.run_id)
         try:
             with log_context(run_id=driver.run_id, agent=driver.actor):
-                state = await driver.run()
+                state = await self._run_awake(driver)
         finally:
             if self.drivers.get(driver.run_id) is driver:
                 del self.drivers[driver.run_id]
+        if driver.parked:  # asleep on a timer, indexed as such: nothing of it stays here
+            self.stats.runs_parked += 1
+            return
         self.stats.runs_ended[state.status] = self.stats.runs_ended.get(state.status, 0) + 1
         if driver.thread is not None or state.status == "cancelled":
             self.conversations.remember(state)  # the thread's next run starts from it, without a read
         await self.index.record(driver)
+
+    async def _run_awake(self, driver: RunDriver) -> kernel.State:
+        """Drive until the run ends or sleeps (`runtime.host.sleep`). A run folded back from its sleep for a
+        command is indexed as awake before it applies it; a run that went to sleep is indexed as asleep (its
+        wake-up scheduled) and let go, unless something arrived for it meanwhile: then it goes on here."""
+        while True:
+            if driver.parked:
+                driver.parked = False
+                await self.index.record(driver)
+            state = await driver.run()
+            if not driver.parked:
+                return state
+            await self.index.record(driver)
+            if not driver.inbox:  # checked with no await before the driver is let go: a later message
+                return state      # finds no driver and folds the run back (`Router`)
 
     async def _refold(self, run_id: str, actor: str, p: int) -> None:
         await self.recovery.refold(run_id, actor, p)

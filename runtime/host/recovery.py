@@ -2,7 +2,9 @@
 
 At every takeover of a slot (`recover`: a partition of a bundle), before consuming anything: read the
 partition's unfinished runs from the ``active`` bucket (`runtime.host.runs_index`), keep those of the slot's
-bundle (the partition's runs of other bundles are their own hosts'), fold each run's events
+bundle (the partition's runs of other bundles are their own hosts') but those asleep on a timer not due yet
+(the cluster's wake-up folds them at their instant; one whose instant passed is folded, and wakes at once,
+whatever became of its wake-up), fold each run's events
 (`log.RunLog.read`; a run in a thread with the conversation it continues, `runtime.log.threads.fold_run`)
 and queue it first in its actor's mailbox. `RunDriver` then re-issues only what `kernel.decide` says is
 pending: an answered model call is never made again, a job already answered is never re-published, a job
@@ -17,6 +19,7 @@ slot, it re-folds the run and goes on (`refold`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +38,7 @@ from runtime.host.served import AgentRuntime
 from runtime.log import RunLog
 from runtime.log.threads import Conversations, fold_run
 from runtime.nats.kv import kv_entries
+from runtime.nats.records import parse_active
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import active_filter
 
@@ -63,9 +67,11 @@ class Recovery:
         entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p)),
                                  what=f"partition {p}: reading its unfinished runs", delay=RECOVER_RETRY_S,
                                  logger=log)
-        todo = [(key.split(".", 1)[1], entry.value.decode()) for key, entry in entries.items()]
-        todo = [(run_id, actor) for run_id, actor in todo
-                if slot_of(actor, p) == slot and run_id not in self.actors.drivers]
+        now = time.time()
+        found = [(key.split(".", 1)[1], *parse_active(entry.value)) for key, entry in entries.items()]
+        todo = [(run_id, actor) for run_id, actor, until in found  # a run asleep: left alone until it wakes
+                if slot_of(actor, p) == slot and run_id not in self.actors.drivers
+                and (until is None or until <= now)]
         limiter = anyio.CapacityLimiter(self.config.recovery_concurrency)
         resumed: list[RunDriver] = []
 
@@ -137,6 +143,22 @@ class Recovery:
             self.actors.resume(driver)
             self.stats.runs_resumed += 1
         return True
+
+    async def unpark(self, run_id: str, actor: str, p: int) -> RunDriver | None:
+        """The driver of run `run_id` of partition `p` for a command that found none (a run asleep on a
+        timer, `runtime.host.sleep`): folded from its log and queued first in its actor's mailbox, marked
+        `parked` so the host puts it back in ``active`` before it applies anything. None if the run is
+        over (its index is then fixed) or not this host's to drive."""
+        driver = self.actors.drivers.get(run_id)
+        if driver is not None:
+            return driver
+        driver = await self.fold_existing(run_id, actor, p)
+        if driver is None or not self.serves(slot_of(actor, p)) or run_id in self.actors.drivers:
+            return self.actors.drivers.get(run_id)
+        driver.parked = True
+        self.actors.resume(driver)
+        self.stats.runs_resumed += 1
+        return driver
 
     async def refold(self, run_id: str, actor: str, p: int) -> None:
         """Resume a run after losing an append race in a partition this host still serves: the other

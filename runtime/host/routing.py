@@ -10,10 +10,12 @@ A task-subject message (`runtime.commands`) is one of:
 * a resume for a run written by a client (a fork): folded from its log and queued in its actor's mailbox
   at once (a run with no events is logged and terminated);
 * a cancel / approve / deny for a run (only from a command subject, ``ops.<agent>.<operator>``, whose
-  operator becomes the command's ``by``): handed to the run's driver, or kept beside a task still waiting (a
-  cancel, applied right after the run starts), or acked if the run already ended, or republished to the
-  partition that owns the run (a command sent on the bundle's subject for a run of ``bundle:instance``);
-  a command for a run that does not exist is logged and terminated;
+  operator becomes the command's ``by``), or a wake for a run's timer (from the cluster's clock,
+  `runtime.host.scheduler`): handed to the run's driver, or kept beside a task still waiting (a cancel,
+  applied right after the run starts), or acked if the run already ended; a run of this partition that no
+  driver holds (asleep on a timer) is folded back first (`Recovery.unpark`); a command sent on the
+  bundle's subject for a run of ``bundle:instance`` is republished to the partition that owns the run; a
+  command for a run that does not exist is logged and terminated;
 * not a command at all (`commands.BadCommand`): logged with the reason and terminated — never redelivered,
   never stopping the host; on a task subject it is also recorded as a run that fails at once with
   `bad_task` and the reason, under the run id a task gets, so its publisher finds why (`sa replay RUN`).
@@ -37,7 +39,7 @@ from runtime import kernel
 from runtime.commands import PARENT_RUN, BadCommand, decode, refused_task, run_id_for, split_actor
 from runtime.host.actors import Actors, Task
 from runtime.host.config import HostStats
-from runtime.host.driver import Inbound, ack_quietly
+from runtime.host.driver import Inbound, RunDriver, ack_quietly
 from runtime.host.leases import Slot
 from runtime.host.partitions import Guarded
 from runtime.host.runs_index import RunsIndex
@@ -68,10 +70,12 @@ class Router:
                  total_partitions: Callable[[], int],
                  resume: Callable[[str, str, int], Awaitable[bool]],
                  admit: Callable[[str, Task], Awaitable[bool]] | None = None,
-                 refuse: Callable[[str, Task, str, str], Awaitable[None]] | None = None) -> None:
+                 refuse: Callable[[str, Task, str, str], Awaitable[None]] | None = None,
+                 unpark: Callable[[str, str, int], Awaitable[RunDriver | None]] | None = None) -> None:
         self.js, self.actors, self.index, self.budget, self.stats = js, actors, index, budget, stats
         self.serves, self.total_partitions, self.resume, self.admit = serves, total_partitions, resume, admit
         self.refuse = refuse  # records a refused task as a run failing with the reason (`Host._refuse`)
+        self.unpark = unpark  # folds back a run no driver holds (asleep on a timer) for a command
 
     async def on_task(self, slot: Slot, raw: Msg) -> None:
         """A message of `slot`'s task consumer; it carries one unit of `self.budget`."""
@@ -117,29 +121,52 @@ class Router:
                 log.error("resume of run %s (on %s): the run has no events", cmd.run_id, msg.subject)
                 await _term(msg)
             return False
-        assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny)
+        assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny | ev.Wake)
+        await self._to_run(cmd, p, msg)
+        return False
+
+    async def _to_run(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Wake, p: int, msg: Guarded) -> None:
+        """A command for one run: to its driver, beside its waiting task, or to the run folded back from its
+        sleep; acked if the run ended, forwarded if it lives in another partition, else dropped."""
         driver = self.actors.drivers.get(cmd.run_id)
         if driver is not None:
             driver.deliver(Inbound(cmd, msg))
-            return False
+            return
         waiting = self.actors.waiting.get(cmd.run_id)
         if waiting is not None and isinstance(cmd, ev.Cancel):
             if waiting.cancel is not None and waiting.cancel.msg is not None:
                 await ack_quietly(waiting.cancel.msg)
             waiting.cancel = Inbound(cmd, msg)  # applied right after the run starts
-            return False
+            return
         ix = await self.index.get(cmd.run_id)
         if ix is not None and ix.status in kernel.TERMINAL:
             log.info("%s for run %s ignored: the run already %s", cmd.__struct_config__.tag, cmd.run_id,
                      ix.status)
             await ack_quietly(msg)
-            return False
-        if ix is not None and ix.partition != p and await self._forward(cmd, ix, msg):
-            return False
+            return
+        if ix is not None and ix.partition == p and await self._unparked(cmd, ix, p, msg):
+            return
+        if ix is not None and ix.partition != p and not isinstance(cmd, ev.Wake) and \
+                await self._forward(cmd, ix, msg):
+            return
         self.stats.rejected += 1
         log.error("%s for unknown run %s (published on %s): dropped", cmd.__struct_config__.tag, cmd.run_id,
                   msg.subject)
         await _term(msg)
+
+    async def _unparked(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Wake, ix: RunIndex, p: int,
+                        msg: Guarded) -> bool:
+        """A command for a run of this partition that no driver holds (asleep on a timer): the run folded
+        back takes it first; True if it was handled (or the run turned out to have ended: acked)."""
+        if self.unpark is None:
+            return False
+        driver = await self.unpark(cmd.run_id, ix.actor, p)
+        if driver is not None:
+            driver.deliver(Inbound(cmd, msg))
+            return True
+        if (await self.index.get(cmd.run_id) or ix).status in kernel.TERMINAL:
+            await ack_quietly(msg)  # its log says it ended
+            return True
         return False
 
     async def _record_refusal(self, p: int, msg: Guarded, msg_id: str | None, reason: str) -> bool:

@@ -13,11 +13,14 @@ The roles (subjects in `runtime.nats.subjects`):
   and nothing else: no commands, no reading runs.
 * **operator** — publishes cancel / approve / deny on ``ops.*.<its own name>`` only, so the name a host
   records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
-  buckets, the threads, payloads, dead letters) for `sa runs`, `sa replay`, `sa status`, `sa threads`,
-  approvals, `sa ui`; subscribes to runs' live model output (``stream.>``, `sa send --follow`); and acks its
-  own durable readers of EVENTS (`sa otel`).
+  buckets, the threads, payloads, dead letters) and schedules (SCHEDULES) for `sa runs`, `sa replay`,
+  `sa status`, `sa threads`, approvals, `sa ui`, `sa schedule list`; subscribes to runs' live model output
+  (``stream.>``, `sa send --follow`); and acks its own durable readers of EVENTS (`sa otel`). Adding,
+  pausing or deleting a schedule is an admin's: a schedule starts runs of any agent.
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
-  buckets, forwarding a command under its operator's name; it may not publish tasks or tool outcomes.
+  buckets, forwarding a command under its operator's name, and the tasks of schedules' fires (the
+  cluster's clock has no user of its own: a host turns each fire into a task, `runtime.host.scheduler`);
+  it may not publish sub-run tasks or tool outcomes.
 * **worker** — pulls tool jobs from the shared ``workers`` consumer, publishes outcomes on ``results.>``
   and dead letters, reads and writes the workspace, ``applied``, ``attempts``, ``workers`` and
   ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
@@ -67,6 +70,7 @@ from runtime.nats.subjects import (
     PAYLOADS_BUCKET,
     RESULTS,
     RUNS_BUCKET,
+    SCHEDULES,
     STREAM_PREFIX,
     SUBRUNS_CONSUMER,
     TASKS,
@@ -123,14 +127,16 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         return Permissions([*(f"agents.{a}.tasks" for a in agents), "$JS.API.INFO",
                             f"$JS.API.STREAM.INFO.{TASKS}"], inbox)
     if role == "operator":
-        streams = [EVENTS, DLQ, _OBJ_PAYLOADS, *(_kv(b) for b in (RUNS_BUCKET, ACTIVE_BUCKET, LEASES_BUCKET,
-                                                                    HOSTS_BUCKET, WORKERS_BUCKET,
-                                                                    ATTEMPTS_BUCKET, THREADS_BUCKET))]
+        buckets = (RUNS_BUCKET, ACTIVE_BUCKET, LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ATTEMPTS_BUCKET,
+                   THREADS_BUCKET)
+        streams = [EVENTS, DLQ, _OBJ_PAYLOADS, *(_kv(b) for b in buckets)]
+        # schedules are read by direct gets only: a consumer's acks on the WorkQueue SCHEDULES would delete
+        schedules = [f"$JS.API.DIRECT.GET.{SCHEDULES}", f"$JS.API.DIRECT.GET.{SCHEDULES}.>"]
         # acks on EVENTS only move its own durable readers along (`sa otel`): EVENTS keeps what is acked
-        return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams),
+        return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams), *schedules,
                             f"$JS.ACK.{EVENTS}.>"], [*inbox, f"{STREAM_PREFIX}.>"])
     if role == "host":
-        return Permissions([">"], inbox, pub_deny=["agents.*.tasks", "agents.*.subtasks", "results.>"])
+        return Permissions([">"], inbox, pub_deny=["agents.*.subtasks", "results.>"])
     if role == "worker":
         # Workspace buckets are named per workspace (`ws_<name>`): a subject permission cannot match part
         # of a token, so the worker gets every bucket except the hosts' own state.

@@ -12,6 +12,26 @@ import msgspec
 
 # the status of a running run that waits for an operator (`sa approvals` lists such runs' calls)
 WAITING_FOR_APPROVAL = "waiting for approval"
+SLEEPING = "sleeping until "  # + the RFC 3339 instant: a run parked on a timer (`runtime.host.sleep`)
+
+
+def sleeping_status(until: float) -> str:
+    """The status of a run asleep on a timer until `until` (unix time): ``sleeping until <RFC 3339>``."""
+    from runtime.timers import iso
+
+    return SLEEPING + iso(until)
+
+
+def active_value(actor: str, until: float | None = None) -> bytes:
+    """An `active` entry's value: the run's actor, and for a run asleep on a timer when it wakes (a takeover
+    leaves such a run in its log until then)."""
+    return (actor if until is None else f"{actor} {until!r}").encode()
+
+
+def parse_active(value: bytes) -> tuple[str, float | None]:
+    """(actor, when it wakes or None) of an `active` entry (an actor is one subject token: no space)."""
+    actor, _, until = value.decode().partition(" ")
+    return actor, float(until) if until else None
 
 
 class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -108,4 +128,5 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-__all__ = ["WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat"]
+__all__ = ["SLEEPING", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat", "active_value",
+           "parse_active", "sleeping_status"]

@@ -48,6 +48,13 @@ RESULTS    ``results.<p>.<actor>.<run>``         WorkQueue  tool outcomes (`Tool
                                                             the sequence contiguous.
 DLQ        ``dlq.<original subject>``            Limits     dead letters: malformed jobs and jobs whose
                                                             deliveries ran out (`runtime.worker.dlq`).
+SCHEDULES  ``schedules.def.<name>``,             WorkQueue  the cluster's clock (`runtime.schedules`; message
+           ``schedules.fire.<name>``,                       schedules, ADR-51): a schedule's message on
+           ``schedules.timer.<timer>``,                     ``def`` (or a run's timer wake-up on ``timer``)
+           ``schedules.wake.<timer>``                       is republished by the server on ``fire`` (or
+                                                            ``wake``) at its instants; the hosts' shared
+                                                            ``scheduler`` consumer turns each into a task
+                                                            (or a wake command) and acks it.
 =========  ====================================  =========  ==================================================
 
 Core NATS subjects (never stored): ``stream.<actor>.<run>`` (a run's live model output, `stream_subject`) and
@@ -89,6 +96,9 @@ EVENTS = "EVENTS"
 TOOLS = "TOOLS"
 RESULTS = "RESULTS"
 DLQ = "DLQ"
+SCHEDULES = "SCHEDULES"
+SCHEDULER_CONSUMER = "scheduler"  # the hosts' shared consumer of fires and wake-ups (runtime.host.scheduler)
+SCHEDULE_OPERATOR = "scheduler"  # the operator token a wake command travels under (``ops.<actor>.scheduler``)
 RUNS_BUCKET = "runs"
 APPLIED_BUCKET = "applied"
 APPLIED_TTL_S = 86_400.0  # far beyond MaxDeliver x AckWait: every redelivery of a job finds its marker
@@ -351,6 +361,36 @@ def bundle_result_filters(partition: int, bundle: str) -> list[str]:
     return [f"results.{partition}.*.*.{b}", f"results.{partition}.*.*.{b}.>", f"results.{partition}.{b}.*"]
 
 
+def schedule_subject(name: str) -> str:
+    """Where schedule `name` is held (its message carries the ``Nats-Schedule`` headers; a paused one's
+    does not)."""
+    return f"schedules.def.{check_token(name, 'schedule name')}"
+
+
+def fire_subject(name: str) -> str:
+    """Where the server republishes schedule `name` at each of its instants (a fire)."""
+    return f"schedules.fire.{check_token(name, 'schedule name')}"
+
+
+def timer_token(call_id: str) -> str:
+    """A timer's call id (``<run>/<turn>.<i>``) as one subject token."""
+    return check_token(call_id.replace("/", "_").replace(".", "-"), "timer")
+
+
+def timer_subject(call_id: str) -> str:
+    """Where the wake-up of the timer of call `call_id` waits for its instant (an ``@at`` schedule)."""
+    return f"schedules.timer.{timer_token(call_id)}"
+
+
+def wake_subject(call_id: str) -> str:
+    """Where the server republishes that wake-up at its instant."""
+    return f"schedules.wake.{timer_token(call_id)}"
+
+
+SCHEDULE_FILTER = "schedules.def.>"
+FIRE_FILTERS = ["schedules.fire.>", "schedules.wake.>"]  # what the `scheduler` consumer takes
+
+
 def dlq_subject(original: str) -> str:
     """Where a dead letter of a message first published on `original` is kept."""
     return f"dlq.{original}"
@@ -430,15 +470,18 @@ __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET",
            "ATTEMPTS_BUCKET", "BATCH_MAX_MESSAGES", "COMMANDS_PREFIX", "DEFAULT_PARTITIONS",
            "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING", "DEFAULT_TOOL_MAX_DELIVER", "DLQ",
            "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_ATOMIC_DISABLED",
-           "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS", "HANDOFFS_PREFIX",
+           "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS", "FIRE_FILTERS",
+           "HANDOFFS_PREFIX",
            "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
            "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET",
-           "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS",
+           "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "SCHEDULER_CONSUMER", "SCHEDULES", "SCHEDULE_FILTER",
+           "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS",
            "THREADS_BUCKET", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "active_filter", "active_key",
            "agent_of_task_subject", "bundle_of_slug", "bundle_result_filters", "bundle_slug",
            "bundle_task_filters", "bundle_token", "check_token", "command_subject", "dlq_subject",
-           "event_subject", "handoff_subject", "is_subtask_subject", "job_msg_id", "lease_key",
-           "occ_headers", "parse_lease_key", "parse_task_subject", "partition_of", "result_consumer_name",
-           "result_filter", "result_subject", "run_events_filter", "stored_bundle", "stream_filter",
-           "stream_subject", "task_consumer_name", "task_filter", "task_subject", "tool_subject",
-           "unserved_task_filters", "workspace_bucket"]
+           "event_subject", "fire_subject", "handoff_subject", "is_subtask_subject", "job_msg_id",
+           "lease_key", "occ_headers", "parse_lease_key", "parse_task_subject", "partition_of",
+           "result_consumer_name", "result_filter", "result_subject", "run_events_filter",
+           "schedule_subject", "stored_bundle", "stream_filter", "stream_subject", "task_consumer_name",
+           "task_filter", "task_subject", "timer_subject", "timer_token", "tool_subject",
+           "unserved_task_filters", "wake_subject", "workspace_bucket"]

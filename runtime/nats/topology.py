@@ -2,8 +2,16 @@
 
 Why a module: every host and worker calls `attach_topology` at start, in any order, concurrently, and all
 must end up agreeing on one configuration, so it is written once. `ensure_topology` creates or updates the
-five streams (TASKS, EVENTS, TOOLS, RESULTS, DLQ: see `runtime.nats.subjects`), the shared ``workers``
-consumer and every bucket; `ensure_partition_consumers` makes the two durable consumers of one partition.
+six streams (TASKS, EVENTS, TOOLS, RESULTS, DLQ, SCHEDULES: see `runtime.nats.subjects`), the shared
+``workers`` and ``scheduler`` consumers and every bucket; `ensure_partition_consumers` makes the two durable
+consumers of one partition; `ensure_schedules` makes SCHEDULES for a fleet whose streams an older version
+made.
+
+SCHEDULES is the cluster's clock (nats-server 2.12+ message schedules, ADR-51; `runtime.schedules` says what
+the server does with them): it must allow message schedules (which the server lets a stream turn on only
+while empty, hence a stream of its own) and rollup headers (a paused schedule replaces its message), and is
+a WorkQueue: a fire is gone once a host has turned it into a task, while the schedules themselves, which no
+consumer takes, stay.
 
 Replicas. On a cluster, `SA_REPLICAS=3` makes `ensure_topology` create R3 streams; without it a process keeps
 the replica count the streams already have (`topology_replicas`), so a process started without the variable
@@ -66,9 +74,12 @@ from runtime.nats.subjects import (
     DUPLICATE_WINDOW_S,
     ENV_REPLICAS,
     EVENTS,
+    FIRE_FILTERS,
     HOSTS_BUCKET,
     LEASES_BUCKET,
     RESULTS,
+    SCHEDULER_CONSUMER,
+    SCHEDULES,
     TASKS,
     THREADS_BUCKET,
     TOOLS,
@@ -116,7 +127,7 @@ def _results_transform() -> SubjectTransform:
 
 def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
                    retention: Retention = DEFAULT_RETENTION) -> list[StreamConfig]:
-    """The five streams of the runtime (pure data: tests and `sa status` compare against it). EVENTS is
+    """The six streams of the runtime (pure data: tests and `sa status` compare against it). EVENTS is
     bounded by `retention` (`runtime.nats.retention`: 90 days, no size bound, by default)."""
     common: dict[str, Any] = {"storage": StorageType.FILE, "num_replicas": replicas,
                               "duplicate_window": DUPLICATE_WINDOW_S}
@@ -134,7 +145,32 @@ def stream_configs(*, replicas: int = 1, partitions: int = DEFAULT_PARTITIONS,
                      subject_transform=_results_transform(), max_consumers=consumers, **common),
         StreamConfig(name=DLQ, subjects=["dlq.>"], retention=RetentionPolicy.LIMITS,
                      allow_direct=True, max_consumers=1024, **common),
+        schedules_config(replicas=replicas),
     ]
+
+
+def schedules_config(*, replicas: int = 1) -> StreamConfig:
+    """SCHEDULES (see the module docstring)."""
+    return StreamConfig(name=SCHEDULES, subjects=["schedules.>"], retention=RetentionPolicy.WORK_QUEUE,
+                        allow_msg_schedules=True, allow_rollup_hdrs=True, allow_direct=True, max_consumers=64,
+                        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW_S)
+
+
+def scheduler_consumer_config(*, replicas: int = 1, ack_wait: float = 10.0) -> ConsumerConfig:
+    """The one durable pull consumer of fires and wake-ups that every host pulls from
+    (`runtime.host.scheduler`)."""
+    return ConsumerConfig(name=SCHEDULER_CONSUMER, durable_name=SCHEDULER_CONSUMER,
+                          filter_subjects=list(FIRE_FILTERS), deliver_policy=DeliverPolicy.ALL,
+                          ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_ack_pending=1024,
+                          num_replicas=replicas)
+
+
+async def ensure_schedules(js: JetStreamContext, *, replicas: int | None = None) -> None:
+    """SCHEDULES and its ``scheduler`` consumer, created or brought up to date (a host calls it at start:
+    streams made by a version without schedules lack it)."""
+    replicas = await topology_replicas(js, replicas)
+    await _ensure_stream(js, schedules_config(replicas=replicas))
+    await ensure_consumer(js, SCHEDULES, scheduler_consumer_config(replicas=replicas))
 
 
 def workers_consumer_config(*, ack_wait: float = DEFAULT_TOOL_ACK_WAIT_S,
@@ -213,6 +249,7 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
     await ensure_consumer(js, TOOLS, workers_consumer_config(
         ack_wait=tool_ack_wait, max_deliver=tool_max_deliver, max_ack_pending=tool_max_ack_pending,
         replicas=replicas))
+    await ensure_consumer(js, SCHEDULES, scheduler_consumer_config(replicas=replicas))
     await runs_kv(js, replicas=replicas)
     await applied_kv(js, replicas=replicas)
     for bucket in (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET, ATTEMPTS_BUCKET,
@@ -344,7 +381,6 @@ async def ensure_partition_consumers(js: JetStreamContext, partition: int, bundl
 
 
 __all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "consumer_infos", "ensure_consumer",
-           "ensure_partition_consumers",
-           "ensure_topology", "ensure_transforms",
-           "read_partitions", "read_topology", "stream_configs", "topology_replicas",
-           "workers_consumer_config"]
+           "ensure_partition_consumers", "ensure_schedules", "ensure_topology", "ensure_transforms",
+           "read_partitions", "read_topology", "scheduler_consumer_config", "schedules_config",
+           "stream_configs", "topology_replicas", "workers_consumer_config"]

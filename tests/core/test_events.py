@@ -17,7 +17,7 @@ REQUIRED_KINDS = {
     "run.started", "model.requested", "model.responded", "model.failed", "tool.called", "script.started",
     "script.printed", "script.completed", "script.failed", "tool.redelivered", "tool.completed",
     "tool.failed", "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
-    "approval.granted", "approval.denied", "run.forked", "model.throttled",
+    "approval.granted", "approval.denied", "run.forked", "model.throttled", "timer.started", "timer.fired",
 }  # fmt: skip
 
 # ── a strategy for any event or command, derived from the Struct fields ───────────────────────────────
@@ -91,7 +91,7 @@ any_command = st.one_of(*(instances(cls) for cls in ev.COMMAND_TYPES))
 
 def test_the_union_has_every_required_kind():
     assert set(ev.EVENT_KINDS) == REQUIRED_KINDS
-    assert set(ev.COMMAND_KINDS) == {"task", "cancel", "approve", "deny", "resume"}
+    assert set(ev.COMMAND_KINDS) == {"task", "cancel", "approve", "deny", "resume", "wake"}
 
 
 @settings(max_examples=300, deadline=None)

@@ -40,7 +40,7 @@ def call(name: str, **args) -> tuple[str, dict]:
 
 # ── purity ────────────────────────────────────────────────────────────────────────────────────────────
 
-PURE_MODULES = ["kernel", "events", "policies", "history", "types", "approval_policy"]
+PURE_MODULES = ["kernel", "events", "policies", "history", "types", "approval_policy", "timers"]
 FORBIDDEN = {
     "nats",
     "openai",

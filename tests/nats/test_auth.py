@@ -44,6 +44,7 @@ from runtime.nats.subjects import (
     task_subject,
     tool_subject,
 )
+from runtime.schedules import list_schedules, make_schedule, put_schedule
 from runtime.testing import Reply, ScriptedModelServer
 from runtime.worker import Worker, build_registry
 
@@ -173,6 +174,14 @@ async def op_purge_events(js: Any, role: str) -> None:
     await js.purge_stream(EVENTS, subject="events.nobody.>")
 
 
+async def op_list_schedules(js: Any, role: str) -> None:
+    assert "seeded" in [x.schedule.name for x in await list_schedules(js)]
+
+
+async def op_add_schedule(js: Any, role: str) -> None:
+    await put_schedule(js, make_schedule(f"by-{role}", AGENT, "x", every="1h", paused=True))
+
+
 OPS = {
     "publish a task": op_publish_task,
     "start a sub-run": op_start_subrun,
@@ -191,18 +200,22 @@ OPS = {
     "write the runs index": op_write_runs_kv,
     "take over a task partition": op_steal_partition_consumer,
     "purge events": op_purge_events,
+    "list schedules": op_list_schedules,
+    "add a schedule": op_add_schedule,
 }
 
 ALLOWED: dict[str, set[str]] = {
     "publisher": {"publish a task"},
     "operator": {"command as itself", "read an event", "replay a run", "read the runs index",
-                 "follow a run's stream", "read the threads"},
+                 "follow a run's stream", "read the threads", "list schedules"},
     "host": {"command as itself", "command as another", "read an event", "replay a run", "write an event",
              "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
-             "take over a task partition", "purge events", "read the threads", "write the threads"},
+             "take over a task partition", "purge events", "read the threads", "write the threads",
+             "publish a task",  # a schedule's fire becomes a task (runtime.host.scheduler)
+             "list schedules", "add a schedule"},
     "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
                "read the runs index", "read the threads", "start a sub-run",  # agent tools: sub-runs
-               "command as itself"},
+               "command as itself", "list schedules"},
     "admin": set(OPS),
 }
 
@@ -217,6 +230,7 @@ async def seeded(secured: EmbeddedNats) -> AsyncIterator[EmbeddedNats]:
     await RunLog(js).create(started)
     await (await bus.runs_kv(js)).put(RUN, b"indexed")
     await (await js.key_value("threads")).put(thread_key(AGENT, "seeded"), b"thread")
+    await put_schedule(js, make_schedule("seeded", AGENT, "x", every="1h", paused=True))
     for i in range(len(ROLES) + 2):
         job = ToolJob(run_id=RUN, call_id=f"c{i}", tool="calculator", actor=AGENT)
         await js.publish(tool_subject("calculator"), job.encode(), headers={HDR_MSG_ID: f"seed-{i}"})
