@@ -41,4 +41,5 @@ from runtime.client.verify import Verification
 
 __all__ = ["BundleEdit", "Client", "ControlError", "EditedCall", "ForkEdit", "ForkError", "Forked",
            "NotSent", "OutputEdit", "Pending", "Question", "ReplyEdit", "RunCancelledError", "RunError",
-           "RunFailedError", "RunHandle", "RunInfo", "Schedules", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]
+           "RunFailedError", "RunHandle", "RunInfo", "Schedules", "SyncClient", "SyncRunHandle", "SystemEdit",
+           "Verification"]
