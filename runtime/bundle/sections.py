@@ -280,10 +280,10 @@ def questions_section(spec: QuestionsSpec | None, tools: Collection[str],
                                       "`questions:`"))
     timeout = None
     if spec.timeout is not None:
-        try:
-            timeout = parse_duration(spec.timeout, field="timeout")
-        except LimitsError as e:
-            problems.append(("questions.timeout", str(e)))
+        timeout = _long_duration(spec.timeout)
+        if timeout is None:
+            problems.append(("questions.timeout", f"{spec.timeout!r} is not a duration such as 90s, 30m, 4h "
+                                                  "or 2d"))
     if "default" in spec.model_fields_set and spec.timeout is None:
         problems.append(("questions.default", "a default is the answer at the timeout: set `timeout` too "
                                               "(e.g. timeout: 1h), or drop the default"))
@@ -291,6 +291,22 @@ def questions_section(spec: QuestionsSpec | None, tools: Collection[str],
         return None, problems
     return QuestionsConfig(timeout_s=timeout, default=spec.default,
                            has_default="default" in spec.model_fields_set), []
+
+
+def _long_duration(value: float | str) -> float | None:
+    """Seconds of a duration that may run to hours or days (`90s`, `500ms`, `4h`, `1h30m`, `2d`): a person's
+    answer is awaited on that scale. None if it does not parse."""
+    from runtime.schedules import ScheduleError
+    from runtime.schedules.spec import parse_every
+
+    try:
+        return parse_duration(value, field="timeout")
+    except LimitsError:
+        pass
+    try:
+        return float(parse_every(value))
+    except ScheduleError:
+        return None
 
 
 def schedules_section(entries: list[ScheduleSpec], agent: str) -> tuple[tuple[Schedule, ...], list[Problem]]:
