@@ -50,8 +50,9 @@ def _predicted(state: kernel.State, e: ev.Event) -> bool:
     if isinstance(e, ev.RunFailed):
         return e.reason not in _HOST_VERDICTS
     if isinstance(e, ev.ToolFailed):  # a denial, unless the call was dispatched (its own failure/timeout)
-        if state.turn is not None and e.call_id in state.turn.questions:  # a question's timeout, unless the
-            return state.deadline is None or e.ts < state.deadline      # host failed it at the deadline
+        if state.turn is not None and e.call_id in state.turn.questions:  # a question's timeout, unless
+            return e.error.kind == "timeout" and (state.deadline is None or e.ts < state.deadline)  # the
+        # deadline failed it (the runner's own), or an in-process answerer gave none or a bad one
         return state.turn is None or e.call_id not in state.turn.called
     if isinstance(e, ev.QuestionAnswered):  # a person's answer is an input; the default at the timeout not
         return e.by == TIMEOUT_BY

@@ -1,6 +1,7 @@
-"""Questions to a person in the pure kernel: `question.asked` decided from the log, the `ask_human` call waiting
-like a call for its result, `question.answered` giving it one, the timeout's default (or error) decided from
-timestamps, what a runner needs to park the run, and `verify` reproducing all of it."""
+"""Questions to a person in the pure kernel: `question.asked` decided from the log, the `ask_human` call
+waiting like a call for its result, `question.answered` giving it one, the timeout's default (or error)
+decided from timestamps, what a runner needs to park the run, and `verify` reproducing all of it; and the
+in-process runner (`runtime.loop`), where an `answerer` callback answers."""
 
 from __future__ import annotations
 
@@ -186,3 +187,64 @@ def test_a_forged_answer_in_a_log_fails_verification_only_when_it_claims_the_tim
     sim.emit(ev.QuestionAnswered, call_id="run1/1.0", answer="no", by="timeout")  # before its time
     report = verify(sim.config, sim.events)
     assert not report.ok and "question.answered" in report.problems[0]
+
+
+async def _in_process(answerer, timeout_s: float | None = None, **default):
+    from runtime.loop import run_task
+    from runtime.model.adapters import get_adapter
+    from runtime.model.client import ModelClient
+    from runtime.testing import ScriptedModelServer
+
+    hermes = get_adapter("hermes")
+    q = questions.QuestionsConfig(timeout_s=timeout_s, default=default.get("default"),
+                                  has_default="default" in default)
+    cfg = k.KernelConfig(tools=(questions.ASK_HUMAN_TOOL,), questions=q)
+    ask = hermes.format_call("ask_human", {"question": "Ship it?", "answer_schema": YES_NO})
+    with ScriptedModelServer([ask, "done"]) as server:
+        client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+        try:
+            outcome = await run_task(ev.Task(agent="asker", input="ship"), cfg, client=client, adapter=hermes,
+                                     tools=[], answerer=answerer)
+        finally:
+            await client.aclose()
+    assert outcome.status == "completed", outcome.reason
+    report = verify(cfg, outcome.events)
+    assert report.ok, report.problems
+    asked = next(e for e in outcome.events if isinstance(e, ev.QuestionAsked))
+    return asked, outcome.events[asked.seq + 1]
+
+
+@pytest.mark.anyio
+async def test_in_one_process_the_answerer_answers():
+    seen = []
+
+    async def answerer(question, schema):
+        seen.append((question, schema))
+        return "yes"
+
+    _, answered = await _in_process(answerer)
+    assert seen == [("Ship it?", YES_NO)]
+    assert isinstance(answered, ev.QuestionAnswered)
+    assert answered.answer == "yes" and answered.by == "answerer"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("answerer", "kind", "message"), [
+    (None, "policy", "no answerer is configured"),
+    (lambda q, s: "maybe", "input", "does not fit the question's schema"),
+])
+async def test_in_one_process_no_answerer_or_a_bad_answer_is_the_calls_error(answerer, kind, message):
+    _, failed = await _in_process(answerer)
+    assert isinstance(failed, ev.ToolFailed) and failed.error.kind == kind and message in failed.error.message
+
+
+@pytest.mark.anyio
+async def test_in_one_process_a_silent_answerer_gets_the_timeouts_default():
+    import anyio
+
+    async def silent(question, schema):
+        await anyio.sleep_forever()
+
+    asked, answered = await _in_process(silent, timeout_s=0.2, default="no")
+    assert isinstance(answered, ev.QuestionAnswered) and answered.by == "timeout" and answered.answer == "no"
+    assert answered.ts >= asked.due
