@@ -25,6 +25,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.questions import wake_at
 from runtime.scripts.validate import validate
+from runtime.types import ToolError
 
 log = logging.getLogger("runtime.host")
 
@@ -98,7 +99,13 @@ async def settle_due(state: kernel.State, now: float, append: Append,
         return False
     at = max(now, min(wakes)) if call_id is not None else now
     if state.deadline is not None and at >= state.deadline:
-        await deadline_passed()
+        if call_id is None:  # the driver's own check: every call still out fails with the deadline
+            await deadline_passed()
+            return True
+        for c, _ in kernel.pending_questions(state):  # a parked run woken at its deadline: only questions
+            failed = ev.ToolFailed(run_id=state.run_id, call_id=c.id, tool=c.name,  # wait (stamped then,
+                                   error=ToolError("timeout", "nobody answered before the task's deadline"))
+            await append(msgspec.structs.replace(failed, ts=at))  # so the kernel ends the run `deadline`)
         return True
     asked = {c.id for c, _ in asks}
     verdicts = [v for v in kernel.expire(state, at)

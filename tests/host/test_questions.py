@@ -2,7 +2,7 @@
 driver, indexed `waiting for an answer`), an answer folds it back and the run goes on with it, even when the
 host that parked it was killed and another host took over; a bad answer is refused with what is wrong and
 nothing recorded; a second answer is refused; the timeout gives the bundle's default (or a clear error); a
-cancel ends a waiting run at once."""
+cancel ends a waiting run at once; the task's deadline ends one that nobody answers."""
 
 from __future__ import annotations
 
@@ -175,6 +175,18 @@ async def test_cancel_ends_a_waiting_run_at_once(nats_server, topo, tmp_path):
         assert await client.questions() == []
         with pytest.raises(ControlError, match="already cancelled"):
             await client.answer(run_id, "1.0", "yes")
+
+
+async def test_the_tasks_deadline_ends_a_run_waiting_for_an_answer(nats_server, topo, tmp_path):
+    async with running_fleet(nats_server.url, topo, asking_bundle(tmp_path), responder=asker,
+                             worker=False) as env:
+        run_id = await publish_task(topo, "asker", "ship the release", timeout_s=2)
+        events = await env.wait_run(run_id)  # parked with no timeout: the deadline's wake-up ends it
+        verified = await Client(env.host.nc).get(run_id).verify()
+    assert verified.ok, verified.problems
+    assert kinds(events)[-3:] == ["question.asked", "tool.failed", "run.failed"]
+    assert events[-2].error.kind == "timeout" and "before the task's deadline" in events[-2].error.message
+    assert events[-1].reason == "deadline" and events[-2].ts >= events[0].ts + 2
 
 
 async def _stored(js: Any, subject: str) -> int:
