@@ -269,7 +269,8 @@ class _Runner:
                                                      "nobody can answer")
         answer: Any = None
         if self.answerer is not None:
-            until = wake_at(kernel.pending_questions(self.state)[0][1], self.state.deadline)
+            opened = next(q for c, q in kernel.pending_questions(self.state) if c.id == asked.call_id)
+            until = wake_at(opened, self.state.deadline)
             try:
                 with anyio.fail_after(max(until - self.clock(), 0.0)) if until is not None else nullcontext():
                     answer = self.answerer(asked.question, asked.schema)
