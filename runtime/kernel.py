@@ -65,6 +65,13 @@ deadline; the call then waits for `timer.fired`, which gives it its result, as a
 outcome. Time passing appends nothing here either: a runner with nothing else to do (`sleeping_until`)
 parks the run until the instant, and records `timer.fired` when woken.
 
+Questions: a call of `ask_human` (`KernelConfig.questions`, `runtime.questions`) runs on no worker either.
+`decide` settles it as `question.asked` (its timeout's instant computed from the latest event's `ts`), or as
+`tool.failed` for bad arguments; the call then waits for `question.answered`, whose answer (checked by the
+runner against the question's schema) is its result. Past the timeout `decide` (and `expire`) give the
+default the question recorded, or a `timeout` error. A runner with nothing else to do (`parked_until`)
+parks the run until the answer, the timeout or the deadline.
+
 Final-turn forcing: with a terminal tool configured (and `force_terminal_on_last_turn`, the default),
 the request for the last turn `max_turns` allows offers only the terminal tool (`CallModel.tools`), so
 a constrained decoder can only answer; a call of another tool in that turn is denied (`policy`).
@@ -73,7 +80,7 @@ Recovery contract (what a runner may rely on):
 
 1. `decide` returns only PENDING work: decisions whose event is not in the log yet. It is a function
    of the state, so after a crash a runner folds the run's events, calls `decide`, and performs what it
-   returns. The list is empty exactly when the run is over or waits for an approver or a timer.
+   returns. The list is empty exactly when the run is over or waits for an approver, a timer or an answer.
 2. An effect's intent event does not make it done. After `model.requested` without a reply, `decide`
    returns the same `CallModel` (same id; `new_messages` is then empty, because those messages are
    already recorded). After `tool.called` without a result, the call is in the next `CallTools` again.
