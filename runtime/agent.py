@@ -29,7 +29,7 @@ from typing import Any
 
 from runtime import events as ev
 from runtime.bundle import Bundle, load_bundle
-from runtime.loop import Approver, OnEvent, RunOutcome, run_task
+from runtime.loop import Answerer, Approver, OnEvent, RunOutcome, run_task
 from runtime.model import ModelClient, ModelStep, get_adapter
 from runtime.model.limits import DailyBudget, LocalGate, LocalTokens
 from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
@@ -112,9 +112,11 @@ class Agent:
 
     async def run(self, task: str | ev.Task, *, on_event: OnEvent | None = None,
                   approver: Approver | None = None, timeout_s: float | None = None,
-                  run_id: str | None = None) -> RunOutcome:
+                  run_id: str | None = None, answerer: Answerer | None = None) -> RunOutcome:
         """Run one task to its end and return the outcome with its full event log. The deadline is
-        `timeout_s`, else the task's, else the bundle's."""
+        `timeout_s`, else the task's, else the bundle's. `answerer(question, schema)` answers the
+        questions the model asks (`ask_human`, a bundle with `questions:`); without one such a question
+        fails at once (`policy`), since nobody in this process can answer it (`runtime.loop`)."""
         if isinstance(task, str):
             task = ev.Task(agent=self.bundle.name, input=task)
         timeout = timeout_s if timeout_s is not None else task.timeout_s
@@ -126,7 +128,8 @@ class Agent:
         return await run_task(task, self.config, client=self.client, adapter=self.adapter,
                               tools=list(self.bundle.tools.values()), on_event=on_event,
                               constraint=self.constraint, approver=approver, run_id=run_id,
-                              bundle_digest=self.bundle.digest, data=self.data, budget=self.budget)
+                              bundle_digest=self.bundle.digest, data=self.data, budget=self.budget,
+                              answerer=answerer)
 
     async def aclose(self) -> None:
         """Close the model client this agent made (one passed in is the caller's to close)."""

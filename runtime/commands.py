@@ -16,7 +16,8 @@ constant set of consumers:
   fails at once with `bad_task` and the reason (`refused_task`), under the run id it would have had.
 * ``ops.<agent>.<operator>`` carries **commands** only — ``{"kind": "cancel", "run_id": "...",
   "reason": "..."}``, ``approve`` / ``deny`` with ``call_id`` (``deny`` with a ``reason``) for a call of a
-  tool that needs approval. The operator token is the command's author: the host records it as ``by``
+  tool that needs approval, ``answer`` with ``call_id`` and ``answer`` for a question a run asks
+  (`runtime.questions`). The operator token is the command's author: the host records it as ``by``
   whatever the message says, and a secured server lets each operator publish only on its own token
   (`runtime.nats.auth`), so the name in `approval.granted` or `run.cancelled` is the authenticated one.
 
@@ -289,8 +290,9 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
 
 
 async def publish_command(js: Any, agent: str, command: ev.Command, *, operator: str | None = None) -> None:
-    """Publish a cancel / approve / deny for a run of `agent` (the actor: `bundle` or `bundle:instance`)
-    on `ops.<agent>.<operator>`, which lands in the partition, and reaches the host, of the run.
+    """Publish a cancel / approve / deny / answer for a run of `agent` (the actor: `bundle` or
+    `bundle:instance`) on `ops.<agent>.<operator>`, which lands in the partition, and reaches the host, of
+    the run.
 
     `operator` defaults to the identity this process connects as (`runtime.nats.credentials.identity`): on
     a secured server that is the only operator token it may publish on, and the host records it as `by`."""

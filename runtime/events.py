@@ -367,6 +367,35 @@ class TimerFired(_Event, frozen=True, kw_only=True, tag="timer.fired"):
     by: str = ""
 
 
+# ── questions ─────────────────────────────────────────────────────────────────────────────────────
+
+
+class QuestionAsked(_Event, frozen=True, kw_only=True, tag="question.asked"):
+    """A call of `ask_human` (`runtime.questions`) waits for a person's answer to `question`, which must fit
+    `schema` (a JSON schema; None: any JSON value). The kernel decides it (its timeout `due` follows from
+    the `ts` of the event before it), so a replay reproduces it; the call then waits for
+    `question.answered` as a call waits for its result, and a host parks the run meanwhile. At `due`
+    (None: never) the call gets `default` if `has_default` (a default may be null), else a `timeout` error."""
+
+    call_id: str
+    question: str
+    schema: dict[str, Any] | None = None
+    due: float | None = None
+    timeout_s: float | None = None
+    default: Any = None
+    has_default: bool = False
+
+
+class QuestionAnswered(_Event, frozen=True, kw_only=True, tag="question.answered"):
+    """The question of call `call_id` has its answer (checked against its schema before it was recorded):
+    the call's result is `{"answer": answer}`. `by` is the operator who answered, or `timeout` when the
+    bundle's default answered it."""
+
+    call_id: str
+    answer: Any = None
+    by: str = ""
+
+
 Event: TypeAlias = (
     RunStarted
     | RunForked
@@ -387,6 +416,8 @@ Event: TypeAlias = (
     | ApprovalDenied
     | TimerStarted
     | TimerFired
+    | QuestionAsked
+    | QuestionAnswered
     | TurnCompleted
     | RunCompleted
     | RunFailed
@@ -531,7 +562,17 @@ class Wake(_Command, frozen=True, kw_only=True, tag="wake"):
     call_id: str
 
 
-Command: TypeAlias = Task | Cancel | Approve | Deny | Resume | Wake
+class Answer(_Command, frozen=True, kw_only=True, tag="answer"):
+    """Answer the question call `call_id` of run `run_id` asks (`ask_human`): `answer` must fit the question's
+    schema (`runtime.client.control` checks it, the host again); a second answer changes nothing."""
+
+    run_id: str
+    call_id: str
+    answer: Any = None
+    by: str = ""
+
+
+Command: TypeAlias = Task | Cancel | Approve | Deny | Resume | Wake | Answer
 COMMAND_TYPES: tuple[type[_Command], ...] = get_args(Command)
 COMMAND_KINDS: dict[str, type[_Command]] = {_tag(cls): cls for cls in COMMAND_TYPES}
 
@@ -732,6 +773,7 @@ __all__ = [
     "PAYLOAD_FIELDS",
     "SCHEMA_VERSION",
     "UNSTAMPED",
+    "Answer",
     "ApprovalDenied",
     "ApprovalGranted",
     "ApprovalRequested",
@@ -751,6 +793,8 @@ __all__ = [
     "OutputEdit",
     "PayloadRef",
     "Priority",
+    "QuestionAnswered",
+    "QuestionAsked",
     "ReplyEdit",
     "Resume",
     "RunCancelled",

@@ -65,6 +65,13 @@ deadline; the call then waits for `timer.fired`, which gives it its result, as a
 outcome. Time passing appends nothing here either: a runner with nothing else to do (`sleeping_until`)
 parks the run until the instant, and records `timer.fired` when woken.
 
+Questions: a call of `ask_human` (`KernelConfig.questions`, `runtime.questions`) runs on no worker either.
+`decide` settles it as `question.asked` (its timeout's instant computed from the latest event's `ts`), or as
+`tool.failed` for bad arguments; the call then waits for `question.answered`, whose answer (checked by the
+runner against the question's schema) is its result. Past the timeout `decide` (and `expire`) give the
+default the question recorded, or a `timeout` error. A runner with nothing else to do (`parked_until`)
+parks the run until the answer, the timeout or the deadline.
+
 Final-turn forcing: with a terminal tool configured (and `force_terminal_on_last_turn`, the default),
 the request for the last turn `max_turns` allows offers only the terminal tool (`CallModel.tools`), so
 a constrained decoder can only answer; a call of another tool in that turn is denied (`policy`).
@@ -73,7 +80,7 @@ Recovery contract (what a runner may rely on):
 
 1. `decide` returns only PENDING work: decisions whose event is not in the log yet. It is a function
    of the state, so after a crash a runner folds the run's events, calls `decide`, and performs what it
-   returns. The list is empty exactly when the run is over or waits for an approver or a timer.
+   returns. The list is empty exactly when the run is over or waits for an approver, a timer or an answer.
 2. An effect's intent event does not make it done. After `model.requested` without a reply, `decide`
    returns the same `CallModel` (same id; `new_messages` is then empty, because those messages are
    already recorded). After `tool.called` without a result, the call is in the next `CallTools` again.
@@ -107,7 +114,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
-from runtime import history, timers
+from runtime import history, questions, timers
 from runtime.approval_policy import ApprovalRule, rule_for
 from runtime.events import (
     ApprovalDenied,
@@ -117,6 +124,8 @@ from runtime.events import (
     ModelFailed,
     ModelRequested,
     ModelResponded,
+    QuestionAnswered,
+    QuestionAsked,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -164,6 +173,8 @@ class KernelConfig:
     token_budget: int | None = None
     # tools among `tools` that are durable timers (`runtime.timers`): the kernel settles their calls itself
     timers: frozenset[str] = frozenset()
+    # the bundle's `questions:` (`runtime.questions`): `ask_human` is among `tools`, settled by the kernel
+    questions: questions.QuestionsConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -189,6 +200,9 @@ class KernelConfig:
         if unknown:
             raise ValueError(f"KernelConfig.timers {unknown}: a timer is one of {sorted(timers.TIMER_TOOLS)} "
                              "and is among the tools")
+        if self.questions is not None and questions.ASK_HUMAN not in names:
+            raise ValueError(f"KernelConfig.questions is set but {questions.ASK_HUMAN} is not among the "
+                             "tools")
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -243,7 +257,7 @@ class CallTools:
 # The facts `decide` settles on its own: the runner appends them as they are (the log stamps them).
 # An approval verdict is one only when its approval's timeout passed (`expire`); a person's is an input.
 Decided: TypeAlias = (ToolFailed | ApprovalRequested | ApprovalGranted | ApprovalDenied | TimerStarted
-                      | TurnCompleted | RunCompleted | RunFailed)
+                      | QuestionAsked | QuestionAnswered | TurnCompleted | RunCompleted | RunFailed)
 Effect: TypeAlias = CallModel | CallTools
 Decision: TypeAlias = Effect | Decided
 
@@ -325,6 +339,7 @@ class Turn:
     approval_timeouts: Mapping[str, tuple[float, str, float]] = field(default_factory=dict)
     edited: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # call id -> approved arguments
     timers: Mapping[str, float] = field(default_factory=dict)  # call id -> when its timer is due
+    questions: Mapping[str, questions.Open] = field(default_factory=dict)  # call id -> its open question
     policy_snapshot: tuple[Any, ...] = ()  # policy states when the model replied
 
     def call(self, call_id: str) -> ToolCall | None:
@@ -435,6 +450,8 @@ def _apply(state: State, ev: Event) -> State:
             return _timer_started(state, ev)
         case TimerFired():
             return _timer_fired(state, ev)
+        case QuestionAsked() | QuestionAnswered():
+            return _question(state, ev)
         case TurnCompleted():
             return _turn_completed(state, ev)
         case RunCompleted() | RunFailed() | RunCancelled():
@@ -519,6 +536,23 @@ def _timer_fired(state: State, ev: TimerFired) -> State:
     if turn is None or ev.call_id not in turn.timers:
         return state
     return _result(state, ev.call_id, ToolResult(output=timers.fired_output(turn.timers[ev.call_id], ev.ts)))
+
+
+def _question(state: State, ev: QuestionAsked | QuestionAnswered) -> State:
+    """A question opens (once, for a call with no result), or its answer becomes the call's result; an
+    answer to a question never asked, or answered already, is nothing."""
+    turn = state.turn
+    if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.results:
+        return state
+    if isinstance(ev, QuestionAsked):
+        if ev.call_id in turn.questions:
+            return state
+        opened = {**turn.questions, ev.call_id: questions.opened(ev)}
+        return replace(state, turn=replace(turn, questions=opened))
+    if ev.call_id not in turn.questions:
+        return state
+    output = questions.answer_output(ev, turn.questions[ev.call_id])
+    return _result(state, ev.call_id, ToolResult(output=output))
 
 
 def _ended(state: State, ev: RunCompleted | RunFailed | RunCancelled) -> State:
@@ -701,6 +735,9 @@ def _decide_calls(state: State, turn: Turn) -> list[Decision]:
         elif call.name in cfg.timers:
             if call.id not in turn.timers:  # started: it waits for `timer.fired`, as a call for its result
                 decisions.append(_start_timer(state, call))
+        elif call.name == questions.ASK_HUMAN and cfg.questions is not None:
+            if (asked := _ask(state, turn, call, cfg.questions)) is not None:
+                decisions.append(asked)
         else:
             dispatch.append(call)
     if dispatch:
@@ -722,6 +759,14 @@ def _start_timer(state: State, call: ToolCall) -> TimerStarted | ToolFailed:
     if isinstance(due, ToolError):
         return ToolFailed(run_id=state.run_id, call_id=call.id, tool=call.name, error=due)
     return TimerStarted(run_id=state.run_id, call_id=call.id, tool=call.name, due=due)
+
+
+def _ask(state: State, turn: Turn, call: ToolCall, cfg: questions.QuestionsConfig) -> Decided | None:
+    """An `ask_human` call's `question.asked` (or the error its arguments earn); once asked, what its
+    timeout gives when the latest event's `ts` is past it; else None: it waits for `question.answered`."""
+    if call.id not in turn.questions:
+        return questions.ask(state.run_id, call, state.ts, cfg)
+    return questions.timed_out(state.run_id, call, turn.questions[call.id], state.ts)
 
 
 def _approval_request(cfg: KernelConfig, run: str, call: ToolCall, rule: ApprovalRule) -> ApprovalRequested:
@@ -765,6 +810,30 @@ def pending_timers(state: State) -> tuple[tuple[str, float], ...]:
                         key=lambda t: (t[1], t[0])))
 
 
+def pending_questions(state: State) -> tuple[tuple[ToolCall, questions.Open], ...]:
+    """The open turn's questions asked and not answered (no result), in call order; empty once the run is
+    over. A run whose only pending work is these and timers is parked (`parked_until`)."""
+    turn = state.turn
+    if state.status != "running" or turn is None:
+        return ()
+    return tuple((c, turn.questions[c.id]) for c in turn.calls
+                 if c.id in turn.questions and c.id not in turn.results)
+
+
+def parked_until(state: State) -> float | None:
+    """If all the run waits for is timers and questions (no decision pending, no approval, every other call
+    answered): when it must wake by itself, the first timer, question timeout or the deadline while a
+    question waits; `inf` if only an answer can wake it. Else None."""
+    asks = pending_questions(state)
+    if not asks:
+        return sleeping_until(state)
+    if decide(state) or pending_approvals(state):
+        return None  # a call still out is in `decide`'s CallTools until its result arrives
+    times = [questions.wake_at(q, state.deadline) for _, q in asks]
+    times += [due for _, due in pending_timers(state)]
+    return min((t for t in times if t is not None), default=float("inf"))
+
+
 def sleeping_until(state: State) -> float | None:
     """When the run wakes, if all it waits for is timers (no decision pending, no approval, every other
     call answered): the first timer's due time. Else None."""
@@ -775,24 +844,30 @@ def sleeping_until(state: State) -> float | None:
 
 
 def next_timer(state: State) -> float | None:
-    """When time alone next settles something: the run's deadline or the first approval timeout (an
-    event timestamp, or None). A runner with nothing else to do wakes then and asks `expire`."""
+    """When time alone next settles something: the run's deadline, the first approval or question timeout
+    (an event timestamp, or None). A runner with nothing else to do wakes then and asks `expire`."""
     times = [state.deadline] if state.deadline is not None else []
     turn = state.turn
     if turn is not None:
         times += [turn.approval_timeouts[c.id][0] for c in pending_approvals(state)
                   if c.id in turn.approval_timeouts]
+        times += [q.due for _, q in pending_questions(state) if q.due is not None]
     return min(times, default=None)
 
 
-def expire(state: State, now: float) -> list[ApprovalGranted | ApprovalDenied]:
-    """The verdicts whose approval timed out by `now` (a time the runner read from its clock, since no
-    event arrived to carry it): what the runner appends, stamped with that time, when it wakes at
+Verdict: TypeAlias = ApprovalGranted | ApprovalDenied | QuestionAnswered | ToolFailed
+
+
+def expire(state: State, now: float) -> list[Verdict]:
+    """The verdicts whose approval or question timed out by `now` (a time the runner read from its clock,
+    since no event arrived to carry it): what the runner appends, stamped with that time, when it wakes at
     `next_timer`. Pure: the same verdicts `decide` returns once an event's `ts` is past the timeout."""
     turn = state.turn
     if turn is None or state.status != "running":
         return []
-    verdicts = (_timed_out(state.run_id, turn, c.id, now) for c in pending_approvals(state))
+    verdicts: list[Verdict | None] = [
+        _timed_out(state.run_id, turn, c.id, now) for c in pending_approvals(state)]
+    verdicts += [questions.timed_out(state.run_id, c, q, now) for c, q in pending_questions(state)]
     return [v for v in verdicts if v is not None]
 
 
@@ -838,7 +913,9 @@ __all__ = [
     "initial",
     "model_request_id",
     "next_timer",
+    "parked_until",
     "pending_approvals",
+    "pending_questions",
     "pending_timers",
     "rebase_id",
     "sleeping_until",

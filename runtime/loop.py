@@ -17,7 +17,12 @@ outlive the task; the kernel then sees the timed-out call's event past the deadl
 Effects of one `decide` are performed in order, each to completion (the tool calls inside one
 `CallTools` run concurrently, at most `max_concurrent` at a time). An approval is asked of `approver`
 (no approver: denied, since nobody can grant it in-process; an approver still silent at the deadline:
-denied by `deadline`). If the caller cancels `run_task`, a
+denied by `deadline`). A question (`ask_human`, `runtime.questions`) is asked of `answerer`, which
+returns the answer (sync or async): it is checked against the question's schema and recorded as
+`question.answered`, or, if it does not fit, the call fails with `input` and what is wrong (code answering
+in-process cannot be asked again). No answerer: the call fails with `policy` at once, since nobody can
+answer in this process. An answerer still silent at the question's timeout gives the bundle's default (or
+the `timeout` error), at the deadline the run fails, as on a host. If the caller cancels `run_task`, a
 `run.cancelled` event is appended before the cancellation propagates.
 """
 
@@ -32,13 +37,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import msgspec
 
 from runtime import events as ev
 from runtime import kernel
 from runtime.model import DecodingConstraint, ModelAdapter, ModelStep
 from runtime.model.limits import DailyBudget, Throttle, Ticket
 from runtime.model.step import Admission
-from runtime.types import ScriptNote, ToolCall, ToolResult, Usage
+from runtime.types import ScriptNote, ToolCall, ToolError, ToolResult, Usage
 
 if TYPE_CHECKING:
     from runtime.model.client import ModelClient
@@ -54,6 +60,7 @@ class LocalData(Protocol):
 
 OnEvent = Callable[[ev.Event], Awaitable[None] | None]
 Approver = Callable[[ToolCall], Awaitable[str | None] | str | None]  # None grants; a string denies with it
+Answerer = Callable[[str, dict[str, Any] | None], Any]  # (question, answer schema) -> answer (or awaitable)
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,9 @@ class _Runner:
         clock: Callable[[], float],
         data: LocalData | None = None,
         budget: DailyBudget | None = None,
+        answerer: Answerer | None = None,
     ) -> None:
-        self.data, self.budget = data, budget
+        self.data, self.budget, self.answerer = data, budget, answerer
         self.config, self.run_id, self.agent = config, run_id, agent
         self.client, self.adapter, self.on_event, self.approver, self.clock = (
             client,
@@ -101,9 +109,10 @@ class _Runner:
             clock,
         )
         self.tools = {t.schema.name: t for t in tools}
-        missing = [  # the terminal tool may return its arguments; a timer is the runner's own (`sleep`)
+        own = {*config.timers, *(("ask_human",) if config.questions is not None else ())}
+        missing = [  # the terminal tool may return its arguments; a timer or a question is the runner's own
             s.name for s in config.tools
-            if s.name not in self.tools and s.name != config.terminal_tool and s.name not in config.timers
+            if s.name not in self.tools and s.name != config.terminal_tool and s.name not in own
         ]
         if missing:
             raise ValueError(f"the config offers tools with no implementation: {', '.join(missing)}")
@@ -156,6 +165,9 @@ class _Runner:
             case ev.ApprovalRequested():
                 await self.emit(decision)
                 await self.ask_approval(decision.call)
+            case ev.QuestionAsked():
+                await self.emit(decision)
+                await self.ask_question(decision)
             case _:  # an event the kernel settled on by itself
                 await self.emit(decision)
 
@@ -247,6 +259,48 @@ class _Runner:
             await self.emit(ev.ApprovalDenied(run_id=self.run_id, call_id=call.id, reason=verdict, by=by))
 
 
+    async def ask_question(self, asked: ev.QuestionAsked) -> None:
+        """Ask the answerer, no longer than the question's timeout or the task's deadline (see the module
+        docstring); record its answer, or what the timeout or the deadline gives."""
+        from runtime.questions import wake_at
+        from runtime.scripts.validate import validate  # the sandbox layer loads only when a question is asked
+
+        fail: ToolError | None = ToolError("policy", "no answerer is configured for this in-process run: "
+                                                     "nobody can answer")
+        answer: Any = None
+        if self.answerer is not None:
+            opened = next(q for c, q in kernel.pending_questions(self.state) if c.id == asked.call_id)
+            until = wake_at(opened, self.state.deadline)
+            try:
+                with anyio.fail_after(max(until - self.clock(), 0.0)) if until is not None else nullcontext():
+                    answer = self.answerer(asked.question, asked.schema)
+                    answer = await answer if inspect.isawaitable(answer) else answer
+            except TimeoutError:
+                await self.timed_out(asked.call_id, until)
+                return
+            errors = validate(answer, asked.schema) if asked.schema else []
+            problem = f"the answer {answer!r} does not fit the question's schema: {'; '.join(errors)}"
+            fail = ToolError("input", problem) if errors else None
+        if fail is not None:
+            await self.emit(ev.ToolFailed(run_id=self.run_id, call_id=asked.call_id, tool="ask_human",
+                                          error=fail))
+        else:
+            await self.emit(ev.QuestionAnswered(run_id=self.run_id, call_id=asked.call_id, answer=answer,
+                                                by="answerer"))
+
+    async def timed_out(self, call_id: str, at: float | None) -> None:
+        """The question of `call_id` was not answered by `at`: its timeout's verdict (stamped at the time it
+        is judged by, as `verify` checks), or past the deadline a `timeout` failure the run then ends on."""
+        at = max(self.clock(), at or 0.0)
+        if self.state.deadline is not None and at >= self.state.deadline:
+            await self.emit(ev.ToolFailed(run_id=self.run_id, call_id=call_id, tool="ask_human",
+                                          error=ToolError("timeout", "no answer before the task's deadline")))
+            return
+        for verdict in kernel.expire(self.state, at):
+            if isinstance(verdict, ev.QuestionAnswered | ev.ToolFailed) and verdict.call_id == call_id:
+                await self.emit(msgspec.structs.replace(verdict, ts=at))
+
+
 async def run_task(
     task: ev.Task,
     config: kernel.KernelConfig,
@@ -262,6 +316,7 @@ async def run_task(
     clock: Callable[[], float] = time.time,
     data: LocalData | None = None,
     budget: DailyBudget | None = None,
+    answerer: Answerer | None = None,
 ) -> RunOutcome:
     """Run one task to its end in this process and return the outcome with its full event log.
 
@@ -271,11 +326,12 @@ async def run_task(
     gets `tools=`). `on_event` (sync or async) sees each event as it is appended, in order. `data` gives
     each call its files and persists a successful call's writes (`runtime.loop.LocalData`), as a
     bundle's data provider and result handler do on a worker. `budget` is the agent's tokens per day
-    (`runtime.model.limits.DailyBudget`): checked before each model call, charged after it.
+    (`runtime.model.limits.DailyBudget`): checked before each model call, charged after it. `answerer`
+    answers the questions the model asks (`ask_human`: question, schema -> answer; see the module docstring).
     """
     runner = _Runner(config, run_id or uuid.uuid4().hex[:12], task.agent, client=client, adapter=adapter,
                      tools=tools, on_event=on_event, constraint=constraint, approver=approver, clock=clock,
-                     data=data, budget=budget)
+                     data=data, budget=budget, answerer=answerer)
     await runner.emit(ev.RunStarted(run_id=runner.run_id, input=task.input, task_id=task.task_id,
                                     instance=task.instance, timeout_s=task.timeout_s,
                                     metadata=dict(task.metadata), bundle_digest=bundle_digest))
@@ -292,4 +348,4 @@ async def run_task(
                       usage=state.usage, events=list(runner.events))
 
 
-__all__ = ["Approver", "OnEvent", "RunOutcome", "run_task"]
+__all__ = ["Answerer", "Approver", "OnEvent", "RunOutcome", "run_task"]

@@ -34,6 +34,8 @@ OTHER_NAME = "inspector.test"
 HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'><b>bold?</b>"
 
 
+ASKED = "Ship it? " + HOSTILE  # a question is shown as text too
+
 TRANSFER = '''"""Send money to an account."""
 from grail import Input
 
@@ -44,12 +46,13 @@ amount: int = Input("amount", description="how much")
 
 
 def write_ui_bundle(root: Path) -> Path:
-    """`write_bundle`'s calc agent plus `transfer`, which waits for an operator above 100."""
+    """`write_bundle`'s calc agent plus `transfer`, which waits for an operator above 100, and `ask_human`
+    (`questions:`)."""
     path = write_bundle(root)
     (path.parent / "tools" / "transfer.pym").write_text(TRANSFER)
     entry = ("  - path: tools/transfer.pym\n"
              "    approval: {when: {arg: amount, op: '>', value: 100}, role: finance}\n")
-    text = path.read_text().replace("termination:", entry + "termination:", 1)
+    text = path.read_text().replace("termination:", entry + "termination:", 1) + "questions: {}\n"
     path.write_text(text)
     return path
 
@@ -71,7 +74,8 @@ def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], Reply | str]:
     """`calc_responder`, plus: `pair: A | B` makes two calculator calls in one reply (parallel lanes);
     `hostile:` submits `HOSTILE`; `empty:` submits an empty answer in a reply that counts no tokens (a run
     the inspector flags); `hold: EXPR` calls the calculator, then waits for the gate to submit; `pay: N`
-    calls `transfer` (over 100 it waits for approval), then submits what the tool said."""
+    calls `transfer` (over 100 it waits for approval), then submits what the tool said; `ask:` asks a person
+    `ASKED` (yes or no), then submits what the answer was."""
 
     def respond(body: dict[str, Any]) -> Reply | str:
         task = next((m["content"] for m in body["messages"] if m["role"] == "user"), "")
@@ -86,6 +90,10 @@ def ui_responder(gate: Gate) -> Callable[[dict[str, Any]], Reply | str]:
             if answered:
                 return hermes_call("submit", {"answer": last_message(body)[-120:]})
             return hermes_call("transfer", {"amount": int(task.split(":", 1)[1])})
+        if task.startswith("ask:"):
+            if answered:
+                return hermes_call("submit", {"answer": last_message(body)[-120:]})
+            return hermes_call("ask_human", {"question": ASKED, "answer_schema": {"enum": ["yes", "no"]}})
         if task.startswith("hostile:"):
             return hermes_call("submit", {"answer": HOSTILE})
         if task.startswith("empty:"):  # what a broken model stub does: nothing said, no token counted

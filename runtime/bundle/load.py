@@ -32,6 +32,7 @@ from runtime.bundle.sections import (
     name_section,
     output_models_section,
     policies_section,
+    questions_section,
     schedules_section,
     system_prompt_section,
     termination_section,
@@ -78,6 +79,7 @@ def load_bundle(path: str | Path) -> Bundle:
     budgets = keep(budgets_section(spec.budgets))
     problems += priority_section(spec.priority)
     problems += timers_section(spec.timers, found.tools)
+    questions = keep(questions_section(spec.questions, found.tools))
     schedules = keep(schedules_section(spec.schedules, spec.name))
     if problems:
         raise BundleError(source, problems)
@@ -86,7 +88,7 @@ def load_bundle(path: str | Path) -> Bundle:
                   limits=global_limits, tools=found.tools, data_provider=data, deadline_s=deadline_s,
                   policies=policies, digest=_digest(raw_text, found.tools), approvals=found.approvals,
                   grants=found.grants, factory=factory, endpoint=endpoint, budgets=budgets,
-                  schedules=schedules)
+                  schedules=schedules, questions=questions)
 
 
 def _read(p: Path) -> tuple[str, dict[Any, Any]]:

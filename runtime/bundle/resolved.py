@@ -26,6 +26,7 @@ from runtime.types import ToolSchema
 if TYPE_CHECKING:
     from runtime.kernel import KernelConfig
     from runtime.policies import ToolPolicy
+    from runtime.questions import QuestionsConfig
     from runtime.schedules import Schedule
 
 __all__ = ["Bundle", "BundleTool", "DataProviderSpec"]
@@ -65,6 +66,7 @@ class Bundle:
     endpoint: EndpointLimits | None = None  # `endpoint:`: the model endpoint's fleet-wide share
     budgets: Budgets = field(default_factory=Budgets)  # `budgets:`: tokens per run and per agent per day
     schedules: tuple[Schedule, ...] = ()  # `schedules:`, checked (stored by a host serving the bundle)
+    questions: QuestionsConfig | None = None  # `questions:`: ask_human offered, its timeout and default
 
     @property
     def root(self) -> Path:
@@ -81,10 +83,13 @@ class Bundle:
         return self.tools[tool].output_model if tool in self.tools else None
 
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
-        """What the model is offered: the bundle's tools, then its built-in timers (`timers:`)."""
+        """What the model is offered: the bundle's tools, then its built-in timers (`timers:`) and
+        `ask_human` (`questions:`)."""
+        from runtime.questions import ASK_HUMAN_TOOL
         from runtime.timers import TIMER_TOOLS
 
-        return (*(t.schema for t in self.tools.values()), *(TIMER_TOOLS[n] for n in self.spec.timers))
+        asks = (ASK_HUMAN_TOOL,) if self.questions is not None else ()
+        return (*(t.schema for t in self.tools.values()), *(TIMER_TOOLS[n] for n in self.spec.timers), *asks)
 
     def kernel_config(self) -> KernelConfig:
         """The kernel's `KernelConfig` for this bundle (tool schemas, termination, policies, sampling)."""
@@ -99,7 +104,8 @@ class Bundle:
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),
             approvals=self.approvals, sampling=dict(self.spec.model.sampling),
-            token_budget=self.budgets.run_tokens, timers=frozenset(self.spec.timers))
+            token_budget=self.budgets.run_tokens, timers=frozenset(self.spec.timers),
+            questions=self.questions)
 
     def decoding_constraint(self) -> DecodingConstraint:
         c = self.spec.constraint

@@ -66,6 +66,9 @@ worker loads to know the agent's tools::
     priority: 5                               # its tasks' priority at the endpoint (0..9, higher first),
                                               # unless a task says otherwise
     timers: [sleep, wait_until]               # durable timers the model may call (runtime.timers)
+    questions:                                # offers ask_human: the model asks a person (runtime.questions)
+      timeout: 1h                             #   no answer by then: the default (none: waits until answered
+      default: "no"                           #   or the deadline); no default: the call fails `timeout`
     schedules:                                # runs started by the cluster's clock (runtime.schedules),
       - name: digest                          #   stored when a host of this bundle starts
         cron: "0 0 8 * * mon-fri"             #   or every: 30s, or at: 2030-01-01T09:00:00+01:00
@@ -91,8 +94,8 @@ from pydantic import BaseModel, ConfigDict
 from runtime.model import Strategy
 
 __all__ = ["ApprovalSpec", "BudgetsSpec", "BundleSpec", "ConstraintSpec", "ConversationSpec", "EndpointSpec",
-           "GrantsSpec", "HttpGrant", "ModelSpec", "RetrySpec", "ScheduleSpec", "SummariseSpec",
-           "TerminationSpec", "ToolEntry"]
+           "GrantsSpec", "HttpGrant", "ModelSpec", "QuestionsSpec", "RetrySpec", "ScheduleSpec",
+           "SummariseSpec", "TerminationSpec", "ToolEntry"]
 
 
 class _Strict(BaseModel):
@@ -221,6 +224,14 @@ class ScheduleSpec(_Strict):
     grace: float | str = 60.0
 
 
+class QuestionsSpec(_Strict):
+    """`questions:`: the built-in `ask_human` is offered; how long a question waits (`timeout`) and the
+    answer it gets then (`default`: given or not, since null is a default too)."""
+
+    timeout: float | str | None = None
+    default: Any = None
+
+
 class BundleSpec(_Strict):
     name: str
     description: str = ""
@@ -246,4 +257,5 @@ class BundleSpec(_Strict):
     budgets: BudgetsSpec = BudgetsSpec()
     priority: int | None = None
     timers: list[Literal["sleep", "wait_until"]] = []  # built-in durable timers offered to the model
+    questions: QuestionsSpec | None = None  # the built-in ask_human offered to the model
     schedules: list[ScheduleSpec] = []

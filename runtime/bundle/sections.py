@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.bundle.problems import Problem, did_you_mean
 from runtime.bundle.resolved import DataProviderSpec
-from runtime.bundle.schema import BundleSpec, ConversationSpec, ModelSpec, ScheduleSpec, TerminationSpec
+from runtime.bundle.schema import (
+    BundleSpec,
+    ConversationSpec,
+    ModelSpec,
+    QuestionsSpec,
+    ScheduleSpec,
+    TerminationSpec,
+)
 from runtime.bundle.values import limits_value, output_model_value
 from runtime.externals import ExternalsError, ExternalsFactory, load_factory
 from runtime.model import ADAPTERS
@@ -24,12 +31,13 @@ from runtime.scripts import Limits, LimitsError, parse_duration
 
 if TYPE_CHECKING:
     from runtime.policies import ToolPolicy
+    from runtime.questions import QuestionsConfig
     from runtime.schedules import Schedule
 
 __all__ = ["SAMPLING_KEYS", "conversation_section", "data_provider_section", "externals_section",
            "limits_section", "max_concurrent_tools_section", "model_section", "name_section",
-           "output_models_section", "policies_section", "schedules_section", "system_prompt_section",
-           "termination_section", "timers_section", "workspace_section"]
+           "output_models_section", "policies_section", "questions_section", "schedules_section",
+           "system_prompt_section", "termination_section", "timers_section", "workspace_section"]
 
 # the sampling parameters `model.sampling` may set (what the model client passes on to the server)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
@@ -255,6 +263,50 @@ def timers_section(timers: Sequence[str], tools: Collection[str]) -> list[Proble
             problems.append((f"timers[{i}]", f"a tool of this bundle is named {name}: rename it, or drop the "
                                              "timer"))
     return problems
+
+
+def questions_section(spec: QuestionsSpec | None, tools: Collection[str],
+                      ) -> tuple[QuestionsConfig | None, list[Problem]]:
+    """`questions:`, the built-in `ask_human` (`runtime.questions`): a timeout that parses, and no tool of
+    the bundle's own with that name. A default given (even null) is the answer a question gets at its
+    timeout; given without a timeout it would never apply, which is an error rather than a surprise."""
+    from runtime.questions import ASK_HUMAN, QuestionsConfig
+
+    if spec is None:
+        return None, []
+    problems: list[Problem] = []
+    if ASK_HUMAN in tools:
+        problems.append(("questions", f"a tool of this bundle is named {ASK_HUMAN}: rename it, or drop "
+                                      "`questions:`"))
+    timeout = None
+    if spec.timeout is not None:
+        timeout = _long_duration(spec.timeout)
+        if timeout is None:
+            problems.append(("questions.timeout", f"{spec.timeout!r} is not a duration such as 90s, 30m, 4h "
+                                                  "or 2d"))
+    if "default" in spec.model_fields_set and spec.timeout is None:
+        problems.append(("questions.default", "a default is the answer at the timeout: set `timeout` too "
+                                              "(e.g. timeout: 1h), or drop the default"))
+    if problems:
+        return None, problems
+    return QuestionsConfig(timeout_s=timeout, default=spec.default,
+                           has_default="default" in spec.model_fields_set), []
+
+
+def _long_duration(value: float | str) -> float | None:
+    """Seconds of a duration that may run to hours or days (`90s`, `500ms`, `4h`, `1h30m`, `2d`): a person's
+    answer is awaited on that scale. None if it does not parse."""
+    from runtime.schedules import ScheduleError
+    from runtime.schedules.spec import parse_every
+
+    try:
+        return parse_duration(value, field="timeout")
+    except LimitsError:
+        pass
+    try:
+        return float(parse_every(value))
+    except ScheduleError:
+        return None
 
 
 def schedules_section(entries: list[ScheduleSpec], agent: str) -> tuple[tuple[Schedule, ...], list[Problem]]:

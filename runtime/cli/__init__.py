@@ -7,6 +7,7 @@
 - `thread_cmds`     — `sa threads` (conversations: threads and their runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
 - `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
+- `question_cmds`   — `sa questions`, `sa answer` (the questions runs ask a person, `ask_human`)
 - `schedule_cmds`   — `sa schedule add / list / pause / resume / delete` (runs started by the cluster's clock)
 - `tools_cmds`      — `sa tools`, `sa check`, `sa run` (sandboxed .pym scripts)
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
@@ -30,6 +31,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     thread_cmds,
     fork_cmds,
     control_cmds,
+    question_cmds,
     schedule_cmds,
     tools_cmds,
     constraint_cmds,

@@ -6,10 +6,11 @@
 
 - `client`  — `Client`: connect, `start` (idempotent by task id) -> `RunHandle`, `run`, runs, threads, status
 - `handle`  — `RunHandle`: `result` (or `RunFailedError` / `RunCancelledError`), `events`, `tokens`, `cancel`,
-              `approve` / `deny`, `fork`, `replay`, `verify`
+              `approve` / `deny`, `questions` / `answer`, `fork`, `replay`, `verify`
 - `sync`    — `SyncClient`: the same, blocking, for code that is not async
 - `submit`  — a task stored exactly once, or `NotSent` saying why
-- `control` — `Control`: the operator commands (cancel, approve with edits, deny), checked against the log
+- `control` — `Control`: the operator commands (cancel, approve with edits, deny, answer), checked against
+              the log
 - `fork`    — a new run from any past event of another, with "what if" edits, nothing re-run
 - `replay`  — a run's timeline and live view, `verify` (the kernel re-decides the log)
 - `diff`    — where two runs (a fork and its source) diverge
@@ -21,7 +22,7 @@
 """
 
 from runtime.client.client import Client, RunInfo
-from runtime.client.control import ControlError, Pending
+from runtime.client.control import ControlError, Pending, Question
 from runtime.client.fork import (
     BundleEdit,
     EditedCall,
@@ -39,5 +40,6 @@ from runtime.client.sync import SyncClient, SyncRunHandle
 from runtime.client.verify import Verification
 
 __all__ = ["BundleEdit", "Client", "ControlError", "EditedCall", "ForkEdit", "ForkError", "Forked",
-           "NotSent", "OutputEdit", "Pending", "ReplyEdit", "RunCancelledError", "RunError", "RunFailedError",
-           "RunHandle", "RunInfo", "Schedules", "SyncClient", "SyncRunHandle", "SystemEdit", "Verification"]
+           "NotSent", "OutputEdit", "Pending", "Question", "ReplyEdit", "RunCancelledError", "RunError",
+           "RunFailedError", "RunHandle", "RunInfo", "Schedules", "SyncClient", "SyncRunHandle", "SystemEdit",
+           "Verification"]

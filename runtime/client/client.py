@@ -29,7 +29,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from runtime.client.control import Control, Pending
+from runtime import events as ev
+from runtime.client.control import Control, Pending, Question
 from runtime.client.handle import RunHandle
 from runtime.client.schedules import Schedules
 from runtime.client.submit import submit
@@ -187,6 +188,16 @@ class Client:
     async def approvals(self, agent: str | None = None) -> list[Pending]:
         """Every call waiting for a person across runs (of `agent`), oldest first."""
         return await self.control.pending(agent)
+
+    async def questions(self, agent: str | None = None) -> list[Question]:
+        """Every question a run asks a person (`ask_human`) that waits for an answer, across runs (of
+        `agent`), oldest first; answer one with `answer` or `RunHandle.answer`."""
+        return await self.control.questions(agent)
+
+    async def answer(self, run_id: str, call_id: str, answer: Any, *,
+                     by: str | None = None) -> ev.QuestionAnswered | ev.ToolFailed:
+        """Answer run `run_id`'s question of call `call_id` (`RunHandle.answer`)."""
+        return await self.control.answer(run_id, call_id, answer, by=by)
 
     async def purge(self, before: float, *, agent: str | None = None, dry_run: bool = False) -> list[Purged]:
         """Delete finished runs last updated before unix time `before` (of `agent`): events, payloads and

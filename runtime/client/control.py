@@ -1,10 +1,13 @@
-"""Run control for operators: cancel a run, list the calls waiting for a person, approve or deny them.
+"""Run control for operators: cancel a run, list the calls waiting for a person, approve or deny them,
+answer the questions runs ask (`ask_human`).
 
     control = Control(js)
     waiting = await control.pending("payments")                    # [Pending(run, call, tool, args, ...)]
     granted = await control.approve(run, call, arguments={"amount": 90}, note="capped")
     denied = await control.deny(run, call, reason="not this account")   # the model reads the reason
     cancelled = await control.cancel(run, reason="wrong customer")      # the running tool stops too
+    asked = await control.questions("planner")                    # [Question(run, call, question, schema)]
+    answered = await control.answer(run, call, {"approved": True})  # checked against the question's schema
 
 Every operation checks its input against the run's log first (read through `runtime.log.RunLog`): an
 unknown run, an unknown call, a call already decided, edited arguments that fail the tool's schema, a
@@ -20,13 +23,16 @@ records the operator its command subject proves (`ops.<agent>.<operator>`), what
 a rule names (`Pending.role`) is recorded in the log.
 
 The runs waiting for a person are found through the runs index, which a host marks
-`waiting for approval` (`runtime.nats.records.WAITING_FOR_APPROVAL`); their pending calls come from
-their logs.
+`waiting for approval` (`runtime.nats.records.WAITING_FOR_APPROVAL`) or, parked on a question,
+`waiting for an answer` (`WAITING_FOR_ANSWER`); their pending calls and open questions come from their logs.
+An answer that does not fit its question's schema, a question already answered (by a person or by its
+timeout's default) or one never asked is refused the same way: a `ControlError` saying so, nothing sent.
 """
 
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -40,7 +46,7 @@ from runtime import events as ev
 from runtime.commands import publish_command
 from runtime.log import RunLog
 from runtime.nats.kv import kv_entries, runs_kv
-from runtime.nats.records import WAITING_FOR_APPROVAL, RunIndex
+from runtime.nats.records import WAITING_FOR_ANSWER, WAITING_FOR_APPROVAL, RunIndex
 from runtime.nats.subjects import check_token
 from runtime.scripts.validate import validate
 
@@ -133,6 +139,58 @@ def pending_in(run_id: str, actor: str, events: Sequence[ev.Event]) -> list[Pend
     return list(waiting.values())
 
 
+@dataclass(frozen=True)
+class Question:
+    """A question a run asks a person (`ask_human`), as its `question.asked` recorded it."""
+
+    run_id: str
+    actor: str
+    call_id: str
+    question: str
+    schema: dict[str, Any] | None  # what the answer must fit (None: any JSON value)
+    asked_at: float
+    due: float | None = None  # when the timeout answers it (None: it waits for a person, or the deadline)
+    default: Any = None  # what the timeout answers, if `has_default`; else the call fails `timeout`
+    has_default: bool = False
+    run_deadline: float | None = None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {"run_id": self.run_id, "agent": self.actor, "call_id": self.call_id,
+                "question": self.question, "schema": self.schema, "asked_at": self.asked_at,
+                "age_s": round(now - self.asked_at, 3),
+                "times_out_at": self.due, "default": self.default, "has_default": self.has_default,
+                "run_deadline": self.run_deadline}
+
+
+def questions_in(run_id: str, actor: str, events: Sequence[ev.Event]) -> list[Question]:
+    """The questions of a run's log still waiting for an answer: asked, with no answer and no result, in a
+    run that has not ended."""
+    waiting: dict[str, Question] = {}
+    deadline: float | None = None
+    for e in events:
+        match e:
+            case ev.RunStarted():
+                deadline = e.ts + e.timeout_s if e.timeout_s is not None else None
+            case ev.QuestionAsked():
+                waiting[e.call_id] = Question(
+                    run_id=run_id, actor=actor, call_id=e.call_id, question=e.question, schema=e.schema,
+                    asked_at=e.ts, due=e.due, default=e.default, has_default=e.has_default,
+                    run_deadline=deadline)
+            case ev.QuestionAnswered() | ev.ToolCompleted() | ev.ToolFailed():
+                waiting.pop(e.call_id, None)
+            case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
+                return []
+    return list(waiting.values())
+
+
+def check_answer(question: Question, answer: Any) -> None:
+    """Raise `ControlError` saying what is wrong if `answer` does not fit the question's schema."""
+    errors = validate(answer, question.schema) if question.schema else []
+    if errors:
+        raise ControlError(f"the answer does not fit the question's schema: {'; '.join(errors)} (the "
+                           f"question: {question.question!r}; the schema: {question.schema})")
+
+
 def _ended(event: ev.Event) -> str:
     return ev.kind_of(event).split(".", 1)[1]
 
@@ -159,17 +217,8 @@ class Control:
 
     async def pending(self, agent: str | None = None) -> list[Pending]:
         """Every call waiting for a person, oldest first; only `agent`'s (a bundle or bundle:instance)."""
-        kv = await runs_kv(self.js)
-        runs = []
-        for run_id, entry in (await kv_entries(kv)).items():
-            if not entry.value:
-                continue
-            ix = RunIndex.decode(entry.value)
-            mine = agent is None or agent in (ix.actor, ix.actor.split(":")[0])
-            if ix.status == WAITING_FOR_APPROVAL and mine:
-                runs.append(run_id)
         out: list[Pending] = []
-        for run_id in runs:
+        for run_id in await self._runs_with(WAITING_FOR_APPROVAL, agent):
             history = await self.log.read(run_id)
             out.extend(pending_in(run_id, history.actor, history.events))
         return sorted(out, key=lambda p: p.requested_at)
@@ -192,7 +241,61 @@ class Control:
         raise ControlError(f"run {run_id} has no call {call_id} waiting for approval; waiting: {waiting} "
                            "(see `sa approvals`)")
 
+    async def questions(self, agent: str | None = None) -> list[Question]:
+        """Every question waiting for an answer, oldest first; only `agent`'s (bundle or bundle:instance)."""
+        out: list[Question] = []
+        for run_id in await self._runs_with(WAITING_FOR_ANSWER, agent):
+            history = await self.log.read(run_id)
+            out.extend(questions_in(run_id, history.actor, history.events))
+        return sorted(out, key=lambda q: q.asked_at)
+
+    async def _runs_with(self, status: str, agent: str | None) -> list[str]:
+        kv = await runs_kv(self.js)
+        runs = []
+        for run_id, entry in (await kv_entries(kv)).items():
+            if not entry.value:
+                continue
+            ix = RunIndex.decode(entry.value)
+            if ix.status == status and (agent is None or agent in (ix.actor, ix.actor.split(":")[0])):
+                runs.append(run_id)
+        return runs
+
+    async def _open_question(self, run_id: str, call_id: str) -> tuple[_Run, Question]:
+        run = await self._run(run_id)
+        ending = run.ending
+        if ending is not None:
+            raise ControlError(f"run {run_id} already {_ended(ending)}: there is no question left to answer")
+        call_id = _full_call_id(run_id, call_id)
+        waiting = {q.call_id: q for q in questions_in(run_id, run.actor, run.events)}
+        if call_id in waiting:
+            return run, waiting[call_id]
+        for e in run.events:
+            if isinstance(e, ev.QuestionAnswered) and e.call_id == call_id:
+                who = "its timeout's default" if e.by == "timeout" else e.by or "someone"
+                raise ControlError(f"the question of call {call_id} was already answered by {who} "
+                                   f"({json_text(e.answer)}): an answer is final")
+            if isinstance(e, ev.ToolFailed) and e.call_id == call_id:
+                raise ControlError(f"the question of call {call_id} is closed: {e.error.message}")
+        listed = ", ".join(sorted(waiting)) or "none"
+        raise ControlError(f"run {run_id} has no question {call_id} waiting for an answer; waiting: {listed} "
+                           "(see `sa questions`)")
+
     # -- commands --------------------------------------------------------------------------------------
+
+    async def answer(self, run_id: str, call_id: str, answer: Any, *,
+                     by: str | None = None) -> ev.QuestionAnswered | ev.ToolFailed:
+        """Answer a run's question (checked against its schema first: a bad answer is refused, nothing
+        sent). Returns what the host recorded: this answer, or what closed the question first (its
+        timeout's default or error, a second answer that won the race)."""
+        run, question = await self._open_question(run_id, call_id)
+        check_answer(question, answer)
+        await publish_command(self.js, run.actor, ev.Answer(run_id=run_id, call_id=question.call_id,
+                                                            answer=answer, by=operator(by)))
+        event = await self._recorded(run, lambda e: isinstance(e, ev.QuestionAnswered | ev.ToolFailed)
+                                     and e.call_id == question.call_id, stop_at_end=True)
+        assert isinstance(event, ev.QuestionAnswered | ev.ToolFailed)
+        return event
+
 
     async def approve(self, run_id: str, call_id: str, *, arguments: dict[str, Any] | None = None,
                       note: str = "", by: str | None = None) -> ev.ApprovalGranted | ev.ApprovalDenied:
@@ -265,4 +368,9 @@ def _full_call_id(run_id: str, call_id: str) -> str:
     return call_id if "/" in call_id else f"{run_id}/{call_id}"
 
 
-__all__ = ["RECORD_WAIT_S", "Control", "ControlError", "Pending", "operator", "pending_in"]
+def json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+__all__ = ["RECORD_WAIT_S", "Control", "ControlError", "Pending", "Question", "check_answer", "operator",
+           "pending_in", "questions_in"]

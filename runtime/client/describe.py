@@ -111,6 +111,19 @@ def _granted(event: ev.ApprovalGranted) -> str:
     return f"{event.call_id}{_by(event.by)}{edited}{note}"
 
 
+def _json(value: Any, width: int = 20) -> str:
+    return short(msgspec.json.encode(value).decode(), width)
+
+
+def _asked(e: ev.QuestionAsked) -> str:
+    """`1.0 "Ship it?" (answer: {"enum": [...]}) until 2030-...Z, then "no"`: the question, its form, its
+    timeout and what the timeout gives."""
+    form = f" (answer: {short(e.schema, 40)})" if e.schema else ""
+    until = f" until {iso(e.due)}, then {_json(e.default) if e.has_default else 'a timeout error'}" \
+        if e.due is not None else ""
+    return f"{e.call_id.rsplit('/', 1)[-1]} {short(e.question, 60)!r}{form}{until}"
+
+
 _DESCRIBE: dict[type, Callable[[Any], str]] = {
     ev.RunForked: _forked,
     ev.RunStarted: _started,
@@ -135,6 +148,8 @@ _DESCRIBE: dict[type, Callable[[Any], str]] = {
     ev.ApprovalDenied: lambda e: f"{e.call_id}{_by(e.by)}: {short(e.reason, 60)}",
     ev.TimerStarted: lambda e: f"{e.call_id.rsplit('/', 1)[-1]} {e.tool} until {iso(e.due)}",
     ev.TimerFired: lambda e: f"{e.call_id.rsplit('/', 1)[-1]} woke{f' ({e.by})' if e.by else ''}",
+    ev.QuestionAsked: _asked,
+    ev.QuestionAnswered: lambda e: f"{e.call_id.rsplit('/', 1)[-1]}{_by(e.by)}: {short(e.answer, 60)}",
 }
 
 

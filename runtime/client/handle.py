@@ -29,7 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from runtime import events as ev
-from runtime.client.control import Control, Pending
+from runtime.client.control import Control, Pending, Question
 from runtime.log import TERMINAL_KINDS, RunHistory, RunLog
 from runtime.nats.jetstream import JetStream
 from runtime.nats.subjects import stream_filter, stream_subject
@@ -288,6 +288,20 @@ class RunHandle:
                    by: str | None = None) -> ev.ApprovalGranted | ev.ApprovalDenied:
         """Refuse a waiting call; the model reads `reason` as the tool's error."""
         return await self.client.control.deny(self.run_id, call_id, reason=reason, by=by)
+
+    async def questions(self) -> list[Question]:
+        """The questions this run asks a person (`ask_human`) that wait for an answer."""
+        from runtime.client.control import questions_in
+
+        history = await self.history()
+        return questions_in(self.run_id, history.actor, history.events)
+
+    async def answer(self, call_id: str, answer: Any, *,
+                     by: str | None = None) -> ev.QuestionAnswered | ev.ToolFailed:
+        """Answer one of this run's questions (checked against its schema first: `ControlError` says what
+        does not fit, nothing sent); returns what the host recorded (this answer, or what closed the
+        question first: its timeout). A question answered already is refused: an answer is final."""
+        return await self.client.control.answer(self.run_id, call_id, answer, by=by)
 
     async def fork(self, at: int, edit: ForkEdit | None = None, *,
                    bundle: Bundle | None = None) -> RunHandle:

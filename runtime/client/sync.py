@@ -22,7 +22,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from runtime import events as ev
 from runtime.client.client import Client, RunInfo
-from runtime.client.control import Pending
+from runtime.client.control import Pending, Question
 from runtime.client.handle import RunHandle
 from runtime.streaming import Delta
 
@@ -85,6 +85,12 @@ class SyncRunHandle:
     def deny(self, call_id: str, reason: str) -> ev.ApprovalGranted | ev.ApprovalDenied:
         return self._portal.call(self.handle.deny, call_id, reason)
 
+    def questions(self) -> list[Question]:
+        return self._portal.call(self.handle.questions)
+
+    def answer(self, call_id: str, answer: Any) -> ev.QuestionAnswered | ev.ToolFailed:
+        return self._portal.call(self.handle.answer, call_id, answer)
+
     def fork(self, at: int, edit: Any = None) -> SyncRunHandle:
         return SyncRunHandle(self._portal, self._portal.call(self.handle.fork, at, edit))
 
@@ -141,6 +147,12 @@ class SyncClient:
 
     def approvals(self, agent: str | None = None) -> list[Pending]:
         return self._portal.call(self.client.approvals, agent)
+
+    def questions(self, agent: str | None = None) -> list[Question]:
+        return self._portal.call(self.client.questions, agent)
+
+    def answer(self, run_id: str, call_id: str, answer: Any) -> ev.QuestionAnswered | ev.ToolFailed:
+        return self._portal.call(self.client.answer, run_id, call_id, answer)
 
     def status(self) -> dict[str, Any]:
         return self._portal.call(self.client.status)

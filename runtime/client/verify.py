@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.questions import TIMEOUT_BY
 
 
 @dataclass
@@ -43,13 +44,18 @@ _HOST_VERDICTS = frozenset({"unknown_agent", "bad_task", "log_rejected", "bundle
 
 def _predicted(state: kernel.State, e: ev.Event) -> bool:
     """True if the runner wrote `e` because `decide` asked for it (rather than the world sending it)."""
-    if isinstance(e, ev.ModelRequested | ev.ToolCalled | ev.ApprovalRequested | ev.TurnCompleted
-                  | ev.RunCompleted):
+    if isinstance(e, ev.ModelRequested | ev.ToolCalled | ev.ApprovalRequested | ev.QuestionAsked
+                  | ev.TurnCompleted | ev.RunCompleted):
         return True
     if isinstance(e, ev.RunFailed):
         return e.reason not in _HOST_VERDICTS
     if isinstance(e, ev.ToolFailed):  # a denial, unless the call was dispatched (its own failure/timeout)
+        if state.turn is not None and e.call_id in state.turn.questions:  # a question's timeout, unless
+            return e.error.kind == "timeout" and (state.deadline is None or e.ts < state.deadline)  # the
+        # deadline failed it (the runner's own), or an in-process answerer gave none or a bad one
         return state.turn is None or e.call_id not in state.turn.called
+    if isinstance(e, ev.QuestionAnswered):  # a person's answer is an input; the default at the timeout not
+        return e.by == TIMEOUT_BY
     if isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied):  # a person's verdict is an input
         return e.by == "timeout"
     return False
@@ -68,9 +74,11 @@ def _expected(state: kernel.State, e: ev.Event) -> str | None:
         case ev.ToolCalled():
             if any(isinstance(d, kernel.CallTools) and e.call in d.calls for d in decisions):
                 return None
-        case ev.ApprovalGranted() | ev.ApprovalDenied():  # a timeout verdict: due at the time it carries
-            if any(ev.same_fact(d, e) for d in kernel.expire(state, e.ts)):
+        case ev.ApprovalGranted() | ev.ApprovalDenied() | ev.QuestionAnswered():  # a timeout's verdict:
+            if any(ev.same_fact(d, e) for d in kernel.expire(state, e.ts)):     # due at the time it carries
                 return None
+        case ev.ToolFailed() if any(ev.same_fact(d, e) for d in kernel.expire(state, e.ts)):
+            return None  # a question's timeout without a default, recorded when the runner woke
         case ev.ApprovalRequested() if _before_rules(e):  # written before requests recorded their rule
             if any(isinstance(d, ev.ApprovalRequested) and d.call == e.call for d in decisions):
                 return None

@@ -23,6 +23,8 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
                  actors), token counts per minute and per day
 - `scheduler`  — the cluster's clock (SCHEDULES): schedules' fires become tasks, wake-ups wake commands
 - `sleep`      — a run asleep on a timer: its wake-ups scheduled in the cluster, deleted if it ends first
+- `answers`    — what a person sends a run (an answer, an approver's verdict), checked and recorded; a
+                 question's timeout recorded when the parked run wakes
 
 The continuous pull consumer and the back-pressure budget are `runtime.nats.pull`.
 """

@@ -1,7 +1,7 @@
 """One run, driven: the host's effect runner for the kernel (the distributed twin of `runtime.loop`).
 
     state = fold(events)          # a new run: just `run.started`; a recovered run: its whole log
-    loop:  apply what arrived     # tool outcomes, cancel / approve / deny commands
+    loop:  apply what arrived     # tool outcomes, cancel / approve / deny / answer commands
            effects = decide(state)
            perform them           # model calls here; tool calls as jobs on TOOLS; endings
            nothing to perform? -> wait for the inbox (or the deadline)
@@ -69,14 +69,14 @@ from nats.js.errors import BadRequestError
 
 from runtime import events as ev
 from runtime import kernel
+from runtime.host.answers import apply_answer, apply_verdict, settle_due
 from runtime.host.served import AgentRuntime
-from runtime.host.sleep import forget_wakes, schedule_wakes
+from runtime.host.sleep import forget_wakes, parked_wakes, schedule_wakes
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.model.limits import Throttle, Ticket
 from runtime.model.step import Admission
 from runtime.nats.retry import retrying
-from runtime.scripts.validate import validate
 from runtime.streaming import StreamPublisher
 from runtime.types import ToolError
 
@@ -84,6 +84,9 @@ log = logging.getLogger("runtime.host")
 
 PUBLISH_RETRY_S = 0.25
 CANCEL_GRACE_S = 5.0  # how long a cancelled run waits for its stopped jobs' reports before it lets go
+
+
+Item = ToolOutcome | ev.Cancel | ev.Approve | ev.Deny | ev.Wake | ev.Answer
 
 
 class Ackable(Protocol):
@@ -96,7 +99,7 @@ class Ackable(Protocol):
 class Inbound:
     """Something for a run from outside: a tool outcome or a command, with the message to ack after."""
 
-    item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny | ev.Wake
+    item: Item
     msg: Ackable | None = None
 
 
@@ -176,23 +179,22 @@ class RunDriver:
 
     async def _timers_due(self) -> bool:
         """Fire the timers already due by this host's clock (a wait_until in the past, a run folded back
-        after its instant); True if any fired."""
+        after its instant), and time out the questions due (`runtime.host.answers`); True if any did."""
         now = self.clock()
         due = [call_id for call_id, at in kernel.pending_timers(self.state) if at <= now]
         for call_id in due:
             await self.append(ev.TimerFired(run_id=self.run_id, call_id=call_id, by="host"))
-        return bool(due)
+        return await settle_due(self.state, now, self.append, self._deadline_passed) or bool(due)
 
     async def _park(self) -> bool:
-        """Schedule the wake-up of every pending timer (once `timer.started` is durable: a wake-up never
-        names a timer the log lacks); True if the run now only sleeps, so the driver lets it go: no slot,
-        no memory held until the wake-up arrives (as a `Wake` command, `runtime.host.scheduler`)."""
-        timers = kernel.pending_timers(self.state)
-        if not timers:
+        """Schedule the wake-up of every pending timer and question timeout (once durable in the log); True
+        if the run now only waits for them, so the driver lets it go, holding nothing until the wake-up (a
+        `Wake` command, `runtime.host.scheduler`) or the answer (`runtime.host.answers`) arrives."""
+        if not kernel.pending_timers(self.state) and not kernel.pending_questions(self.state):
             return False
         await self._flush()
-        await schedule_wakes(self.js, self.actor, self.run_id, timers, self._wakes)
-        if self.inbox or self.in_flight or kernel.sleeping_until(self.state) is None:
+        await schedule_wakes(self.js, self.actor, self.run_id, parked_wakes(self.state), self._wakes)
+        if self.inbox or self.in_flight or kernel.parked_until(self.state) is None:
             return False
         self.parked = True
         return True
@@ -250,7 +252,7 @@ class RunDriver:
         for call in turn.calls:
             if call.id in turn.results:
                 continue
-            if call.id in self.in_flight or call.id in turn.called or call.id in turn.timers:
+            if call.id in self.in_flight or call.id in {*turn.called, *turn.timers, *turn.questions}:
                 await self.append(ev.ToolFailed(run_id=self.run_id, call_id=call.id, tool=call.name,
                                                 error=ToolError("timeout", f"{call.name} did not finish "
                                                                 "before the task's deadline")))
@@ -268,11 +270,15 @@ class RunDriver:
             if item.msg is not None:
                 self._acks.append(item.msg)
 
-    async def _apply(self, item: ToolOutcome | ev.Cancel | ev.Approve | ev.Deny | ev.Wake) -> None:
+    async def _apply(self, item: Item) -> None:
         state = self.state
         if isinstance(item, ev.Wake):
             if any(c == item.call_id for c, _ in kernel.pending_timers(state)):
                 await self.append(ev.TimerFired(run_id=self.run_id, call_id=item.call_id, by="schedule"))
+            await settle_due(state, self.clock(), self.append, self._deadline_passed, call_id=item.call_id)
+            return
+        if isinstance(item, ev.Answer):
+            await apply_answer(state, item, self.append)
             return
         if isinstance(item, ToolOutcome):
             was_out = item.call_id in self.in_flight
@@ -300,31 +306,7 @@ class RunDriver:
                 await self.append(ev.RunCancelled(run_id=self.run_id, reason=item.reason or "cancelled",
                                                   by=by))
         elif isinstance(item, ev.Approve | ev.Deny):
-            turn = state.turn
-            if state.done or turn is None or item.call_id not in turn.approvals_requested or \
-                    item.call_id in turn.approvals:
-                log.info("run %s: %s for %s changes nothing", self.run_id, type(item).__name__, item.call_id)
-                return
-            if isinstance(item, ev.Approve):
-                if item.arguments is not None and (problem := self._bad_arguments(item)) is not None:
-                    log.warning("run %s: approval of %s refused: %s", self.run_id, item.call_id, problem)
-                    return
-                await self.append(ev.ApprovalGranted(run_id=self.run_id, call_id=item.call_id, by=item.by,
-                                                     arguments=item.arguments, note=item.note))
-            else:
-                await self.append(ev.ApprovalDenied(run_id=self.run_id, call_id=item.call_id,
-                                                    reason=item.reason, by=item.by))
-
-    def _bad_arguments(self, item: ev.Approve) -> str | None:
-        """Why an approver's edited arguments cannot replace the model's (they fail the tool's schema),
-        or None. `sa approve` checks the same before it publishes; this guards any other publisher."""
-        turn = self.state.turn
-        call = turn.call(item.call_id) if turn is not None else None
-        schema = next((t.parameters for t in self.state.config.tools if call and t.name == call.name), None)
-        if schema is None:
-            return None
-        errors = validate(item.arguments, schema)
-        return "; ".join(errors) if errors else None
+            await apply_verdict(state, item, self.append)
 
     # -- effects -----------------------------------------------------------------------------------------
 

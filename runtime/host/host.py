@@ -77,6 +77,7 @@ Where each part lives
 - `runtime.host.scheduler`   `Scheduler`: the cluster's clock turned into tasks (schedules' fires) and wake
                              commands (sleeping runs' timers); a bundle's `schedules:` stored at start
 - `runtime.host.sleep`       a run asleep on a timer: its wake-ups scheduled, or deleted if it ends first
+- `runtime.host.answers`     a person's answer or verdict checked and recorded; a question's timeout
 """
 from __future__ import annotations
 

@@ -9,13 +9,14 @@ A task-subject message (`runtime.commands`) is one of:
   thread is busy, the bundle's `conversation.double_texting` may refuse it or interrupt the active run;
 * a resume for a run written by a client (a fork): folded from its log and queued in its actor's mailbox
   at once (a run with no events is logged and terminated);
-* a cancel / approve / deny for a run (only from a command subject, ``ops.<agent>.<operator>``, whose
-  operator becomes the command's ``by``), or a wake for a run's timer (from the cluster's clock,
-  `runtime.host.scheduler`): handed to the run's driver, or kept beside a task still waiting (a cancel,
-  applied right after the run starts), or acked if the run already ended; a run of this partition that no
-  driver holds (asleep on a timer) is folded back first (`Recovery.unpark`); a command sent on the
-  bundle's subject for a run of ``bundle:instance`` is republished to the partition that owns the run; a
-  command for a run that does not exist is logged and terminated;
+* a cancel / approve / deny / answer for a run (only from a command subject, ``ops.<agent>.<operator>``,
+  whose operator becomes the command's ``by``), or a wake for a run's timer or question (from the cluster's
+  clock, `runtime.host.scheduler`): handed to the run's driver, or kept beside a task still waiting (a
+  cancel, applied right after the run starts), or acked if the run already ended; a run of this partition
+  that no driver holds (asleep on a timer, or waiting for an answer) is folded back first
+  (`Recovery.unpark`); a command sent on the bundle's subject for a run of ``bundle:instance`` is
+  republished to the partition that owns the run; a command for a run that does not exist is logged and
+  terminated;
 * not a command at all (`commands.BadCommand`): logged with the reason and terminated — never redelivered,
   never stopping the host; on a task subject it is also recorded as a run that fails at once with
   `bad_task` and the reason, under the run id a task gets, so its publisher finds why (`sa replay RUN`).
@@ -59,6 +60,7 @@ log = logging.getLogger("runtime.host")
 
 OUTCOME_RETRY_S = 1.0  # an outcome for a run nobody drives yet comes again this late
 OUTCOME_MAX_DELIVERIES = 20
+RunCommand = ev.Cancel | ev.Approve | ev.Deny | ev.Wake | ev.Answer  # a command for one existing run
 
 
 class Router:
@@ -121,11 +123,11 @@ class Router:
                 log.error("resume of run %s (on %s): the run has no events", cmd.run_id, msg.subject)
                 await _term(msg)
             return False
-        assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny | ev.Wake)
+        assert isinstance(cmd, ev.Cancel | ev.Approve | ev.Deny | ev.Wake | ev.Answer)
         await self._to_run(cmd, p, msg)
         return False
 
-    async def _to_run(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Wake, p: int, msg: Guarded) -> None:
+    async def _to_run(self, cmd: RunCommand, p: int, msg: Guarded) -> None:
         """A command for one run: to its driver, beside its waiting task, or to the run folded back from its
         sleep; acked if the run ended, forwarded if it lives in another partition, else dropped."""
         driver = self.actors.drivers.get(cmd.run_id)
@@ -154,7 +156,7 @@ class Router:
                   msg.subject)
         await _term(msg)
 
-    async def _unparked(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Wake, ix: RunIndex, p: int,
+    async def _unparked(self, cmd: RunCommand, ix: RunIndex, p: int,
                         msg: Guarded) -> bool:
         """A command for a run of this partition that no driver holds (asleep on a timer): the run folded
         back takes it first; True if it was handled (or the run turned out to have ended: acked)."""
@@ -186,7 +188,8 @@ class Router:
         await self.refuse(subject_agent, Task(task, msg, run_id, p, seq), "bad_task", reason)
         return True
 
-    async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny, ix: RunIndex, msg: Guarded) -> bool:
+    async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Answer, ix: RunIndex,
+                       msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of
         `bundle:instance`) lands in another partition: republish it where the run's host reads, under the
         operator who sent it (a host may publish on any operator's subject; see `runtime.nats.auth`)."""

@@ -6,7 +6,8 @@ already ended from it. ``active`` holds one key per unfinished run, ``p<N>.<run>
 partition over lists its keys only, not the whole index. An entry is written when a run starts (``running``)
 when it starts or stops waiting for an approver (``waiting for approval``, `RunDriver.on_status`), when it
 goes to sleep on a timer (``sleeping until <T>``: its driver let it go, and its ``active`` entry says when it
-wakes, so a takeover leaves it in its log until then; its wake-up is in SCHEDULES, `runtime.host.sleep`) and
+wakes, so a takeover leaves it in its log until then; its wake-up is in SCHEDULES, `runtime.host.sleep`), when
+it is parked waiting for a person's answer (``waiting for an answer``, `runtime.host.answers`) and
 when it ends (its status; its ``active`` key is then purged).
 
 Index writes are retried until NATS answers (a leader election lasts a few seconds): an index that skipped
@@ -25,7 +26,13 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from runtime import kernel
 from runtime.host.driver import RunDriver
 from runtime.nats.kv import fleet_kv, runs_kv
-from runtime.nats.records import WAITING_FOR_APPROVAL, RunIndex, active_value, sleeping_status
+from runtime.nats.records import (
+    WAITING_FOR_ANSWER,
+    WAITING_FOR_APPROVAL,
+    RunIndex,
+    active_value,
+    sleeping_status,
+)
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import ACTIVE_BUCKET, ACTIVE_PURGE_TTL_S, active_key
 
@@ -52,9 +59,9 @@ class RunsIndex:
         status: str = state.status if state.status != "new" else "running"
         if status == "running" and kernel.pending_approvals(state):
             status = WAITING_FOR_APPROVAL
-        until = kernel.sleeping_until(state) if driver.parked and status == "running" else None
+        until = kernel.parked_until(state) if driver.parked and status == "running" else None
         if until is not None:
-            status = sleeping_status(until)
+            status = WAITING_FOR_ANSWER if kernel.pending_questions(state) else sleeping_status(until)
         await self.put(driver.run_id, RunIndex(
             actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
             updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path),
@@ -83,4 +90,4 @@ async def _retrying(what: str, op: Any) -> None:
     await retrying(op, what=what, delay=WRITE_RETRY_S, logger=log)
 
 
-__all__ = ["WAITING_FOR_APPROVAL", "RunsIndex", "sleeping_status"]
+__all__ = ["WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "RunsIndex", "sleeping_status"]

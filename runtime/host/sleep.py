@@ -1,4 +1,5 @@
-"""A run asleep on a timer: its wake-ups, scheduled in the cluster and deleted if the run ends first.
+"""A run asleep on a timer (or waiting for an answer): its wake-ups, scheduled in the cluster and deleted if
+the run ends first.
 
 The driver (`runtime.host.driver`) parks a run whose only pending work is timers (`kernel.sleeping_until`):
 it schedules each timer's wake-up here (an ``@at`` message schedule on SCHEDULES, `runtime.schedules`), and
@@ -13,6 +14,11 @@ scheduled before the run's ``active`` entry says it sleeps (a host that dies bet
 recovered, which schedules the wake-up again: one Msg-Id per timer); a folded-back run's entry says it is
 awake before the wake is applied. A run that ends with a timer still pending (a cancel) has its wake-up
 deleted.
+
+A run waiting for a person's answer (`ask_human`, `runtime.host.answers`) is parked the same way, indexed as
+``waiting for an answer``: its wake-up is at its question's timeout or the task's deadline, whichever is
+first; with neither, its ``active`` entry says it wakes never (``inf``), and only the answer (or a cancel)
+folds it back.
 """
 
 from __future__ import annotations
@@ -22,11 +28,20 @@ from typing import Any
 
 from runtime import kernel
 from runtime.nats.retry import retrying
+from runtime.questions import wake_at
 from runtime.schedules import ScheduleError, WakeUp, cancel_wake, schedule_wake
 
 log = logging.getLogger("runtime.host")
 
 RETRY_S = 0.25
+
+
+def parked_wakes(state: kernel.State) -> tuple[tuple[str, float], ...]:
+    """The wake-ups a parked run needs, as (call id, instant): each pending timer's, and each waiting
+    question's timeout or the task's deadline, whichever is first (`runtime.questions.wake_at`; a question
+    with neither needs none: only its answer wakes the run)."""
+    asks = ((c.id, wake_at(q, state.deadline)) for c, q in kernel.pending_questions(state))
+    return (*kernel.pending_timers(state), *((c, at) for c, at in asks if at is not None))
 
 
 async def schedule_wakes(js: Any, actor: str, run_id: str, timers: tuple[tuple[str, float], ...],
@@ -46,9 +61,10 @@ async def schedule_wakes(js: Any, actor: str, run_id: str, timers: tuple[tuple[s
 
 
 async def forget_wakes(js: Any, run_id: str, state: kernel.State) -> None:
-    """Delete the wake-ups of the timers a run that ended never fired."""
+    """Delete the wake-ups of the timers a run that ended never fired, and of its questions never answered."""
     turn = state.turn
-    for call_id in [c for c in turn.timers if c not in turn.results] if turn is not None else []:
+    waited = [*turn.timers, *turn.questions] if turn is not None else []
+    for call_id in [c for c in waited if turn is not None and c not in turn.results]:
         async def purge(call_id: str = call_id) -> None:
             await cancel_wake(js, call_id)
 
@@ -56,4 +72,4 @@ async def forget_wakes(js: Any, run_id: str, state: kernel.State) -> None:
                        logger=log, give_up=30.0)
 
 
-__all__ = ["forget_wakes", "schedule_wakes"]
+__all__ = ["forget_wakes", "parked_wakes", "schedule_wakes"]

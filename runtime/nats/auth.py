@@ -11,8 +11,8 @@ The roles (subjects in `runtime.nats.subjects`):
 
 * **publisher** — publishes tasks on ``agents.<agent>.tasks`` for the agents it is given (all by default),
   and nothing else: no commands, no reading runs.
-* **operator** — publishes cancel / approve / deny on ``ops.*.<its own name>`` only, so the name a host
-  records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
+* **operator** — publishes cancel / approve / deny / answer on ``ops.*.<its own name>`` only, so the name a
+  host records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
   buckets, the threads, payloads, dead letters) and schedules (SCHEDULES) for `sa runs`, `sa replay`,
   `sa status`, `sa threads`, approvals, `sa ui`, `sa schedule list`; subscribes to runs' live model output
   (``stream.>``, `sa send --follow`); and acks its own durable readers of EVENTS (`sa otel`). Adding,

@@ -12,6 +12,8 @@ import msgspec
 
 # the status of a running run that waits for an operator (`sa approvals` lists such runs' calls)
 WAITING_FOR_APPROVAL = "waiting for approval"
+# a running run parked until a person answers its question (`ask_human`; `sa questions` lists them)
+WAITING_FOR_ANSWER = "waiting for an answer"
 SLEEPING = "sleeping until "  # + the RFC 3339 instant: a run parked on a timer (`runtime.host.sleep`)
 
 
@@ -24,7 +26,7 @@ def sleeping_status(until: float) -> str:
 
 def active_value(actor: str, until: float | None = None) -> bytes:
     """An `active` entry's value: the run's actor, and for a run asleep on a timer when it wakes (a takeover
-    leaves such a run in its log until then)."""
+    leaves such a run in its log until then; `inf` for a run only an answer wakes)."""
     return (actor if until is None else f"{actor} {until!r}").encode()
 
 
@@ -128,5 +130,5 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-__all__ = ["SLEEPING", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat", "active_value",
-           "parse_active", "sleeping_status"]
+__all__ = ["SLEEPING", "WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat",
+           "active_value", "parse_active", "sleeping_status"]

@@ -1,7 +1,7 @@
-"""What a page may change: fork a run, cancel it, approve or deny a waiting call, through `RunHandle`;
-send a dead letter back to the workers, through `Client`.
+"""What a page may change: fork a run, cancel it, approve or deny a waiting call, answer a question, through
+`RunHandle`; send a dead letter back to the workers, through `Client`.
 
-These are `sa fork`, `sa cancel`, `sa approve` and `sa deny` (`runtime.client.fork`,
+These are `sa fork`, `sa cancel`, `sa approve`, `sa deny` and `sa answer` (`runtime.client.fork`,
 `runtime.client.control`, reached through the run's handle), so a page's command is checked the same way
 and refused with the same message (a `ValueError`: the routes answer it with 400). What is the page's own:
 
@@ -102,6 +102,13 @@ class Actions:
         handle = self.client.get(check_token(run_id, "run id"))
         verdict = await handle.deny(call_id, reason, by=web_operator())
         return {"event": views.event_view(verdict, verdict.ts)}
+
+    async def answer(self, run_id: str, call_id: str, answer: Any) -> dict[str, Any]:
+        """Answer a run's question (checked against its schema: `ControlError` says what does not fit);
+        what the host recorded."""
+        handle = self.client.get(check_token(run_id, "run id"))
+        recorded = await handle.answer(call_id, answer, by=web_operator())
+        return {"event": views.event_view(recorded, recorded.ts)}
 
     async def replay_dead_letter(self, seq: int) -> dict[str, Any]:
         """Send dead letter `seq` back to its tool's workers (`sa dlq replay SEQ`); `Gone` if there is none,

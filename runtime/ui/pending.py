@@ -4,7 +4,8 @@
 
 Four sources, each read through the client as `sa` reads it:
 
-* calls waiting for a person (`Client.approvals`, what `sa approvals` lists), decided from the page;
+* calls waiting for a person (`Client.approvals`, what `sa approvals` lists), decided from the page, and
+  questions runs ask a person (`Client.questions`, what `sa questions` lists), answered from the page;
 * tool jobs not done yet (`Client.tool_work`: the TOOLS work queue, whether each was delivered, and why
   its earlier deliveries ended where a worker recorded it), next to the workers that serve the tool and
   their heartbeats' ages (`Client.status`); a job's worker is not known while it runs (a worker says
@@ -52,6 +53,7 @@ def waiting_on(events: Sequence[ev.Event]) -> list[dict[str, Any]]:
     requests: dict[str, ev.ModelRequested] = {}
     calls: dict[str, ev.ToolCalled] = {}
     asked: dict[str, ev.ApprovalRequested] = {}
+    questions: dict[str, ev.QuestionAsked] = {}
     for e in events:
         if isinstance(e, ev.ModelRequested):
             requests[e.request_id] = e
@@ -62,6 +64,11 @@ def waiting_on(events: Sequence[ev.Event]) -> list[dict[str, Any]]:
         elif isinstance(e, ev.ToolCompleted | ev.ToolFailed):
             calls.pop(e.call_id, None)
             asked.pop(e.call_id, None)
+            questions.pop(e.call_id, None)
+        elif isinstance(e, ev.QuestionAsked):
+            questions[e.call_id] = e
+        elif isinstance(e, ev.QuestionAnswered):
+            questions.pop(e.call_id, None)
         elif isinstance(e, ev.ApprovalRequested):
             asked[e.call.id] = e
         elif isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied):
@@ -75,6 +82,8 @@ def waiting_on(events: Sequence[ev.Event]) -> list[dict[str, Any]]:
     out += [{"what": "approval", "since": a.ts, "seq": a.seq, "call": _short(a.call.id), "tool": a.call.name,
              "detail": f"{a.call.name} (call {_short(a.call.id)})" + (f", role {a.role}" if a.role else "")}
             for a in asked.values()]
+    out += [{"what": "question", "since": q.ts, "seq": q.seq, "call": _short(q.call_id),
+             "detail": f"an answer (call {_short(q.call_id)})"} for q in questions.values()]
     return sorted(out, key=lambda w: w["since"])
 
 
@@ -117,7 +126,7 @@ def stuck(jobs: list[dict[str, Any]], runs: list[dict[str, Any]], unserved: dict
     for r in runs:
         for w in r["waiting_on"]:
             age = now - w["since"]
-            if w["what"] != "approval" and age > SLOW_S:
+            if w["what"] not in ("approval", "question") and age > SLOW_S:
                 out.append({"run_id": r["run_id"], "kind": f"slow-{w['what']}",
                             "why": f"waits {age:.0f} s for "
                                    f"{'the model' if w['what'] == 'model' else w['detail']}"})
@@ -181,8 +190,10 @@ class Pending:
         jobs = [job_view(q, now, status["workers"]) for q in work.jobs]
         runs, total = await self.runs(now)
         approvals = [p.to_json(now) for p in await self.client.approvals()]
+        questions = [q.to_json(now) for q in await self.client.questions()]
         unserved = status.get("unserved_agents") or {}
-        return {"now": now, "approvals": approvals, "tool_jobs": jobs, "tool_jobs_truncated": work.truncated,
+        return {"now": now, "approvals": approvals, "questions": questions, "tool_jobs": jobs,
+                "tool_jobs_truncated": work.truncated,
                 "tool_jobs_unreadable": unreadable,
                 "ack_wait": work.ack_wait, "runs": runs, "runs_total": total,
                 "runs_truncated": total > MAX_RUNS,

@@ -21,6 +21,7 @@
     POST /api/runs/{run}/fork               {"at_seq": N, "edit": {...}?} -> {"run_id": new run}
     POST /api/runs/{run}/cancel             {"reason": "..."} -> {"event": the run's ending as recorded}
     POST /api/runs/{run}/approve            {"call_id": "1.0", "arguments": {...}?, "note": ""} -> the verdict
+    POST /api/runs/{run}/answer             {"call_id": "1.0", "answer": <JSON>} -> the answer recorded
     POST /api/runs/{run}/deny               {"call_id": "1.0", "reason": "..."} -> the verdict
     GET  /pending  /fleet  /agents/{agent}  the team's pages: everything waiting, the fleet, an agent
     GET  /api/pending                       approvals, tool jobs in flight, unfinished runs, what is stuck
@@ -303,6 +304,15 @@ async def api_deny(request: Request) -> Any:
 
 
 @answers
+async def api_answer(request: Request) -> Any:
+    body = await json_body(request, '{"call_id": "1.0", "answer": "yes"}')
+    if "answer" not in body:
+        raise BadBody(400, '"answer" is missing: the answer, any JSON value the question\'s schema allows')
+    return await services(request).actions.answer(
+        request.path_params["run"], text_field(body, "call_id", required=True), body["answer"])
+
+
+@answers
 async def api_replay_dead_letter(request: Request) -> Any:
     await json_body(request, "{}")
     seq = whole_number(request.path_params["seq"], "seq", 0)
@@ -335,6 +345,7 @@ ROUTES: list[BaseRoute] = [
     Route("/api/runs/{run}/cancel", api_cancel, methods=["POST"]),
     Route("/api/runs/{run}/approve", api_approve, methods=["POST"]),
     Route("/api/runs/{run}/deny", api_deny, methods=["POST"]),
+    Route("/api/runs/{run}/answer", api_answer, methods=["POST"]),
     Mount("/static", StaticFiles(directory=STATIC), name="static"),
 ]
 

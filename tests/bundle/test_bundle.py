@@ -187,3 +187,18 @@ def test_a_data_provider_type_that_is_not_a_name_is_a_bundle_error(tmp_path: Pat
         data_provider: {type: [workspace]}
     """)
     assert "none, static, workspace" in got["data_provider.type"]
+
+
+def test_questions_offer_ask_human_with_a_timeout_and_a_default(tmp_path: Path) -> None:
+    b = load_bundle(write_bundle(tmp_path, "name: asker\nquestions: {timeout: 1h30m, default: null}\n"))
+    cfg = b.kernel_config()
+    assert [t.name for t in cfg.tools] == ["ask_human"] and cfg.questions is not None
+    assert (cfg.questions.timeout_s, cfg.questions.default, cfg.questions.has_default) == (5400.0, None, True)
+    plain = load_bundle(write_bundle(tmp_path, "name: asker\nquestions: {}\n")).kernel_config().questions
+    assert plain is not None and plain.timeout_s is None and not plain.has_default
+    assert load_bundle(write_bundle(tmp_path, "name: asker\n")).kernel_config().questions is None
+    found = problems(tmp_path, "name: asker\nquestions: {timeout: soon}\n")
+    assert "not a duration such as 90s, 30m, 4h or 2d" in found["questions.timeout"]
+    assert "questions.urgency" in problems(tmp_path, "name: asker\nquestions: {urgency: 1}\n")
+    found = problems(tmp_path, "name: asker\nquestions: {default: 'no'}\n")
+    assert "set `timeout` too" in found["questions.default"]

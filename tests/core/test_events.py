@@ -18,6 +18,7 @@ REQUIRED_KINDS = {
     "script.printed", "script.completed", "script.failed", "tool.redelivered", "tool.completed",
     "tool.failed", "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
     "approval.granted", "approval.denied", "run.forked", "model.throttled", "timer.started", "timer.fired",
+    "question.asked", "question.answered",
 }  # fmt: skip
 
 # ── a strategy for any event or command, derived from the Struct fields ───────────────────────────────
@@ -48,6 +49,7 @@ messages = st.builds(
 BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
     str: st.text(),
     int: st.integers(0, 2**40),
+    bool: st.booleans(),
     ev.Priority: st.integers(ev.MIN_PRIORITY, ev.MAX_PRIORITY),
     float: st.floats(allow_nan=False, allow_infinity=False),
     Any: json_values,
@@ -91,7 +93,7 @@ any_command = st.one_of(*(instances(cls) for cls in ev.COMMAND_TYPES))
 
 def test_the_union_has_every_required_kind():
     assert set(ev.EVENT_KINDS) == REQUIRED_KINDS
-    assert set(ev.COMMAND_KINDS) == {"task", "cancel", "approve", "deny", "resume", "wake"}
+    assert set(ev.COMMAND_KINDS) == {"task", "cancel", "approve", "deny", "resume", "wake", "answer"}
 
 
 @settings(max_examples=300, deadline=None)

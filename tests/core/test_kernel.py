@@ -40,7 +40,8 @@ def call(name: str, **args) -> tuple[str, dict]:
 
 # ── purity ────────────────────────────────────────────────────────────────────────────────────────────
 
-PURE_MODULES = ["kernel", "events", "policies", "history", "types", "approval_policy", "timers"]
+PURE_MODULES = ["kernel", "events", "policies", "history", "types", "approval_policy", "timers",
+                "questions"]
 FORBIDDEN = {
     "nats",
     "openai",

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import test_ui_browser as base
 from test_ui_browser import INJECTED, run_task, shot, wait_for_kind
-from ui_helpers import HOSTILE, Stack
+from ui_helpers import ASKED, HOSTILE, Stack
 
 from runtime import events as ev
 from runtime.log import RunLog
@@ -217,6 +217,35 @@ def test_pending_page_says_what_is_stuck_and_decides_approvals(stack: Stack, pag
         shot(page, "30-pending-approved")
     finally:
         stack.gate.release()
+
+
+def test_pending_page_answers_a_question(stack: Stack, page: Any):
+    """A run asking a person (`ask_human`) is listed with its question (shown as text) and answered from the
+    pending page, one button per allowed answer; the run goes on with the answer. Another is answered from
+    its own page, where the question waits in its call's lane."""
+    asking = stack.call(stack.client.start("calc", "ask: ship?", instance="q1"))
+    wait_for_kind(stack, asking.run_id, "question.asked")
+    page.goto(stack.base + "/pending")
+    row = page.locator(f"#questions-table tr[data-run='{asking.run_id}']")
+    row.wait_for()
+    assert ASKED in row.text_content()  # the markup is text, never run
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert row.locator(".answer-choice").all_text_contents() == ["yes", "no"]
+    shot(page, "30a-pending-question")
+    row.locator(".answer-choice", has_text="yes").click()
+    page.wait_for_selector(f"#questions-table tr[data-run='{asking.run_id}']", state="detached")
+    assert '{"answer": "yes"}' in stack.call(asking.result(60))["answer"]
+
+    again = stack.call(stack.client.start("calc", "ask: ship now?", instance="q2"))  # and from the run's page
+    wait_for_kind(stack, again.run_id, "question.asked")
+    page.goto(stack.base + "/runs/" + again.run_id)
+    box = page.locator(f".lane[data-call='{again.run_id}/1.0'] .question")
+    box.wait_for()
+    assert ASKED in box.text_content() and "waits for an answer" in box.text_content()
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    shot(page, "30b-run-question")
+    box.locator(".answer-choice", has_text="no").click()
+    assert '{"answer": "no"}' in stack.call(again.result(60))["answer"]
 
 
 def test_fleet_page_and_dead_letter_replay(stack: Stack, runs: dict[str, str], page: Any):

@@ -284,3 +284,35 @@ async def test_on_a_secured_server_the_team_pages_are_bounded_by_the_operator_ro
             await bus.close(admin)
     finally:
         server.stop()
+
+
+async def test_the_pending_api_lists_questions_and_answers_them(nats_server, nc, js, tmp_path: Path):
+    """A question a run asks (`ask_human`) is listed by /api/pending with its schema; an answer that does not
+    fit it is refused (400, what is wrong, nothing recorded), a fitting one is recorded, a second refused."""
+    await ensure_topology(js, partitions=2)
+    app_client = Client(nc)
+    bundle = write_ui_bundle(tmp_path)
+    async with running_fleet(nats_server.url, js, bundle, responder=ui_responder(Gate())), \
+            serving(create_app(client=app_client)) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as client:
+        asking = await app_client.start("calc", "ask: ship?", instance="q")
+        async for e in asking.events():
+            if ev.kind_of(e) == "question.asked":
+                break
+        seen = await _get(client, "/api/pending")
+        [question] = seen["questions"]
+        assert question["run_id"] == asking.run_id and question["schema"] == {"enum": ["yes", "no"]}
+        assert [w["what"] for r in seen["runs"] for w in r["waiting_on"]] == ["question"]
+        path = f"/api/runs/{asking.run_id}/answer"
+        wrong = await client.post(path, json={"call_id": "1.0", "answer": "maybe"})
+        assert wrong.status_code == 400 and "does not fit the question's schema" in wrong.json()["error"]
+        missing = await client.post(path, json={"call_id": "1.0"})
+        assert missing.status_code == 400 and '"answer" is missing' in missing.json()["error"]
+        answered = await client.post(path, json={"call_id": "1.0", "answer": "no"})
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["event"]["kind"] == "question.answered"
+        assert '{"answer": "no"}' in (await asking.result(60))["answer"]
+        again = await client.post(path, json={"call_id": "1.0", "answer": "yes"})
+        assert again.status_code == 400 and "already" in again.json()["error"]
+        events = [e async for e in asking.events()]
+    assert [e.answer for e in events if isinstance(e, ev.QuestionAnswered)] == ["no"]  # nothing else recorded

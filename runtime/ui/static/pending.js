@@ -1,9 +1,10 @@
-// Everything waiting, on one page: what is stuck and why, calls waiting for a person (decided here), tool
-// jobs in flight, runs not finished. Polled; the approval forms are kept while someone types in them.
+// Everything waiting, on one page: what is stuck and why, calls waiting for a person (decided here), questions
+// runs ask (answered here), tool jobs in flight, runs not finished. Polled; the approval and answer forms are
+// kept while someone types in them. Every text is set as textContent (`el`), never as HTML.
 "use strict";
 
 const POLL_MS = 3000;
-const pending = {approvals: "", data: null};
+const pending = {approvals: "", questions: "", data: null};
 
 function runCell(runId, extra) {
   if (!runId) return el("span", {class: "muted"}, "(not a job)");
@@ -62,6 +63,47 @@ function approvalsPanel(approvals) {
       "no call waits for a person", (i) => ({run: approvals[i].run_id, call: approvals[i].call_id})));
 }
 
+// The answer as the question's schema wants it: a choice among its enum, else text for a string schema, else
+// JSON (checked here for syntax only; the server checks it against the schema and says what does not fit)
+function answerForm(q) {
+  const problem = el("div", {class: "edit-problem", hidden: true});
+  const box = el("div", {class: "answer-form"});
+  const send = (value) => decide(q, "answer", {call_id: q.call_id, answer: value}, box);
+  const schema = q.schema || {};
+  if (Array.isArray(schema.enum)) {
+    append(box, [el("div", {class: "form-row"}, schema.enum.map((v) =>
+      el("button", {class: "answer-choice", onclick: () => send(v)}, typeof v === "string" ? v : JSON.stringify(v))))]);
+  } else {
+    const text = schema.type === "string";
+    const input = el("textarea", {class: "args answer-value", rows: 2,
+      placeholder: text ? "the answer" : "the answer as JSON, e.g. " + (schema.type === "object" ? "{\"ok\": true}" : "42")});
+    append(box, [input, el("div", {class: "form-row"}, el("button", {class: "answer", onclick: () => {
+      if (text) return send(input.value);
+      let value;
+      try { value = JSON.parse(input.value); } catch (err) {
+        problem.textContent = "the answer is not JSON: " + err.message; problem.hidden = false; return;
+      }
+      send(value);
+    }}, "answer"))]);
+  }
+  append(box, [problem]);
+  return box;
+}
+
+function questionsPanel(questions) {
+  const rows = questions.map((q) => [
+    runCell(q.run_id), el("a", {href: agentHref(q.agent)}, q.agent),
+    el("span", {class: "mono muted"}, q.call_id.split("/").pop()),
+    el("span", {}, el("div", {class: "question-text"}, q.question),
+      el("div", {class: "mono muted"}, q.schema ? JSON.stringify(q.schema) : "any JSON")),
+    fmtAge(q.age_s),
+    q.times_out_at ? (q.has_default ? JSON.stringify(q.default) : "an error") + " at " + fmtTime(q.times_out_at) : "never",
+    answerForm(q)]);
+  return panel("questions", "questions waiting for an answer (" + questions.length + ")",
+    table("questions-table", ["run", "agent", "call", "question", "waiting", "times out", "answer"], rows,
+      "no question waits for an answer", (i) => ({run: questions[i].run_id, call: questions[i].call_id})));
+}
+
 function workersCell(ws, fleet) {
   if (!ws.length && !fleet) return el("span", {class: "stale"}, "no worker is running");
   if (!ws.length) return el("span", {class: "stale"}, "no worker serves this tool: the first to take it answers " +
@@ -85,7 +127,7 @@ function jobsPanel(d) {
 }
 
 function waitChip(w, now) {
-  const label = {model: "the model", tool: "tool", approval: "a person"}[w.what] || w.what;
+  const label = {model: "the model", tool: "tool", approval: "a person", question: "a person"}[w.what] || w.what;
   return el("span", {class: "chip", dataset: {what: w.what}, title: "since event #" + w.seq},
     label + ": " + w.detail + " · " + fmtMs((now - w.since) * 1000));
 }
@@ -118,7 +160,8 @@ function fill(name, ...children) {
 async function load(redraw) {
   const d = await api("/api/pending");
   pending.data = d;
-  fill("stats", el("div", {class: "stats"}, [["stuck", d.stuck.length], ["waiting for a person", d.approvals.length],
+  fill("stats", el("div", {class: "stats"}, [["stuck", d.stuck.length],
+    ["waiting for a person", d.approvals.length + d.questions.length],
     ["tool jobs in flight", d.tool_jobs.length], ["runs not finished", d.runs_total],
     ["dead letters", d.dead_letters]].map(([label, n]) => el("div", {class: "stat"},
     el("div", {class: "stat-value"}, String(n)), el("div", {class: "stat-label"}, label)))));
@@ -129,6 +172,12 @@ async function load(redraw) {
   if (redraw === true || (key !== pending.approvals && !typing)) {
     fill("approvals", approvalsPanel(d.approvals));
     pending.approvals = key;
+  }
+  const asked = JSON.stringify(d.questions.map((q) => [q.run_id, q.call_id]));
+  const answering = slot("questions").contains(focused) && ["INPUT", "TEXTAREA"].includes(focused.tagName);
+  if (redraw === true || (asked !== pending.questions && !answering)) {
+    fill("questions", questionsPanel(d.questions));
+    pending.questions = asked;
   }
   fill("jobs", jobsPanel(d));
   fill("runs", runsPanel(d));

@@ -1,4 +1,4 @@
-// A run's page, its commands: cancel, approve and deny a waiting call, "what if" forks with an edit, a big
+// A run's page, its commands: cancel, approve and deny a waiting call, answer a question, "what if" forks with an edit, a big
 // payload fetched when asked for. Loaded before run.js, whose `state` these read when they are called.
 "use strict";
 
@@ -77,6 +77,65 @@ function approvalBox(requested) {
     el("div", {class: "approval-head"}, "waits for approval", why ? el("span", {class: "muted"}, " · " + why) : null),
     el("div", {class: "field-label"}, "arguments (edit them to approve something else; checked against the tool's schema)"),
     args, el("div", {class: "approval-row"}, note, approve), el("div", {class: "approval-row"}, reason, deny), problem);
+}
+
+// Questions the run asks a person (ask_human): asked, with no answer and no outcome, in a run that has not ended.
+function pendingQuestions() {
+  const waiting = new Map();
+  if (state.exported) return waiting;
+  for (const e of state.events) {
+    if (e.kind === "question.asked") waiting.set(e.data.call_id, e);
+    else if (["question.answered", "tool.completed", "tool.failed"].includes(e.kind)) waiting.delete(e.data.call_id);
+    else if (["run.completed", "run.failed", "run.cancelled"].includes(e.kind)) return new Map();
+  }
+  return waiting;
+}
+
+// The answer as `sa answer` sends it: a button per allowed value of an enum, else text for a string schema,
+// else JSON (checked here for syntax only: the server checks it against the schema and says what does not fit).
+function questionBox(asked) {
+  const d = asked.data;
+  const call = d.call_id.split("/").pop();
+  const schema = d.schema || {};
+  const problem = el("div", {class: "edit-problem", hidden: true});
+  const buttons = [];
+  const send = async (value) => {
+    buttons.forEach((b) => { b.disabled = true; });
+    try {
+      await command("answer", {call_id: call, answer: value});
+      await reload();
+    } catch (err) {
+      problem.textContent = "answer failed: " + err.message; problem.hidden = false;
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+  };
+  let form;
+  if (Array.isArray(schema.enum)) {
+    for (const v of schema.enum) {
+      buttons.push(el("button", {class: "answer-choice", onclick: () => send(v)}, typeof v === "string" ? v : JSON.stringify(v)));
+    }
+    form = el("div", {class: "approval-row"}, buttons);
+  } else {
+    const text = schema.type === "string";
+    const input = el("textarea", {class: "edit-text answer-value", rows: 2, spellcheck: "false",
+      placeholder: text ? "the answer" : "the answer as JSON"});
+    const answer = el("button", {class: "answer", onclick: () => {
+      if (text) return send(input.value);
+      let value;
+      try { value = JSON.parse(input.value); } catch (err) {
+        problem.textContent = "the answer is not JSON: " + err.message + ". Nothing was sent."; problem.hidden = false; return;
+      }
+      send(value);
+    }}, "answer");
+    buttons.push(answer);
+    form = el("div", {}, input, el("div", {class: "approval-row"}, answer));
+  }
+  const timeout = d.due ? "at " + fmtTime(d.due) + ": " + (d.has_default ? JSON.stringify(d.default) : "a timeout error") : "";
+  return el("div", {class: "approval question", dataset: {call: d.call_id}},
+    el("div", {class: "approval-head"}, "waits for an answer", timeout ? el("span", {class: "muted"}, " · " + timeout) : null),
+    el("div", {class: "question-text"}, d.question),
+    el("div", {class: "field-label"}, "answer " + (d.schema ? "(must fit " + JSON.stringify(d.schema) + ")" : "(any JSON)")),
+    form, problem);
 }
 
 // -- "what if": fork with an edit --------------------------------------------------------------------------

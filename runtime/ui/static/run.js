@@ -154,12 +154,15 @@ function groupHeader(group) {
 
 function laneTitle(lane, evs) {
   const called = evs.find((e) => e.kind === "tool.called" || e.kind === "approval.requested");
-  const name = called ? called.data.call.name : (evs.find((e) => e.data.tool) || {data: {}}).data.tool;
+  const question = evs.find((e) => e.kind === "question.asked");
+  const name = called ? called.data.call.name : question ? "ask_human" :
+    (evs.find((e) => e.data.tool) || {data: {}}).data.tool;
   const outcome = evs.find((e) => e.kind === "tool.completed" || e.kind === "tool.failed");
   const asked = evs.some((e) => e.kind === "approval.requested");
   const decided = evs.some((e) => e.kind === "approval.granted" || e.kind === "approval.denied");
   const took = called && outcome ? fmtMs((outcome.ts - called.ts) * 1000) : outcome ? "" :
-    asked && !decided ? "waiting for approval" : "running…";
+    asked && !decided ? "waiting for approval" :
+    question && !evs.some((e) => e.kind === "question.answered") ? "waiting for an answer" : "running…";
   return el("div", {class: "lane-head"}, el("span", {class: "mono"}, lane.split("/").pop()), " ",
     el("b", {}, name || "call"), " ", el("span", {class: "muted"}, took),
     outcome ? " " : null, outcome ? statusBadge(outcome.kind === "tool.completed" ? "ok" : "failed") : null);
@@ -174,9 +177,11 @@ function renderTimeline() {
       if (item.event) { section.appendChild(eventNode(item.event)); continue; }
       const lanes = el("div", {class: "lanes"});
       const waiting = pendingApprovals();
+      const questions = pendingQuestions();
       for (const [lane, evs] of item.lanes) {
         lanes.appendChild(el("div", {class: "lane", dataset: {call: lane}}, laneTitle(lane, evs), evs.map(eventNode),
-          waiting.has(lane) ? approvalBox(waiting.get(lane)) : null));
+          waiting.has(lane) ? approvalBox(waiting.get(lane)) : null,
+          questions.has(lane) ? questionBox(questions.get(lane)) : null));
       }
       section.appendChild(lanes);
     }
@@ -278,6 +283,13 @@ function detailNode(e) {
       break;
     case "tool.completed":
       parts.push(field("output", d.output), field("took", fmtMs(d.duration_ms)));
+      break;
+    case "question.asked":
+      parts.push(field("question", d.question), field("answer schema", d.schema || "any JSON"),
+        field("times out", d.due ? fmtTime(d.due) + ", then " + (d.has_default ? JSON.stringify(d.default) : "a timeout error") : "never"));
+      break;
+    case "question.answered":
+      parts.push(field("answer", d.answer), field("by", d.by));
       break;
     case "tool.failed": case "script.failed":
       parts.push(...errorFields(d.error), field("took", d.duration_ms ? fmtMs(d.duration_ms) : ""));
