@@ -1,5 +1,6 @@
 // Everything waiting, on one page: what is stuck and why, calls waiting for a person (decided here), tool
-// jobs in flight, runs not finished. Polled; the approval forms are kept while someone types in them.
+// jobs in flight, runs not finished (a sleeping run with when it wakes). Polled; the approval forms are kept
+// while someone types in them.
 "use strict";
 
 const POLL_MS = 3000;
@@ -85,9 +86,11 @@ function jobsPanel(d) {
 }
 
 function waitChip(w, now) {
-  const label = {model: "the model", tool: "tool", approval: "a person"}[w.what] || w.what;
+  const label = {model: "the model", tool: "tool", approval: "a person", timer: "a timer"}[w.what] || w.what;
+  const left = w.what === "timer" ? (w.until > now ? "wakes in " + fmtMs((w.until - now) * 1000) :
+    "due " + fmtMs((now - w.until) * 1000) + " ago") : fmtMs((now - w.since) * 1000);
   return el("span", {class: "chip", dataset: {what: w.what}, title: "since event #" + w.seq},
-    label + ": " + w.detail + " · " + fmtMs((now - w.since) * 1000));
+    label + ": " + w.detail + " · " + left);
 }
 
 function runsPanel(d) {
@@ -119,7 +122,7 @@ async function load(redraw) {
   const d = await api("/api/pending");
   pending.data = d;
   fill("stats", el("div", {class: "stats"}, [["stuck", d.stuck.length], ["waiting for a person", d.approvals.length],
-    ["tool jobs in flight", d.tool_jobs.length], ["runs not finished", d.runs_total],
+    ["sleeping", d.sleeping], ["tool jobs in flight", d.tool_jobs.length], ["runs not finished", d.runs_total],
     ["dead letters", d.dead_letters]].map(([label, n]) => el("div", {class: "stat"},
     el("div", {class: "stat-value"}, String(n)), el("div", {class: "stat-label"}, label)))));
   fill("stuck", stuckPanel(d.stuck));
