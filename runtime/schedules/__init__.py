@@ -13,7 +13,7 @@ The hosts turn fires into tasks and wake-ups into wake commands (`runtime.host.s
 and `Client.schedules` manage schedules (`runtime.client.schedules`).
 """
 
-from runtime.schedules.fires import Fire, WakeUp, fire_of, skip_reason
+from runtime.schedules.fires import Fire, WakeUp, fire_of, fired_by, skip_reason
 from runtime.schedules.spec import (
     CATCH_UP,
     DEFAULT_CATCH_UP,
@@ -35,5 +35,6 @@ from runtime.schedules.store import (
 )
 
 __all__ = ["CATCH_UP", "DEFAULT_CATCH_UP", "DEFAULT_GRACE_S", "Fire", "Listed", "Schedule", "ScheduleError",
-           "ScheduleExists", "WakeUp", "cancel_wake", "delete_schedule", "fire_of", "get_schedule",
-           "list_schedules", "make_schedule", "put_schedule", "schedule_wake", "set_paused", "skip_reason"]
+           "ScheduleExists", "WakeUp", "cancel_wake", "delete_schedule", "fire_of", "fired_by",
+           "get_schedule", "list_schedules", "make_schedule", "put_schedule", "schedule_wake", "set_paused",
+           "skip_reason"]

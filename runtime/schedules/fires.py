@@ -28,6 +28,7 @@ the I/O.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +58,25 @@ class Fire:
 
     @property
     def task_id(self) -> str:
-        return f"schedule-{self.schedule.name}-{self.key}"
+        return f"{TASK_PREFIX}{self.schedule.name}-{self.key}"
 
     def metadata(self) -> dict[str, Any]:
         return {META_SCHEDULE: self.schedule.name, META_FIRE: self.key, META_FIRED_AT: iso(self.fired_at)}
+
+
+TASK_PREFIX = "schedule-"
+_KEY = re.compile(r"(?:before-|seq-)?\d")  # how every fire key begins: an instant, before-<instant>, seq-<n>
+
+
+def fired_by(name: str, task_id: str | None) -> str | None:
+    """The fire key of a task that schedule `name` started (its `Fire.task_id`), or None for any other
+    task. Exact although names may hold ``-``: a key always begins with a digit, ``before-`` or ``seq-``,
+    so schedule ``a`` does not claim the fires of ``a-b``."""
+    prefix = f"{TASK_PREFIX}{name}-"
+    if not task_id or not task_id.startswith(prefix):
+        return None
+    key = task_id[len(prefix):]
+    return key if _KEY.match(key) else None
 
 
 def fire_of(data: bytes, headers: dict[str, str] | None, fired_at: float, seq: int) -> Fire:
@@ -125,4 +141,5 @@ class WakeUp:
 
 
 __all__ = ["HDR_SCHEDULE", "HDR_SCHEDULER", "HDR_SCHEDULE_NEXT", "HDR_SCHEDULE_TARGET", "HDR_SCHEDULE_TZ",
-           "META_FIRE", "META_FIRED_AT", "META_SCHEDULE", "Fire", "WakeUp", "fire_of", "skip_reason"]
+           "META_FIRE", "META_FIRED_AT", "META_SCHEDULE", "TASK_PREFIX", "Fire", "WakeUp", "fire_of",
+           "fired_by", "skip_reason"]

@@ -13,12 +13,14 @@ Four sources, each read through the client as `sa` reads it:
   takes every job: one whose tool it lacks is answered as an unknown tool, so only a fleet with no worker
   at all leaves a job waiting for ever);
 * runs not finished (the runs index), each with what it waits for, read from its events (`waiting_on`):
-  the model, a tool call, a person, or nothing recorded for a while;
+  the model, a tool call, a person, a timer (a sleeping run, and when it wakes), or nothing recorded for
+  a while;
 * tasks waiting for an agent no live host serves (`Client.status`'s `unserved_agents`).
 
 `stuck` picks out of these what needs a person's eyes, each with a sentence saying why: a job given back
 or delivered again, a job while no worker runs at all, a run waiting longer than `SLOW_S`
-for the model or a tool, a run with no event for that long and nothing in flight, tasks no host takes.
+for the model or a tool, a timer that has not fired `SLOW_S` after it was due, a run with no event for
+that long and nothing in flight (a sleeping run waits for its timer, not for its host), tasks no host takes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from runtime.client import Client
 from runtime.client.work import QueuedJob, ToolWork
 from runtime.nats.connection import explain_refusal
 from runtime.nats.records import RunIndex
+from runtime.timers import iso
 from runtime.ui import views
 
 SLOW_S = 60.0  # a wait longer than this is listed as stuck
@@ -48,12 +51,14 @@ def _short(call_id: str) -> str:
 
 
 def waiting_on(events: Sequence[ev.Event]) -> list[dict[str, Any]]:
-    """What an unfinished run waits for, from its events: each open model request, tool call and approval
-    with when it began (a run waiting for nothing in flight waits for its host to act)."""
+    """What an unfinished run waits for, from its events: each open model request, tool call, approval,
+    question and timer with when it began (a timer also says when it is due); a run waiting for nothing in
+    flight waits for its host to act."""
     requests: dict[str, ev.ModelRequested] = {}
     calls: dict[str, ev.ToolCalled] = {}
     asked: dict[str, ev.ApprovalRequested] = {}
     questions: dict[str, ev.QuestionAsked] = {}
+    timers: dict[str, ev.TimerStarted] = {}
     for e in events:
         if isinstance(e, ev.ModelRequested):
             requests[e.request_id] = e
@@ -61,30 +66,53 @@ def waiting_on(events: Sequence[ev.Event]) -> list[dict[str, Any]]:
             requests.pop(e.request_id, None)
         elif isinstance(e, ev.ToolCalled):
             calls[e.call.id] = e
-        elif isinstance(e, ev.ToolCompleted | ev.ToolFailed):
-            calls.pop(e.call_id, None)
-            asked.pop(e.call_id, None)
-            questions.pop(e.call_id, None)
         elif isinstance(e, ev.QuestionAsked):
             questions[e.call_id] = e
         elif isinstance(e, ev.QuestionAnswered):
             questions.pop(e.call_id, None)
         elif isinstance(e, ev.ApprovalRequested):
             asked[e.call.id] = e
+        elif isinstance(e, ev.TimerStarted):
+            timers[e.call_id] = e
+        elif isinstance(e, ev.ToolCompleted | ev.ToolFailed):  # a call's end ends all it waited for
+            for open_ in (calls, asked, questions, timers):
+                open_.pop(e.call_id, None)
         elif isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied):
             asked.pop(e.call_id, None)
-    out = [{"what": "model", "since": r.ts, "seq": r.seq,
-            "detail": f"turn {r.turn}" + (f", attempt {r.attempt + 1}" if r.attempt else "")}
-           for r in requests.values()]
-    out += [{"what": "tool", "since": c.ts, "seq": c.seq, "call": _short(c.call.id), "call_id": c.call.id,
+        elif isinstance(e, ev.TimerFired):
+            timers.pop(e.call_id, None)
+    out = (_open_requests(requests) + _open_calls(calls) + _open_approvals(asked) + _open_questions(questions)
+           + _open_timers(timers))
+    return sorted(out, key=lambda w: w["since"])
+
+
+def _open_requests(requests: dict[str, ev.ModelRequested]) -> list[dict[str, Any]]:
+    return [{"what": "model", "since": r.ts, "seq": r.seq,
+             "detail": f"turn {r.turn}" + (f", attempt {r.attempt + 1}" if r.attempt else "")}
+            for r in requests.values()]
+
+
+def _open_calls(calls: dict[str, ev.ToolCalled]) -> list[dict[str, Any]]:
+    return [{"what": "tool", "since": c.ts, "seq": c.seq, "call": _short(c.call.id), "call_id": c.call.id,
              "tool": c.call.name, "detail": f"{c.call.name} (call {_short(c.call.id)})"}
             for c in calls.values()]
-    out += [{"what": "approval", "since": a.ts, "seq": a.seq, "call": _short(a.call.id), "tool": a.call.name,
+
+
+def _open_approvals(asked: dict[str, ev.ApprovalRequested]) -> list[dict[str, Any]]:
+    return [{"what": "approval", "since": a.ts, "seq": a.seq, "call": _short(a.call.id), "tool": a.call.name,
              "detail": f"{a.call.name} (call {_short(a.call.id)})" + (f", role {a.role}" if a.role else "")}
             for a in asked.values()]
-    out += [{"what": "question", "since": q.ts, "seq": q.seq, "call": _short(q.call_id),
+
+
+def _open_questions(questions: dict[str, ev.QuestionAsked]) -> list[dict[str, Any]]:
+    return [{"what": "question", "since": q.ts, "seq": q.seq, "call": _short(q.call_id),
              "detail": f"an answer (call {_short(q.call_id)})"} for q in questions.values()]
-    return sorted(out, key=lambda w: w["since"])
+
+
+def _open_timers(timers: dict[str, ev.TimerStarted]) -> list[dict[str, Any]]:
+    return [{"what": "timer", "since": t.ts, "seq": t.seq, "call": _short(t.call_id), "tool": t.tool,
+             "until": t.due, "detail": f"{t.tool} until {iso(t.due)} (call {_short(t.call_id)})"}
+            for t in timers.values()]
 
 
 def job_view(q: QueuedJob, now: float, workers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,7 +154,13 @@ def stuck(jobs: list[dict[str, Any]], runs: list[dict[str, Any]], unserved: dict
     for r in runs:
         for w in r["waiting_on"]:
             age = now - w["since"]
-            if w["what"] not in ("approval", "question") and age > SLOW_S:
+            if w["what"] == "timer":
+                if now - w["until"] > SLOW_S:
+                    out.append({"run_id": r["run_id"], "kind": "timer-overdue",
+                                "why": f"{w['detail']} was due {now - w['until']:.0f} s ago and has not "
+                                       "fired: no live host serves the agent, or its wake-up was lost (the "
+                                       "next host to take the run's partition wakes it)"})
+            elif w["what"] not in ("approval", "question") and age > SLOW_S:
                 out.append({"run_id": r["run_id"], "kind": f"slow-{w['what']}",
                             "why": f"waits {age:.0f} s for "
                                    f"{'the model' if w['what'] == 'model' else w['detail']}"})
@@ -192,7 +226,9 @@ class Pending:
         approvals = [p.to_json(now) for p in await self.client.approvals()]
         questions = [q.to_json(now) for q in await self.client.questions()]
         unserved = status.get("unserved_agents") or {}
-        return {"now": now, "approvals": approvals, "questions": questions, "tool_jobs": jobs,
+        sleeping = sum(1 for r in runs if any(w["what"] == "timer" for w in r["waiting_on"]))
+        return {"now": now, "approvals": approvals, "questions": questions, "sleeping": sleeping,
+                "tool_jobs": jobs,
                 "tool_jobs_truncated": work.truncated,
                 "tool_jobs_unreadable": unreadable,
                 "ack_wait": work.ack_wait, "runs": runs, "runs_total": total,

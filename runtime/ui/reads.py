@@ -11,6 +11,7 @@
     await reads.message(run_id, index)                                # one message whole
     await reads.pending()                                             # everything waiting, and what is stuck
     await reads.fleet()                                               # hosts, workers, queues, dead letters
+    await reads.schedules()                                           # schedules and the runs they started
     await reads.agent(name)                                           # a bundle, its hosts, runs, failures
 
 Why a layer of its own: the routes (`runtime.ui.routes`) speak HTTP and nothing else, and these speak to
@@ -46,6 +47,7 @@ from runtime.ui.conversation import Conversations, NoConversation
 from runtime.ui.export import NoSuchRun, export_run
 from runtime.ui.fleet import Fleet
 from runtime.ui.pending import Pending
+from runtime.ui.schedules import ScheduleList
 from runtime.ui.waterfall import waterfall
 
 log = logging.getLogger("runtime.ui")
@@ -69,6 +71,7 @@ class Reads:
         self.conversations = Conversations(self.client, self.bundles)
         self._pending = Pending(self.client)
         self._fleet = Fleet(self.client)
+        self._schedules = ScheduleList(self.client)
         self._agents = Agents(self.client, self.bundles, self)
 
     # -- the runs index --------------------------------------------------------------------------------
@@ -195,6 +198,10 @@ class Reads:
     async def fleet(self) -> dict[str, Any]:
         """Hosts, partitions, workers, queue depths and dead letters (`sa status` and `sa dlq`)."""
         return await self._fleet.read()
+
+    async def schedules(self) -> dict[str, Any]:
+        """Every schedule (`sa schedule list`) with the runs its fires started."""
+        return await self._schedules.read()
 
     async def agent(self, name: str) -> dict[str, Any]:
         """An agent's bundle, the hosts serving it, its runs and its failure kinds over time."""

@@ -24,8 +24,10 @@
     POST /api/runs/{run}/answer             {"call_id": "1.0", "answer": <JSON>} -> the answer recorded
     POST /api/runs/{run}/deny               {"call_id": "1.0", "reason": "..."} -> the verdict
     GET  /pending  /fleet  /agents/{agent}  the team's pages: everything waiting, the fleet, an agent
+    GET  /schedules                         the cluster's schedules and the runs each started (page)
     GET  /api/pending                       approvals, tool jobs in flight, unfinished runs, what is stuck
     GET  /api/fleet                         hosts, partitions, workers, queues, dead letters (`sa status`)
+    GET  /api/schedules                     every schedule, its runs (newest first) and how they ended
     GET  /api/agents/{agent}                its bundle, the hosts serving it, its runs, failures over time
     POST /api/dead-letters/{seq}/replay     {} -> the dead letter sent back to its tool's workers
     GET  /api/health                        {"ok": true, "followers": open live views}
@@ -182,6 +184,10 @@ async def fleet_page(request: Request) -> Response:
     return FileResponse(STATIC / "fleet.html")
 
 
+async def schedules_page(request: Request) -> Response:
+    return FileResponse(STATIC / "schedules.html")
+
+
 async def agent_page(request: Request) -> Response:
     return FileResponse(STATIC / "agent.html")
 
@@ -261,6 +267,11 @@ async def api_fleet(request: Request) -> Any:
 
 
 @answers
+async def api_schedules(request: Request) -> Any:
+    return await services(request).reads.schedules()
+
+
+@answers
 async def api_agent(request: Request) -> Any:
     return await services(request).reads.agent(request.path_params["agent"])
 
@@ -326,10 +337,12 @@ ROUTES: list[BaseRoute] = [
     Route("/runs/{run}/conversation", conversation_page),
     Route("/pending", pending_page),
     Route("/fleet", fleet_page),
+    Route("/schedules", schedules_page),
     Route("/agents/{agent}", agent_page),
     Route("/api/health", health),
     Route("/api/pending", api_pending),
     Route("/api/fleet", api_fleet),
+    Route("/api/schedules", api_schedules),
     Route("/api/agents/{agent}", api_agent),
     Route("/api/dead-letters/{seq}/replay", api_replay_dead_letter, methods=["POST"]),
     Route("/api/approvals", api_approvals),

@@ -189,7 +189,7 @@ class Digest:
     tokens: int = 0
     forked_from: str | None = None
     forked_at: int | None = None
-    search: str = ""  # lower-cased text of inputs, outputs and replies, for `q`
+    search: str = ""  # lower-cased text of task ids, inputs, outputs and replies, for `q`
     flags: list[Flag] = field(default_factory=list)
 
     @property
@@ -211,7 +211,7 @@ def digest(run_id: str, events: Sequence[ev.Event], last_seq: int = 0) -> Digest
     for e in events:
         if isinstance(e, ev.RunStarted):
             out.input = _snippet(e.input)
-            texts.append(e.input)
+            texts += [e.input, e.task_id or ""]  # a task id is searchable: a schedule's runs share a prefix
             if isinstance(e, ev.RunForked):
                 out.forked_from, out.forked_at = e.source_run, e.source_seq
         elif isinstance(e, ev.ToolCalled):

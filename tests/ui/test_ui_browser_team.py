@@ -278,6 +278,32 @@ def test_fleet_page_and_dead_letter_replay(stack: Stack, runs: dict[str, str], p
     shot(page, "32-fleet-replayed")
 
 
+def test_schedules_page_links_a_schedule_to_its_runs(stack: Stack, page: Any):
+    """A schedule firing every second: the page lists it with its runs (their fires and statuses), says
+    when it is paused, and a run's link opens that run's page."""
+    stack.call(stack.client.schedules.add("every-second", "calc", "compute: 1 + 1", every="1s"))
+    try:
+        page.goto(stack.base + "/schedules")
+        row = page.locator("#schedules-table tr[data-schedule='every-second']")
+        row.wait_for()
+        rows = "#schedules-table tr[data-schedule='every-second']"
+        page.wait_for_function(f"() => document.querySelectorAll(\"{rows} .schedule-runs li\").length >= 2")
+        assert "every 1s" in row.text_content() and "compute: 1 + 1" in row.text_content()
+        assert row.locator("a[href='/agents/calc']").count() == 1
+        stack.call(stack.client.schedules.pause("every-second"))
+        page.wait_for_function(f"() => document.querySelector(\"{rows}\").textContent.includes('paused')")
+        shot(page, "35-schedules")
+        first = row.locator(".schedule-runs li").first
+        run_id = first.get_attribute("data-run")
+        assert run_id and "fire " in first.text_content()
+        first.locator("a").click()
+        page.wait_for_url(f"**/runs/{run_id}")
+        page.wait_for_selector("body[data-status=completed]")
+        assert run_id in page.text_content("body") and "compute: 1 + 1" in page.text_content("body")
+    finally:
+        stack.call(stack.client.schedules.delete("every-second"))
+
+
 def test_agent_page(stack: Stack, runs: dict[str, str], page: Any):
     page.goto(f"{stack.base}/runs/{runs['failing']}")
     page.wait_for_selector("body[data-status]")

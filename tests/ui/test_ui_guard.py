@@ -75,8 +75,9 @@ async def test_a_foreign_host_is_refused_and_a_cross_origin_command_too(nats_ser
         assert "`sa ui --allow-host attacker.example`" in message
         assert "script-src 'self'" in rebound.headers["content-security-policy"]
         for path in ("/", "/runs/r1", "/api/health", "/static/index.js", "/api/runs/r1/follow", "/pending",
-                     "/fleet", "/agents/calc", "/api/pending", "/api/fleet", "/api/agents/calc",
-                     "/runs/r1/waterfall", "/api/runs/r1/waterfall", "/api/runs/r1/conversation"):
+                     "/fleet", "/schedules", "/agents/calc", "/api/pending", "/api/fleet", "/api/schedules",
+                     "/api/agents/calc", "/runs/r1/waterfall", "/api/runs/r1/waterfall",
+                     "/api/runs/r1/conversation"):
             assert (await _get(base, path, Host="attacker.example")).status_code == 400, path
         assert (await _post(base, "/api/runs/r1/cancel", {}, Host="attacker.example")).status_code == 400
         for name in ("127.0.0.1", "localhost", "LocalHost", "[::1]", "inspector.example"):
@@ -103,7 +104,8 @@ async def test_a_foreign_host_is_refused_and_a_cross_origin_command_too(nats_ser
         assert form.status_code == 403
         replay = await _post(base, "/api/dead-letters/1/replay", {}, Origin="http://attacker.example")
         assert replay.status_code == 403 and "another origin" in replay.json()["error"]  # the new command too
-        for page in ("/pending", "/fleet", "/agents/calc", "/runs/r1/waterfall", "/runs/r1/conversation"):
+        for page in ("/pending", "/fleet", "/schedules", "/agents/calc", "/runs/r1/waterfall",
+                     "/runs/r1/conversation"):
             served = await _get(base, page)
             assert served.status_code == 200, page
             assert "script-src 'self'" in served.headers["content-security-policy"]

@@ -1,6 +1,7 @@
 // Everything waiting, on one page: what is stuck and why, calls waiting for a person (decided here), questions
-// runs ask (answered here), tool jobs in flight, runs not finished. Polled; the approval and answer forms are
-// kept while someone types in them. Every text is set as textContent (`el`), never as HTML.
+// runs ask (answered here), tool jobs in flight, runs not finished (a sleeping run with when it wakes). Polled;
+// the approval and answer forms are kept while someone types in them. Every text is set as textContent (`el`),
+// never as HTML.
 "use strict";
 
 const POLL_MS = 3000;
@@ -127,9 +128,12 @@ function jobsPanel(d) {
 }
 
 function waitChip(w, now) {
-  const label = {model: "the model", tool: "tool", approval: "a person", question: "a person"}[w.what] || w.what;
+  const label = {model: "the model", tool: "tool", approval: "a person", question: "a person",
+    timer: "a timer"}[w.what] || w.what;
+  const left = w.what === "timer" ? (w.until > now ? "wakes in " + fmtMs((w.until - now) * 1000) :
+    "due " + fmtMs((now - w.until) * 1000) + " ago") : fmtMs((now - w.since) * 1000);
   return el("span", {class: "chip", dataset: {what: w.what}, title: "since event #" + w.seq},
-    label + ": " + w.detail + " · " + fmtMs((now - w.since) * 1000));
+    label + ": " + w.detail + " · " + left);
 }
 
 function runsPanel(d) {
@@ -161,7 +165,7 @@ async function load(redraw) {
   const d = await api("/api/pending");
   pending.data = d;
   fill("stats", el("div", {class: "stats"}, [["stuck", d.stuck.length],
-    ["waiting for a person", d.approvals.length + d.questions.length],
+    ["waiting for a person", d.approvals.length + d.questions.length], ["sleeping", d.sleeping],
     ["tool jobs in flight", d.tool_jobs.length], ["runs not finished", d.runs_total],
     ["dead letters", d.dead_letters]].map(([label, n]) => el("div", {class: "stat"},
     el("div", {class: "stat-value"}, String(n)), el("div", {class: "stat-label"}, label)))));
