@@ -12,7 +12,6 @@ clock reaches it only as an event's `ts`.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runtime.types import ToolCall, ToolError, ToolSchema
@@ -39,34 +38,62 @@ TIMER_TOOLS: dict[str, ToolSchema] = {
 }
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    return era * 146_097 + (yoe * 365 + yoe // 4 - yoe // 100 + doy) - 719_468
+
+
+def _civil_from_days(z: int) -> tuple[int, int, int]:
+    """The date `z` days after 1970-01-01: the inverse of `_days_from_civil`."""
+    z += 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + (3 if mp < 10 else -9)
+    return yoe + era * 400 + (m <= 2), m, d
 
 
 def iso(ts: float) -> str:
-    """A unix time as RFC 3339 in UTC (`2030-01-01T08:00:00.250Z`; whole seconds without a fraction),
-    rounded to the millisecond. Pure: the time comes in as a number, no clock is read."""
+    """A unix time as RFC 3339 in UTC (`2030-01-01T08:00:00.250Z`; whole seconds without a fraction).
+    Calendar arithmetic by hand: the kernel's modules import no `datetime` (it reads clocks)."""
     millis = round(ts * 1000)
-    when = _EPOCH + timedelta(milliseconds=millis)
-    text = when.strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{millis % 1000:03d}Z" if millis % 1000 else f"{text}Z"
+    days, rest = divmod(millis, 86_400_000)
+    y, mo, d = _civil_from_days(days)
+    secs, ms = divmod(rest, 1000)
+    text = f"{y:04d}-{mo:02d}-{d:02d}T{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+    return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
+
+
+_INSTANT = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(\.\d+)?)?"
+                      r"(?:([Zz])|([+-])(\d{2}):?(\d{2}))?")
 
 
 def parse_instant(text: str) -> float:
     """An ISO 8601 instant that names its time zone (`Z` or an offset) as a unix time; ValueError says why
     not. A time without a zone is refused: it would mean a different instant on every machine."""
-    raw = text.strip()
-    try:
-        when = datetime.fromisoformat(raw[:-1] + "+00:00" if raw[-1:] in "zZ" and raw else raw)
-    except ValueError as e:
-        if _DATE.match(raw):
-            raise ValueError(f"{text!r} is not a valid date and time ({e})") from None
-        raise ValueError(f"{text!r} is not an ISO 8601 time such as 2030-01-01T09:00:00+01:00") from None
-    if when.tzinfo is None:
+    m = _INSTANT.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not an ISO 8601 time such as 2030-01-01T09:00:00+01:00")
+    y, mo, d, hh, mi = (int(m.group(i)) for i in range(1, 6))
+    ss = int(m.group(6) or 0)
+    if not (1 <= mo <= 12 and 1 <= d <= 31 and hh <= 23 and mi <= 59 and ss <= 60):
+        raise ValueError(f"{text!r} is not a valid date and time")
+    if _civil_from_days(_days_from_civil(y, mo, d)) != (y, mo, d):
+        raise ValueError(f"{text!r}: {y:04d}-{mo:02d} has no day {d}")
+    if m.group(8) is None and m.group(9) is None:
         raise ValueError(f"{text!r} names no time zone: add Z (UTC) or an offset such as +01:00")
-    return (when - _EPOCH).total_seconds()
-
-
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+    offset = 0
+    if m.group(9) is not None:
+        offset = (int(m.group(10)) * 3600 + int(m.group(11)) * 60) * (1 if m.group(9) == "+" else -1)
+    fraction = float(m.group(7)) if m.group(7) else 0.0
+    return _days_from_civil(y, mo, d) * 86_400 + hh * 3600 + mi * 60 + ss + fraction - offset
 
 
 def due_of(call: ToolCall, now: float, deadline: float | None = None) -> float | ToolError:

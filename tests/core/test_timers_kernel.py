@@ -170,7 +170,7 @@ def test_iso_and_parse_instant_agree_with_the_calendar():
     assert timers.iso(0) == "1970-01-01T00:00:00Z" and timers.iso(951782400.25) == "2000-02-29T00:00:00.250Z"
     assert timers.parse_instant("2000-02-29T00:00:00.250Z") == 951782400.25
     assert timers.parse_instant("2024-03-01T01:00:00+01:00") == timers.parse_instant("2024-03-01T00:00:00Z")
-    with pytest.raises(ValueError, match="not a valid date and time"):
+    with pytest.raises(ValueError, match="has no day 29"):
         timers.parse_instant("2023-02-29T00:00:00Z")
     assert isinstance(timers.due_of(ToolCall("c", "nap", {}), 0.0), timers.ToolError)
 
