@@ -160,36 +160,16 @@ def whole_number(text: str | None, what: str, default: int) -> int:
 # -- pages -------------------------------------------------------------------------------------------------
 
 
-async def index_page(request: Request) -> Response:
-    return FileResponse(STATIC / "index.html")
+def page(name: str) -> Callable[[Request], Awaitable[Response]]:
+    """The route of a page: its static HTML file (`static/<name>.html`), whatever the path's parameters; the
+    page's script reads them from its address and asks the API."""
+    path = STATIC / f"{name}.html"
 
+    async def serve(request: Request) -> Response:
+        return FileResponse(path)
 
-async def run_page(request: Request) -> Response:
-    return FileResponse(STATIC / "run.html")
-
-
-async def waterfall_page(request: Request) -> Response:
-    return FileResponse(STATIC / "waterfall.html")
-
-
-async def conversation_page(request: Request) -> Response:
-    return FileResponse(STATIC / "conversation.html")
-
-
-async def pending_page(request: Request) -> Response:
-    return FileResponse(STATIC / "pending.html")
-
-
-async def fleet_page(request: Request) -> Response:
-    return FileResponse(STATIC / "fleet.html")
-
-
-async def schedules_page(request: Request) -> Response:
-    return FileResponse(STATIC / "schedules.html")
-
-
-async def agent_page(request: Request) -> Response:
-    return FileResponse(STATIC / "agent.html")
+    serve.__name__ = f"{name}_page"
+    return serve
 
 
 async def health(request: Request) -> Response:
@@ -331,14 +311,14 @@ async def api_replay_dead_letter(request: Request) -> Any:
 
 
 ROUTES: list[BaseRoute] = [
-    Route("/", index_page),
-    Route("/runs/{run}", run_page),
-    Route("/runs/{run}/waterfall", waterfall_page),
-    Route("/runs/{run}/conversation", conversation_page),
-    Route("/pending", pending_page),
-    Route("/fleet", fleet_page),
-    Route("/schedules", schedules_page),
-    Route("/agents/{agent}", agent_page),
+    Route("/", page("index")),
+    Route("/runs/{run}", page("run")),
+    Route("/runs/{run}/waterfall", page("waterfall")),
+    Route("/runs/{run}/conversation", page("conversation")),
+    Route("/pending", page("pending")),
+    Route("/fleet", page("fleet")),
+    Route("/schedules", page("schedules")),
+    Route("/agents/{agent}", page("agent")),
     Route("/api/health", health),
     Route("/api/pending", api_pending),
     Route("/api/fleet", api_fleet),
