@@ -59,6 +59,7 @@ class ModelStep:
         self.extras: dict[str, Any] = {}
         self.constraint_digest = ""
         self.tools = tuple(tools)
+        self.prompt_tools = self.tools  # the tools the prompt describes (see `_narrowed_step`)
         self._narrowed: dict[tuple[str, ...], ModelStep] = {}
         if constraint is not None:
             built = build_constraint(adapter, list(tools), constraint)  # a bad constraint fails here
@@ -72,8 +73,30 @@ class ModelStep:
             return self
         key = tuple(t.name for t in effect.tools)
         if key not in self._narrowed:
-            self._narrowed[key] = ModelStep(self.adapter, effect.tools, self.constraint)
+            self._narrowed[key] = self._narrowed_step(effect.tools)
         return self._narrowed[key]
+
+    def _narrowed_step(self, tools: Sequence[ToolSchema]) -> ModelStep:
+        """The step for a narrowed tool set that keeps this step's prompt: the same tools in the prompt (and
+        in `tools=`), the narrowing done by the decoding constraint alone, or for the openai family by a named
+        `tool_choice`. Why: the tools are at the very start of the prompt, so offering fewer of them would
+        change the prompt's first tokens and make the server recompute the whole context (its prefix cache
+        missed) on the forced last turn; the constraint already lets the model write nothing else."""
+        narrowed = ModelStep(self.adapter, tools, self.constraint)
+        if not self._narrows_by_constraint(narrowed):
+            return narrowed  # nothing else enforces the narrowing: the prompt says it
+        narrowed.prompt_tools = self.prompt_tools
+        if "tools" in self.extras:
+            narrowed.extras = {**narrowed.extras, "tools": self.extras["tools"]}
+            if self.adapter.native_tool_calls:
+                narrowed.extras["tool_choice"] = {"type": "function", "function": {"name": tools[0].name}}
+                narrowed.extras.pop("parallel_tool_calls", None)
+        return narrowed
+
+    def _narrows_by_constraint(self, narrowed: ModelStep) -> bool:
+        if self.adapter.native_tool_calls:
+            return len(narrowed.tools) == 1  # a named tool_choice forces one function
+        return self.constraint is not None
 
     def requested(self, effect: kernel.CallModel, run_id: str,
                   client: ModelClient | None = None) -> ev.ModelRequested:
@@ -98,10 +121,11 @@ class ModelStep:
         recorded is the same either way.
         """
         via_api = self.constraint is not None and self.constraint.send_tools_to_api
-        messages = self.adapter.render(list(effect.messages), list(effect.tools), tools_via_api=via_api)
+        step = self._for(effect)
+        messages = self.adapter.render(list(effect.messages), list(step.prompt_tools), tools_via_api=via_api)
         ids: dict[str, Any] = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
-        extras = self._for(effect).extras
+        extras = step.extras
         budget, waited = admission.budget if admission is not None else None, 0.0
         if admission is not None:
             extras = {**extras, "ticket": admission.ticket, "on_throttle": admission.on_throttle}
