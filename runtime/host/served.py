@@ -52,7 +52,7 @@ def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: M
     from runtime.agent import model_client
 
     config = bundle.kernel_config()
-    step = ModelStep(get_adapter(bundle.spec.model.adapter), config.tools, bundle.decoding_constraint())
+    step = ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, bundle.decoding_constraint())
     if client is None:
         client = model_client(bundle, local_model_url, api_key=api_key)
     return AgentRuntime(bundle=bundle, config=config, step=step, client=client)

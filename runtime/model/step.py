@@ -29,7 +29,7 @@ import anyio
 from runtime import events as ev
 from runtime import kernel
 from runtime.model.adapters.base import ModelAdapter
-from runtime.model.constraints import DecodingConstraint, build_constraint
+from runtime.model.constraints import DecodingConstraint, build_constraint, prepare_constraints
 from runtime.model.limits import BudgetExceeded, DailyBudget, OnThrottle, Ticket
 from runtime.model.schemas import api_tools
 from runtime.types import ToolSchema
@@ -51,9 +51,13 @@ class Admission:
 class ModelStep:
     """The adapter, the decoding constraint and the request extras of one agent's tool set."""
 
-    def __init__(
-        self, adapter: ModelAdapter, tools: Sequence[ToolSchema], constraint: DecodingConstraint | None = None
-    ) -> None:
+    def __init__(self, adapter: ModelAdapter, tools: Sequence[ToolSchema],
+                 constraint: DecodingConstraint | None = None, *,
+                 narrowed: Sequence[Sequence[ToolSchema]] = ()) -> None:
+        """`narrowed`: the fewer tools some turns will offer (`for_config`: the forced last turn's), whose
+        steps are built now, with this one's grammar in the same xgrammar child, never on a task's path."""
+        if constraint is not None and narrowed:
+            prepare_constraints(adapter, [tools, *narrowed], constraint)
         self.adapter = adapter
         self.constraint = constraint
         self.extras: dict[str, Any] = {}
@@ -66,6 +70,15 @@ class ModelStep:
             self.extras, self.constraint_digest = built.request_extras(), built.digest
         elif adapter.native_tool_calls and tools:
             self.extras = {"tools": api_tools(tools, strict=True)}  # the server constrains strict tools
+        for fewer in narrowed:
+            if tuple(fewer) != self.tools:
+                self._narrowed[tuple(t.name for t in fewer)] = self._narrowed_step(fewer)
+
+    @classmethod
+    def for_config(cls, adapter: ModelAdapter, config: kernel.KernelConfig,
+                   constraint: DecodingConstraint | None = None) -> ModelStep:
+        """The step of an agent's whole life: its tools, and the forced last turn's fewer ones, built now."""
+        return cls(adapter, config.tools, constraint, narrowed=[config.offered(config.max_turns)])
 
     def _for(self, effect: kernel.CallModel) -> ModelStep:
         """This step, or the one for the fewer tools the kernel offers on a forced last turn (built once)."""
