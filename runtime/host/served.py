@@ -1,7 +1,8 @@
 """One loaded bundle as the host runs it: kernel config, model step (adapter + constraint), model client.
 
-Built once per bundle when the host starts (building the decoding constraint imports xgrammar and can take
-seconds, so it happens before serving, never on a task's path). Every actor of the bundle — `bundle` and
+Built once per bundle when the host starts (an `ebnf` constraint's grammar is derived by an xgrammar child
+process, which takes seconds, so it happens before serving, for the forced last turn too, never on a task's
+path). Every actor of the bundle — `bundle` and
 each `bundle:instance` — shares it: actors are cheap because all they own is a mailbox.
 """
 

@@ -36,9 +36,11 @@ With `send_tools_to_api` (and always for the `openai` adapter) the request also 
   with its schema in strict form (`runtime.model.schemas`). `payload` then holds the equivalent JSON
   schema of the calls, so the bundle can still be compile-checked.
 
-xgrammar (which imports torch, about 2.5 s) is imported only inside the functions that need it. It is in the
-`model` extra: without it the `ebnf` strategy and compile checks raise ConstraintError naming the pip command,
-while `structural_tag` and `json_schema` payloads are built without it (the server compiles them).
+xgrammar (which imports torch, about 2.5 s and 220 MB) is imported only inside the functions that need it,
+and the `ebnf` strategy's grammar text is derived by it in a short-lived child process
+(`runtime.model.ebnf`), so a host never holds it. It is in the `model` extra: without it the `ebnf` strategy
+and compile checks raise ConstraintError naming the pip command, while `structural_tag` and `json_schema`
+payloads are built without it (the server compiles them).
 """
 
 from __future__ import annotations
