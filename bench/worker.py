@@ -110,6 +110,30 @@ async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
     return n / elapsed, by_worker
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the worker process's own CPU, its sandbox processes' CPU) so far, user + system (Linux /proc): the
+    Monty pool runs scripts in child processes, counted live and, once reaped, in the worker's cutime."""
+    def stat(p: int) -> list[int]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return [0] * 15
+        return [int(f) if f.lstrip("-").isdigit() else 0 for f in fields[:15]]
+
+    tick = os.sysconf("SC_CLK_TCK")
+    own = stat(pid)
+    children = own[13] + own[14] + sum(sum(stat(c)[11:13]) for c in _children(pid))
+    return (own[11] + own[12]) / tick, children / tick
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+
+
 def stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         p.send_signal(signal.SIGTERM)
@@ -182,17 +206,23 @@ async def main() -> None:
         alone = await monty_alone(tools, args.jobs, args.concurrency)
         print(f"cores: {os.cpu_count()}   jobs per measurement: {args.jobs}   in flight per worker: "
               f"{args.concurrency}")
-        print(f"{'setup':<34}{'calls/s':>10}{'vs Monty alone':>16}   spread")
+        print(f"{'setup':<34}{'calls/s':>10}{'vs Monty alone':>16}{'worker CPU/job':>22}   spread")
         print(f"{'Monty alone (in-process)':<34}{alone:>10.0f}{1.0:>15.2f}x")
         for k in (1, 2):
             procs = start_workers(server.url, tools, k, args.concurrency, Path(tmp))
             try:
                 await end_to_end(js, f"warm{k}", 200)  # start each worker's sandbox pool
+                before = [cpu_seconds(p.pid) for p in procs]
                 rate, spread = await end_to_end(js, f"run{k}", args.jobs)
+                after = [cpu_seconds(p.pid) for p in procs]
             finally:
                 stop(procs)
+            own = sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) / args.jobs * 1e3
+            sandbox = sum(a[1] - b[1] for a, b in zip(after, before, strict=True)) / args.jobs * 1e3
             label = f"end to end, {k} worker process{'es' if k > 1 else ''}"
-            print(f"{label:<34}{rate:>10.0f}{rate / alone:>15.2f}x   {sorted(spread.values())}")
+            print(f"{label:<34}{rate:>10.0f}{rate / alone:>15.2f}x{own:>9.3f} + {sandbox:.3f} ms   "
+                  f"{sorted(spread.values())}")
+        print("worker CPU/job: the worker process's own + its sandbox processes', per job")
         await close(nc)
 
 
