@@ -79,7 +79,7 @@ def start_workers(url: str, tools: Path, k: int, concurrency: int, logdir: Path)
 
 async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
     """Publish n jobs, wait for n outcomes; returns (calls/s, outcomes per worker)."""
-    _, rcons = await ensure_partition_consumers(js, 0)
+    _, rcons = await ensure_partition_consumers(js, 0, "bench")  # the jobs' actor is `bench`
     psub = await js.pull_subscribe_bind(durable=rcons, stream=RESULTS)
     by_worker: dict[str, int] = {}
     got = 0
