@@ -3,6 +3,13 @@ Monty-alone runs per second measured in the same run (the ratio is what the runt
 
     .venv/bin/python bench/worker.py [--jobs 3000] [--concurrency 16]
     .venv/bin/python bench/worker.py --writes [--jobs 300]   # the cost of a job's workspace writes only
+    .venv/bin/python bench/worker.py --instructions [--jobs 1000] [--against OTHER_CHECKOUT]
+
+`--instructions` counts the instructions a worker process executes per job under valgrind (cachegrind,
+no cache simulation): a run with N jobs minus a run with none, over N. Why: on a shared 2-core machine the
+CPU time per job moves by ±30 % with the load, while the instruction count moves by a few percent, so a
+change of 10 % in the worker's own cost shows. `--against DIR` measures the worker of another checkout
+(DIR/runtime) first, in the same run, for a ratio. valgrind slows the worker ~50x: 1,000 jobs take minutes.
 
 End to end = publish `ToolJob`s to TOOLS (acked, with Msg-Id) -> worker process(es) fetch, run the .pym in
 Monty, publish `ToolOutcome`s to RESULTS -> this process consumes every outcome. The clock runs from the
@@ -14,12 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -181,12 +191,58 @@ async def workspace_writes(js, jobs: int) -> None:
     print(f"{'baseline: 2 plain publishes, no marker':<48}{await plain(2, 'raw'):>8.2f}")
 
 
+async def instructions(js: Any, url: str, tools: Path, tree: Path, jobs: int, logdir: Path) -> float:
+    """Instructions the worker process of `tree` executes per job (valgrind I refs: N jobs minus none)."""
+    counts = []
+    for n in (0, jobs):
+        log = logdir / f"valgrind-{tree.name}-{n}.log"
+        cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+               sys.executable, "-c", "from runtime.cli import main; main()", "worker", "--tools", str(tools),
+               "--concurrency", "16"]
+        env = {**os.environ, "NATS_URL": url, "PYTHONPATH": str(tree)}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+        while b"serving" not in log.read_bytes():
+            if proc.poll() is not None:
+                raise RuntimeError(log.read_text())
+            await asyncio.sleep(0.2)
+        await end_to_end(js, f"vw{n}{tree.name}", 100)  # the same warm-up in both runs
+        if n:
+            await end_to_end(js, f"vr{n}{tree.name}", n)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(600)
+        found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
+        if found is None:
+            raise RuntimeError(f"no instruction count in {log}: {log.read_text()[-500:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return (counts[1] - counts[0]) / jobs
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=16, help="jobs in flight per worker process")
     ap.add_argument("--writes", action="store_true", help="only measure a job's workspace writes")
+    ap.add_argument("--instructions", action="store_true", help="instructions per job under valgrind")
+    ap.add_argument("--against", type=Path, help="with --instructions: another checkout, measured first")
     args = ap.parse_args()
+
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+        with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
+            tools = Path(tmp) / "add.pym"
+            tools.write_text(TOOL)
+            nc = await connect(server.url)
+            await ensure_topology(nc.jetstream(), partitions=1)
+            trees = ([args.against.resolve()] if args.against else []) + [ROOT]
+            found = {tree: await instructions(nc.jetstream(), server.url, tools, tree, min(args.jobs, 3000),
+                                              Path(tmp)) for tree in trees}
+            await close(nc)
+        for tree, count in found.items():
+            print(f"{tree!s:<48}{count:>12,.0f} instructions per job (the worker process)")
+        if args.against:
+            print(f"ratio {found[ROOT] / found[args.against.resolve()]:.3f} (this checkout / --against)")
+        return
 
     if args.writes:
         with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
