@@ -53,12 +53,15 @@ class ModelStep:
 
     def __init__(self, adapter: ModelAdapter, tools: Sequence[ToolSchema],
                  constraint: DecodingConstraint | None = None, *,
-                 narrowed: Sequence[Sequence[ToolSchema]] = ()) -> None:
+                 narrowed: Sequence[Sequence[ToolSchema]] = (), keep_prompt: bool = True) -> None:
         """`narrowed`: the fewer tools some turns will offer (`for_config`: the forced last turn's), whose
-        steps are built now, with this one's grammar in the same xgrammar child, never on a task's path."""
+        steps are built now, with this one's grammar in the same xgrammar child, never on a task's path.
+        `keep_prompt`: those turns keep this step's prompt (see `_narrowed_step`); False lists only the
+        tools they offer (`KernelConfig.last_turn_prompt` "narrowed")."""
         if constraint is not None and narrowed:
             prepare_constraints(adapter, [tools, *narrowed], constraint)
         self.adapter = adapter
+        self.keep_prompt = keep_prompt
         self.constraint = constraint
         self.extras: dict[str, Any] = {}
         self.constraint_digest = ""
@@ -78,7 +81,8 @@ class ModelStep:
     def for_config(cls, adapter: ModelAdapter, config: kernel.KernelConfig,
                    constraint: DecodingConstraint | None = None) -> ModelStep:
         """The step of an agent's whole life: its tools, and the forced last turn's fewer ones, built now."""
-        return cls(adapter, config.tools, constraint, narrowed=[config.offered(config.max_turns)])
+        return cls(adapter, config.tools, constraint, narrowed=[config.offered(config.max_turns)],
+                   keep_prompt=config.last_turn_prompt == "same")
 
     def _for(self, effect: kernel.CallModel) -> ModelStep:
         """This step, or the one for the fewer tools the kernel offers on a forced last turn (built once)."""
@@ -96,7 +100,7 @@ class ModelStep:
         change the prompt's first tokens and make the server recompute the whole context (its prefix cache
         missed) on the forced last turn; the constraint already lets the model write nothing else."""
         narrowed = ModelStep(self.adapter, tools, self.constraint)
-        if not self._narrows_by_constraint(narrowed):
+        if not self.keep_prompt or not self._narrows_by_constraint(narrowed):
             return narrowed  # nothing else enforces the narrowing: the prompt says it
         narrowed.prompt_tools = self.prompt_tools
         if "tools" in self.extras:
@@ -136,6 +140,8 @@ class ModelStep:
         via_api = self.constraint is not None and self.constraint.send_tools_to_api
         step = self._for(effect)
         messages = self.adapter.render(list(effect.messages), list(step.prompt_tools), tools_via_api=via_api)
+        if step.prompt_tools is not step.tools and not self.adapter.native_tool_calls:
+            messages = _with_last_turn_note(messages, step.tools)
         ids: dict[str, Any] = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
         extras = step.extras
@@ -180,6 +186,21 @@ class ModelStep:
             response_id=completion.id,
             queued_ms=completion.queued_ms + waited * 1000.0,
         )
+
+
+def _with_last_turn_note(messages: list[dict[str, Any]], tools: Sequence[ToolSchema]) -> list[dict[str, Any]]:
+    """The forced last turn's prompt, told at its end which tools remain. Why at the end: the prompt keeps
+    every tool at its start (the server's prefix cache), and a small model reading a list of tools it may
+    no longer call fills the one it must call with worse arguments (SmolLM2-135M answered the expression
+    instead of its value); the end of the prompt is new in this request anyway, so saying it there costs
+    no cached prefix. Added to the last user message (the tool results) when there is one: some chat
+    templates refuse two user messages in a row."""
+    names = ", ".join(t.name for t in tools)
+    note = f"This is the last turn: only {names} can be called now."
+    last = messages[-1] if messages else None
+    if last is not None and last.get("role") == "user" and isinstance(last.get("content"), str):
+        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{note}"}]
+    return [*messages, {"role": "user", "content": note}]
 
 
 __all__ = ["Admission", "ModelStep"]

@@ -109,3 +109,36 @@ async def test_each_turn_starts_with_the_previous_request(adapter_name, strategy
             assert now == was, f"turn {turn}: message {i} changed:\n{was!r}\n{now!r}"
     if adapter.native_tool_calls:  # the forced turn names its tool instead of offering fewer
         assert bodies[-1]["tool_choice"] == {"type": "function", "function": {"name": "submit_result"}}
+
+
+async def test_a_bundle_may_ask_for_the_narrowed_prompt_on_the_forced_turn():
+    """`last_turn_prompt: narrowed` (the demo's tiny model needs it): the last turn's prompt lists only the
+    terminal tool, at the cost of the server's cached prefix on that turn."""
+    adapter = get_adapter("hermes")
+    tools = [PythonTool(add)]
+    cfg = kernel.KernelConfig(system_prompt="You add numbers, then submit the last sum.",
+                              tools=(tools[0].schema, SUBMIT), terminal_tool="submit_result",
+                              max_turns=TURNS, last_turn_prompt="narrowed")
+    with ScriptedModelServer(responder=responder("hermes", "ebnf", False)) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            outcome = await run_task(ev.Task(agent="a", input="Add up."), cfg, client=client, adapter=adapter,
+                                     tools=tools, constraint=DecodingConstraint("ebnf"))
+        systems = [b["messages"][0]["content"] for b in server.requests]
+    assert outcome.ok, outcome
+    assert systems[-2] == systems[0] and '"add"' in systems[-2]
+    assert '"add"' not in systems[-1] and "submit_result" in systems[-1]
+
+
+async def test_the_kept_prompt_says_at_its_end_which_tools_remain():
+    adapter = get_adapter("hermes")
+    tools = [PythonTool(add)]
+    cfg = kernel.KernelConfig(system_prompt="You add numbers, then submit the last sum.",
+                              tools=(tools[0].schema, SUBMIT), terminal_tool="submit_result", max_turns=TURNS)
+    with ScriptedModelServer(responder=responder("hermes", "ebnf", False)) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            outcome = await run_task(ev.Task(agent="a", input="Add up."), cfg, client=client, adapter=adapter,
+                                     tools=tools, constraint=DecodingConstraint("ebnf"))
+        last = server.requests[-1]["messages"][-1]
+    assert outcome.ok, outcome
+    assert last["role"] == "user" and last["content"].startswith("<tool_response>")
+    assert last["content"].endswith("This is the last turn: only submit_result can be called now.")
