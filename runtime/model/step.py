@@ -189,12 +189,13 @@ class ModelStep:
 
 
 def _with_last_turn_note(messages: list[dict[str, Any]], tools: Sequence[ToolSchema]) -> list[dict[str, Any]]:
-    """The forced last turn's prompt, told at its end which tools remain. Why at the end: the prompt keeps
-    every tool at its start (the server's prefix cache), and a small model reading a list of tools it may
-    no longer call fills the one it must call with worse arguments (SmolLM2-135M answered the expression
-    instead of its value); the end of the prompt is new in this request anyway, so saying it there costs
-    no cached prefix. Added to the last user message (the tool results) when there is one: some chat
-    templates refuse two user messages in a row."""
+    """The forced last turn's prompt, told at its end which tools remain. Why: the prompt keeps every tool
+    at its start (the server's prefix cache), so without a word the model would read a list of tools it may
+    no longer call while the constraint lets it write only the terminal one; the end of the prompt is new in
+    this request anyway, so saying it there costs no cached prefix. (For SmolLM2-135M this was not enough:
+    it still filled the terminal call worse than with the narrowed prompt, `last_turn_prompt: narrowed`.)
+    Added to the last user message (the tool results) when there is one: some chat templates refuse two
+    user messages in a row."""
     names = ", ".join(t.name for t in tools)
     note = f"This is the last turn: only {names} can be called now."
     last = messages[-1] if messages else None
