@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
@@ -314,19 +314,20 @@ def _ebnf_from_tag(doc: str, where: str) -> str:
 
 
 def prepare_constraints(
-    adapter: ModelAdapter, tool_sets: Sequence[Sequence[ToolSchema]], constraint: DecodingConstraint
+    wanted: Iterable[tuple[ModelAdapter, Sequence[ToolSchema], DecodingConstraint | None]],
 ) -> None:
-    """Derive the grammars of several tool sets at once, so a process that will build them (a host: the
-    full tool set and the forced last turn's) pays for one xgrammar child, at start, and never one on a
-    task's path. A set that cannot be built is skipped here: `build_constraint` reports its error."""
-    if constraint.strategy != "ebnf" or adapter.native_tool_calls:
-        return
+    """Derive the grammars of several (adapter, tools, constraint) at once, so a process that will build
+    them (a host: every bundle's full tool set and its forced last turn's) pays for one xgrammar child, at
+    start, and never one on a task's path. One that cannot be built is skipped here: `build_constraint`
+    reports its error."""
     docs: list[str] = []
-    where = f"{adapter.name}/{constraint.strategy}"
-    for tools in tool_sets:
-        tools = list(tools)
+    where = ""
+    for adapter, tool_set, constraint in wanted:
+        if constraint is None or constraint.strategy != "ebnf" or adapter.native_tool_calls:
+            continue
+        tools = list(tool_set)
         try:
-            _check_names(adapter, tools, where)
+            _check_names(adapter, tools, f"{adapter.name}/{constraint.strategy}")
             doc = _calls_only_document(adapter, adapter.call_tags(tools), constraint.allow_parallel_calls)
         except Exception:  # reported by build_constraint, with its own message
             continue
@@ -336,6 +337,7 @@ def prepare_constraints(
             known = doc in _ebnf_texts
         if not known and doc not in docs:
             docs.append(doc)
+            where = where or f"{adapter.name}/{constraint.strategy}"
     if docs:
         _derive(docs, where)
 

@@ -59,7 +59,7 @@ class ModelStep:
         `keep_prompt`: those turns keep this step's prompt (see `_narrowed_step`); False lists only the
         tools they offer (`KernelConfig.last_turn_prompt` "narrowed")."""
         if constraint is not None and narrowed:
-            prepare_constraints(adapter, [tools, *narrowed], constraint)
+            prepare_constraints((adapter, t, constraint) for t in [tools, *narrowed])
         self.adapter = adapter
         self.keep_prompt = keep_prompt
         self.constraint = constraint

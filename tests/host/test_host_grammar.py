@@ -84,3 +84,24 @@ def test_a_grammar_xgrammar_cannot_derive_is_still_refused_with_xgrammars_reason
     assert error.startswith("hermes/ebnf: xgrammar could not build the grammar: ")
     assert 'Unsupported type "frob"' in error
     assert loaded == "[]"
+
+
+def test_a_host_of_several_ebnf_bundles_derives_all_their_grammars_in_one_child(tmp_path):
+    calc = write_bundle(tmp_path, "calc")
+    notes = write_bundle(tmp_path, "notes", tools=("note",))
+    code = (
+        "import json, sys\n"
+        "import runtime.model.ebnf as ebnf\n"
+        "calls = []\n"
+        "real = ebnf.derive_in_child\n"
+        "ebnf.derive_in_child = lambda docs: calls.append(len(docs)) or real(docs)\n"
+        "from runtime.host.serve import load_agents\n"
+        "agents = load_agents(sys.argv[1:])\n"
+        "print(json.dumps({'calls': calls, 'agents': sorted(agents),\n"
+        f"                  'loaded': [m for m in {HEAVY!r} if m in sys.modules]}}))\n"
+    )
+    out = _python(code, str(calc), str(notes))
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    # one child for both bundles' full tool sets and their forced last turn's (the same `submit` in both)
+    assert found == {"calls": [3], "agents": ["calc", "notes"], "loaded": []}
