@@ -68,7 +68,7 @@ async def main(jobs: int, calls: int) -> None:
         nc = await connect(server.url)
         js = nc.jetstream()
         await ensure_topology(js)
-        _, rcons = await ensure_partition_consumers(js, 0)
+        _, rcons = await ensure_partition_consumers(js, 0, "bench")  # the jobs' actor is `bench`
         results = await js.pull_subscribe_bind(durable=rcons, stream=RESULTS)
         registry = build_registry(bundles=[root])
         worker = Worker(js, registry, concurrency=1)

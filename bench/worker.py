@@ -3,6 +3,13 @@ Monty-alone runs per second measured in the same run (the ratio is what the runt
 
     .venv/bin/python bench/worker.py [--jobs 3000] [--concurrency 16]
     .venv/bin/python bench/worker.py --writes [--jobs 300]   # the cost of a job's workspace writes only
+    .venv/bin/python bench/worker.py --instructions [--jobs 1000] [--against OTHER_CHECKOUT]
+
+`--instructions` counts the instructions a worker process executes per job under valgrind (cachegrind,
+no cache simulation): a run with N jobs minus a run with none, over N. Why: on a shared 2-core machine the
+CPU time per job moves by ±30 % with the load, while the instruction count moves by a few percent, so a
+change of 10 % in the worker's own cost shows. `--against DIR` measures the worker of another checkout
+(DIR/runtime) first, in the same run, for a ratio. valgrind slows the worker ~50x: 1,000 jobs take minutes.
 
 End to end = publish `ToolJob`s to TOOLS (acked, with Msg-Id) -> worker process(es) fetch, run the .pym in
 Monty, publish `ToolOutcome`s to RESULTS -> this process consumes every outcome. The clock runs from the
@@ -14,12 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -79,7 +89,7 @@ def start_workers(url: str, tools: Path, k: int, concurrency: int, logdir: Path)
 
 async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
     """Publish n jobs, wait for n outcomes; returns (calls/s, outcomes per worker)."""
-    _, rcons = await ensure_partition_consumers(js, 0)
+    _, rcons = await ensure_partition_consumers(js, 0, "bench")  # the jobs' actor is `bench`
     psub = await js.pull_subscribe_bind(durable=rcons, stream=RESULTS)
     by_worker: dict[str, int] = {}
     got = 0
@@ -108,6 +118,30 @@ async def end_to_end(js, tag: str, n: int) -> tuple[float, dict[str, int]]:
     await pub
     await psub.unsubscribe()
     return n / elapsed, by_worker
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the worker process's own CPU, its sandbox processes' CPU) so far, user + system (Linux /proc): the
+    Monty pool runs scripts in child processes, counted live and, once reaped, in the worker's cutime."""
+    def stat(p: int) -> list[int]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return [0] * 15
+        return [int(f) if f.lstrip("-").isdigit() else 0 for f in fields[:15]]
+
+    tick = os.sysconf("SC_CLK_TCK")
+    own = stat(pid)
+    children = own[13] + own[14] + sum(sum(stat(c)[11:13]) for c in _children(pid))
+    return (own[11] + own[12]) / tick, children / tick
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -157,12 +191,58 @@ async def workspace_writes(js, jobs: int) -> None:
     print(f"{'baseline: 2 plain publishes, no marker':<48}{await plain(2, 'raw'):>8.2f}")
 
 
+async def instructions(js: Any, url: str, tools: Path, tree: Path, jobs: int, logdir: Path) -> float:
+    """Instructions the worker process of `tree` executes per job (valgrind I refs: N jobs minus none)."""
+    counts = []
+    for n in (0, jobs):
+        log = logdir / f"valgrind-{tree.name}-{n}.log"
+        cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+               sys.executable, "-c", "from runtime.cli import main; main()", "worker", "--tools", str(tools),
+               "--concurrency", "16"]
+        env = {**os.environ, "NATS_URL": url, "PYTHONPATH": str(tree)}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+        while b"serving" not in log.read_bytes():
+            if proc.poll() is not None:
+                raise RuntimeError(log.read_text())
+            await asyncio.sleep(0.2)
+        await end_to_end(js, f"vw{n}{tree.name}", 100)  # the same warm-up in both runs
+        if n:
+            await end_to_end(js, f"vr{n}{tree.name}", n)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(600)
+        found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
+        if found is None:
+            raise RuntimeError(f"no instruction count in {log}: {log.read_text()[-500:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return (counts[1] - counts[0]) / jobs
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=16, help="jobs in flight per worker process")
     ap.add_argument("--writes", action="store_true", help="only measure a job's workspace writes")
+    ap.add_argument("--instructions", action="store_true", help="instructions per job under valgrind")
+    ap.add_argument("--against", type=Path, help="with --instructions: another checkout, measured first")
     args = ap.parse_args()
+
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+        with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
+            tools = Path(tmp) / "add.pym"
+            tools.write_text(TOOL)
+            nc = await connect(server.url)
+            await ensure_topology(nc.jetstream(), partitions=1)
+            trees = ([args.against.resolve()] if args.against else []) + [ROOT]
+            found = {tree: await instructions(nc.jetstream(), server.url, tools, tree, min(args.jobs, 3000),
+                                              Path(tmp)) for tree in trees}
+            await close(nc)
+        for tree, count in found.items():
+            print(f"{tree!s:<48}{count:>12,.0f} instructions per job (the worker process)")
+        if args.against:
+            print(f"ratio {found[ROOT] / found[args.against.resolve()]:.3f} (this checkout / --against)")
+        return
 
     if args.writes:
         with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
@@ -182,17 +262,23 @@ async def main() -> None:
         alone = await monty_alone(tools, args.jobs, args.concurrency)
         print(f"cores: {os.cpu_count()}   jobs per measurement: {args.jobs}   in flight per worker: "
               f"{args.concurrency}")
-        print(f"{'setup':<34}{'calls/s':>10}{'vs Monty alone':>16}   spread")
+        print(f"{'setup':<34}{'calls/s':>10}{'vs Monty alone':>16}{'worker CPU/job':>22}   spread")
         print(f"{'Monty alone (in-process)':<34}{alone:>10.0f}{1.0:>15.2f}x")
         for k in (1, 2):
             procs = start_workers(server.url, tools, k, args.concurrency, Path(tmp))
             try:
                 await end_to_end(js, f"warm{k}", 200)  # start each worker's sandbox pool
+                before = [cpu_seconds(p.pid) for p in procs]
                 rate, spread = await end_to_end(js, f"run{k}", args.jobs)
+                after = [cpu_seconds(p.pid) for p in procs]
             finally:
                 stop(procs)
+            own = sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) / args.jobs * 1e3
+            sandbox = sum(a[1] - b[1] for a, b in zip(after, before, strict=True)) / args.jobs * 1e3
             label = f"end to end, {k} worker process{'es' if k > 1 else ''}"
-            print(f"{label:<34}{rate:>10.0f}{rate / alone:>15.2f}x   {sorted(spread.values())}")
+            print(f"{label:<34}{rate:>10.0f}{rate / alone:>15.2f}x{own:>9.3f} + {sandbox:.3f} ms   "
+                  f"{sorted(spread.values())}")
+        print("worker CPU/job: the worker process's own + its sandbox processes', per job")
         await close(nc)
 
 

@@ -94,7 +94,7 @@ class Agent:
         self.config = bundle.kernel_config()
         self.adapter = get_adapter(bundle.spec.model.adapter)
         self.constraint = bundle.decoding_constraint()
-        ModelStep(self.adapter, self.config.tools, self.constraint)  # an invalid constraint fails here
+        ModelStep.for_config(self.adapter, self.config, self.constraint)  # an invalid constraint fails here
         self._own_client = client is None
         self.client = client or model_client(bundle, model_url)
         self.data = workspace or _data_for(bundle)

@@ -168,6 +168,11 @@ class KernelConfig:
     # The last turn `max_turns` allows offers only the terminal tool: a run that used its budget on other
     # calls ends with an answer instead of `max_turns`. No effect without a terminal tool.
     force_terminal_on_last_turn: bool = True
+    # How a runner writes that forced turn's prompt (the kernel only chooses the tools it offers): "same"
+    # keeps every tool in the prompt and lets the decoding constraint narrow the call, so the model server's
+    # prefix cache still holds (`runtime.model.step`); "narrowed" lists only the offered tools, which a very
+    # small model needs to fill the terminal call well (the demo's SmolLM2-135M) at the cost of that cache.
+    last_turn_prompt: Literal["same", "narrowed"] = "same"
     # The run's token budget (prompt + completion tokens of its model replies): spent, the next model call
     # is not made and the run fails `budget_exceeded`. None: no budget.
     token_budget: int | None = None

@@ -116,7 +116,7 @@ class _Runner:
         ]
         if missing:
             raise ValueError(f"the config offers tools with no implementation: {', '.join(missing)}")
-        self.step = ModelStep(adapter, config.tools, constraint)  # a bad constraint fails here
+        self.step = ModelStep.for_config(adapter, config, constraint)  # a bad constraint fails here
         self.state = kernel.initial(config)
         self.events: list[ev.Event] = []
         self.lock = anyio.Lock()

@@ -100,6 +100,7 @@ class Bundle:
             system_prompt=self.system_prompt, tools=self.tool_schemas(), terminal_tool=term.terminal_tool,
             max_turns=term.max_turns, max_consecutive_errors=term.max_consecutive_errors,
             force_terminal_on_last_turn=term.force_terminal_on_last_turn,
+            last_turn_prompt=term.last_turn_prompt,
             max_concurrent_tools=self.spec.max_concurrent_tools, history_window=self.spec.history_window,
             policies=self.policies,
             requires_approval=frozenset(n for n, t in self.tools.items() if t.requires_approval),

@@ -169,6 +169,9 @@ class TerminationSpec(_Strict):
     max_consecutive_errors: int = 3
     deadline: float | str | None = None
     force_terminal_on_last_turn: bool = True  # the last turn offers only the terminal tool (kernel)
+    # that turn's prompt: every tool, the constraint narrowing the call (the prefix cache holds), or only
+    # the terminal tool (a very small model answers better): `KernelConfig.last_turn_prompt`
+    last_turn_prompt: Literal["same", "narrowed"] = "same"
 
 
 class SummariseSpec(_Strict):

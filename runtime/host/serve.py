@@ -11,9 +11,12 @@ from typing import Any
 
 import anyio
 
+from runtime.bundle import Bundle
 from runtime.host.config import HostConfig, HostStats
 from runtime.host.host import Host
 from runtime.host.served import AgentRuntime, build_agent
+from runtime.model import get_adapter
+from runtime.model.constraints import prepare_constraints
 from runtime.nats.connection import close, connect
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.subjects import DEFAULT_PARTITIONS
@@ -25,14 +28,29 @@ def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = 
     """Load and validate every bundle (raises `BundleError` listing every problem of the first bad one)."""
     from runtime.bundle import load_bundle
 
-    agents: dict[str, AgentRuntime] = {}
+    loaded: dict[str, Bundle] = {}
     for path in bundles:
         bundle = load_bundle(path)
-        if bundle.name in agents:
-            raise ValueError(f"two bundles are named {bundle.name!r}: {agents[bundle.name].bundle.path} "
+        if bundle.name in loaded:
+            raise ValueError(f"two bundles are named {bundle.name!r}: {loaded[bundle.name].path} "
                              f"and {bundle.path}")
-        agents[bundle.name] = build_agent(bundle, local_model_url=local_model_url, client=client)
-    return agents
+        loaded[bundle.name] = bundle
+    _prepare_grammars(loaded.values())
+    return {name: build_agent(bundle, local_model_url=local_model_url, client=client)
+            for name, bundle in loaded.items()}
+
+
+def _prepare_grammars(bundles: Iterable[Bundle]) -> None:
+    """Every `ebnf` grammar the bundles will send (full tool set and forced last turn), derived by one
+    xgrammar child for all of them (`runtime.model.ebnf`): a host serving many bundles starts in one
+    child's time, not one per bundle."""
+    wanted = []
+    for bundle in bundles:
+        config, constraint = bundle.kernel_config(), bundle.decoding_constraint()
+        adapter = get_adapter(bundle.spec.model.adapter)
+        for tools in (config.tools, config.offered(config.max_turns)):
+            wanted.append((adapter, tools, constraint))
+    prepare_constraints(wanted)
 
 
 async def close_agents(agents: dict[str, AgentRuntime]) -> None:

@@ -1,7 +1,8 @@
 """One loaded bundle as the host runs it: kernel config, model step (adapter + constraint), model client.
 
-Built once per bundle when the host starts (building the decoding constraint imports xgrammar and can take
-seconds, so it happens before serving, never on a task's path). Every actor of the bundle — `bundle` and
+Built once per bundle when the host starts (an `ebnf` constraint's grammar is derived by an xgrammar child
+process, which takes seconds, so it happens before serving, for the forced last turn too, never on a task's
+path). Every actor of the bundle — `bundle` and
 each `bundle:instance` — shares it: actors are cheap because all they own is a mailbox.
 """
 
@@ -52,7 +53,7 @@ def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: M
     from runtime.agent import model_client
 
     config = bundle.kernel_config()
-    step = ModelStep(get_adapter(bundle.spec.model.adapter), config.tools, bundle.decoding_constraint())
+    step = ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, bundle.decoding_constraint())
     if client is None:
         client = model_client(bundle, local_model_url, api_key=api_key)
     return AgentRuntime(bundle=bundle, config=config, step=step, client=client)

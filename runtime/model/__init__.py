@@ -4,6 +4,8 @@
                 the call syntax, its parser, and the pieces of the decoding constraint, as data
 - `constraints` turns an adapter's description into an xgrammar constraint (strategies `ebnf`,
                 `structural_tag`, `json_schema`) sent in vLLM's `structured_outputs`; compiles it to check it
+- `ebnf`        the `ebnf` strategy's grammar text, derived by xgrammar in a child process (a host never
+                imports xgrammar or torch)
 - `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every
                 function `"strict": true`) for the tools the server constrains itself
 - `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
@@ -17,7 +19,8 @@
     step = ModelStep(get_adapter("qwen3"), tools, DecodingConstraint("ebnf"))
     event = await step.call(ModelClient(base_url=url), effect, run_id)   # model.responded | .failed
 
-Importing this package is cheap: xgrammar is imported only when a constraint is built or compiled, and
+Importing this package is cheap: xgrammar is imported only when a constraint is compiled or matched (an
+`ebnf` grammar is derived in a child process unless this process has imported xgrammar already), and
 openai only when a client name (`ModelClient`, `Completion`, `ModelError`) is first used.
 """
 

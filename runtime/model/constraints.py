@@ -36,9 +36,11 @@ With `send_tools_to_api` (and always for the `openai` adapter) the request also 
   with its schema in strict form (`runtime.model.schemas`). `payload` then holds the equivalent JSON
   schema of the calls, so the bundle can still be compile-checked.
 
-xgrammar (which imports torch, about 2.5 s) is imported only inside the functions that need it. It is in the
-`model` extra: without it the `ebnf` strategy and compile checks raise ConstraintError naming the pip command,
-while `structural_tag` and `json_schema` payloads are built without it (the server compiles them).
+xgrammar (which imports torch, about 2.5 s and 220 MB) is imported only inside the functions that need it,
+and the `ebnf` strategy's grammar text is derived by it in a short-lived child process
+(`runtime.model.ebnf`), so a host never holds it. It is in the `model` extra: without it the `ebnf` strategy
+and compile checks raise ConstraintError naming the pip command, while `structural_tag` and `json_schema`
+payloads are built without it (the server compiles them).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
@@ -179,14 +181,7 @@ def _build(
                 "structural_tag": json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
             }
         else:
-            fmt = {
-                "type": "tags_with_separator",
-                "tags": tags,
-                "separator": adapter.call_separator,
-                "at_least_one": True,
-                "stop_after_first": not parallel,
-            }
-            payload = {"grammar": _ebnf_from_tag(fmt, where)}
+            payload = {"grammar": _ebnf_from_tag(_calls_only_document(adapter, tags, parallel), where)}
     extras["extra_body"] = {"structured_outputs": payload}
     if constraint.send_tools_to_api:
         extras["tools"] = api_tools(tools, strict=False)
@@ -251,28 +246,100 @@ def _api_calls_schema(tools: list[ToolSchema], parallel: bool) -> dict[str, Any]
     return schema
 
 
-def load_xgrammar(what: str) -> Any:
-    """The xgrammar module, or a ConstraintError saying how to install it (it is in the `model` extra,
-    because it requires torch; hosts and workers install without it)."""
+def _require_model(what: str) -> None:
+    """Raise a ConstraintError saying how to install xgrammar unless it is importable (found without
+    importing it: it is in the `model` extra, because it requires torch; hosts and workers install
+    without it)."""
     from runtime.extras import MissingExtra, require
 
     try:
         require("model", what)
     except MissingExtra as exc:
         raise ConstraintError(str(exc)) from None
+
+
+def load_xgrammar(what: str) -> Any:
+    """The xgrammar module, or a ConstraintError saying how to install it."""
+    _require_model(what)
     import xgrammar
 
     return xgrammar
 
 
-def _ebnf_from_tag(fmt: dict[str, Any], where: str) -> str:
-    """EBNF text for a calls-only structural format, written by xgrammar (typed argument rules)."""
-    xgr = load_xgrammar(f"{where}: deriving the grammar of the ebnf strategy (xgrammar)")
+# ---- the ebnf strategy's grammar text ---------------------------------------------------------
+
+#: structural-tag document -> (derived, EBNF text or xgrammar's error): derived once per process
+_ebnf_texts: dict[str, tuple[bool, str]] = {}
+_ebnf_lock = threading.Lock()
+
+
+def _calls_only_document(adapter: ModelAdapter, tags: list[dict[str, Any]], parallel: bool) -> str:
+    """The structural tag of the ebnf strategy (nothing but calls), as the JSON text xgrammar reads."""
+    fmt = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": adapter.call_separator,
+        "at_least_one": True,
+        "stop_after_first": not parallel,
+    }
+    return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def _derive(docs: list[str], where: str) -> None:
+    """Derive the grammars of `docs` (one child process for all of them, see `runtime.model.ebnf`)."""
+    from runtime.model.ebnf import derive
+
+    what = f"{where}: deriving the grammar of the ebnf strategy (xgrammar)"
+    _require_model(what)
     try:
-        grammar = xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
-    except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses with the reason
-        raise ConstraintError(f"{where}: xgrammar could not build the grammar: {exc}") from exc
-    return str(grammar)
+        results = derive(docs)
+    except RuntimeError as exc:
+        raise ConstraintError(f"{what}: {exc}") from None
+    with _ebnf_lock:
+        _ebnf_texts.update(zip(docs, results, strict=True))
+
+
+def _ebnf_from_tag(doc: str, where: str) -> str:
+    """EBNF text for a calls-only structural tag, written by xgrammar (typed argument rules)."""
+    with _ebnf_lock:
+        found = _ebnf_texts.get(doc)
+    if found is None:
+        _derive([doc], where)
+        with _ebnf_lock:
+            found = _ebnf_texts[doc]
+    ok, text = found
+    if not ok:
+        raise ConstraintError(f"{where}: xgrammar could not build the grammar: {text}")
+    return text
+
+
+def prepare_constraints(
+    wanted: Iterable[tuple[ModelAdapter, Sequence[ToolSchema], DecodingConstraint | None]],
+) -> None:
+    """Derive the grammars of several (adapter, tools, constraint) at once, so a process that will build
+    them (a host: every bundle's full tool set and its forced last turn's) pays for one xgrammar child, at
+    start, and never one on a task's path. One that cannot be built is skipped here: `build_constraint`
+    reports its error."""
+    docs: list[str] = []
+    where = ""
+    for adapter, tool_set, constraint in wanted:
+        if constraint is None or constraint.strategy != "ebnf" or adapter.native_tool_calls:
+            continue
+        tools = list(tool_set)
+        try:
+            _check_names(adapter, tools, f"{adapter.name}/{constraint.strategy}")
+            doc = _calls_only_document(adapter, adapter.call_tags(tools), constraint.allow_parallel_calls)
+        except Exception:  # reported by build_constraint, with its own message
+            continue
+        if not tools:
+            continue
+        with _ebnf_lock:
+            known = doc in _ebnf_texts
+        if not known and doc not in docs:
+            docs.append(doc)
+            where = where or f"{adapter.name}/{constraint.strategy}"
+    if docs:
+        _derive(docs, where)
 
 
 # ---- compiling --------------------------------------------------------------------------------

@@ -171,7 +171,15 @@ class Limits(BaseModel):
         """A new `Limits`: this one with every field `other` sets (non-None) overriding it."""
         if other is None:
             return self
-        return _validated(_fields({**self.to_dict(), **other.to_dict()}))
+        key = (id(self), id(other))
+        hit = _merged.get(key)
+        if hit is not None and hit[0] is self and hit[1] is other:
+            return hit[2]
+        result = _validated(_fields({**self.to_dict(), **other.to_dict()}))
+        if len(_merged) >= _MERGED_KEPT:
+            _merged.pop(next(iter(_merged)), None)
+        _merged[key] = (self, other, result)
+        return result
 
     def to_dict(self) -> dict[str, int | float]:
         """The set fields as plain numbers: what goes on the wire. `Limits.resolve(d)` reads it back."""
@@ -231,18 +239,39 @@ class Limits(BaseModel):
 
     def to_monty(self) -> ResourceLimits:
         """pydantic-monty's `ResourceLimits` for a checkout (fields filled from the default preset)."""
-        full = self.effective()
-        return {
-            "max_memory": full.max_memory,
-            "max_feed_duration_secs": full.max_duration,
-            # sleeps do not count as execution time; bound them by the same budget
-            "max_total_sleep_secs": full.max_duration,
-            "max_recursion_depth": full.max_recursion,
-            "max_suspensions": full.max_suspensions,
-        }
+        return dict(_monty_of(self.effective()))  # type: ignore[return-value]  # a copy a checkout may keep
 
 
 _Fields = tuple[tuple[str, type, Any], ...]
+
+# `merge` results by the identity of both sides (each entry keeps both, so an id is never reused while it is
+# cached). Why: a tool worker merges a job's limits over the tool's and over the default preset (`effective`)
+# on every job, with the same few `Limits` objects each time (`_validated` hands out one object per value);
+# even the cached path of `_validated` (two `to_dict`, a sorted key) was a twentieth of a trivial job's CPU.
+_merged: dict[tuple[int, int], tuple[Limits, Limits, Limits]] = {}
+_MERGED_KEPT = 1024
+
+
+_monty: dict[int, tuple[Limits, dict[str, Any]]] = {}
+
+
+def _monty_of(full: Limits) -> dict[str, Any]:
+    """The checkout limits of a complete `Limits`, made once per object (`to_monty` hands out copies)."""
+    hit = _monty.get(id(full))
+    if hit is not None and hit[0] is full:
+        return hit[1]
+    if len(_monty) >= _MERGED_KEPT:
+        _monty.pop(next(iter(_monty)), None)
+    made = {
+        "max_memory": full.max_memory,
+        "max_feed_duration_secs": full.max_duration,
+        # sleeps do not count as execution time; bound them by the same budget
+        "max_total_sleep_secs": full.max_duration,
+        "max_recursion_depth": full.max_recursion,
+        "max_suspensions": full.max_suspensions,
+    }
+    _monty[id(full)] = (full, made)
+    return made
 
 
 def _fields(spec: dict[str, Any]) -> _Fields:
