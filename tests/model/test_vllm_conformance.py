@@ -110,19 +110,35 @@ def name_of(family: str, constraint: DecodingConstraint | None) -> str:
     return "/".join([family, constraint.strategy, *flags])
 
 
-def bodies(family: str, constraint: DecodingConstraint | None) -> dict[str, dict[str, Any]]:
-    """What the runtime puts on the wire for this combination, streaming and not, as the server saw it."""
+class _Drain:
+    """A live view that drops every fragment: the call is then made as a streamed request, as a host with
+    watchers makes it."""
+
+    async def on_text(self, text: str) -> None:
+        pass
+
+    async def on_tool_call(self, index: int, call_id: str, name: str, arguments: str) -> None:
+        pass
+
+    async def done(self) -> None:
+        pass
+
+
+def bodies(family: str, constraint: DecodingConstraint | None,
+           offered: tuple[ToolSchema, ...] = TOOLS) -> dict[str, dict[str, Any]]:
+    """What the runtime puts on the wire for this combination, streaming and not, as the server saw it;
+    `offered` fewer than the tools is a forced last turn (the prompt keeps every tool, the constraint or a
+    named `tool_choice` narrows the call)."""
     step = ModelStep(get_adapter(family), TOOLS, constraint)
-    effect = kernel.CallModel("r/2", 2, 1, HISTORY, HISTORY[-1:], 1, TOOLS, SAMPLING, None)
+    effect = kernel.CallModel("r/2", 2, 1, HISTORY, HISTORY[-1:], 1, offered, SAMPLING, None)
 
     async def send() -> list[dict[str, Any]]:
         with ScriptedModelServer(responder=lambda body: "ok") as server:
             async with ModelClient(base_url=server.base_url, model="m", max_retries=0) as client:
                 outcome = await step.call(client, effect, "r")
                 assert not isinstance(outcome, ev.ModelFailed), outcome
-                via_api = constraint is not None and constraint.send_tools_to_api
-                messages = step.adapter.render(list(HISTORY), list(TOOLS), tools_via_api=via_api)
-                await client.complete(messages, **SAMPLING, **step.extras, stream=True)
+                streamed = await step.call(client, effect, "r", stream=_Drain())  # type: ignore[arg-type]
+                assert not isinstance(streamed, ev.ModelFailed), streamed
             return list(server.requests)
 
     plain, streamed = anyio.run(send)
@@ -167,6 +183,27 @@ def test_vllm_accepts_every_body_and_its_constraint(
             # vLLM adds its own tool-call tag only for strict tools; ours stays the only constraint
             tools = resolve_tool_strictness(request.tools, "auto", ToolStrictLevel.AUTO)
             assert tools is None, f"{where}: vLLM would combine its tool-call format with our constraint"
+
+
+LAST_TURN = [c for c in COMBOS if c[1] is not None]
+
+
+@pytest.mark.parametrize("family,constraint", LAST_TURN, ids=[name_of(*c) for c in LAST_TURN])
+def test_vllm_accepts_the_forced_last_turns_body(family: str, constraint: DecodingConstraint) -> None:
+    """The forced last turn offers only the terminal tool and keeps the prompt's tools (the prefix cache):
+    vLLM takes its body, a named `tool_choice` included, and its narrowed constraint compiles."""
+    for mode, body in bodies(family, constraint, offered=(SUBMIT,)).items():
+        where = f"{name_of(family, constraint)} last turn ({mode})"
+        request = ChatCompletionRequest.model_validate(body)
+        params = request.to_sampling_params(max_tokens=256, default_sampling_params={})
+        validate_xgrammar_grammar(params)
+        if family == "openai":
+            assert body["tool_choice"] == {"type": "function", "function": {"name": SUBMIT.name}}, where
+            assert [t["function"]["name"] for t in body["tools"]] == [t.name for t in TOOLS], where
+            tag = _api_tag("hermes", request)  # vLLM's own tag (hermes parser) for a named function compiles
+            assert tag is not None, where
+        else:
+            assert params.structured_outputs is not None, f"{where}: no constraint reached vLLM"
 
 
 def _api_tag(model: str, request: ChatCompletionRequest) -> Any:
