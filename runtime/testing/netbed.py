@@ -78,8 +78,9 @@ class Bed:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
-    async def astart(self, timeout: float = 120.0) -> Bed:
-        """Build everything (blocking parts in a thread); on any failure everything built is torn down."""
+    async def astart(self, timeout: float = 120.0, *, later: tuple[str, ...] = ()) -> Bed:
+        """Build everything (blocking parts in a thread); on any failure everything built is torn down. The
+        `sa` processes named in `later` (machine names, e.g. ``("h1",)``) are left for `start`."""
         try:
             await anyio.to_thread.run_sync(self._start_network)
             await anyio.to_thread.run_sync(self.wait_cluster, 60.0)
@@ -98,15 +99,22 @@ class Bed:
                                                str(self.worker_concurrency), "--ack-wait",
                                                f"{self.tool_ack_wait:g}"], "serving")
                             for i in range(self.counts[2])]
-            for p in self.hosts + self.workers:
+            now = [p for p in self.hosts + self.workers if p.name not in later]
+            for p in now:
                 p.start()
-            for p in self.hosts + self.workers:
+            for p in now:
                 await anyio.to_thread.run_sync(p.wait_ready, timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
             raise
         return self
+
+    async def start(self, name: str, timeout: float = 120.0) -> None:
+        """Start (or restart) the `sa` process of machine `name` and wait for its ready line."""
+        proc = next(p for p in self.hosts + self.workers if p.name == name)
+        proc.start()
+        await anyio.to_thread.run_sync(proc.wait_ready, timeout)
 
     def _start_network(self) -> None:
         self.net = net = Network.create()
