@@ -87,7 +87,8 @@ def _check_log(events: list[ev.Event], index: int, steps: int) -> dict[str, int]
         out["lost"] = 1
     elif terminal != ["run.completed"] or kinds[-1] != "run.completed":
         out["terminals" if len(terminal) > 1 or kinds[-1] not in TERMINAL else "not_completed"] = 1
-    elif events[-1].output != {"answer": f"{index} wrote {steps}"}:
+    elif not isinstance(last := events[-1], ev.RunCompleted) or \
+            last.output != {"answer": f"{index} wrote {steps}"}:
         out["not_completed"] = 1
     if [e.seq for e in events] != list(range(len(events))) or kinds.count("run.started") != 1 or \
             (kinds and kinds[0] != "run.started"):

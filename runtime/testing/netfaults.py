@@ -67,10 +67,12 @@ class Load:
         for _ in range(n):
             i, self.next = self.next, self.next + 1
             steps = self.rng.randint(2, 4)
-            task = step_task(i, steps=steps, spin=self.rng.choice((0, 20_000)), delay_ms=self.rng.randint(20, 200))
+            spin, delay = self.rng.choice((0, 20_000)), self.rng.randint(20, 200)
+            task = step_task(i, steps=steps, spin=spin, delay_ms=delay)
             while True:  # NATS away (a node cut off, a leader election): again, same task id, stored once
                 try:
-                    run_id = await publish_task(self.bed.js, f"net:a{i}", task, task_id=f"net-{self.seed}-{i}")
+                    run_id = await publish_task(self.bed.js, f"net:a{i}", task,
+                                                task_id=f"net-{self.seed}-{i}")
                     break
                 except Exception:
                     await anyio.sleep(0.2)
@@ -108,8 +110,8 @@ async def wait_ended(js: Any, wanted: set[str], timeout: float) -> None:
     while True:
         try:
             index = await kv_entries(runs)
-            done = {k for k, e in index.items()
-                    if k in wanted and RunIndex.decode(e.value).status in ("completed", "failed", "cancelled")}
+            ended = ("completed", "failed", "cancelled")
+            done = {k for k, e in index.items() if k in wanted and RunIndex.decode(e.value).status in ended}
         except Exception:  # NATS away: look again
             done = set()
         if done == wanted:
@@ -119,7 +121,8 @@ async def wait_ended(js: Any, wanted: set[str], timeout: float) -> None:
             for run_id in sorted(wanted - done)[:10]:
                 events = (await RunLog(js).read(run_id)).events
                 detail.append(f"{run_id}: {[ev.kind_of(e) for e in events][-6:]}")
-            raise AssertionError(f"{len(wanted - done)} run(s) not ended after {timeout} s:\n" + "\n".join(detail))
+            raise AssertionError(f"{len(wanted - done)} run(s) not ended after {timeout} s:\n" +
+                                 "\n".join(detail))
         await anyio.sleep(0.5)
 
 
@@ -216,7 +219,8 @@ async def _redelivered(bed: Bed, batch: dict[int, tuple[str, int]], at: float) -
     log = RunLog(bed.js)
     times = []
     for run_id, _ in batch.values():
-        times += [e.ts for e in (await log.read(run_id)).events if isinstance(e, ev.ToolRedelivered) and e.ts > at]
+        events = (await log.read(run_id)).events
+        times += [e.ts for e in events if isinstance(e, ev.ToolRedelivered) and e.ts > at]
     return {"jobs_redone": len(times), "last_redelivered_s": round(max(times) - at, 2) if times else None}
 
 
