@@ -98,7 +98,8 @@ async def phase(bed: Bed, model: StepModel, name: str, fault: Fault, load: Load,
     out.counts = await check(bed.js, batch, model, bundle=load_bundle(bed.root / "bundle" / "bundle.yaml"),
                              workspace="wsnet")
     if name.startswith("worker"):
-        out.notes.update(await _redelivered(bed, batch, out.notes.pop("at", 0.0)))
+        at, victim = out.notes.pop("at", 0.0), out.notes.pop("victim", "")
+        out.notes.update(await _redelivered(bed, batch, at, victim))
         out.recovery_s = out.notes.pop("last_redelivered_s", None)
     return out
 
@@ -207,21 +208,30 @@ def cut_worker(name: str = "w0") -> Fault:
                 except Exception:
                     pass
                 await anyio.sleep(0.02)
+        proc = next(w for w in bed.workers if w.name == name)
+        found = re.findall(r"sa worker (\S+): serving", proc.log.read_text(errors="replace"))
         t = bed.cut(name)
         await anyio.sleep(2 * bed.tool_ack_wait + 1)
         bed.heal(name)
-        return None, {"at": t, "bound_s": bed.tool_ack_wait}
+        return None, {"at": t, "victim": found[-1] if found else name, "bound_s": bed.tool_ack_wait}
 
     return fault
 
 
-async def _redelivered(bed: Bed, batch: dict[int, tuple[str, int]], at: float) -> dict[str, Any]:
+async def _redelivered(bed: Bed, batch: dict[int, tuple[str, int]], at: float, victim: str) -> dict[str, Any]:
+    """The jobs the cut-off worker held that began again (`tool.redelivered` naming it among the earlier
+    deliveries), and when the last of them did."""
     log = RunLog(bed.js)
-    times = []
+    times, others = [], 0
     for run_id, _ in batch.values():
-        events = (await log.read(run_id)).events
-        times += [e.ts for e in events if isinstance(e, ev.ToolRedelivered) and e.ts > at]
-    return {"jobs_redone": len(times), "last_redelivered_s": round(max(times) - at, 2) if times else None}
+        for e in (await log.read(run_id)).events:
+            if isinstance(e, ev.ToolRedelivered) and e.ts > at:
+                if any(victim in line for line in e.earlier):
+                    times.append(e.ts)
+                else:
+                    others += 1
+    return {"jobs_redone": len(times), "other_redeliveries": others,
+            "last_redelivered_s": round(max(times) - at, 2) if times else None}
 
 
 def cut_nats(which: str = "minority", *, hold: float = 8.0) -> Fault:
