@@ -70,7 +70,8 @@ async def main(args: argparse.Namespace) -> list[Result]:
         table = faults(args.flap)
         for key in args.only.split(","):
             name, fault = table[key]
-            result = await phase(bed, model, name, fault, load, runs=args.runs, window=args.window, timeout=300)
+            result = await phase(bed, model, name, fault, load, runs=args.runs, window=args.window,
+                                 timeout=300)
             print(json.dumps({"fault": result.fault, "recovery_s": result.recovery_s, "notes": result.notes,
                               "counts": result.counts, "ended_s": result.ended_s}), flush=True)
             results.append(result)
