@@ -74,6 +74,8 @@ async def main(args: argparse.Namespace) -> list[Result]:
                                  timeout=300)
             print(json.dumps({"fault": result.fault, "recovery_s": result.recovery_s, "notes": result.notes,
                               "counts": result.counts, "ended_s": result.ended_s}), flush=True)
+            for line in result.details:
+                print("  anomaly:", line, flush=True)
             results.append(result)
     finally:
         await bed.aclose()

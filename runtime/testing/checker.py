@@ -42,9 +42,11 @@ def anomalies(counts: dict[str, int]) -> dict[str, int]:
 
 
 async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, bundle: Any,
-                workspace: str) -> dict[str, int]:
+                workspace: str, details: list[str] | None = None) -> dict[str, int]:
     """Every count of the module docstring, for `runs` (index -> (run id, steps)); `bundle` is the runs'
-    loaded bundle (`runtime.bundle.load_bundle`), for `verify`."""
+    loaded bundle (`runtime.bundle.load_bundle`), for `verify`. Each anomaly is also described in `details`
+    (run, what, when), if given."""
+    details = details if details is not None else []
     from runtime.client.verify import verify
 
     config = bundle.kernel_config()
@@ -64,9 +66,14 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
         counts["events"] += len(events)
         for key, bad in _check_log(events, index, steps).items():
             counts[key] += bad
-        if events and verify(config, events).problems:
+            if bad:
+                details.append(f"run {index} ({run_id}): {key}: {[ev.kind_of(e) for e in events][-8:]}")
+        if events and (problems := verify(config, events).problems):
             counts["unverified"] += 1
+            details.append(f"run {index} ({run_id}): unverified: {problems[:3]}")
         repeats, reissued = _model_calls(events, index, arrivals)
+        if repeats:
+            details.append(f"run {index} ({run_id}): model_repeats: {_timeline(events, index, arrivals)}")
         counts["model_repeats"] += repeats
         counts["reissued"] += reissued
         expected = "".join(f"{index}:{j}\n" for j in range(steps))
@@ -110,6 +117,13 @@ def _model_calls(events: list[ev.Event], index: int, arrivals: dict[tuple[int, i
         repeats += len(late)
         reissued += max(0, len(times) - len(late) - 1)
     return repeats, reissued
+
+
+def _timeline(events: list[ev.Event], index: int, arrivals: dict[tuple[int, int], list[float]]) -> str:
+    """The run's model requests (as the server saw them) beside its log, in time order."""
+    rows = [(t, f"request step {step}") for (i, step), times in arrivals.items() if i == index for t in times]
+    rows += [(e.ts, f"seq {e.seq} {ev.kind_of(e)}") for e in events]
+    return "; ".join(f"{t:.3f} {what}" for t, what in sorted(rows))
 
 
 async def _in_flight(js: Any, run_ids: set[str]) -> int:

@@ -53,6 +53,7 @@ class Result:
     notes: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     ended_s: float = 0.0  # from the phase's first publish until every run of it ended
+    details: list[str] = field(default_factory=list)  # each anomaly described (`runtime.testing.checker`)
 
 
 class Load:
@@ -96,7 +97,7 @@ async def phase(bed: Bed, model: StepModel, name: str, fault: Fault, load: Load,
     from runtime.bundle import load_bundle
 
     out.counts = await check(bed.js, batch, model, bundle=load_bundle(bed.root / "bundle" / "bundle.yaml"),
-                             workspace="wsnet")
+                             workspace="wsnet", details=out.details)
     if name.startswith("worker"):
         at, victim = out.notes.pop("at", 0.0), out.notes.pop("victim", "")
         out.notes.update(await _redelivered(bed, batch, at, victim))
