@@ -158,6 +158,7 @@ def cut_host(name: str = "h0", *, heal_after: float | None = None) -> Fault:
         victim = bed.host(name)
         mine = {s for s, h in (await lease_holders(bed.js)).items() if h == victim.id}
         mark = _log_mark(bed, name)
+        first = (await bed.js.stream_info(EVENTS)).state.last_seq + 1
         t = bed.cut(name)
         moved = dropped = None
         while (moved is None or dropped is None) and time.time() - t < 30:
@@ -175,8 +176,10 @@ def cut_host(name: str = "h0", *, heal_after: float | None = None) -> Fault:
         await anyio.sleep(max(0.0, t + (heal_after or bed.lease_ttl + 3) - time.time()))
         healed = bed.heal(name)
         rejoined = await _until_holds(bed, victim.id, 60)
+        await anyio.sleep(2.0)  # what it sent while cut off arrives at once after the heal, if ever
         text = _log_since(bed, name, mark)
         notes = {"slots": len(mine), "bound_s": bed.lease_ttl + 1, "dropped_own_work_s": dropped,
+                 "stale_appends_accepted": await stale_appends(bed.js, first, healed),
                  "rejoined_s": round(rejoined - healed, 2) if rejoined else None,
                  "fenced": len(re.findall(r"fenced\s+\(not\s+serving", text)),
                  "stale_appends_refused": len(re.findall(r"stops\s+driving", text))}
@@ -195,6 +198,35 @@ async def _until_holds(bed: Bed, host_id: str, timeout: float) -> float | None:
             pass
         await anyio.sleep(POLL_S)
     return None
+
+
+async def stale_appends(js: Any, first: int, healed: float, margin: float = 1.0) -> int:
+    """Events stored after the heal although stamped by their writer at least `margin` s before it: only a
+    process that could not reach NATS until the heal writes that late, i.e. the cut-off host, whose lease
+    had expired by then. (nats-py resends what it could not send once it reconnects, and a TCP connection
+    whose link comes back within its retransmission time delivers what it held.) Read from stream
+    sequence `first` (the first event stored after the cut)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    psub = await js.pull_subscribe("events.>", stream=EVENTS, config=ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first, ack_policy=AckPolicy.NONE,
+        mem_storage=True, num_replicas=1, inactive_threshold=30.0))
+    stale = 0
+    try:
+        while True:
+            try:
+                msgs = await psub.fetch(batch=500, timeout=2.0)
+            except Exception:  # nothing more (a timeout), or NATS trouble: counted so far
+                break
+            for msg in msgs:
+                stored = msg.metadata.timestamp.timestamp()
+                if stored > healed and ev.decode(msg.data).ts < healed - margin:
+                    stale += 1
+            if not msgs or msgs[-1].metadata.num_pending == 0:
+                break
+    finally:
+        await psub.unsubscribe()
+    return stale
 
 
 def cut_worker(name: str = "w0") -> Fault:
