@@ -11,9 +11,10 @@ The faults (each returns the time it took the fleet to recover and what it saw):
   lease TTL + 1 s). Seen on the cut-off host's own loopback: when it served nothing any more (its slots
   and runs dropped by itself). Healed after the lease TTL + 3 s; then: until it holds a slot again, and
   how many stale appends its log says were refused (`Superseded`).
-* `cut_worker`: a worker's link goes down while jobs are held. Recovery: until the last job it held began
-  again elsewhere (the `tool.redelivered` events; bound: the tool AckWait). Healed after two AckWaits, so
-  its late outcomes arrive and must change nothing.
+* `cut_worker`: a worker's link goes down while jobs are held. Recovery: until the last job redelivered
+  while it was cut off began again on the other worker (the `tool.redelivered` events; bound: the tool
+  AckWait after its last heartbeat). Healed after two AckWaits, so its late outcomes arrive and must change
+  nothing.
 * `cut_nats_minority` / `cut_nats_leader`: one NATS node cut off: one that leads neither the meta layer
   nor EVENTS, or the EVENTS leader. Recovery: until EVENTS stored an event again; then healed, and the
   time until the node is healthy again.
@@ -99,8 +100,8 @@ async def phase(bed: Bed, model: StepModel, name: str, fault: Fault, load: Load,
     out.counts = await check(bed.js, batch, model, bundle=load_bundle(bed.root / "bundle" / "bundle.yaml"),
                              workspace="wsnet", details=out.details)
     if name.startswith("worker"):
-        at, victim = out.notes.pop("at", 0.0), out.notes.pop("victim", "")
-        out.notes.update(await _redelivered(bed, batch, at, victim))
+        at, healed = out.notes.pop("at", 0.0), out.notes.pop("healed", 0.0)
+        out.notes.update(await _redelivered(bed, batch, at, healed))
         out.recovery_s = out.notes.pop("last_redelivered_s", None)
     return out
 
@@ -241,29 +242,30 @@ def cut_worker(name: str = "w0") -> Fault:
                 except Exception:
                     pass
                 await anyio.sleep(0.02)
-        proc = next(w for w in bed.workers if w.name == name)
-        found = re.findall(r"sa worker (\S+): serving", proc.log.read_text(errors="replace"))
         t = bed.cut(name)
         await anyio.sleep(2 * bed.tool_ack_wait + 1)
-        bed.heal(name)
-        return None, {"at": t, "victim": found[-1] if found else name, "bound_s": bed.tool_ack_wait}
+        healed = bed.heal(name)
+        return None, {"at": t, "healed": healed, "bound_s": bed.tool_ack_wait}
 
     return fault
 
 
-async def _redelivered(bed: Bed, batch: dict[int, tuple[str, int]], at: float, victim: str) -> dict[str, Any]:
-    """The jobs the cut-off worker held that began again (`tool.redelivered` naming it among the earlier
-    deliveries), and when the last of them did."""
+async def _redelivered(bed: Bed, batch: dict[int, tuple[str, int]], at: float, healed: float
+                       ) -> dict[str, Any]:
+    """Jobs that began again while the worker was cut off (only the other worker could take them: the
+    cut-off one's jobs, and any given back), when the last of them did, and how many deliveries were
+    given back by a worker (`earlier` says so) rather than lost with one."""
     log = RunLog(bed.js)
-    times, others = [], 0
+    times, given_back, later = [], 0, 0
     for run_id, _ in batch.values():
         for e in (await log.read(run_id)).events:
             if isinstance(e, ev.ToolRedelivered) and e.ts > at:
-                if any(victim in line for line in e.earlier):
+                given_back += sum("given back" in line for line in e.earlier)
+                if e.ts < healed:
                     times.append(e.ts)
                 else:
-                    others += 1
-    return {"jobs_redone": len(times), "other_redeliveries": others,
+                    later += 1
+    return {"jobs_redone": len(times), "redelivered_after_heal": later, "given_back": given_back,
             "last_redelivered_s": round(max(times) - at, 2) if times else None}
 
 
