@@ -19,6 +19,9 @@ in, injects one fault (`runtime.testing.netfaults`):
   host flap       h1's link down and up every 2 s for --flap seconds; recovery: from the last heal until
                   it holds a partition again
 
+Every phase also reports the slowest start of one of its tasks (publish to `run.started`). `--join` runs
+instead the scenario of issue 28's idle host (a second host joins under load; see `join`).
+
 After each phase, once every run of it ended, `runtime.testing.checker` counts anomalies from the stores
 (each must be 0). Needs root and `ip`; without them it says why and exits 0 (nothing measured).
 """
@@ -37,6 +40,7 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from runtime.nats.subjects import partition_of  # noqa: E402
 from runtime.testing.checker import anomalies  # noqa: E402
 from runtime.testing.fleet import StepModel  # noqa: E402
 from runtime.testing.netbed import Bed  # noqa: E402
@@ -48,7 +52,10 @@ from runtime.testing.netfaults import (  # noqa: E402
     cut_nats,
     cut_worker,
     flap_host,
+    lease_holders,
     phase,
+    start_delays,
+    wait_ended,
 )
 from runtime.testing.netns import unavailable  # noqa: E402
 
@@ -82,6 +89,33 @@ async def main(args: argparse.Namespace) -> list[Result]:
     return results
 
 
+async def join(args: argparse.Namespace) -> None:
+    """Issue 28's idle host, looked for: h0 alone serves 16 partitions; while `--runs` step tasks (3-5
+    turns) are published over `--window` s, h1 starts and takes 8 of them. Printed: the slowest start of a
+    task on a partition h0 kept, and on one that moved (the symptom was h0 starting none of its kept
+    partitions' tasks for seconds)."""
+    root = Path(tempfile.mkdtemp(prefix="bench-partitions-join-"))
+    model = StepModel()
+    bed = await Bed(root, responder=model, partitions=16, worker_concurrency=8,
+                    task_ack_wait=30.0).astart(later=("h1",))
+    try:
+        load, batch = Load(bed, seed=args.seed), {}
+        h0, h1 = bed.host("h0"), bed.host("h1")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load.publish, batch, args.runs, args.window)
+            h1.start()  # ~10 s to its ready line: it joins while the tasks are published
+        await anyio.to_thread.run_sync(h1.wait_ready)
+        await wait_ended(bed.js, {r for r, _ in batch.values()}, 300)
+        holders = await lease_holders(bed.js)
+        delays = await start_delays(bed.js, batch, load.published)
+        kept = [d for i, d in delays.items() if holders.get(("net", partition_of(f"net:a{i}", 16))) == h0.id]
+        moved = [d for i, d in delays.items() if holders.get(("net", partition_of(f"net:a{i}", 16))) == h1.id]
+        print(f"join: {len(kept)} tasks on partitions h0 kept, slowest start {max(kept, default=0):.2f} s; "
+              f"{len(moved)} on partitions h1 took, slowest {max(moved, default=0):.2f} s")
+    finally:
+        await bed.aclose()
+
+
 def print_table(results: list[Result]) -> None:
     print(f"\n{'fault':<30} {'recovery s':>10} {'bound s':>8} {'runs':>5} {'anomalies':>9}  notes")
     for r in results:
@@ -100,12 +134,18 @@ if __name__ == "__main__":
     parser.add_argument("--flap", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--only", default="host,worker,minority,leader,flap")
+    parser.add_argument("--join", action="store_true",
+                        help="only the host-join scenario (issue 28's idle host): a second host joins while "
+                        "tasks are published; slowest starts, kept vs moved")
     args = parser.parse_args()
     why = unavailable()
     if why is not None:
         print(f"bench/partitions.py: skipped: {why}")
         sys.exit(0)
     t0 = time.monotonic()
+    if args.join:
+        anyio.run(join, args)
+        sys.exit(0)
     out = anyio.run(main, args)
     print_table(out)
     print(f"\n{len(out)} phase(s) in {time.monotonic() - t0:.0f} s")

@@ -64,6 +64,7 @@ class Load:
         self.bed, self.rng = bed, random.Random(seed)
         self.next = 0
         self.seed = seed
+        self.published: dict[int, float] = {}  # index -> when its task was acked by the stream
 
     async def publish(self, batch: dict[int, tuple[str, int]], n: int, window: float) -> None:
         for _ in range(n):
@@ -79,6 +80,7 @@ class Load:
                 except Exception:
                     await anyio.sleep(0.2)
             batch[i] = (run_id, steps)
+            self.published[i] = time.time()
             await anyio.sleep(window / n)
 
 
@@ -99,6 +101,7 @@ async def phase(bed: Bed, model: StepModel, name: str, fault: Fault, load: Load,
 
     out.counts = await check(bed.js, batch, model, bundle=load_bundle(bed.root / "bundle" / "bundle.yaml"),
                              workspace="wsnet", details=out.details)
+    out.notes["slowest_start_s"] = await slowest_start(bed.js, batch, load.published)
     if name.startswith("worker"):
         at, healed = out.notes.pop("at", 0.0), out.notes.pop("healed", 0.0)
         out.notes.update(await _redelivered(bed, batch, at, healed))
@@ -127,6 +130,23 @@ async def wait_ended(js: Any, wanted: set[str], timeout: float) -> None:
             raise AssertionError(f"{len(wanted - done)} run(s) not ended after {timeout} s:\n" +
                                  "\n".join(detail))
         await anyio.sleep(0.5)
+
+
+async def start_delays(js: Any, batch: dict[int, tuple[str, int]], published: dict[int, float]
+                       ) -> dict[int, float]:
+    """Index -> seconds from its task's publish until its `run.started` was stamped."""
+    log = RunLog(js)
+    out = {}
+    for i, (run_id, _) in batch.items():
+        events = (await log.read(run_id)).events
+        if events and i in published:
+            out[i] = round(events[0].ts - published[i], 2)
+    return out
+
+
+async def slowest_start(js: Any, batch: dict[int, tuple[str, int]], published: dict[int, float]) -> float:
+    """The longest a task of `batch` waited to start (a fault's cost to new work)."""
+    return max((await start_delays(js, batch, published)).values(), default=0.0)
 
 
 async def lease_holders(js: Any) -> dict[tuple[str, int], str]:
@@ -327,4 +347,4 @@ def flap_host(name: str = "h0", *, period: float = 2.0, duration: float = 20.0) 
 
 
 __all__ = ["Fault", "Load", "Result", "cut_host", "cut_nats", "cut_worker", "flap_host", "lease_holders",
-           "phase", "wait_ended"]
+           "phase", "slowest_start", "stale_appends", "start_delays", "wait_ended"]
