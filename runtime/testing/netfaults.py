@@ -300,8 +300,11 @@ def cut_nats(which: str = "minority", *, hold: float = 8.0) -> Fault:
         victim = leader if which == "leader" else next(n for n in names if n not in (leader, meta))
         before = info.state.last_seq
         t = bed.cut(victim)
-        stored = None
-        while stored is None and time.time() - t < 60:
+        stored: float | None = None
+        healed = 0.0
+        while stored is None and time.time() - t < 60:  # healed after `hold` whatever the driver sees
+            if not healed and time.time() - t >= hold:
+                healed = bed.heal(victim)
             with anyio.move_on_after(1):
                 try:
                     if (await bed.js.stream_info(EVENTS)).state.last_seq > before:
@@ -310,14 +313,15 @@ def cut_nats(which: str = "minority", *, hold: float = 8.0) -> Fault:
                     pass
             await anyio.sleep(POLL_S)
         await anyio.sleep(max(0.0, t + hold - time.time()))
-        healed = bed.heal(victim)
+        healed = healed or bed.heal(victim)
         i = names.index(victim)
         back = None
         while back is None and time.time() - healed < 60:
             if await anyio.to_thread.run_sync(bed.monitor, i, "/healthz") is not None:
                 back = round(time.time() - healed, 2)
             await anyio.sleep(POLL_S)
-        return stored, {"node": victim, "was_meta_leader": victim == meta, "healthy_after_heal_s": back}
+        return stored, {"node": victim, "was_meta_leader": victim == meta, "healthy_after_heal_s": back,
+                        "stored_before_heal": stored is not None and stored < hold}
 
     return fault
 
