@@ -9,7 +9,8 @@ whatever a previous owner held un-acked is delivered again now, not after AckWai
 anything, recover the slot's unfinished runs (`runtime.host.recovery`), then consume both until the slot is
 lost. One consumer per slot and stream, whatever the number of agents (instances): 10,000 instances of a
 bundle cost 2N consumers, never 10,000. NATS trouble anywhere in there is retried for as long as the slot
-is held.
+is held, and a consumer found gone while the slot is served (`runtime.nats.pull.ConsumerGone`: a previous
+owner's late delete) is made again: a host must never hold a slot's lease while pulling from nothing.
 
 Losing a slot (`Partitions.lose`: released to a new host, lease expired, or fenced because renewals
 failed): its consumers stop, its queued tasks are dropped un-acked, the drivers and actors working on it are

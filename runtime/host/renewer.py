@@ -29,6 +29,8 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from runtime.nats.connection import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S
+
 log = logging.getLogger("runtime.host")
 
 WEDGED_S = 10.0  # a host loop silent this long is treated as dead: its leases are left to expire
@@ -38,6 +40,9 @@ def connect_options(nc: NATS) -> dict[str, Any]:
     """nats-py `connect` keyword arguments for a second connection like `nc` (servers, credentials, TLS)."""
     opts: dict[str, Any] = {"servers": [s.geturl() for s in nc.servers] or ["nats://127.0.0.1:4222"],
                             "reconnect_time_wait": 0.25, "max_reconnect_attempts": -1, "connect_timeout": 5,
+                            "ping_interval": nc.options.get("ping_interval", PING_INTERVAL_S),
+                            "max_outstanding_pings": nc.options.get("max_outstanding_pings",
+                                                                    MAX_OUTSTANDING_PINGS),
                             "name": f"{nc.options.get('name') or 'sa'}-leases"}
     for key in ("user", "password", "token", "tls", "tls_hostname"):
         if nc.options.get(key) is not None:

@@ -36,6 +36,7 @@ The buckets:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -56,7 +57,12 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -182,7 +188,7 @@ async def last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> 
             psub = await js.pull_subscribe_bind(consumer=name, stream=stream)
             try:
                 while left > 0:
-                    for msg in await psub.fetch(batch=min(left, 1000), timeout=5.0):
+                    for msg in await _fetch(psub, min(left, 1000)):
                         left -= 1
                         out.append(msg)
                         if msg.metadata.num_pending == 0:
@@ -193,6 +199,24 @@ async def last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> 
         with contextlib.suppress(Exception):
             await js.delete_consumer(stream, name)
     return out
+
+
+UNAVAILABLE_RETRIES = 40  # x 25 ms: the route interest of a new consumer arrives within milliseconds
+
+
+async def _fetch(psub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+    """`psub.fetch`, again while it answers 503 (no responders): the consumer was just created, perhaps on
+    another node of a cluster than the client's, and its create is answered before the client's node has
+    learnt over the routes where the consumer takes its pull requests (tests/nats/test_kv_cluster_read.py:
+    about 1 read in 100 on a healthy cluster before this). Still 503 after a second: raised."""
+    for attempt in range(UNAVAILABLE_RETRIES + 1):
+        try:
+            return await psub.fetch(batch=batch, timeout=5.0)
+        except ServiceUnavailableError:
+            if attempt == UNAVAILABLE_RETRIES:
+                raise
+            await asyncio.sleep(0.025)
+    raise AssertionError("unreachable")
 
 
 async def _kv(js: JetStreamContext, config: KeyValueConfig, *, atomic: bool = False) -> KeyValue:

@@ -12,6 +12,11 @@ inbox, and issue the next request when the current one is used up or ends (408 e
 Handlers must be quick (decode, route to an in-memory queue): they run inline on this loop, in arrival
 order, which is what keeps a partition's tasks in order.
 
+A consumer deleted behind the loop's back (a late delete of a previous owner of the slot, carried out
+after this owner made it again: seen on a cluster during a leader election) makes `consume` raise
+`ConsumerGone` instead of pulling from nothing for ever: the server says so (409 "Consumer Deleted"), or no
+server answers its pull requests (503) for a second. The caller makes the consumer again.
+
 Back-pressure: with a `Budget`, each pull request asks for no more messages than the budget has room for
 (`reserve`), and waits while it has none; each delivered message carries one unit of the budget to its
 handler, which releases it when the message's work is over. So the messages a host holds in memory stay
@@ -126,6 +131,7 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
     subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
     if budget is not None:
         budget.join()
+    unanswered = 0  # pull requests in a row nobody answered (503): the consumer may be gone
     try:
         while not stop.is_set():
             size = batch if budget is None else await budget.reserve(batch)
@@ -145,15 +151,16 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
                     status = _status(msg)
                     if status is None:
                         left -= 1
+                        unanswered = 0
                         try:
                             await handler(msg)
                         except Exception:  # a handler bug must not stop the partition; it is redelivered
                             log.exception("handler failed on %s", msg.subject)
                     elif status == "100":
                         continue  # idle heartbeat
-                    else:  # 404/408: no messages / expired, 409: consumer changed or max waiting: re-request
-                        if status == "409":
-                            await anyio.sleep(0.1)
+                    else:  # 408: expired, 409: consumer changed or max waiting, 503: no responders: again
+                        unanswered = _unanswered(msg, status, unanswered, f"{stream}/{consumer}")
+                        await anyio.sleep({"409": 0.1, "503": UNANSWERED_WAIT_S}.get(status, 0.0))
                         break
             finally:
                 if budget is not None and left:
@@ -163,6 +170,29 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
             budget.leave()
         with anyio.CancelScope(shield=True):  # a cancelled owner must not leak the subscription
             await sub.unsubscribe()
+
+
+class ConsumerGone(Exception):
+    """The consumer a `consume` loop pulls from does not exist any more: its owner must make it again."""
+
+
+GONE_AFTER = 40  # pull requests in a row answered "no responders" before the consumer counts as gone
+UNANSWERED_WAIT_S = 0.025  # between them: 40 x 25 ms = 1 s, far beyond the route-interest race of a new one
+
+
+def _unanswered(msg: Msg, status: str, count: int, name: str) -> int:
+    """The count of pull requests in a row nobody answered, after this status answer; raises
+    `ConsumerGone` once the consumer is known to be gone: the server said it was deleted, or no server has
+    answered for it `GONE_AFTER` times in a row (a new consumer's first requests may find no responder for
+    a few milliseconds on a cluster, while its node's interest reaches the client's node)."""
+    description = str((msg.headers or {}).get("Description", "")).lower()
+    if (status == "409" and "deleted" in description) or (status == "404" and "consumer" in description):
+        raise ConsumerGone(f"consumer {name}: {description}")
+    if status != "503":
+        return 0
+    if count + 1 >= GONE_AFTER:
+        raise ConsumerGone(f"consumer {name}: no server answered {GONE_AFTER} pull requests in a row")
+    return count + 1
 
 
 async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event) -> Msg | None:
@@ -219,4 +249,4 @@ def _status(msg: Msg) -> str | None:
     return None
 
 
-__all__ = ["Budget", "Handler", "consume", "fetch_batch"]
+__all__ = ["Budget", "ConsumerGone", "Handler", "consume", "fetch_batch"]

@@ -68,8 +68,10 @@ class StepModel:
 class SaProcess:
     """A restartable `sa` process with one log file across its lives."""
 
-    def __init__(self, name: str, args: list[str], url: str, log: Path, ready: str) -> None:
+    def __init__(self, name: str, args: list[str], url: str, log: Path, ready: str,
+                 prefix: list[str] | None = None) -> None:
         self.name, self.args, self.url, self.log, self.ready = name, args, url, log, ready
+        self.prefix = prefix or []  # e.g. `ip netns exec NS`: run it on a machine of `runtime.testing.netns`
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0
         self.id = ""  # a host's lease id, from its ready line
@@ -80,8 +82,8 @@ class SaProcess:
             f.write(f"=== life {self.lives} ===\n")
         out = open(self.log, "ab")  # the child keeps its own copy of the descriptor
         env = {**os.environ, "NATS_URL": self.url, "SA_SANDBOX_WORKERS": "1"}
-        self.proc = subprocess.Popen([*CLI, *self.args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([*self.prefix, *CLI, *self.args], env=env, stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         out.close()
 
     def wait_ready(self, timeout: float = 90.0) -> None:

@@ -348,8 +348,9 @@ class ScriptedModelServer:
 
     @property
     def base_url(self) -> str:
-        """The OpenAI `base_url` (ends in /v1)."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        """The OpenAI `base_url` (ends in /v1), on the address it was bound to (loopback for a wildcard)."""
+        host = self._address[0] if self._address[0] not in ("", "0.0.0.0") else "127.0.0.1"
+        return f"http://{host}:{self.port}/v1"
 
     @property
     def requests(self) -> list[dict[str, Any]]:

@@ -1,0 +1,151 @@
+"""Network partitions under load, the long version of tests/system/test_partitions.py: every fault, a bigger
+load, and a table of recovery times and anomaly counts.
+
+    sudo .venv/bin/python bench/partitions.py [--runs 120] [--window 15] [--seed 28] [--only host,worker]
+
+One bed of machines (network namespaces on a bridge: `runtime.testing.netbed`): a 3-node NATS cluster (R3
+streams, deploy/nats/nats.conf), two `sa host` (16 partitions, lease TTL 2 s) and two `sa worker`, each on
+its own machine; this process is the load driver and the scripted model server. Each phase publishes
+`--runs` step tasks (2-4 workspace-writing tool steps each) over `--window` seconds and, a third of the way
+in, injects one fault (`runtime.testing.netfaults`):
+
+  host cut        h0's link down while it serves runs; healed after TTL + 3 s.
+                  recovery: until every partition it held is held by h1 (bound: TTL + 1 s)
+  worker cut      w0's link down while jobs are held; healed after two AckWaits (its late outcomes arrive)
+                  recovery: until the last job it held began again on w1 (bound: tool AckWait, 3 s)
+  nats minority   a node leading neither the meta layer nor EVENTS cut off for 8 s
+                  recovery: until EVENTS stored an event after the cut
+  nats leader     the node leading EVENTS cut off for 8 s; recovery: the same
+  host flap       h1's link down and up every 2 s for --flap seconds; recovery: from the last heal until
+                  it holds a partition again
+
+Every phase also reports the slowest start of one of its tasks (publish to `run.started`). `--join` runs
+instead the scenario of issue 28's idle host (a second host joins under load; see `join`).
+
+After each phase, once every run of it ended, `runtime.testing.checker` counts anomalies from the stores
+(each must be 0). Needs root and `ip`; without them it says why and exits 0 (nothing measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime.nats.subjects import partition_of  # noqa: E402
+from runtime.testing.checker import anomalies  # noqa: E402
+from runtime.testing.fleet import StepModel  # noqa: E402
+from runtime.testing.netbed import Bed  # noqa: E402
+from runtime.testing.netfaults import (  # noqa: E402
+    Fault,
+    Load,
+    Result,
+    cut_host,
+    cut_nats,
+    cut_worker,
+    flap_host,
+    lease_holders,
+    phase,
+    start_delays,
+    wait_ended,
+)
+from runtime.testing.netns import unavailable  # noqa: E402
+
+
+def faults(flap: float) -> dict[str, tuple[str, Fault]]:
+    return {"host": ("host cut (h0)", cut_host("h0")), "worker": ("worker cut (w0)", cut_worker("w0")),
+            "minority": ("nats minority cut", cut_nats("minority")),
+            "leader": ("nats leader cut (EVENTS)", cut_nats("leader")),
+            "flap": (f"host flap (h1, 2 s, {flap:g} s)", flap_host("h1", period=2.0, duration=flap))}
+
+
+async def main(args: argparse.Namespace) -> list[Result]:
+    root = Path(tempfile.mkdtemp(prefix="bench-partitions-"))
+    model = StepModel()
+    bed = await Bed(root, responder=model, partitions=16).astart()
+    results: list[Result] = []
+    try:
+        load = Load(bed, seed=args.seed)
+        table = faults(args.flap)
+        for key in args.only.split(","):
+            name, fault = table[key]
+            result = await phase(bed, model, name, fault, load, runs=args.runs, window=args.window,
+                                 timeout=300)
+            print(json.dumps({"fault": result.fault, "recovery_s": result.recovery_s, "notes": result.notes,
+                              "counts": result.counts, "ended_s": result.ended_s}), flush=True)
+            for line in result.details:
+                print("  anomaly:", line, flush=True)
+            results.append(result)
+    finally:
+        await bed.aclose()
+    return results
+
+
+async def join(args: argparse.Namespace) -> None:
+    """Issue 28's idle host, looked for: h0 alone serves 16 partitions; while `--runs` step tasks (3-5
+    turns) are published over `--window` s, h1 starts and takes 8 of them. Printed: the slowest start of a
+    task on a partition h0 kept, and on one that moved (the symptom was h0 starting none of its kept
+    partitions' tasks for seconds)."""
+    root = Path(tempfile.mkdtemp(prefix="bench-partitions-join-"))
+    model = StepModel()
+    bed = await Bed(root, responder=model, partitions=16, worker_concurrency=8,
+                    task_ack_wait=30.0).astart(later=("h1",))
+    try:
+        load, batch = Load(bed, seed=args.seed), {}
+        h0, h1 = bed.host("h0"), bed.host("h1")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load.publish, batch, args.runs, args.window)
+            h1.start()  # ~10 s to its ready line: it joins while the tasks are published
+        await anyio.to_thread.run_sync(h1.wait_ready)
+        await wait_ended(bed.js, {r for r, _ in batch.values()}, 300)
+        holders = await lease_holders(bed.js)
+        delays = await start_delays(bed.js, batch, load.published)
+        kept = [d for i, d in delays.items() if holders.get(("net", partition_of(f"net:a{i}", 16))) == h0.id]
+        moved = [d for i, d in delays.items() if holders.get(("net", partition_of(f"net:a{i}", 16))) == h1.id]
+        print(f"join: {len(kept)} tasks on partitions h0 kept, slowest start {max(kept, default=0):.2f} s; "
+              f"{len(moved)} on partitions h1 took, slowest {max(moved, default=0):.2f} s")
+    finally:
+        await bed.aclose()
+
+
+def print_table(results: list[Result]) -> None:
+    print(f"\n{'fault':<30} {'recovery s':>10} {'bound s':>8} {'runs':>5} {'anomalies':>9}  notes")
+    for r in results:
+        bad = anomalies(r.counts)
+        notes = {k: v for k, v in r.notes.items() if k != "bound_s"}
+        bound = r.notes.get("bound_s", "")
+        rec = "-" if r.recovery_s is None else f"{r.recovery_s:.2f}"
+        print(f"{r.fault:<30} {rec:>10} {bound!s:>8} {r.counts.get('runs', 0):>5} {sum(bad.values()):>9}  "
+              f"{json.dumps(notes)}{' ' + json.dumps(bad) if bad else ''}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=120)
+    parser.add_argument("--window", type=float, default=15.0)
+    parser.add_argument("--flap", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=28)
+    parser.add_argument("--only", default="host,worker,minority,leader,flap")
+    parser.add_argument("--join", action="store_true",
+                        help="only the host-join scenario (issue 28's idle host): a second host joins while "
+                        "tasks are published; slowest starts, kept vs moved")
+    args = parser.parse_args()
+    why = unavailable()
+    if why is not None:
+        print(f"bench/partitions.py: skipped: {why}")
+        sys.exit(0)
+    t0 = time.monotonic()
+    if args.join:
+        anyio.run(join, args)
+        sys.exit(0)
+    out = anyio.run(main, args)
+    print_table(out)
+    print(f"\n{len(out)} phase(s) in {time.monotonic() - t0:.0f} s")
