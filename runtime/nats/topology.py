@@ -225,7 +225,8 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
                           tool_max_deliver: int = DEFAULT_TOOL_MAX_DELIVER,
                           tool_max_ack_pending: int = DEFAULT_TOOL_MAX_ACK_PENDING,
                           retention: Retention | None = None) -> Topology:
-    """Create or update every stream, the `workers` consumer, every KV bucket and the `payloads` store.
+    """Create or update every stream, the `workers` consumer, every KV bucket and the `payloads` store,
+    TASKS last, so that its existence means the rest exists.
 
     Idempotent: every host and worker calls it at start, in any order, concurrently. `replicas=None`
     resolves through `topology_replicas` (SA_REPLICAS, else keep the existing count); an existing TASKS
@@ -244,8 +245,10 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
                     existing, partitions)
         partitions = existing
     bounds = await resolve_retention(js, retention)  # before any update: never reset a stream's bounds
-    for config in stream_configs(replicas=replicas, partitions=partitions, retention=bounds):
-        await _ensure_stream(js, config)
+    configs = stream_configs(replicas=replicas, partitions=partitions, retention=bounds)
+    for config in configs:
+        if config.name != TASKS:
+            await _ensure_stream(js, config)
     await ensure_consumer(js, TOOLS, workers_consumer_config(
         ack_wait=tool_ack_wait, max_deliver=tool_max_deliver, max_ack_pending=tool_max_ack_pending,
         replicas=replicas))
@@ -257,6 +260,9 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int | None = None,
         await fleet_kv(js, bucket, replicas=replicas)
     await payloads_store(js, replicas=replicas)
     await ensure_retention(js, bounds)  # the payload store's bounds
+    # TASKS last: a client that finds it (`submit`, a worker waiting for the topology) then finds every
+    # stream, bucket and store it goes on to use (a run's events, its index entry), even on a fresh server
+    await _ensure_stream(js, next(c for c in configs if c.name == TASKS))
     return Topology(partitions, replicas, tool_ack_wait, tool_max_deliver)
 
 

@@ -191,6 +191,26 @@ async def test_topology_is_idempotent_and_readable(js) -> None:
     assert (await read_topology(js)).tool_ack_wait == 6.0
 
 
+async def test_tasks_is_made_last_so_a_client_that_finds_it_finds_the_rest(tmp_path) -> None:
+    """`submit` and a waiting worker take TASKS's existence as the topology's: on a fresh server every other
+    stream, bucket and store is made before it (a client once followed a run whose EVENTS was not there)."""
+    async with EmbeddedNats(tmp_path) as server:
+        nc = await connect(server.url)
+        js = nc.jetstream()
+        made: list[str] = []
+        add_stream = js.add_stream
+
+        async def recording(config=None, **params):  # type: ignore[no-untyped-def]
+            made.append(config.name if config is not None else params["name"])
+            return await add_stream(config, **params)
+
+        js.add_stream = recording  # type: ignore[method-assign]
+        await ensure_topology(js, partitions=4)
+        await nc.close()
+    assert made[-1] == TASKS and made.count(TASKS) == 1
+    assert {EVENTS, TOOLS, RESULTS, DLQ, "KV_runs", "KV_active", "OBJ_payloads"} <= set(made[:-1])
+
+
 async def test_partition_transform_matches_client_side_hash(js) -> None:
     await ensure_topology(js, partitions=8)
     agents = [f"agent-{i}" for i in range(40)] + ["planner", "coder", "a:1"]
