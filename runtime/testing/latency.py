@@ -27,8 +27,10 @@ import asyncio
 import contextlib
 import socket
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 CHUNK = 64 * 1024
 
@@ -75,8 +77,8 @@ class LatencyProxy:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
