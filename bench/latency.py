@@ -224,6 +224,9 @@ async def main() -> None:
                     await one_round(js, server.url, path, Path(tmp), rtt, args.runs, responder, measures[rtt],
                                     f"{n}-{rtt:g}")
                     print(f"round {n + 1}/{args.rounds}, RTT {rtt:g} ms: done", file=sys.stderr, flush=True)
+                if n + 1 < args.rounds:  # a long run on a loaded box still leaves figures if stopped
+                    report(measures, args.runs, n + 1)
+                    print(flush=True)
         finally:
             await close(nc)
     report(measures, args.runs, args.rounds)
