@@ -78,7 +78,7 @@ from runtime.model.limits import Throttle, Ticket
 from runtime.model.step import Admission
 from runtime.nats.retry import retrying
 from runtime.streaming import StreamPublisher
-from runtime.types import ToolError
+from runtime.types import ToolCall, ToolError
 
 log = logging.getLogger("runtime.host")
 
@@ -296,6 +296,8 @@ class RunDriver:
             item = await self.log.payloads.resolve_outcome(item)  # the next prompt needs the real output
             call = turn.call(item.call_id)
             if call is not None and item.call_id not in turn.called:  # sent, but its record never landed
+                edited = turn.edited.get(call.id)  # as it was sent: with an approver's arguments, if edited
+                call = call if edited is None else ToolCall(call.id, call.name, dict(edited))
                 await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
             for event in item.events():
                 await self.append(event)
@@ -377,8 +379,8 @@ class RunDriver:
         What is staged (the reply holding the calls, what the kernel settled about them) is durable first: no
         job leaves before its call is in the log. Each `tool.called` (a record that the job was sent) is then
         appended while the jobs go out: a host killed between the two is a case recovery handles anyway (the
-        call, without a result, is sent again under the same Msg-Id; an outcome found first gets its
-        `tool.called` in `_apply`). Waiting for it cost a round trip per call (README, "Latency")."""
+        call, without a result, is sent again under the same Msg-Id; an outcome found first gets `tool.called`
+        in `_apply`). Waiting for it cost a round trip per call (README, "Under network latency")."""
         await self._flush()
         if self.state.done:  # the log refused what was staged and the run ended: send out nothing
             return True
