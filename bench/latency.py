@@ -86,9 +86,9 @@ class TimedResponder:
         return reply
 
 
-def start_proxy(target: str, rtt_ms: float, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_proxy(target: str, rtt_ms: float, tmp: Path, tag: str) -> tuple[subprocess.Popen[bytes], str]:
     """The latency proxy in its own process (its timers then never wait on this process's work)."""
-    port_file = tmp / f"proxy-{rtt_ms:g}.port"
+    port_file = tmp / f"proxy-{tag}.port"  # one per round: an earlier proxy's port is a dead one
     proc = subprocess.Popen([sys.executable, "-m", "runtime.testing.latency", "--target", target,
                              "--rtt-ms", str(rtt_ms), "--port-file", str(port_file)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -147,11 +147,12 @@ async def one_round(js: Any, nats_url: str, path: Path, tmp: Path, rtt: float, r
     proxy = None
     url = nats_url
     if rtt > 0:
-        proxy, url = start_proxy(nats_url.removeprefix("nats://"), rtt, tmp)
-    host = rb.start_host(url, path, tmp / f"host-{tag}.log")
-    workers = wb.start_workers(url, path.parent, 1, 16, tmp)
+        proxy, url = start_proxy(nats_url.removeprefix("nats://"), rtt, tmp, tag)
+    host = workers = None
     endings = await rb.Endings(js._nc).open()
     try:
+        host = rb.start_host(url, path, tmp / f"host-{tag}.log")
+        workers = wb.start_workers(url, path.parent, 1, 16, tmp)
         from runtime.commands import publish_task
         from runtime.log import RunLog
 
@@ -164,9 +165,11 @@ async def one_round(js: Any, nats_url: str, path: Path, tmp: Path, rtt: float, r
                 measure.add((await RunLog(js).read(run)).events, task, responder.seen)
     finally:
         await endings.close()
-        wb.stop(workers)
-        host.terminate()
-        host.wait(20)
+        if workers is not None:
+            wb.stop(workers)
+        if host is not None:
+            host.terminate()
+            host.wait(20)
         if proxy is not None:
             proxy.terminate()
             proxy.wait(10)
