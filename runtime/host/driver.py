@@ -31,13 +31,13 @@ Staged appends (why a turn costs few round trips)
 ------------------------------------------------
 `append` folds the event at once and stages it; `_flush` writes what is staged, in order, each event with
 its OCC expectation (one writer, no gap, no fork: exactly as one-by-one appends). Nothing leaves the
-process on the strength of a staged event: the driver flushes before a tool job is published (its
-`tool.called` is durable first), before a RESULTS or command message is acked, before it waits, and when
-the run ends. The one overlap is the model call: the events before it (an outcome's `script.*`/`tool.*`,
-`turn.completed`, `model.requested`) are appended *while* the request is in flight, and `model.responded`
-is staged only after both finished. A host killed during that window has not recorded the reply, so the
-restarted host makes the call again, which the recovery contract allows (only recorded steps are never
-repeated); a driver that turns out to be superseded cancels its call.
+process on the strength of a staged event: the driver flushes before a tool job is published (the reply
+holding its call is durable first), before a RESULTS or command message is acked, before it waits, and when
+the run ends. Two overlaps: the model call, whose preceding events (an outcome's `script.*`/`tool.*`,
+`turn.completed`, `model.requested`) are appended *while* the request is in flight, `model.responded` staged
+only after both finished (a host killed in between has not recorded the reply, so the restarted host makes
+the call again, as the recovery contract allows; a superseded driver cancels its call); and the jobs, sent
+while their `tool.called` records are appended (`_dispatch`).
 
 Why not one atomic batch per group (`Nats-Batch-*`, server 2.12+): an R1 file-backed stream syncs every
 atomic batch to disk on commit; measured here that is ~5 ms per batch, serialised server-wide (~250
@@ -78,7 +78,7 @@ from runtime.model.limits import Throttle, Ticket
 from runtime.model.step import Admission
 from runtime.nats.retry import retrying
 from runtime.streaming import StreamPublisher
-from runtime.types import ToolError
+from runtime.types import ToolCall, ToolError
 
 log = logging.getLogger("runtime.host")
 
@@ -294,6 +294,11 @@ class RunDriver:
                           item.call_id)
                 return
             item = await self.log.payloads.resolve_outcome(item)  # the next prompt needs the real output
+            call = turn.call(item.call_id)
+            if call is not None and item.call_id not in turn.called:  # sent, but its record never landed
+                edited = turn.edited.get(call.id)  # as it was sent: with an approver's arguments, if edited
+                call = call if edited is None else ToolCall(call.id, call.name, dict(edited))
+                await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
             for event in item.events():
                 await self.append(event)
         elif isinstance(item, ev.Cancel):
@@ -369,9 +374,16 @@ class RunDriver:
         return Admission(Ticket(self.actor, self.priority), self.agent.budget, throttled)
 
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
-        """Publish a job for each call not yet out, keeping at most `max_concurrent` of this run's out:
-        every `tool.called` first (staged, then flushed: a job never goes out before its call is in the
-        log), then the jobs all at once (one round trip for a turn's parallel calls, not one each)."""
+        """Publish a job for each call not yet out (at most `max_concurrent` of this run's out), all at once.
+
+        What is staged (the reply holding the calls, what the kernel settled about them) is durable first: no
+        job leaves before its call is in the log. Each `tool.called` (a record that the job was sent) is then
+        appended while the jobs go out: a host killed between the two is a case recovery handles anyway (the
+        call, without a result, is sent again under the same Msg-Id; an outcome found first gets `tool.called`
+        in `_apply`). Waiting for it cost a round trip per call (README, "Under network latency")."""
+        await self._flush()
+        if self.state.done:  # the log refused what was staged and the run ended: send out nothing
+            return True
         progressed = False
         turn = self.state.turn
         jobs: list[ToolJob] = []
@@ -393,20 +405,31 @@ class RunDriver:
                                 tool_digest=self.agent.tool_digest(call.name)))
         if not jobs:
             return progressed
-        await self._flush()
-        if self.state.done:  # the log refused what was staged and the run ended: send out nothing more
-            return True
-        if len(jobs) == 1:
-            await self._publish_job(jobs[0])
-        else:
+        failed: list[Exception] = []
+
+        async def guarded(step: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
             try:
-                async with anyio.create_task_group() as tg:
-                    for job in jobs:
-                        tg.start_soon(self._publish_job, job)
-            except ExceptionGroup as group:  # a rejected job (not an outage): the error itself, not a group
-                raise group.exceptions[0] from None
+                await step()
+            except Exception as exc:  # raised below as itself, not an ExceptionGroup: callers catch it
+                failed.append(exc)
+                scope.cancel()
+
+        async with anyio.create_task_group() as tg:  # the flush first: its first append leaves first
+            tg.start_soon(guarded, self._flush, tg.cancel_scope)
+            tg.start_soon(guarded, lambda: self._publish_jobs(jobs), tg.cancel_scope)
+        if failed:
+            raise failed[0]
         self.in_flight.update(job.call_id for job in jobs)
         return progressed
+
+    async def _publish_jobs(self, jobs: list[ToolJob]) -> None:
+        """Publish `jobs` at once (one round trip for a turn's parallel calls, not one each)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                for job in jobs:
+                    tg.start_soon(self._publish_job, job)
+        except ExceptionGroup as group:  # a rejected job (not an outage): the error itself, not a group
+            raise group.exceptions[0] from None
 
     async def _publish_job(self, job: ToolJob) -> None:
         """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same

@@ -1,6 +1,8 @@
 """The run driver on a real nats-server with real Monty workers and the scripted model over HTTP: staged
-appends keep the single-writer log exact (no job before its `tool.called` is durable, a stale driver
-stops without writing), and a 20 MB tool output travels through a real host and comes back from replay."""
+appends keep the single-writer log exact (no job before the reply holding its call is durable; its
+`tool.called` goes out with it, and a job whose `tool.called` never landed still gets one before its
+outcome; a stale driver stops without writing), and a 20 MB tool output travels through a real host and
+comes back from replay."""
 
 from __future__ import annotations
 
@@ -15,14 +17,15 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.commands import publish_task
 from runtime.host import load_agents
-from runtime.host.driver import RunDriver
-from runtime.jobs import ToolJob
+from runtime.host.driver import Inbound, RunDriver
+from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import RunLog, Superseded, run_filter
 from runtime.log.payloads import Payloads
 from runtime.model.client import ModelClient
 from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET
 from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer, last_message
+from runtime.types import ToolResult
 
 pytestmark = pytest.mark.anyio
 
@@ -58,6 +61,8 @@ class PublishLog:
             what = f"job {ToolJob.decode(payload).call_id}"
         elif subject.endswith(".tool.called"):
             what = f"called {ev.decode(payload).call.id}"
+        elif subject.endswith(".model.responded"):
+            what = f"responded {ev.decode(payload).seq}"
         self.log.append(("sent", what))
         ack = await self._js.publish(subject, payload, **kw)
         self.log.append(("acked", what))
@@ -71,7 +76,8 @@ def fan_responder(body: dict[str, Any]) -> str:
     return "\n".join(hermes_call("calculator", {"expression": f"{i} + 1"}) for i in range(3))
 
 
-async def test_no_job_is_published_before_its_tool_called_is_in_the_log(nats_server, topo, tmp_path: Path):
+async def test_no_job_is_published_before_the_reply_holding_its_call_is_in_the_log(nats_server, topo,
+                                                                                    tmp_path: Path):
     js = topo
     bundle = write_bundle(tmp_path)
     with ScriptedModelServer(responder=fan_responder) as server:
@@ -87,13 +93,80 @@ async def test_no_job_is_published_before_its_tool_called_is_in_the_log(nats_ser
     every = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
     called = [e.call.id for e in events if isinstance(e, ev.ToolCalled) and e.call.name == "calculator"]
     assert len(called) == 3 and len(every) == 4  # and the submit
+    reply_of = {c.id: e.seq for e in events if isinstance(e, ev.ModelResponded) for c in e.calls}
     log = spy.log
     for call_id in every:
         job_sent = log.index(("sent", f"job {call_id}"))
-        assert log.index(("acked", f"called {call_id}")) < job_sent, log
-    # the three jobs of the first turn went out together, after all three calls were recorded
-    assert max(log.index(("acked", f"called {c}")) for c in called) < \
-        min(log.index(("sent", f"job {c}")) for c in called)
+        assert log.index(("acked", f"responded {reply_of[call_id]}")) < job_sent, log
+    # the first `tool.called` of a turn leaves before its jobs; every call's record lands before its outcome's
+    assert log.index(("sent", f"called {called[0]}")) < min(log.index(("sent", f"job {c}")) for c in called)
+    for call_id in every:
+        at = {e.seq for e in events if isinstance(e, ev.ToolCalled) and e.call.id == call_id}
+        done = {e.seq for e in events if isinstance(e, ev.ToolCompleted) and e.call_id == call_id}
+        assert len(at) == 1 and len(done) == 1 and at.pop() < done.pop()
+
+
+class LostRecords(PublishLog):
+    """A host killed after a job left and before its `tool.called` landed: that append never completes."""
+
+    def __init__(self, js: Any) -> None:
+        super().__init__(js)
+        self.job_sent = anyio.Event()
+        self.jobs: list[ToolJob] = []
+
+    async def publish(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
+        if subject.endswith(".tool.called"):
+            await anyio.sleep_forever()
+        ack = await super().publish(subject, payload, **kw)
+        if subject.startswith("tools."):
+            self.jobs.append(ToolJob.decode(payload))
+            self.job_sent.set()
+        return ack
+
+
+async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_events(nats_server, topo,
+                                                                                         tmp_path: Path):
+    """The job goes out while its `tool.called` is appended; a host killed in between leaves a log whose
+    reply holds the call and no `tool.called`. The next driver of the run, handed the job's outcome first,
+    records `tool.called` before the outcome's events: the log reads as if the record had landed."""
+    js = topo
+    bundle = write_bundle(tmp_path)
+
+    def responder(body: dict[str, Any]) -> str:
+        return "three" if "<tool_response>" in last_message(body) else hermes_call("calculator",
+                                                                                   {"expression": "1 + 2"})
+
+    with ScriptedModelServer(responder=responder) as server:
+        client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+        agent = load_agents([bundle], client=client)["calc"]
+        run_id = "r-lost-record"
+        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="add")
+        seq = await RunLog(js).append(started, expect=0)
+        state = kernel.evolve(kernel.initial(agent.config), started)
+        lossy = LostRecords(js)
+        first = RunDriver(lossy, agent, "calc", run_id, 0, state=state, last_seq=seq, log=RunLog(lossy))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run)
+            with anyio.fail_after(30):
+                await lossy.job_sent.wait()
+            tg.cancel_scope.cancel()  # killed: the job is out, its `tool.called` is not in the log
+        before = await RunLog(js).read(run_id)
+        assert kinds(before.events) == ["run.started", "model.requested", "model.responded"]
+        (job,) = lossy.jobs
+        outcome = ToolOutcome.for_job(job, ToolResult(output=3), worker="w")
+        second = RunDriver(js, agent, "calc", run_id, 0, last_seq=before.last_seq,
+                           state=kernel.fold(agent.config, before.events))
+        second.deliver(Inbound(outcome))  # found before the driver dispatches the call again
+        with anyio.fail_after(30):
+            final = await second.run()
+        await client.aclose()
+    assert final.status == "completed"
+    log = await RunLog(js).read(run_id)
+    assert kinds(log.events) == ["run.started", "model.requested", "model.responded", "tool.called",
+                                 "tool.completed", "turn.completed", "model.requested", "model.responded",
+                                 "turn.completed", "run.completed"]
+    assert [e.seq for e in log.events] == list(range(len(log.events)))
+    assert kernel.fold(agent.config, log.events) == final  # it re-folds to what the driver holds
 
 
 async def test_a_stale_driver_stops_at_its_first_write_and_leaves_no_fork(nats_server, topo, tmp_path: Path):
