@@ -45,25 +45,7 @@ import anyio  # noqa: E402
 from runtime import Agent  # noqa: E402
 from runtime.model import ModelClient, get_adapter  # noqa: E402
 from runtime.testing import Reply, ScriptedModelServer  # noqa: E402
-
-SUBMIT = '''\
-"""Finish the task with its answer."""
-from grail import Input
-
-answer: str = Input("answer")
-
-{"answer": answer}
-'''
-
-ADD = '''\
-"""Add two numbers and describe the sum."""
-from grail import Input
-
-a: int = Input("a")
-b: int = Input("b")
-
-{"sum": a + b, "text": "the sum is " + str(a + b)}
-'''
+from runtime.testing.scripts import ADD, SUBMIT  # noqa: E402
 
 #: (adapter, strategy, parallel calls, tools sent to the API)
 CASES: list[tuple[str, str, bool, bool]] = [

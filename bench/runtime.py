@@ -61,27 +61,7 @@ from runtime.nats.connection import close, connect  # noqa: E402
 from runtime.nats.server import EmbeddedNats  # noqa: E402
 from runtime.nats.topology import ensure_topology  # noqa: E402
 from runtime.testing import ScriptedModelServer, last_message  # noqa: E402
-
-SUBMIT = '''\
-"""Finish the task with its answer."""
-from grail import Input
-
-answer: str = Input("answer")
-
-{"answer": answer}
-'''
-
-
-# bench/worker.py's trivial tool: what a call costs when the script itself costs almost nothing
-ADD = '''\
-"""Add two numbers and describe the sum."""
-from grail import Input
-
-a: int = Input("a")
-b: int = Input("b")
-
-{"sum": a + b, "text": "the sum is " + str(a + b)}
-'''
+from runtime.testing.scripts import ADD, SUBMIT  # noqa: E402
 
 
 def call(name: str, arguments: dict[str, Any]) -> str:

@@ -63,6 +63,7 @@ from runtime.nats.subjects import (  # noqa: E402
     task_subject,
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
+from runtime.testing.scripts import SUBMIT  # noqa: E402
 
 Row = tuple[str, str, str]  # label, figure, comparison
 
@@ -192,14 +193,6 @@ async def tool_calls(js, url: str, tmp: Path, jobs: int, concurrency: int) -> li
 # figures that need agent hosts: `sa host` / `sa worker` processes on a fresh server with 8 partitions
 # ---------------------------------------------------------------------------------------------------------
 
-SUBMIT = '''\
-"""Finish the task with its answer."""
-from grail import Input
-
-answer: str = Input("answer")
-
-{"answer": answer}
-'''
 NOOP = '''\
 """Do one step of work."""
 from grail import Input

@@ -34,6 +34,17 @@ answer: str = Input("answer")
 {"answer": answer}
 '''
 
+# A trivial tool: what a call costs when the script itself costs almost nothing (the benches' `add`).
+ADD = '''\
+"""Add two numbers and describe the sum."""
+from grail import Input
+
+a: int = Input("a")
+b: int = Input("b")
+
+{"sum": a + b, "text": "the sum is " + str(a + b)}
+'''
+
 # A tool that runs until its sandbox run is stopped: what cancel, interrupt and limit tests stop.
 SPIN = '''"""Loop until stopped (a tool that never finishes by itself)."""
 from grail import Input
