@@ -34,10 +34,10 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 from nats.js import JetStreamContext
@@ -117,26 +117,38 @@ class _Run:
         return next(ends, None)
 
 
+_Waiting = TypeVar("_Waiting", "Pending", "Question")
+
+
+def _still_waiting(events: Sequence[ev.Event], opens: type[Any], closes: tuple[type[Any], ...],
+                   make: Callable[[Any, float | None], _Waiting]) -> list[_Waiting]:
+    """What a run's log still waits for a person on: each `opens` event made into an item by `make(event,
+    run deadline)`, dropped by a `closes` event or the call's result naming its call, and nothing at all once
+    the run has ended. One fold for approvals and questions, so the two cannot disagree on what is open."""
+    waiting: dict[str, _Waiting] = {}
+    deadline: float | None = None
+    for e in events:
+        if isinstance(e, ev.RunStarted):
+            deadline = e.ts + e.timeout_s if e.timeout_s is not None else None
+        elif isinstance(e, opens):
+            item = make(e, deadline)
+            waiting[item.call_id] = item
+        elif isinstance(e, (*closes, ev.ToolCompleted, ev.ToolFailed)):  # each of them names a call_id
+            waiting.pop(cast(Any, e).call_id, None)
+        elif isinstance(e, ev.RunCompleted | ev.RunFailed | ev.RunCancelled):
+            return []
+    return list(waiting.values())
+
+
 def pending_in(run_id: str, actor: str, events: Sequence[ev.Event]) -> list[Pending]:
     """The calls of a run's log that wait for a person: requested, with no verdict and no result, in a
     run that has not ended."""
-    waiting: dict[str, Pending] = {}
-    deadline: float | None = None
-    for e in events:
-        match e:
-            case ev.RunStarted():
-                deadline = e.ts + e.timeout_s if e.timeout_s is not None else None
-            case ev.ApprovalRequested():
-                waiting[e.call.id] = Pending(
-                    run_id=run_id, actor=actor, call_id=e.call.id, tool=e.call.name,
-                    arguments=dict(e.call.arguments), requested_at=e.ts, condition=e.condition, role=e.role,
-                    timeout_s=e.timeout_s, on_timeout=e.on_timeout, parameters=e.parameters or None,
-                    run_deadline=deadline)
-            case ev.ApprovalGranted() | ev.ApprovalDenied() | ev.ToolCompleted() | ev.ToolFailed():
-                waiting.pop(e.call_id, None)
-            case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
-                return []
-    return list(waiting.values())
+    def make(e: ev.ApprovalRequested, deadline: float | None) -> Pending:
+        return Pending(run_id=run_id, actor=actor, call_id=e.call.id, tool=e.call.name,
+                       arguments=dict(e.call.arguments), requested_at=e.ts, condition=e.condition,
+                       role=e.role, timeout_s=e.timeout_s, on_timeout=e.on_timeout,
+                       parameters=e.parameters or None, run_deadline=deadline)
+    return _still_waiting(events, ev.ApprovalRequested, (ev.ApprovalGranted, ev.ApprovalDenied), make)
 
 
 @dataclass(frozen=True)
@@ -165,22 +177,11 @@ class Question:
 def questions_in(run_id: str, actor: str, events: Sequence[ev.Event]) -> list[Question]:
     """The questions of a run's log still waiting for an answer: asked, with no answer and no result, in a
     run that has not ended."""
-    waiting: dict[str, Question] = {}
-    deadline: float | None = None
-    for e in events:
-        match e:
-            case ev.RunStarted():
-                deadline = e.ts + e.timeout_s if e.timeout_s is not None else None
-            case ev.QuestionAsked():
-                waiting[e.call_id] = Question(
-                    run_id=run_id, actor=actor, call_id=e.call_id, question=e.question, schema=e.schema,
-                    asked_at=e.ts, due=e.due, default=e.default, has_default=e.has_default,
-                    run_deadline=deadline)
-            case ev.QuestionAnswered() | ev.ToolCompleted() | ev.ToolFailed():
-                waiting.pop(e.call_id, None)
-            case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
-                return []
-    return list(waiting.values())
+    def make(e: ev.QuestionAsked, deadline: float | None) -> Question:
+        return Question(run_id=run_id, actor=actor, call_id=e.call_id, question=e.question, schema=e.schema,
+                        asked_at=e.ts, due=e.due, default=e.default, has_default=e.has_default,
+                        run_deadline=deadline)
+    return _still_waiting(events, ev.QuestionAsked, (ev.QuestionAnswered,), make)
 
 
 def check_answer(question: Question, answer: Any) -> None:
@@ -217,10 +218,7 @@ class Control:
 
     async def pending(self, agent: str | None = None) -> list[Pending]:
         """Every call waiting for a person, oldest first; only `agent`'s (a bundle or bundle:instance)."""
-        out: list[Pending] = []
-        for run_id in await self._runs_with(WAITING_FOR_APPROVAL, agent):
-            history = await self.log.read(run_id)
-            out.extend(pending_in(run_id, history.actor, history.events))
+        out = await self._waiting_in_runs(WAITING_FOR_APPROVAL, agent, pending_in)
         return sorted(out, key=lambda p: p.requested_at)
 
     async def _waiting_call(self, run_id: str, call_id: str) -> tuple[_Run, Pending]:
@@ -243,11 +241,18 @@ class Control:
 
     async def questions(self, agent: str | None = None) -> list[Question]:
         """Every question waiting for an answer, oldest first; only `agent`'s (bundle or bundle:instance)."""
-        out: list[Question] = []
-        for run_id in await self._runs_with(WAITING_FOR_ANSWER, agent):
-            history = await self.log.read(run_id)
-            out.extend(questions_in(run_id, history.actor, history.events))
+        out = await self._waiting_in_runs(WAITING_FOR_ANSWER, agent, questions_in)
         return sorted(out, key=lambda q: q.asked_at)
+
+    async def _waiting_in_runs(
+            self, status: str, agent: str | None,
+            fold: Callable[[str, str, Sequence[ev.Event]], list[_Waiting]]) -> list[_Waiting]:
+        """`fold` over the log of every run the index says is `status` (of `agent`, if given)."""
+        out: list[_Waiting] = []
+        for run_id in await self._runs_with(status, agent):
+            history = await self.log.read(run_id)
+            out.extend(fold(run_id, history.actor, history.events))
+        return out
 
     async def _runs_with(self, status: str, agent: str | None) -> list[str]:
         kv = await runs_kv(self.js)
