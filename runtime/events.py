@@ -3,7 +3,8 @@
 Events are the truth: a run's state is `fold(kernel.evolve, events)`, so this module is the contract
 between the kernel, the effect runners, the run log (`runtime.log`), `sa replay` and any future writer.
 Everything here is a frozen msgspec Struct in one tagged union; the tag field `kind` holds a dotted
-name (`run.started`, `tool.completed`, ...) that doubles as the last token of the NATS subject.
+name (`run.started`, `tool.completed`, ...) that doubles as the last token of the NATS subject. It is one
+file, longer than the rest, on purpose: the union is the schema, read and versioned as a whole.
 
 Wire rules, chosen so that the schema can evolve while old logs stay readable:
 

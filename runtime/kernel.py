@@ -7,6 +7,9 @@
 The kernel does no I/O, reads no clock, draws no random number and calls no model. Ids are built from
 the run id and counters, deadlines compare against the `ts` the runner stamped on events. That is what
 lets a crashed host rebuild a run from its events alone, and `sa replay --verify` prove a log.
+It is one file, longer than the rest, on purpose: `evolve` and `decide` keep each other's invariants (the
+recovery contract below), and a rule is checked by reading both halves side by side; the pure rules of its
+built-in calls (timers, questions) live in modules of their own.
 
 `decide` returns two kinds of values. Where the next fact follows from the state alone (deny a call,
 ask for approval, end a turn, complete, fail) it returns that fact as the event itself, unstamped: the
