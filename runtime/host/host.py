@@ -292,6 +292,7 @@ class Host:
                                 priority=agent.bundle.priority if task.priority is None else task.priority)
         seq = None if exists else await self.log.create(started)
         if seq is not None:
+            self.index.fresh(item.run_id, item.partition)
             self.stats.runs_started += 1
             if self.on_event is not None:
                 self.on_event(started)

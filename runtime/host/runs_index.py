@@ -12,20 +12,33 @@ when it ends (its status; its ``active`` key is then purged).
 
 Index writes are retried until NATS answers (a leader election lasts a few seconds): an index that skipped
 a write would hide a running run from its next owner.
+
+Every write is a compare-and-set on the revision this host last wrote or read, never a blind put, because a
+write can arrive late. A host connected to a NATS node that is cut off keeps writing into the dead TCP
+connection until its pings fail; it then reconnects elsewhere and retries there. When the node's link comes
+back, the kernel's retransmission still delivers the old bytes, the node (which never saw the connection
+drop) applies them, and a blind put of ``running`` would land over the run's later ``completed``: seen in a
+partition test, a completed run indexed as running for good. A late compare-and-set names a revision that
+has moved on, so NATS refuses it. A conflict re-reads the entry and writes over it only if it is not newer
+(`supersedes`: a run's ``last_seq`` never goes back, and an ended run never becomes unfinished again): a stale
+owner's write (a host that lost the run but did not know yet) is dropped the same way, and a retry whose
+first try did land finds its own entry and stops. ``active`` follows the ``runs`` decision: written (on its
+own revision) only when the ``runs`` write was, purged unconditionally when the run ended.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from runtime import kernel
 from runtime.host.driver import RunDriver
-from runtime.nats.kv import fleet_kv, runs_kv
+from runtime.nats.kv import fleet_kv, put_kv, runs_kv
 from runtime.nats.records import (
     WAITING_FOR_ANSWER,
     WAITING_FOR_APPROVAL,
@@ -34,11 +47,13 @@ from runtime.nats.records import (
     sleeping_status,
 )
 from runtime.nats.retry import retrying
-from runtime.nats.subjects import ACTIVE_BUCKET, ACTIVE_PURGE_TTL_S, active_key
+from runtime.nats.subjects import ACTIVE_BUCKET, ACTIVE_PURGE_TTL_S, RUNS_BUCKET, active_key
 
 log = logging.getLogger("runtime.host")
 
 WRITE_RETRY_S = 0.25
+
+T = TypeVar("T")
 
 
 class RunsIndex:
@@ -48,6 +63,13 @@ class RunsIndex:
         self.js = js
         self.runs: Any = None
         self.active: Any = None
+        self._revisions: dict[tuple[str, str], int] = {}  # (bucket, key) -> the revision this host wrote
+
+    def fresh(self, run_id: str, partition: int) -> None:
+        """`run_id` was just created (its first event appended by this host): its entries do not exist yet,
+        so the first writes are creates, with no read first."""
+        self._revisions[(RUNS_BUCKET, run_id)] = 0
+        self._revisions[(ACTIVE_BUCKET, active_key(partition, run_id))] = 0
 
     async def open(self) -> None:
         self.runs = await runs_kv(self.js)
@@ -62,7 +84,7 @@ class RunsIndex:
         until = kernel.parked_until(state) if driver.parked and status == "running" else None
         if until is not None:
             status = WAITING_FOR_ANSWER if kernel.pending_questions(state) else sleeping_status(until)
-        await self.put(driver.run_id, RunIndex(
+        written = await self.put(driver.run_id, RunIndex(
             actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
             updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path),
             forked_from=driver.forked[0] if driver.forked else None,
@@ -71,12 +93,41 @@ class RunsIndex:
         if status in kernel.TERMINAL:
             await _retrying(f"clearing the active entry of {driver.run_id}",
                             lambda: self.active.purge(key, msg_ttl=ACTIVE_PURGE_TTL_S))
-        else:
+        elif written:
+            value = active_value(driver.actor, until)
             await _retrying(f"the active entry of {driver.run_id}",
-                            lambda: self.active.put(key, active_value(driver.actor, until)))
+                            lambda: self._set(self.active, ACTIVE_BUCKET, key, value, keep=None))
+        if status in kernel.TERMINAL or until is not None:  # over, or let go until it wakes: written no more
+            self._revisions.pop((RUNS_BUCKET, driver.run_id), None)  # here (its next owner reads them first)
+            self._revisions.pop((ACTIVE_BUCKET, key), None)
 
-    async def put(self, run_id: str, entry: RunIndex) -> None:
-        await _retrying(f"runs index update of {run_id}", lambda: self.runs.put(run_id, entry.encode()))
+    async def put(self, run_id: str, entry: RunIndex) -> bool:
+        """Write `entry` unless the index holds a newer one for the run (`supersedes`); whether it wrote."""
+        def keep(current: bytes) -> bool:
+            return not supersedes(entry, RunIndex.decode(current))
+        value = entry.encode()
+        written = await _retrying(f"runs index update of {run_id}",
+                                  lambda: self._set(self.runs, RUNS_BUCKET, run_id, value, keep=keep))
+        if entry.status in kernel.TERMINAL:
+            self._revisions.pop((RUNS_BUCKET, run_id), None)
+        return written
+
+    async def _set(self, kv: Any, bucket: str, key: str, value: bytes, *,
+                   keep: Callable[[bytes], bool] | None) -> bool:
+        """Compare-and-set `key` to `value` on the revision last seen; on a conflict, read the entry again and
+        write over it unless `keep(current value)` says it is newer. Whether it wrote."""
+        slot = (bucket, key)
+        while True:
+            revision = self._revisions.get(slot)
+            if revision is None:
+                revision, current = await _read(kv, key)
+                if current and keep is not None and keep(current):
+                    return False  # not cached: a next write is checked against the entry again
+            try:
+                self._revisions[slot] = await put_kv(self.js, bucket, key, value, last=revision)
+                return True
+            except KeyWrongLastSequenceError:
+                self._revisions.pop(slot, None)  # someone wrote since (or a retried write landed): read it
 
     async def get(self, run_id: str) -> RunIndex | None:
         try:
@@ -86,8 +137,28 @@ class RunsIndex:
         return RunIndex.decode(entry.value) if entry.value else None
 
 
-async def _retrying(what: str, op: Any) -> None:
-    await retrying(op, what=what, delay=WRITE_RETRY_S, logger=log)
+def supersedes(new: RunIndex, current: RunIndex) -> bool:
+    """Whether `new` may replace `current` in the index: it is at least as far along the run's log, and it
+    does not turn an ended run back into an unfinished one."""
+    if current.status in kernel.TERMINAL and new.status not in kernel.TERMINAL:
+        return False
+    return new.last_seq >= current.last_seq
 
 
-__all__ = ["WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "RunsIndex", "sleeping_status"]
+async def _read(kv: Any, key: str) -> tuple[int, bytes | None]:
+    """The key's latest revision and value (0 and None if it never was written; the marker's revision and
+    None if it was deleted)."""
+    try:
+        entry = await kv.get(key)
+    except KeyDeletedError as e:
+        return (e.entry.revision if e.entry is not None else 0), None
+    except (KeyNotFoundError, NotFoundError):
+        return 0, None
+    return entry.revision, entry.value
+
+
+async def _retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
+    return await retrying(op, what=what, delay=WRITE_RETRY_S, logger=log)
+
+
+__all__ = ["WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "RunsIndex", "sleeping_status", "supersedes"]
