@@ -51,6 +51,38 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def waiting_table(command: str, nats_url: str | None, fetch: Callable[[Client], Awaitable[list[Any]]], *,
+                  as_json: bool, empty: str, columns: tuple[str, ...], wide: tuple[str, ...],
+                  row: Callable[[Any, float], tuple[Any, ...]]) -> None:
+    """What runs wait on a person for (`sa approvals`, `sa questions`): one JSON array, or a table of one
+    `row(item, now)` per item whose `wide` columns wrap."""
+    items = _run(command, resolve_nats(nats_url, command), fetch)
+    now = time.time()
+    if as_json:
+        print(json.dumps([item.to_json(now) for item in items], indent=2))
+        return
+    if not items:
+        console().print(empty)
+        return
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    for col in columns:
+        table.add_column(col, overflow="fold" if col in wide else "ellipsis", no_wrap=col not in wide)
+    for item in items:
+        table.add_row(*(cell(c) for c in row(item, now)))
+    console().print(table)
+
+
+def _times_out(now: float, due: float | None, then: str, run_deadline: float | None, at_deadline: str) -> str:
+    """When a wait times out and what happens then: its own timeout, else the run's deadline, else never."""
+    if due is not None:
+        return f"in {_ago(due - now)}: {then}"
+    if run_deadline is not None:
+        return f"in {_ago(run_deadline - now)}: {at_deadline}"
+    return "never"
+
+
 def _ago(seconds: float) -> str:
     seconds = max(seconds, 0.0)
     if seconds < 120:
@@ -86,33 +118,15 @@ def approvals(
     nats_url: NatsOption = None,
 ) -> None:
     """List the tool calls waiting for an operator: tool, arguments, run, age, when they time out."""
-    url = resolve_nats(nats_url, "approvals")
-    pending = _run("approvals", url, lambda c: c.approvals(agent))
-    now = time.time()
-    if as_json:
-        print(json.dumps([p.to_json(now) for p in pending], indent=2))
-        return
-    from rich.table import Table
+    def row(p: Any, now: float) -> tuple[Any, ...]:
+        times_out = _times_out(now, p.times_out_at, p.on_timeout, p.run_deadline, "deny (run deadline)")
+        return (p.run_id, p.actor, p.call_id.rsplit("/", 1)[-1], p.tool, _short(p.arguments),
+                _ago(now - p.requested_at), times_out, p.role or "-")
 
-    if not pending:
-        console().print("no calls are waiting for approval")
-        return
-    table = Table(header_style="bold")
-    for col in ("run", "agent", "call", "tool", "arguments", "age", "times out", "role"):
-        table.add_column(col, overflow="fold" if col == "arguments" else "ellipsis",
-                         no_wrap=col != "arguments")
-    for p in pending:
-        at = p.times_out_at
-        if at is not None:
-            times_out = f"in {_ago(at - now)}: {p.on_timeout}"
-        elif p.run_deadline is not None:
-            times_out = f"in {_ago(p.run_deadline - now)}: deny (run deadline)"
-        else:
-            times_out = "never"
-        table.add_row(*(cell(c) for c in (p.run_id, p.actor, p.call_id.rsplit("/", 1)[-1], p.tool,
-                                          _short(p.arguments), _ago(now - p.requested_at), times_out,
-                                          p.role or "-")))
-    console().print(table)
+    waiting_table("approvals", nats_url, lambda c: c.approvals(agent), as_json=as_json,
+                  empty="no calls are waiting for approval",
+                  columns=("run", "agent", "call", "tool", "arguments", "age", "times out", "role"),
+                  wide=("arguments",), row=row)
 
 
 @app.command()

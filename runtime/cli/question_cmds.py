@@ -15,14 +15,12 @@ the schema, a run that ended: the message says which, and nothing was sent); 2 n
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated, Any
 
 import typer
 
 from runtime.cli.app import app
-from runtime.cli.control_cmds import NatsOption, _ago, _run, _short
-from runtime.cli.output import cell, console
+from runtime.cli.control_cmds import NatsOption, _ago, _run, _short, _times_out, waiting_table
 from runtime.cli.where import resolve_nats
 
 
@@ -33,33 +31,16 @@ def questions(
     nats_url: NatsOption = None,
 ) -> None:
     """List the questions runs ask a person (ask_human) that wait for an answer."""
-    url = resolve_nats(nats_url, "questions")
-    asked = _run("questions", url, lambda c: c.questions(agent))
-    now = time.time()
-    if as_json:
-        print(json.dumps([q.to_json(now) for q in asked], indent=2))
-        return
-    from rich.table import Table
+    def row(q: Any, now: float) -> tuple[Any, ...]:
+        then = (_short(q.default, 30) if q.has_default else "error") if q.due is not None else ""
+        return (q.run_id, q.actor, q.call_id.rsplit("/", 1)[-1], q.question,
+                _short(q.schema) if q.schema else "any JSON", _ago(now - q.asked_at),
+                _times_out(now, q.due, then, q.run_deadline, "run deadline"))
 
-    if not asked:
-        console().print("no questions are waiting for an answer")
-        return
-    table = Table(header_style="bold")
-    for col in ("run", "agent", "call", "question", "answer schema", "age", "times out"):
-        table.add_column(col, overflow="fold" if col in ("question", "answer schema") else "ellipsis",
-                         no_wrap=col not in ("question", "answer schema"))
-    for q in asked:
-        if q.due is not None:
-            then = _short(q.default, 30) if q.has_default else "error"
-            times_out = f"in {_ago(q.due - now)}: {then}"
-        elif q.run_deadline is not None:
-            times_out = f"in {_ago(q.run_deadline - now)}: run deadline"
-        else:
-            times_out = "never"
-        form = _short(q.schema) if q.schema else "any JSON"
-        table.add_row(*(cell(c) for c in (q.run_id, q.actor, q.call_id.rsplit("/", 1)[-1], q.question, form,
-                                          _ago(now - q.asked_at), times_out)))
-    console().print(table)
+    waiting_table("questions", nats_url, lambda c: c.questions(agent), as_json=as_json,
+                  empty="no questions are waiting for an answer",
+                  columns=("run", "agent", "call", "question", "answer schema", "age", "times out"),
+                  wide=("question", "answer schema"), row=row)
 
 
 @app.command()
