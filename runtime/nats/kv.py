@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from runtime.nats.retention import DEFAULT_PAYLOADS_MAX_AGE_S, DEFAULT_PAYLOADS_MAX_BYTES
+from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
     APPLIED_BUCKET,
     APPLIED_TTL_S,
@@ -78,6 +80,7 @@ from runtime.nats.subjects import (
 )
 
 KV_MAX_CONSUMERS = 10_000
+CREATED_VISIBLE_S = 10.0  # how long a bucket just created may stay unknown to the server asked about it
 _ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164  # "wrong last sequence" without the number (nats-py checks both)
 
 
@@ -238,7 +241,11 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig, *, atomic: bool = Fa
         await js.add_stream(stream)
     except nats.js.errors.BadRequestError:
         pass  # another process created it meanwhile
-    return await js.key_value(config.bucket)
+    # on a cluster, the server answering the bucket's info may not know a stream created a moment ago
+    # (seen: "stream not found" right after the create on a fresh 3-node cluster): wait for it, briefly
+    return await retrying(lambda: js.key_value(config.bucket), what=f"opening bucket {config.bucket}",
+                          retry_on=BucketNotFoundError, delay=0.1, give_up=CREATED_VISIBLE_S,
+                          level=logging.DEBUG)
 
 
 async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectStore:
