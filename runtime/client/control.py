@@ -222,22 +222,14 @@ class Control:
         return sorted(out, key=lambda p: p.requested_at)
 
     async def _waiting_call(self, run_id: str, call_id: str) -> tuple[_Run, Pending]:
-        run = await self._run(run_id)
-        ending = run.ending
-        if ending is not None:
-            raise ControlError(f"run {run_id} already {_ended(ending)}: there is nothing left to decide")
-        call_id = _full_call_id(run_id, call_id)
-        pending = {p.call_id: p for p in pending_in(run_id, run.actor, run.events)}
-        if call_id in pending:
-            return run, pending[call_id]
-        for e in run.events:
+        def settled(e: ev.Event, call_id: str) -> str | None:
             if isinstance(e, ev.ApprovalGranted | ev.ApprovalDenied) and e.call_id == call_id:
                 verdict = "approved" if isinstance(e, ev.ApprovalGranted) else "denied"
-                raise ControlError(f"call {call_id} was already {verdict}{' by ' + e.by if e.by else ''}: "
-                                   "a decision is final")
-        waiting = ", ".join(sorted(pending)) or "none"
-        raise ControlError(f"run {run_id} has no call {call_id} waiting for approval; waiting: {waiting} "
-                           "(see `sa approvals`)")
+                by = f" by {e.by}" if e.by else ""
+                return f"call {call_id} was already {verdict}{by}: a decision is final"
+            return None
+        return await self._still_open(run_id, call_id, pending_in, settled, nothing="nothing left to decide",
+                                      what="call {call_id} waiting for approval", see="sa approvals")
 
     async def questions(self, agent: str | None = None) -> list[Question]:
         """Every question waiting for an answer, oldest first; only `agent`'s (bundle or bundle:instance)."""
@@ -266,24 +258,39 @@ class Control:
         return runs
 
     async def _open_question(self, run_id: str, call_id: str) -> tuple[_Run, Question]:
+        def settled(e: ev.Event, call_id: str) -> str | None:
+            if isinstance(e, ev.QuestionAnswered) and e.call_id == call_id:
+                who = "its timeout's default" if e.by == "timeout" else e.by or "someone"
+                return (f"the question of call {call_id} was already answered by {who} "
+                        f"({json_text(e.answer)}): an answer is final")
+            if isinstance(e, ev.ToolFailed) and e.call_id == call_id:
+                return f"the question of call {call_id} is closed: {e.error.message}"
+            return None
+        return await self._still_open(run_id, call_id, questions_in, settled,
+                                      nothing="no question left to answer",
+                                      what="question {call_id} waiting for an answer", see="sa questions")
+
+    async def _still_open(self, run_id: str, call_id: str,
+                          fold: Callable[[str, str, Sequence[ev.Event]], list[_Waiting]],
+                          settled: Callable[[ev.Event, str], str | None], *, nothing: str, what: str,
+                          see: str) -> tuple[_Run, _Waiting]:
+        """The run and what in it still waits for a person on `call_id` (`fold` of its log), or a
+        `ControlError` saying why not: the run ended, the wait was `settled` already, or no such wait."""
         run = await self._run(run_id)
         ending = run.ending
         if ending is not None:
-            raise ControlError(f"run {run_id} already {_ended(ending)}: there is no question left to answer")
+            raise ControlError(f"run {run_id} already {_ended(ending)}: there is {nothing}")
         call_id = _full_call_id(run_id, call_id)
-        waiting = {q.call_id: q for q in questions_in(run_id, run.actor, run.events)}
+        waiting = {w.call_id: w for w in fold(run_id, run.actor, run.events)}
         if call_id in waiting:
             return run, waiting[call_id]
         for e in run.events:
-            if isinstance(e, ev.QuestionAnswered) and e.call_id == call_id:
-                who = "its timeout's default" if e.by == "timeout" else e.by or "someone"
-                raise ControlError(f"the question of call {call_id} was already answered by {who} "
-                                   f"({json_text(e.answer)}): an answer is final")
-            if isinstance(e, ev.ToolFailed) and e.call_id == call_id:
-                raise ControlError(f"the question of call {call_id} is closed: {e.error.message}")
+            why = settled(e, call_id)
+            if why is not None:
+                raise ControlError(why)
         listed = ", ".join(sorted(waiting)) or "none"
-        raise ControlError(f"run {run_id} has no question {call_id} waiting for an answer; waiting: {listed} "
-                           "(see `sa questions`)")
+        raise ControlError(f"run {run_id} has no {what.format(call_id=call_id)}; waiting: {listed} "
+                           f"(see `{see}`)")
 
     # -- commands --------------------------------------------------------------------------------------
 
