@@ -2,7 +2,7 @@
 back, after a newer write the client made through another node.
 
     sudo PYTHONPATH=. .venv/bin/python bench/late_bytes.py [--tries 5] [--cut 10 | --cut 8,9,10]
-        [--heal fixed|before-retransmit] [--a leader|follower] [--mode plain|linger] [--server-ping 2]
+        [--heal fixed|before-retransmit] [--a leader|follower] [--mode plain|linger] [--server-ping 0]
 
 One bed (`runtime.testing.netbed`, network namespaces on a bridge): a 3-node NATS cluster from
 deploy/nats/nats.conf and the `runs` KV bucket at replicas 3 (`runtime.nats.kv.runs_kv`: history 1,
@@ -27,8 +27,9 @@ direct get). This process, in the root namespace, is the client. Each try:
 `stale`: `late.<i>` ends as `old` at a revision above `new`'s. `--mode linger` sets SO_LINGER {1, 0} on
 each of the client's sockets (nats-py has no option for it: `nc._transport._io_writer`'s socket), so the
 close of the dead connection sends a reset (lost in the cut) and discards the unsent bytes instead of
-leaving them to FIN_WAIT1 retransmissions. `--server-ping 2` adds `ping_interval: "2s"`, `ping_max: 2` to
-the servers' config (the default is 2 minutes).
+leaving them to FIN_WAIT1 retransmissions. deploy/nats/nats.conf now sets `ping_interval: "2s"`,
+`ping_max: 2` (after these measurements); `--server-ping 0` takes them out (nats-server's default, 2 minutes:
+how every figure below but the last was measured), `--server-ping N` sets another interval.
 
 Measured 2026-11-27 (nats-py 2.16, nats-server 2.15.1; the old socket's RTO starts at 0.2 s and doubles,
 so its retransmissions fall about 6.3, 12.8 and 25.9 s after the cut; A writes to the dead connection
@@ -354,10 +355,12 @@ async def main(args: argparse.Namespace) -> int:
         print(f"late_bytes: not measured: {why}")
         return 0
     root = Path(tempfile.mkdtemp(prefix="late-bytes-"))
-    if args.server_ping:  # the deploy config plus a server-side ping: A drops a silent client by itself
+    if args.server_ping is not None:  # the deploy config with another server-side ping (0: nats' default)
+        kept = [line for line in netbed.CONFIG_TEMPLATE.read_text().splitlines()
+                if not line.startswith(("ping_interval:", "ping_max:"))]
+        ping = f'ping_interval: "{args.server_ping:g}s"\nping_max: 2\n' if args.server_ping else ""
         conf = root / "nats.conf"
-        conf.write_text(netbed.CONFIG_TEMPLATE.read_text()
-                        + f'\nping_interval: "{args.server_ping:g}s"\nping_max: 2\n')
+        conf.write_text("\n".join(kept) + "\n" + ping)
         netbed.CONFIG_TEMPLATE = conf
     bed = Bed(root, responder=None, hosts=0, workers=0)  # type: ignore[arg-type]
     results = []
@@ -399,8 +402,9 @@ if __name__ == "__main__":
     p.add_argument("--tries", type=int, default=5)
     p.add_argument("--cut", default="10",
                    help="seconds A stays cut off (at least until new is stored); a comma list cycles")
-    p.add_argument("--server-ping", type=float, default=0.0,
-                   help="add ping_interval (this many s) and ping_max 2 to the servers' config")
+    p.add_argument("--server-ping", type=float, default=None,
+                   help="the servers' ping_interval in s, ping_max 2 (default: deploy/nats/nats.conf's, "
+                        "2 s; 0: nats-server's own default, 2 minutes, as measured before it was set)")
     p.add_argument("--wait", type=float, default=30.0, help="seconds to watch after the heal")
     p.add_argument("--heal", default="fixed", choices=["fixed", "before-retransmit"],
                    help="heal at --cut s, or then just before the kernel's next retransmission")
