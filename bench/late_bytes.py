@@ -51,6 +51,8 @@ connection, and the client's kernel answers that with a reset: A closes it, "Rea
       `ss` at once (no FIN_WAIT1), nothing is retransmitted.
   --server-ping 2 (A leading, heal before a retransmission, 4 tries): processed 0 of 4; A dropped the
       client ("Stale Connection") 6 s into the cut, and the late PUB met a closed socket.
+  deploy/nats/nats.conf's ping, the default since (A leading, heal before a retransmission, 3 tries): the
+      same, processed 0 of 3, "Stale Connection" 5.9-6.0 s into the cut, the late PUB answered with a reset.
 
 Each try prints one JSON line (ss lines before, during and after, connz, packets, the observer's and the
 leader's views) and the script a summary per mode. Needs root and `ip`; the namespaces go at exit
