@@ -64,7 +64,7 @@ class Recovery:
         slot's bundle) and queue it first in its actor's mailbox: the single-host recovery, per slot, at
         every takeover."""
         bundle, p = slot
-        entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p)),
+        entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p), complete=True),
                                  what=f"partition {p}: reading its unfinished runs", delay=RECOVER_RETRY_S,
                                  logger=log)
         now = time.time()

@@ -23,7 +23,9 @@ A task-subject message (`runtime.commands`) is one of:
 
 A RESULTS message (a tool outcome) goes to the driver of its run; a late or duplicate outcome of a run that
 ended is acked; one for a run nobody drives yet (it is starting, or being resumed) is retried a little
-later, and dropped after 20 deliveries.
+later; from its third delivery, an unfinished run of a slot this host serves is folded back from its log
+to take it (a takeover's recovery missed it); one for a run the index does not know is dropped after 20
+deliveries.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ log = logging.getLogger("runtime.host")
 
 OUTCOME_RETRY_S = 1.0  # an outcome for a run nobody drives yet comes again this late
 OUTCOME_MAX_DELIVERIES = 20
+OUTCOME_FOLD_AFTER = 3  # deliveries of an outcome finding no driver before its run is folded back for it
 RunCommand = ev.Cancel | ev.Approve | ev.Deny | ev.Wake | ev.Answer  # a command for one existing run
 
 
@@ -171,6 +174,24 @@ class Router:
             return True
         return False
 
+    async def _folded_for(self, outcome: ToolOutcome, ix: RunIndex, msg: Guarded) -> bool:
+        """An outcome that came again and still finds no driver, for an unfinished run of a slot this host
+        serves: the run is folded back from its log and takes it (True; also if its log says it ended:
+        acked). A takeover's recovery that missed the run would otherwise leave it waiting for an outcome
+        that is dropped after `OUTCOME_MAX_DELIVERIES`, and nothing would drive it again."""
+        if self.unpark is None:
+            return False
+        driver = await self.unpark(outcome.run_id, ix.actor, ix.partition)
+        if driver is not None:
+            log.warning("run %s: its tool outcome found no driver here; folded back from its log",
+                        outcome.run_id)
+            driver.deliver(Inbound(outcome, msg))
+            return True
+        if (await self.index.get(outcome.run_id) or ix).status in kernel.TERMINAL:
+            await ack_quietly(msg)
+            return True
+        return False
+
     async def _record_refusal(self, p: int, msg: Guarded, msg_id: str | None, reason: str) -> bool:
         """A message on a task subject that is not a task: recorded as a run that fails at once with
         `bad_task` and the reason (`commands.refused_task`), under the run id any task gets (from its
@@ -220,6 +241,9 @@ class Router:
         ix = await self.index.get(outcome.run_id)
         if ix is not None and ix.status in kernel.TERMINAL:
             await ack_quietly(msg)  # a late or duplicate outcome of a finished run
+            return
+        if ix is not None and ix.partition == slot[1] and outcome.run_id not in self.actors.waiting and \
+                msg.metadata.num_delivered >= OUTCOME_FOLD_AFTER and await self._folded_for(outcome, ix, msg):
             return
         if msg.metadata.num_delivered >= OUTCOME_MAX_DELIVERIES:
             log.error("outcome of %s for run %s that no host drives: dropped", outcome.call_id,

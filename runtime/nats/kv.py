@@ -152,10 +152,18 @@ class KvEntry:
     created: datetime.datetime | None = None  # when it was written
 
 
-async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) -> dict[str, KvEntry]:
+async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False,
+                     complete: bool = False) -> dict[str, KvEntry]:
     """The current entries (key -> `KvEntry`) matching `keys`: the way to list a bucket or one partition
     of it. Deleted keys are left out unless `deleted` (their entry then has `operation` set and carries
     the revision to compare-and-set on).
+
+    `complete`: checked against the stream leader's own list of the keys (a small listing only: one
+    partition's keys). The listing consumer is a replica-1 consumer, which the cluster may place on any
+    replica of the bucket, and a replica that was cut off and is still catching up reads from its stale
+    copy: a takeover that listed the unfinished runs there missed the ones started while it was away,
+    and nothing drove them again (seen on machines of their own, `bench/partitions.py`, the cut of a
+    minority node). Keys the leader has and the listing lacks: listed again, then `IncompleteListing`.
 
     Not nats-py's `watch`/`keys`/`history`: their "initial values done" marker comes from a consumer-info
     round trip that races the messages already on their way, so on a cluster they can report no keys
@@ -164,8 +172,19 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False) ->
     """
     js: JetStreamContext = kv._js  # nats-py keeps these on the bucket handle
     stream, prefix = kv._stream, kv._pre
+    msgs = await last_per_subject(js, stream, prefix + keys)
+    for attempt in range(COMPLETE_RETRIES if complete else 0):
+        leader = (await js.stream_info(stream, subjects_filter=prefix + keys)).state.subjects or {}
+        missing = set(leader) - {m.subject for m in msgs}
+        if not missing:
+            break
+        if attempt == COMPLETE_RETRIES - 1:
+            raise IncompleteListing(f"{stream}: {len(missing)} key(s) of {prefix + keys} the stream leader "
+                                    f"has were not listed (a replica catching up?), e.g. {min(missing)}")
+        await asyncio.sleep(COMPLETE_RETRY_S)
+        msgs = await last_per_subject(js, stream, prefix + keys)
     out: dict[str, KvEntry] = {}
-    for msg in await last_per_subject(js, stream, prefix + keys):
+    for msg in msgs:
         headers = msg.headers or {}
         op = headers.get("KV-Operation")
         if op is None and headers.get("Nats-Marker-Reason"):
@@ -202,6 +221,14 @@ async def last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> 
         with contextlib.suppress(Exception):
             await js.delete_consumer(stream, name)
     return out
+
+
+COMPLETE_RETRIES = 20  # x COMPLETE_RETRY_S: how long a complete listing waits for a lagging replica
+COMPLETE_RETRY_S = 0.25
+
+
+class IncompleteListing(RuntimeError):
+    """A `kv_entries(..., complete=True)` listing still lacked keys the stream leader has."""
 
 
 UNAVAILABLE_RETRIES = 40  # x 25 ms: the route interest of a new consumer arrives within milliseconds
@@ -259,5 +286,6 @@ async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectSt
             max_bytes=DEFAULT_PAYLOADS_MAX_BYTES or -1))
 
 
-__all__ = ["KV_MAX_CONSUMERS", "KvEntry", "allow_atomic_writes", "applied_kv", "fleet_kv", "kv_entries",
-           "last_per_subject", "payloads_store", "put_kv", "runs_kv", "workspace_kv"]
+__all__ = ["KV_MAX_CONSUMERS", "IncompleteListing", "KvEntry", "allow_atomic_writes", "applied_kv",
+           "fleet_kv", "kv_entries", "last_per_subject", "payloads_store", "put_kv", "runs_kv",
+           "workspace_kv"]
