@@ -82,6 +82,7 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
+from runtime.scripts import get_pool
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -186,7 +187,10 @@ class Worker:
         job, which caps a worker near 1/RTT jobs/s whatever the concurrency. Buffered jobs get
         heartbeats too, so they are never redelivered while they wait.
         """
-        stop = stop or anyio.Event()
+        async with get_pool().warm():  # an idle worker keeps the next sandbox session ready
+            await self._serve(stop or anyio.Event())
+
+    async def _serve(self, stop: anyio.Event) -> None:
         topo = await attach_topology(self.js)
         ack_wait = topo.tool_ack_wait
         if self.ack_wait is not None:  # a consumer made with another AckWait (the former 30 s) gets ours
@@ -298,6 +302,7 @@ class Worker:
                     log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
                 finally:
                     self.held.settle(msg)
+                    get_pool().settle()  # the job's outcome is out: now ready the next sandbox session
                     if id(msg) in self._taken_over:  # handed over by another worker
                         self._taken_over.discard(id(msg))
                         self._handed_in.release()
