@@ -139,7 +139,9 @@ class SandboxPool:
                 raise
         else:
             warm.active -= 1
-            if warm.active or warm.wanting:  # busy: its process goes back now, another run may wait for it
+            if warm.closed:  # the worker stopped meanwhile: nobody will settle it
+                await _finish(opened)
+            elif warm.active or warm.wanting:  # busy: its process goes back now, another run may wait for it
                 warm.spawn(warm.finish(opened))
             else:
                 warm.used.append((monty, opened, key))  # recycled at the next `settle`
@@ -252,7 +254,8 @@ class _Warm:
     async def recycle(self, monty: AsyncMonty, used: Any, key: Key) -> None:
         """Close a finished run's session; then, if nothing runs and nothing is ready, check out the next."""
         await self.finish(used)
-        if self.closed or self.active or self.spare is not None or self.filling is not None:
+        # a run waiting for a process (in a checkout of its own) must get it, not a spare nobody asked for
+        if self.closed or self.active or self.wanting or self.spare is not None or self.filling is not None:
             return
         filling = self.filling = self.loop.create_future()
         try:

@@ -168,5 +168,9 @@ async def test_a_one_process_pool_gives_its_ready_session_up_to_another_tool():
             with anyio.fail_after(30):  # two runs at once while a spare waits
                 results = await asyncio.gather(_run(pool, "b.pym", "2\n"), _run(pool, "c.pym", "3\n"))
             assert [r for r, _ in results] == [2, 3]
+            await pool.settled()
+            with anyio.fail_after(30):  # a run before the last one was settled: its checkout, not a spare's
+                assert (await _run(pool, "a.pym", "4\n"))[0] == 4
+                assert (await _run(pool, "b.pym", "5\n"))[0] == 5
     finally:
         await pool.close()
