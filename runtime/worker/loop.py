@@ -1,4 +1,4 @@
-"""The worker's job loop: fetch tool jobs from TOOLS, run each, publish its outcome, settle the message.
+"""The worker's job loop: pull tool jobs from TOOLS, run each, publish its outcome, settle the message.
 
     worker = Worker(js, registry, concurrency=8)
     await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
@@ -184,7 +184,7 @@ class Worker:
     # -- the loop --------------------------------------------------------------------------------------
 
     async def run(self, stop: anyio.Event | None = None) -> None:
-        """Serve jobs until `stop` is set; jobs already fetched finish (and are acked) before returning.
+        """Serve jobs until `stop` is set; jobs already delivered finish (and are acked) before returning.
 
         `concurrency` runner tasks take jobs from a local buffer that one pull loop keeps topped up to
         `concurrency` more jobs: asking only when a slot frees would mean one round trip per job, which
