@@ -6,7 +6,7 @@
 - `jetstream`   `jetstream_for(nc)`: the JetStream context with the leaner acked publish
 - `topology`    the streams and consumers: `ensure_topology`, `read_topology`, `attach_topology`
 - `kv`          opening buckets, `put_kv` with a per-key TTL, `kv_entries` (exact listing), the payload store
-- `pull`        `consume` (a continuous pull, for hosts), `Budget`, `fetch_batch` (for workers)
+- `pull`        `consume` (a continuous pull: hosts, workers), `Budget`, `fetch_batch` (a batch at a time)
 - `retry`       `retrying`: the one way to retry until NATS answers
 - `server`      the `nats-server` binary, its process supervisor, `EmbeddedNats`
 - `cluster`     `LocalCluster`: a 3-node cluster on loopback from deploy/nats/nats.conf

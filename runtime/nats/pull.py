@@ -31,13 +31,13 @@ so the tasks of the other partitions waited for whole request periods, or foreve
 of 256 and 16 partitions stalled with tasks in the stream). A cap from the consumers that joined so far
 is not enough: they join one at a time, and the first one alone would have taken everything.
 
-`fetch_batch` is `psub.fetch` for loops that pull a batch at a time (the workers): nats-py's `fetch` signals
-"nothing" three ways (its TimeoutError, ``[]``, a bare asyncio.TimeoutError) and raises 503 while a cluster
-elects a consumer leader; `fetch_batch` folds all of them into ``[]``. It also never returns more than
-`batch` messages, which nats-py's `fetch` does: it first drains every message already on the subscription's
-inbox, however many, and a fetch that timed out leaves its late deliveries there. A worker sizes its local
-buffer by the batch it asked for (a surplus overflowed it and killed the worker: seen on a loaded box);
-the surplus is kept and handed out first by the next call, without a round trip.
+`fetch_batch` is `psub.fetch` for loops that pull a batch at a time (reads of a whole backlog): nats-py's
+`fetch` signals "nothing" three ways (its TimeoutError, ``[]``, a bare asyncio.TimeoutError) and raises 503
+while a cluster elects a consumer leader; `fetch_batch` folds all of them into ``[]``. It also never returns
+more than `batch` messages, which nats-py's `fetch` does: it first drains every message already on the
+subscription's inbox, however many, and a fetch that timed out leaves its late deliveries there. A caller
+sizing a local buffer by the batch it asked for would overflow it (a worker did, and died: seen on a loaded
+box); the surplus is kept and handed out first by the next call, without a round trip.
 """
 
 from __future__ import annotations
@@ -116,11 +116,15 @@ class Budget:
 
 
 async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, stop: anyio.Event,
-                  batch: int = 256, expires: float = 5.0, budget: Budget | None = None) -> None:
+                  batch: int = 256, expires: float = 5.0, budget: Budget | None = None,
+                  finish: bool = False) -> None:
     """Pull from `stream`/`consumer` until `stop` is set, calling `handler(msg)` for each message.
 
     With a `budget`, every message handed over carries one unit the handler must `release` (see the
-    module docstring)."""
+    module docstring). With `finish`, a stop issues no new request but takes what the open one still
+    delivers until it ends or expires (at most `expires` later): the server counts a message delivered
+    once it sent it, so one dropped here waits for its AckWait before anyone gets it again (a worker
+    stopping must not strand the jobs already on their way to it)."""
     inbox = nc.new_inbox()
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
@@ -144,8 +148,8 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
                     await backoff(f"pull request on {stream}/{consumer}", e, delay=0.2, level=logging.DEBUG,
                                   logger=log)
                     continue
-                while left > 0 and not stop.is_set():
-                    msg = await _next(queue, expires + 1.0, stop)
+                while left > 0 and (finish or not stop.is_set()):
+                    msg = await _next(queue, expires + 1.0, None if finish else stop)
                     if msg is None:  # request lost (reconnect) or stop: issue a new one
                         break
                     status = _status(msg)
@@ -195,14 +199,14 @@ def _unanswered(msg: Msg, status: str, count: int, name: str) -> int:
     return count + 1
 
 
-async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event) -> Msg | None:
+async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event | None) -> Msg | None:
     with anyio.move_on_after(timeout):
         while True:
             try:
                 return queue.get_nowait()
             except asyncio.QueueEmpty:
                 pass
-            if stop.is_set():
+            if stop is not None and stop.is_set():
                 return None
             with anyio.move_on_after(0.25):  # wake up now and then to notice `stop`
                 return await queue.get()

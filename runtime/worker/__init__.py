@@ -9,7 +9,7 @@ and agent tools as sub-runs), apply workspace writes once, and publish `ToolOutc
 
 Modules, one concept each (`loop` first: its docstring is the per-job protocol and its failure modes):
 
-- `loop`      — `Worker`: fetch, buffer, run, publish, ack / nak / dead-letter; `serve` (connect and run)
+- `loop`      — `Worker`: pull, buffer, run, publish, ack / nak / dead-letter; `serve` (connect and run)
 - `execute`   — one job to its outcome, seeing the worker only through a narrow `JobEnv`: replay applied
                 writes, look the tool up, limits, deadline, the sandbox run, writes persisted (re-run on a
                 conflict)

@@ -1,4 +1,4 @@
-"""The worker's job loop: fetch tool jobs from TOOLS, run each, publish its outcome, settle the message.
+"""The worker's job loop: pull tool jobs from TOOLS, run each, publish its outcome, settle the message.
 
     worker = Worker(js, registry, concurrency=8)
     await worker.run(stop_event)      # `sa worker [--concurrency N] [--tools GLOB] [--bundle B]`
@@ -46,7 +46,11 @@ answers are recorded exactly once, is `runtime.worker.externals`.
 
 Concurrency: `concurrency` jobs run at once per process and at most as many more wait in a local
 prefetch buffer (with heartbeats), so a busy worker holds a bounded number of jobs and leaves the rest
-to idle workers; the Monty pool bounds CPU. Deliveries other workers hand over (jobs of tool versions
+to idle workers; the Monty pool bounds CPU. Jobs arrive through one continuous pull (`runtime.nats.pull.
+consume`, the hosts' loop): a request stays open for as many jobs as the buffer has room for, so a job
+costs the worker no request of its own (a fetch per job cost a request and its "no more messages"
+answer: 2 of the 6 messages a worker exchanged per job). An idle worker keeps its next sandbox session
+checked out (`runtime.scripts.pool`). Deliveries other workers hand over (jobs of tool versions
 they lack, `runtime.worker.handoff`) join the same buffer, at most `concurrency` of them at a time.
 """
 
@@ -71,8 +75,8 @@ from runtime.log import RunLog
 from runtime.log.payloads import Payloads
 from runtime.nats.connection import close, connect
 from runtime.nats.jetstream import JetStream, jetstream_for
-from runtime.nats.pull import fetch_batch
-from runtime.nats.retry import retrying
+from runtime.nats.pull import Budget, ConsumerGone, consume
+from runtime.nats.retry import backoff, retrying
 from runtime.nats.subjects import (
     DEFAULT_TOOL_ACK_WAIT_S,
     DEFAULT_TOOL_MAX_DELIVER,
@@ -82,6 +86,7 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import attach_topology
 from runtime.observe.logs import log_context
+from runtime.scripts import get_pool
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -110,7 +115,7 @@ from runtime.worker.subruns import Delegated, open_watch
 
 log = logging.getLogger("runtime.worker")
 
-COALESCE_S = 0.002  # how long a busy worker waits to fetch several jobs in one round trip
+PULL_EXPIRES_S = 0.5  # a pull request's life: a stopping worker waits at most this for its deliveries
 PUBLISH_PATIENCE_S = 30.0  # keep retrying an outcome's publish this long (heartbeats hold the job meanwhile)
 
 
@@ -179,14 +184,17 @@ class Worker:
     # -- the loop --------------------------------------------------------------------------------------
 
     async def run(self, stop: anyio.Event | None = None) -> None:
-        """Serve jobs until `stop` is set; jobs already fetched finish (and are acked) before returning.
+        """Serve jobs until `stop` is set; jobs already delivered finish (and are acked) before returning.
 
-        `concurrency` runner tasks take jobs from a local buffer that one fetch loop keeps topped up to
-        `concurrency` more jobs: fetching only when a slot frees would mean one fetch round trip per
-        job, which caps a worker near 1/RTT jobs/s whatever the concurrency. Buffered jobs get
-        heartbeats too, so they are never redelivered while they wait.
+        `concurrency` runner tasks take jobs from a local buffer that one pull loop keeps topped up to
+        `concurrency` more jobs: asking only when a slot frees would mean one round trip per job, which
+        caps a worker near 1/RTT jobs/s whatever the concurrency. Buffered jobs get heartbeats too, so
+        they are never redelivered while they wait.
         """
-        stop = stop or anyio.Event()
+        async with get_pool().warm():  # an idle worker keeps the next sandbox session ready
+            await self._serve(stop or anyio.Event())
+
+    async def _serve(self, stop: anyio.Event) -> None:
         topo = await attach_topology(self.js)
         ack_wait = topo.tool_ack_wait
         if self.ack_wait is not None:  # a consumer made with another AckWait (the former 30 s) gets ours
@@ -198,12 +206,11 @@ class Worker:
         beat = Beat(self.js, self.name, self.concurrency, sorted(self.registry.tools),
                     [(v.name, v.digest, v.bundle) for v in self.registry.versions()], self.held, self.stats)
         await beat.put()  # before the first job: a worker handed one it lacks sees every taker (`handoff`)
-        psub = await self.js.pull_subscribe_bind(durable=WORKERS_CONSUMER, stream=TOOLS)
         await self._watch.start()
         cancel_watch = await RunLog(self.js).watch_cancels(self.cancels.on_cancelled)
         # agent tools: the watch that answers a call when its child run ends (None: this worker has none)
         subruns = await open_watch(self.js, self.registry, worker=self.name, patience=PUBLISH_PATIENCE_S)
-        room = anyio.Semaphore(2 * self.concurrency)  # running + buffered
+        room = Budget(2 * self.concurrency)  # running + buffered
         # and up to `concurrency` more that other workers hand over (`_accept`)
         send, receive = anyio.create_memory_object_stream[Msg](3 * self.concurrency)
         offers = Offers(self.js, self.registry, worker=self.name, accept=self._accept)
@@ -222,7 +229,7 @@ class Worker:
                         runners.start_soon(self._runner, receive.clone(), room)
                     receive.close()
                     async with send:
-                        await self._fetch(psub, send, room, stop)
+                        await self._pull(send, room, stop)
                         self._intake = None  # stopping: take no more handed-over deliveries
                         await offers.close()
                 tg.cancel_scope.cancel()  # every runner has drained the buffer: stop the heartbeats
@@ -231,7 +238,6 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await offers.close()
             await self._watch.stop()
-            await psub.unsubscribe()
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 try:
                     await cancel_watch.unsubscribe()
@@ -242,30 +248,19 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await remove_beat(self.js, self.name)
 
-    async def _fetch(self, psub: JetStreamContext.PullSubscription, send: MemoryObjectSendStream[Msg],
-                     room: anyio.Semaphore, stop: anyio.Event) -> None:
-        """Keep the local buffer topped up from the ``workers`` consumer until `stop` is set."""
+    async def _pull(self, send: MemoryObjectSendStream[Msg], room: Budget, stop: anyio.Event) -> None:
+        """Keep the local buffer topped up from the ``workers`` consumer until `stop` is set; the jobs
+        already on their way when it is set still come in (`consume(finish=True)`)."""
+        async def take(msg: Msg) -> None:  # one unit of `room`, released by the runner that ran it
+            self.held.hold(msg)
+            send.send_nowait(msg)
+
         while not stop.is_set():
-            await room.acquire()
-            taken = 1
-            while taken < self.max_batch and room.value > 0:
-                room.acquire_nowait()
-                taken += 1
-            # runners still have buffered jobs: wait briefly for more free slots, so a
-            # busy worker fetches a few jobs per round trip instead of one at a time
-            want = min(self.max_batch, max(1, self.concurrency // 4))
-            while taken < want and send.statistics().current_buffer_used > 0:
-                with anyio.move_on_after(COALESCE_S):
-                    await room.acquire()
-                    taken += 1
-                    continue
-                break
-            msgs = [] if stop.is_set() else await fetch_batch(psub, taken, timeout=0.5)
-            for _ in range(taken - len(msgs)):
-                room.release()
-            for m in msgs:
-                self.held.hold(m)
-                send.send_nowait(m)
+            try:
+                await consume(self.js._nc, TOOLS, WORKERS_CONSUMER, take, stop=stop, batch=self.max_batch,
+                              expires=PULL_EXPIRES_S, budget=room, finish=True)
+            except ConsumerGone as e:  # a cluster lost it for a moment (the hosts make it again): retry
+                await backoff("pulling tool jobs", e, delay=0.5, logger=log)
 
     def _accept(self, msg: Msg) -> bool:
         """Take a delivery another worker hands over (`runtime.worker.handoff`) into the local buffer, if
@@ -289,7 +284,7 @@ class Worker:
         self.stats.handed_in += 1
         return True
 
-    async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: anyio.Semaphore) -> None:
+    async def _runner(self, jobs: anyio.abc.ObjectReceiveStream[Msg], room: Budget) -> None:
         async with jobs:
             async for msg in jobs:
                 try:
@@ -298,6 +293,7 @@ class Worker:
                     log.exception("worker %s: unexpected error on %s", self.name, msg.subject)
                 finally:
                     self.held.settle(msg)
+                    get_pool().settle()  # the job's outcome is out: now ready the next sandbox session
                     if id(msg) in self._taken_over:  # handed over by another worker
                         self._taken_over.discard(id(msg))
                         self._handed_in.release()

@@ -9,14 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
-from nats.js.api import SubjectTransform
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig, SubjectTransform
 from nats.js.errors import BadRequestError
 
 from runtime.nats.connection import connect, servers_from_env
 from runtime.nats.kv import payloads_store, runs_kv, workspace_kv
-from runtime.nats.pull import fetch_batch
+from runtime.nats.pull import consume, fetch_batch
 from runtime.nats.records import RunIndex
 from runtime.nats.retry import retrying, wait_until
 from runtime.nats.server import EmbeddedNats, _stop_leftovers
@@ -289,6 +290,31 @@ async def test_fetch_batch_never_returns_more_than_the_batch() -> None:
     got = [await fetch_batch(psub, 2, 0.1) for _ in range(4)]  # type: ignore[arg-type]
     assert got == [["m0", "m1"], ["m2", "m3"], ["m4"], ["m5"]]
     assert psub.fetches == 2
+
+
+async def test_a_finishing_consume_takes_what_its_open_request_still_delivers(js) -> None:
+    """A stop with `finish` issues no new pull request but lets the open one deliver: a message the server
+    handed to this consumer after the stop is taken, not stranded until its AckWait (a stopping worker's
+    jobs, `runtime.worker.loop`)."""
+    await js.add_stream(StreamConfig(name="Q", subjects=["q.>"]))
+    await js.add_consumer("Q", ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT))
+    got: list[bytes] = []
+
+    async def take(msg) -> None:
+        got.append(msg.data)
+        await msg.ack()
+
+    stop = anyio.Event()
+    with anyio.fail_after(30):  # a hang guard
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consume(js._nc, "Q", "c", take, stop=stop, expires=1.0, finish=True))
+            while (await js.consumer_info("Q", "c")).num_waiting < 1:  # its request is open
+                await anyio.sleep(0.01)
+            stop.set()
+            await js.publish("q.x", b"after the stop")
+    assert got == [b"after the stop"]
+    info = await js.consumer_info("Q", "c")
+    assert (info.num_waiting, info.num_ack_pending, info.num_pending) == (0, 0, 0)  # no new request was made
 
 
 async def test_same_task_msg_id_is_stored_once(js) -> None:

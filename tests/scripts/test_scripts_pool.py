@@ -8,9 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 
-from runtime.scripts import diagnose, get_pool, loads, probe
+from runtime.scripts import SandboxPool, diagnose, get_pool, loads, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,3 +107,70 @@ async def test_typecheck_against_declaration_stubs_reports_lines_and_is_cached()
         "agents/workspace/add_entry.pym",
     ):
         assert await diagnose(load(ROOT / path), types=True) == [], path
+
+
+LIMITS = {"max_memory": 32 * 1024 * 1024, "max_feed_duration_secs": 5.0}
+FRESH = "try:\n    leftover\n    r = 'touched'\nexcept NameError:\n    r = 'fresh'\nleftover = 1\nr\n"
+
+
+async def _run(pool: SandboxPool, name: str, code: str = FRESH) -> tuple[object, int | None]:
+    async with pool.session(script_name=name, limits=LIMITS) as s:
+        return await s.feed_run(code), s.worker_pid
+
+
+async def test_a_warm_pool_has_the_next_session_ready_and_untouched():
+    pool = SandboxPool(max_processes=2)
+    try:
+        async with pool.warm():
+            first, _ = await _run(pool, "a.pym")
+            await pool.settled()  # the worker's cue: the job's outcome is out
+            second, _ = await _run(pool, "a.pym")
+            assert (first, second) == ("fresh", "fresh")  # the ready session is new, not the last one reused
+            assert pool.ready_runs == 1
+            await pool.settled()
+            other, _ = await _run(pool, "b.pym")  # another tool's script name: a session of its own
+            assert other == "fresh" and pool.ready_runs == 1
+        async with pool.session(script_name="a.pym", limits=LIMITS):  # outside `warm`: nothing kept
+            pass
+        await pool.settled()
+        assert pool.ready_runs == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_ready_session_is_not_used_once_its_process_died():
+    pool = SandboxPool(max_processes=2)
+    try:
+        async with pool.warm():
+            await _run(pool, "a.pym")
+            await pool.settled()
+            warm = pool._warm
+            assert warm is not None and warm.spare is not None
+            os.kill(warm.spare[2].worker_pid, signal.SIGKILL)
+            await asyncio.sleep(0.2)  # let the kill land (the order under test: killed, then asked)
+            output, _ = await _run(pool, "a.pym")
+            assert output == "fresh" and pool.ready_runs == 0  # not reported as a crash of this run
+    finally:
+        await pool.close()
+
+
+async def test_a_one_process_pool_gives_its_ready_session_up_to_another_tool():
+    """The spare holds the only process: a run of another script must close it first, not wait for it."""
+    pool = SandboxPool(max_processes=1)
+    try:
+        async with pool.warm():
+            for name in ("a.pym", "b.pym", "a.pym", "a.pym"):
+                with anyio.fail_after(30):  # a hang guard, not a speed check
+                    output, _ = await _run(pool, name, "1 + 1\n")
+                assert output == 2
+                await pool.settled()
+            assert pool.ready_runs == 1
+            with anyio.fail_after(30):  # two runs at once while a spare waits
+                results = await asyncio.gather(_run(pool, "b.pym", "2\n"), _run(pool, "c.pym", "3\n"))
+            assert [r for r, _ in results] == [2, 3]
+            await pool.settled()
+            with anyio.fail_after(30):  # a run before the last one was settled: its checkout, not a spare's
+                assert (await _run(pool, "a.pym", "4\n"))[0] == 4
+                assert (await _run(pool, "b.pym", "5\n"))[0] == 5
+    finally:
+        await pool.close()
