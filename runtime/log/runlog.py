@@ -180,9 +180,13 @@ class RunLog:
         return ev.encode(ev.externalize(event, ref))
 
     async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
-        """The stream sequence and Msg-Id of the run's last event, or None if it has none."""
+        """The stream sequence and Msg-Id of the run's last event, or None if it has none.
+
+        Asked of the stream's leader, not as a direct get (which any replica answers): a replica that was
+        cut off and is catching up answers with an older last event, and a host folding a run from it
+        re-made a model call the log had already recorded (`bench/partitions.py`, a minority cut)."""
         try:
-            msg = await self.js.get_last_msg(names.EVENTS, run_filter(run_id, actor), direct=True)
+            msg = await self.js.get_last_msg(names.EVENTS, run_filter(run_id, actor))
         except NotFoundError:
             return None
         # nats-py types `seq` Optional; a message read from the stream always has one
@@ -197,8 +201,8 @@ class RunLog:
         With `resolve` (the default: folding, replay and verify need the real values) a stub comes back
         as its whole event; without it, events are as stored, refs included."""
         flt = run_filter(run_id, actor)
-        try:
-            last = await self.js.get_last_msg(names.EVENTS, flt, direct=True)
+        try:  # the end from the leader (see `last`); the ordered consumer then waits for it on any replica
+            last = await self.js.get_last_msg(names.EVENTS, flt)
         except NotFoundError:
             return RunHistory(run_id, actor or "")
         end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq

@@ -386,18 +386,20 @@ class WorkspaceResultHandler:
         raise AssertionError("unreachable: a batch has at least one message")
 
     async def _changed(self, bucket: str, subject: str, expected: str | None) -> bool:
-        """True if the file's last revision is not the one the script read."""
+        """True if the file's last revision is not the one the script read. Asked of the bucket's leader, not
+        as a direct get: a replica catching up after a cut answers with an older revision, and these two
+        reads decide whether a refused write was this job's own."""
         if expected is None:
             return False
         try:
-            msg = await self.js.get_last_msg(f"KV_{bucket}", subject, direct=True)
+            msg = await self.js.get_last_msg(f"KV_{bucket}", subject)  # the leader: see `_changed`
         except NotFoundError:
             return expected != "0"
         return str(msg.seq) != expected
 
     async def _written_by(self, bucket: str, subject: str, write_id: str) -> bool:
         try:
-            msg = await self.js.get_last_msg(f"KV_{bucket}", subject, direct=True)
+            msg = await self.js.get_last_msg(f"KV_{bucket}", subject)  # the leader: see `_changed`
         except NotFoundError:
             return False
         return bool(msg.headers) and msg.headers is not None and msg.headers.get(HDR_JOB) == write_id

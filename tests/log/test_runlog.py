@@ -99,3 +99,26 @@ async def test_a_prefix_copied_to_a_new_run_folds_to_the_source_state_at_that_po
         await log.copy_prefix("rw5", 2, "rw5-fork")  # the new run exists already
     with pytest.raises(ValueError, match="a prefix must keep 1 to 6"):
         await log.copy_prefix("rw5", 9, "rw5-other")
+
+
+async def test_the_end_of_a_run_is_asked_of_the_stream_leader_not_any_replica(log: RunLog, js,
+                                                                              monkeypatch) -> None:
+    """A direct get is answered by whichever replica has the stream, and one catching up after a cut
+    answers with an older last event: a host folding a run from that re-made a recorded model call
+    (`bench/partitions.py`, a minority cut). `last` and `read` ask the leader (STREAM.MSG.GET)."""
+    events = a_run("rw9")
+    seq = await log.create(events[0])
+    for e in events[1:]:
+        seq = await log.append(e, expect=seq)
+    asked: list[str] = []
+    request = js._nc.request
+
+    async def recording(subject: str, *args: object, **kw: object) -> object:
+        asked.append(subject)
+        return await request(subject, *args, **kw)
+
+    monkeypatch.setattr(js._nc, "request", recording)
+    assert (await log.last("rw9", "calc"))[0] == seq
+    assert [ev.kind_of(e) for e in (await log.read("rw9")).events][-1] == "run.completed"
+    gets = [s for s in asked if ".MSG.GET." in s or ".DIRECT.GET." in s]
+    assert gets and all(s.startswith("$JS.API.STREAM.MSG.GET.EVENTS") for s in gets), gets
