@@ -173,6 +173,9 @@ class Actors:
                 actor.current = None
                 if scope.cancelled_caught:
                     self.stats.handed_over += 1
+                    if self.serves(slot):  # served again while this work stopped: a takeover's recovery
+                        # may have skipped the run because this driver still held it; fold it back
+                        self.spawn(self.refold, run_of_item(item), actor.key, p)
                 if isinstance(item, Task):
                     self.waiting.pop(item.run_id, None)
                 self.budget.release()

@@ -85,6 +85,7 @@ class Recovery:
         async with anyio.create_task_group() as tg:
             for run_id, actor in todo:
                 tg.start_soon(one, run_id, actor)
+        resumed = [d for d in resumed if d.run_id not in self.actors.drivers]  # refolded meanwhile
         for driver in resumed:
             self.actors.resume(driver)
         self.stats.runs_recovered += len(resumed)
@@ -161,13 +162,17 @@ class Recovery:
         return driver
 
     async def refold(self, run_id: str, actor: str, p: int) -> None:
-        """Resume a run after losing an append race in a partition this host still serves: the other
-        writer was a stale owner that stops at its next renewal, so fold what it wrote and go on."""
+        """Resume a run after losing an append race in a partition this host still serves (the other
+        writer was a stale owner that stops at its next renewal, so fold what it wrote and go on), or after
+        its driver was stopped by a fence while the slot was served again (the takeover's recovery may
+        have skipped it, still held then)."""
         await anyio.sleep(SUPERSEDED_RETRY_S)
         slot = slot_of(actor, p)
         if not self.serves(slot) or run_id in self.actors.drivers:
             return
         try:
+            if await self.log.last(run_id, actor) is None:
+                return  # a task stopped before its run started: its redelivery starts it
             driver = await self.fold_existing(run_id, actor, p)
         except Exception as e:
             log.error("run %s: re-folding after a lost append race failed (%s); it resumes at the next "
