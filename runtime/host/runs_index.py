@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from runtime import kernel
 from runtime.host.driver import RunDriver
@@ -96,7 +96,7 @@ class RunsIndex:
         elif written:
             value = active_value(driver.actor, until)
             await _retrying(f"the active entry of {driver.run_id}",
-                            lambda: self._set(self.active, ACTIVE_BUCKET, key, value, keep=None))
+                            lambda: self._set(ACTIVE_BUCKET, key, value, keep=None))
         if status in kernel.TERMINAL or until is not None:  # over, or let go until it wakes: written no more
             self._revisions.pop((RUNS_BUCKET, driver.run_id), None)  # here (its next owner reads them first)
             self._revisions.pop((ACTIVE_BUCKET, key), None)
@@ -107,12 +107,12 @@ class RunsIndex:
             return not supersedes(entry, RunIndex.decode(current))
         value = entry.encode()
         written = await _retrying(f"runs index update of {run_id}",
-                                  lambda: self._set(self.runs, RUNS_BUCKET, run_id, value, keep=keep))
+                                  lambda: self._set(RUNS_BUCKET, run_id, value, keep=keep))
         if entry.status in kernel.TERMINAL:
             self._revisions.pop((RUNS_BUCKET, run_id), None)
         return written
 
-    async def _set(self, kv: Any, bucket: str, key: str, value: bytes, *,
+    async def _set(self, bucket: str, key: str, value: bytes, *,
                    keep: Callable[[bytes], bool] | None) -> bool:
         """Compare-and-set `key` to `value` on the revision last seen; on a conflict, read the entry again and
         write over it unless `keep(current value)` says it is newer. Whether it wrote."""
@@ -120,7 +120,7 @@ class RunsIndex:
         while True:
             revision = self._revisions.get(slot)
             if revision is None:
-                revision, current = await _read(kv, key)
+                revision, current = await _read(self.js, bucket, key)
                 if current and keep is not None and keep(current):
                     return False  # not cached: a next write is checked against the entry again
             try:
@@ -145,16 +145,19 @@ def supersedes(new: RunIndex, current: RunIndex) -> bool:
     return new.last_seq >= current.last_seq
 
 
-async def _read(kv: Any, key: str) -> tuple[int, bytes | None]:
+async def _read(js: JetStreamContext, bucket: str, key: str) -> tuple[int, bytes | None]:
     """The key's latest revision and value (0 and None if it never was written; the marker's revision and
-    None if it was deleted)."""
+    None if it was deleted), asked of the bucket's leader: a direct get may be answered by a replica still
+    catching up after a cut, whose older revision would only fail the next compare-and-set again."""
     try:
-        entry = await kv.get(key)
-    except KeyDeletedError as e:
-        return (e.entry.revision if e.entry is not None else 0), None
-    except (KeyNotFoundError, NotFoundError):
+        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
         return 0, None
-    return entry.revision, entry.value
+    headers = msg.headers or {}
+    seq: int = msg.seq  # type: ignore[assignment]  # a message read from a stream has one
+    if headers.get("KV-Operation") in ("DEL", "PURGE") or headers.get("Nats-Marker-Reason"):
+        return seq, None
+    return seq, msg.data
 
 
 async def _retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
