@@ -228,6 +228,9 @@ def test_helm_values_match_the_cluster_config() -> None:
     assert cfg["jetstream"]["fileStore"]["pvc"]["enabled"]
     conf = (DEPLOY / "nats" / "nats.conf").read_text()
     assert re.search(r"^max_payload: 1MB$", conf, re.M) and cfg["merge"]["max_payload"] == 1 << 20
+    # a silent client dropped after ~6 s on both (bytes left in a cut connection must not land late)
+    assert re.search(r'^ping_interval: "2s"$', conf, re.M) and cfg["merge"]["ping_interval"] == "2s"
+    assert re.search(r"^ping_max: 2$", conf, re.M) and cfg["merge"]["ping_max"] == 2
     assert values["container"]["image"]["repository"] == "nats"
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert compose["services"]["nats-0"]["image"] == f"nats:{values['container']['image']['tag']}"
