@@ -379,6 +379,7 @@ class Host:
                                 task_id=item.task.task_id, thread=item.task.thread)
         seq = await self.log.create(started)
         if seq is not None:
+            self.index.fresh(item.run_id, item.partition)
             failed = ev.RunFailed(run_id=item.run_id, seq=1, ts=time.time(), actor=actor, reason=reason,
                                   detail=detail)
             seq = await self.log.append(failed, expect=seq)

@@ -110,6 +110,7 @@ class RunsIndex:
                                   lambda: self._set(RUNS_BUCKET, run_id, value, keep=keep))
         if entry.status in kernel.TERMINAL:
             self._revisions.pop((RUNS_BUCKET, run_id), None)
+            self._revisions.pop((ACTIVE_BUCKET, active_key(entry.partition, run_id)), None)
         return written
 
     async def _set(self, bucket: str, key: str, value: bytes, *,
