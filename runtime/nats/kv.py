@@ -81,6 +81,7 @@ from runtime.nats.subjects import (
 
 KV_MAX_CONSUMERS = 10_000
 CREATED_VISIBLE_S = 10.0  # how long a bucket just created may stay unknown to the server asked about it
+_ERR_STREAM_NAME_EXISTS = 10058  # another process created the bucket meanwhile (with another config)
 _ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164  # "wrong last sequence" without the number (nats-py checks both)
 
 
@@ -266,8 +267,9 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig, *, atomic: bool = Fa
         storage=config.storage, max_consumers=KV_MAX_CONSUMERS, allow_atomic=atomic or None)
     try:
         await js.add_stream(stream)
-    except nats.js.errors.BadRequestError:
-        pass  # another process created it meanwhile
+    except nats.js.errors.BadRequestError as e:
+        if e.err_code != _ERR_STREAM_NAME_EXISTS:  # not a race with another creator: say what NATS said
+            raise
     # on a cluster, the server answering the bucket's info may not know a stream created a moment ago
     # (seen: "stream not found" right after the create on a fresh 3-node cluster): wait for it, briefly
     return await retrying(lambda: js.key_value(config.bucket), what=f"opening bucket {config.bucket}",
