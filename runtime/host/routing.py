@@ -149,7 +149,7 @@ class Router:
                      ix.status)
             await ack_quietly(msg)
             return
-        if ix is not None and ix.partition == p and await self._unparked(cmd, ix, p, msg):
+        if ix is not None and ix.partition == p and await self._unparked(cmd, ix, msg):
             return
         if ix is not None and ix.partition != p and not isinstance(cmd, ev.Wake) and \
                 await self._forward(cmd, ix, msg):
@@ -159,36 +159,23 @@ class Router:
                   msg.subject)
         await _term(msg)
 
-    async def _unparked(self, cmd: RunCommand, ix: RunIndex, p: int,
-                        msg: Guarded) -> bool:
-        """A command for a run of this partition that no driver holds (asleep on a timer): the run folded
-        back takes it first; True if it was handled (or the run turned out to have ended: acked)."""
+    async def _unparked(self, item: RunCommand | ToolOutcome, ix: RunIndex, msg: Guarded) -> bool:
+        """A command or outcome for an unfinished run of this partition that no driver holds: the run folded
+        back from its log takes it first; True if it was handled (or the run turned out to have ended:
+        acked). For a command the run is usually asleep on a timer; for an outcome that came back
+        `OUTCOME_FOLD_AFTER` times, a takeover's recovery missed the run, and without this the outcome
+        would be dropped after `OUTCOME_MAX_DELIVERIES` and nothing would drive the run again."""
         if self.unpark is None:
             return False
-        driver = await self.unpark(cmd.run_id, ix.actor, p)
+        driver = await self.unpark(item.run_id, ix.actor, ix.partition)
         if driver is not None:
-            driver.deliver(Inbound(cmd, msg))
+            if isinstance(item, ToolOutcome):
+                log.warning("run %s: its tool outcome found no driver here; folded back from its log",
+                            item.run_id)
+            driver.deliver(Inbound(item, msg))
             return True
-        if (await self.index.get(cmd.run_id) or ix).status in kernel.TERMINAL:
+        if (await self.index.get(item.run_id) or ix).status in kernel.TERMINAL:
             await ack_quietly(msg)  # its log says it ended
-            return True
-        return False
-
-    async def _folded_for(self, outcome: ToolOutcome, ix: RunIndex, msg: Guarded) -> bool:
-        """An outcome that came again and still finds no driver, for an unfinished run of a slot this host
-        serves: the run is folded back from its log and takes it (True; also if its log says it ended:
-        acked). A takeover's recovery that missed the run would otherwise leave it waiting for an outcome
-        that is dropped after `OUTCOME_MAX_DELIVERIES`, and nothing would drive it again."""
-        if self.unpark is None:
-            return False
-        driver = await self.unpark(outcome.run_id, ix.actor, ix.partition)
-        if driver is not None:
-            log.warning("run %s: its tool outcome found no driver here; folded back from its log",
-                        outcome.run_id)
-            driver.deliver(Inbound(outcome, msg))
-            return True
-        if (await self.index.get(outcome.run_id) or ix).status in kernel.TERMINAL:
-            await ack_quietly(msg)
             return True
         return False
 
@@ -243,7 +230,7 @@ class Router:
             await ack_quietly(msg)  # a late or duplicate outcome of a finished run
             return
         if ix is not None and ix.partition == slot[1] and outcome.run_id not in self.actors.waiting and \
-                msg.metadata.num_delivered >= OUTCOME_FOLD_AFTER and await self._folded_for(outcome, ix, msg):
+                msg.metadata.num_delivered >= OUTCOME_FOLD_AFTER and await self._unparked(outcome, ix, msg):
             return
         if msg.metadata.num_delivered >= OUTCOME_MAX_DELIVERIES:
             log.error("outcome of %s for run %s that no host drives: dropped", outcome.call_id,

@@ -38,7 +38,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 
 from runtime import kernel
 from runtime.host.driver import RunDriver
-from runtime.nats.kv import fleet_kv, put_kv, runs_kv
+from runtime.nats.kv import fleet_kv, latest, put_kv, runs_kv
 from runtime.nats.records import (
     WAITING_FOR_ANSWER,
     WAITING_FOR_APPROVAL,
@@ -121,7 +121,7 @@ class RunsIndex:
         while True:
             revision = self._revisions.get(slot)
             if revision is None:
-                revision, current = await _read(self.js, bucket, key)
+                revision, current = await latest(self.js, bucket, key)
                 if current and keep is not None and keep(current):
                     return False  # not cached: a next write is checked against the entry again
             try:
@@ -144,21 +144,6 @@ def supersedes(new: RunIndex, current: RunIndex) -> bool:
     if current.status in kernel.TERMINAL and new.status not in kernel.TERMINAL:
         return False
     return new.last_seq >= current.last_seq
-
-
-async def _read(js: JetStreamContext, bucket: str, key: str) -> tuple[int, bytes | None]:
-    """The key's latest revision and value (0 and None if it never was written; the marker's revision and
-    None if it was deleted), asked of the bucket's leader: a direct get may be answered by a replica still
-    catching up after a cut, whose older revision would only fail the next compare-and-set again."""
-    try:
-        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-    except NotFoundError:
-        return 0, None
-    headers = msg.headers or {}
-    seq: int = msg.seq  # type: ignore[assignment]  # a message read from a stream has one
-    if headers.get("KV-Operation") in ("DEL", "PURGE") or headers.get("Nats-Marker-Reason"):
-        return seq, None
-    return seq, msg.data
 
 
 async def _retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:

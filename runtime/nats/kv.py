@@ -186,15 +186,34 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False,
         msgs = await last_per_subject(js, stream, prefix + keys)
     out: dict[str, KvEntry] = {}
     for msg in msgs:
-        headers = msg.headers or {}
-        op = headers.get("KV-Operation")
-        if op is None and headers.get("Nats-Marker-Reason"):
-            op = "DEL" if headers["Nats-Marker-Reason"] == "Remove" else "PURGE"
+        op = kv_operation(msg.headers)
         entry = KvEntry(key=msg.subject[len(prefix):], value=msg.data, operation=op,
                         revision=msg.metadata.sequence.stream, created=msg.metadata.timestamp)
         if deleted or op is None:
             out[entry.key] = entry
     return out
+
+
+def kv_operation(headers: dict[str, str] | None) -> str | None:
+    """None for a value; "DEL" or "PURGE" for a delete marker (a client's, or the server's when a key's TTL
+    ran out: ``Nats-Marker-Reason``)."""
+    headers = headers or {}
+    op = headers.get("KV-Operation")
+    if op is None and headers.get("Nats-Marker-Reason"):
+        op = "DEL" if headers["Nats-Marker-Reason"] == "Remove" else "PURGE"
+    return op
+
+
+async def latest(js: JetStreamContext, bucket: str, key: str) -> tuple[int, bytes | None]:
+    """The key's latest revision and value (0 and None if it never was written; the marker's revision and
+    None if it was deleted), asked of the bucket's leader: a direct get may be answered by a replica still
+    catching up after a cut, whose older revision would only fail a compare-and-set made on it."""
+    try:
+        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return 0, None
+    seq: int = msg.seq  # type: ignore[assignment]  # a message read from a stream has one
+    return seq, (None if kv_operation(msg.headers) else msg.data)
 
 
 async def last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> list[Msg]:
@@ -289,5 +308,5 @@ async def payloads_store(js: JetStreamContext, *, replicas: int = 1) -> ObjectSt
 
 
 __all__ = ["KV_MAX_CONSUMERS", "IncompleteListing", "KvEntry", "allow_atomic_writes", "applied_kv",
-           "fleet_kv", "kv_entries", "last_per_subject", "payloads_store", "put_kv", "runs_kv",
-           "workspace_kv"]
+           "fleet_kv", "kv_entries", "kv_operation", "last_per_subject", "latest", "payloads_store", "put_kv",
+           "runs_kv", "workspace_kv"]
