@@ -175,7 +175,7 @@ class Recovery:
                 return  # a task stopped before its run started: its redelivery starts it
             driver = await self.fold_existing(run_id, actor, p)
         except Exception as e:
-            log.error("run %s: re-folding after a lost append race failed (%s); it resumes at the next "
+            log.error("run %s: folding it back failed (%s); it resumes at the next "
                       "takeover of partition %d of %s", run_id, e, p, slot[0])
             return
         if driver is not None and self.serves(slot) and run_id not in self.actors.drivers:
