@@ -55,6 +55,7 @@ its events are made, because the model's next prompt needs it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -378,9 +379,11 @@ class RunDriver:
 
         What is staged (the reply holding the calls, what the kernel settled about them) is durable first: no
         job leaves before its call is in the log. Each `tool.called` (a record that the job was sent) is then
-        appended while the jobs go out: a host killed between the two is a case recovery handles anyway (the
-        call, without a result, is sent again under the same Msg-Id; an outcome found first gets `tool.called`
-        in `_apply`). Waiting for it cost a round trip per call (README, "Under network latency")."""
+        appended while the jobs go out, after them: a host killed between the two is a case recovery handles
+        anyway (the call, without a result, is sent again under the same Msg-Id; an outcome found first gets
+        `tool.called` in `_apply`). Waiting for it cost a round trip per call (README, "Under network
+        latency"), and writing it first put its encoding and publish on the job's way to the worker (~0.2 ms
+        of a turn at 1 in flight, measured with the jobs' tasks started first and last)."""
         await self._flush()
         if self.state.done:  # the log refused what was staged and the run ended: send out nothing
             return True
@@ -414,22 +417,14 @@ class RunDriver:
                 failed.append(exc)
                 scope.cancel()
 
-        async with anyio.create_task_group() as tg:  # the flush first: its first append leaves first
+        async with anyio.create_task_group() as tg:  # tasks start in this order: the jobs leave first
+            for job in jobs:
+                tg.start_soon(guarded, functools.partial(self._publish_job, job), tg.cancel_scope)
             tg.start_soon(guarded, self._flush, tg.cancel_scope)
-            tg.start_soon(guarded, lambda: self._publish_jobs(jobs), tg.cancel_scope)
         if failed:
             raise failed[0]
         self.in_flight.update(job.call_id for job in jobs)
         return progressed
-
-    async def _publish_jobs(self, jobs: list[ToolJob]) -> None:
-        """Publish `jobs` at once (one round trip for a turn's parallel calls, not one each)."""
-        try:
-            async with anyio.create_task_group() as tg:
-                for job in jobs:
-                    tg.start_soon(self._publish_job, job)
-        except ExceptionGroup as group:  # a rejected job (not an outage): the error itself, not a group
-            raise group.exceptions[0] from None
 
     async def _publish_job(self, job: ToolJob) -> None:
         """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same

@@ -9,8 +9,8 @@ request round trip per message. This loop does what nats.go's `Consume` does: ke
 `batch` messages outstanding (with `expires`), deliver every message to the handler as it lands on the
 inbox, and issue the next request when the current one is used up or ends (408 expired / 409 / timeout).
 
-Handlers must be quick (decode, route to an in-memory queue): they run inline on this loop, in arrival
-order, which is what keeps a partition's tasks in order.
+Handlers must be quick (decode, route to an in-memory queue): they run in the subscription's callback, one
+at a time, in arrival order, which is what keeps a partition's tasks in order.
 
 A consumer deleted behind the loop's back (a late delete of a previous owner of the slot, carried out
 after this owner made it again: seen on a cluster during a leader election) makes `consume` raise
@@ -124,14 +124,15 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
     module docstring). With `finish`, a stop issues no new request but takes what the open one still
     delivers until it ends or expires (at most `expires` later): the server counts a message delivered
     once it sent it, so one dropped here waits for its AckWait before anyone gets it again (a worker
-    stopping must not strand the jobs already on their way to it)."""
-    inbox = nc.new_inbox()
-    queue: asyncio.Queue[Msg] = asyncio.Queue()
+    stopping must not strand the jobs already on their way to it).
 
-    async def on_msg(msg: Msg) -> None:
-        queue.put_nowait(msg)
-
-    sub = await nc.subscribe(inbox, cb=on_msg)
+    The handler runs in the subscription's own callback, in arrival order, the moment a message is read:
+    handing each message to this loop first cost every message a task switch and two timers (~0.1 ms on
+    a busy 2-core box, on the path of every job and every outcome). This loop only keeps a pull request
+    open: it learns from the callback when a request is used up, and from the server's status messages
+    when one ended otherwise."""
+    pulls = _Pulls(handler, budget, None if finish else stop)
+    sub = await nc.subscribe(nc.new_inbox(), cb=pulls.on_msg)
     subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
     if budget is not None:
         budget.join()
@@ -139,41 +140,102 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
     try:
         while not stop.is_set():
             size = batch if budget is None else await budget.reserve(batch)
-            left = size
+            pulls.open(size)
             try:
                 request = json.dumps({"batch": size, "expires": int(expires * 1e9)}).encode()
                 try:
-                    await nc.publish(subject, request, reply=inbox)
+                    await nc.publish(subject, request, reply=sub.subject)
                 except Exception as e:  # reconnecting: try again shortly
                     await backoff(f"pull request on {stream}/{consumer}", e, delay=0.2, level=logging.DEBUG,
                                   logger=log)
                     continue
-                while left > 0 and (finish or not stop.is_set()):
-                    msg = await _next(queue, expires + 1.0, None if finish else stop)
-                    if msg is None:  # request lost (reconnect) or stop: issue a new one
-                        break
-                    status = _status(msg)
-                    if status is None:
-                        left -= 1
-                        unanswered = 0
-                        try:
-                            await handler(msg)
-                        except Exception:  # a handler bug must not stop the partition; it is redelivered
-                            log.exception("handler failed on %s", msg.subject)
-                    elif status == "100":
-                        continue  # idle heartbeat
-                    else:  # 408: expired, 409: consumer changed or max waiting, 503: no responders: again
-                        unanswered = _unanswered(msg, status, unanswered, f"{stream}/{consumer}")
+                ended = await pulls.ended(expires + 1.0, None if finish else stop)
+                if ended is not None:  # used up; or 408: expired, 409: consumer changed, 503: no responders
+                    status, description = ended
+                    if status != "used":
+                        unanswered = _unanswered(status, description, unanswered, f"{stream}/{consumer}")
                         await anyio.sleep({"409": 0.1, "503": UNANSWERED_WAIT_S}.get(status, 0.0))
-                        break
+                    else:
+                        unanswered = 0
             finally:
+                left = pulls.close()
                 if budget is not None and left:
                     budget.release(left)
     finally:
         if budget is not None:
             budget.leave()
+        pulls.closed = True  # what still arrives is not taken: the server delivers it again after AckWait
         with anyio.CancelScope(shield=True):  # a cancelled owner must not leak the subscription
+            if stop.is_set():  # stopped, not cancelled: a handler under way finishes, as if run inline
+                with anyio.move_on_after(expires):
+                    await pulls.idle()
             await sub.unsubscribe()
+
+
+class _Pulls:
+    """The open pull request of a `consume` loop, as its subscription's callback sees it: how many of its
+    messages are still to come, and whether it ended (used up, or a status from the server)."""
+
+    def __init__(self, handler: Handler, budget: Budget | None, stop: anyio.Event | None) -> None:
+        self.handler, self.budget, self.stop = handler, budget, stop  # stop: take nothing once it is set
+        self.left = 0  # messages the open request may still deliver (units of the budget reserved for them)
+        self.closed = False  # the loop ended: take nothing more
+        self._ended: tuple[str, str] | None = None
+        self._wake = asyncio.Event()
+        self._busy = 0  # handlers under way (0 or 1: the subscription runs its callback for one at a time)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def open(self, size: int) -> None:
+        self.left, self._ended = size, None
+        self._wake.clear()
+
+    def close(self) -> int:
+        """End the open request; returns its units no message took (a late one takes a fresh unit)."""
+        left, self.left = self.left, 0
+        return left
+
+    async def on_msg(self, msg: Msg) -> None:
+        status = _status(msg)
+        if self.closed or (self.stop is not None and self.stop.is_set()):
+            return
+        if status is None:
+            if self.left > 0:
+                self.left -= 1
+                if self.left == 0:
+                    self._end("used", "")
+            elif self.budget is not None:  # a late delivery of a request this loop gave up on
+                self.budget.take(1)
+            self._busy += 1
+            self._idle.clear()
+            try:
+                await self.handler(msg)
+            except Exception:  # a handler bug must not stop the partition; it is redelivered
+                log.exception("handler failed on %s", msg.subject)
+            finally:
+                self._busy -= 1
+                if not self._busy:
+                    self._idle.set()
+        elif status != "100":  # not an idle heartbeat: the request ended
+            self._end(status, str((msg.headers or {}).get("Description", "")).lower())
+
+    def _end(self, status: str, description: str) -> None:
+        if self._ended is None:
+            self._ended = (status, description)
+            self._wake.set()
+
+    async def ended(self, timeout: float, stop: anyio.Event | None) -> tuple[str, str] | None:
+        """How the open request ended; None if it timed out (lost in a reconnect) or `stop` was set."""
+        with anyio.move_on_after(timeout):
+            while self._ended is None:
+                if stop is not None and stop.is_set():
+                    return None
+                with anyio.move_on_after(0.25):  # wake up now and then to notice `stop`
+                    await self._wake.wait()
+        return self._ended
+
+    async def idle(self) -> None:
+        await self._idle.wait()
 
 
 class ConsumerGone(Exception):
@@ -184,12 +246,11 @@ GONE_AFTER = 40  # pull requests in a row answered "no responders" before the co
 UNANSWERED_WAIT_S = 0.025  # between them: 40 x 25 ms = 1 s, far beyond the route-interest race of a new one
 
 
-def _unanswered(msg: Msg, status: str, count: int, name: str) -> int:
+def _unanswered(status: str, description: str, count: int, name: str) -> int:
     """The count of pull requests in a row nobody answered, after this status answer; raises
     `ConsumerGone` once the consumer is known to be gone: the server said it was deleted, or no server has
     answered for it `GONE_AFTER` times in a row (a new consumer's first requests may find no responder for
     a few milliseconds on a cluster, while its node's interest reaches the client's node)."""
-    description = str((msg.headers or {}).get("Description", "")).lower()
     if (status == "409" and "deleted" in description) or (status == "404" and "consumer" in description):
         raise ConsumerGone(f"consumer {name}: {description}")
     if status != "503":
@@ -197,20 +258,6 @@ def _unanswered(msg: Msg, status: str, count: int, name: str) -> int:
     if count + 1 >= GONE_AFTER:
         raise ConsumerGone(f"consumer {name}: no server answered {GONE_AFTER} pull requests in a row")
     return count + 1
-
-
-async def _next(queue: asyncio.Queue[Msg], timeout: float, stop: anyio.Event | None) -> Msg | None:
-    with anyio.move_on_after(timeout):
-        while True:
-            try:
-                return queue.get_nowait()
-            except asyncio.QueueEmpty:
-                pass
-            if stop is not None and stop.is_set():
-                return None
-            with anyio.move_on_after(0.25):  # wake up now and then to notice `stop`
-                return await queue.get()
-    return None
 
 
 # messages a fetch delivered beyond the batch asked for, per subscription: the next fetch's first

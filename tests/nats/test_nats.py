@@ -317,6 +317,43 @@ async def test_a_finishing_consume_takes_what_its_open_request_still_delivers(js
     assert (info.num_waiting, info.num_ack_pending, info.num_pending) == (0, 0, 0)  # no new request was made
 
 
+async def test_consume_hands_messages_over_in_order_and_a_stop_lets_the_handler_under_way_finish(js) -> None:
+    """Handlers run in the subscription's callback: one at a time, in stream order, however slow; the
+    budget's units all come back once the handlers released theirs; a stop (not a cancel) waits for the
+    handler under way instead of cutting it off, and takes nothing after it."""
+    from runtime.nats.pull import Budget
+
+    await js.add_stream(StreamConfig(name="Q", subjects=["q.>"]))
+    await js.add_consumer("Q", ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT))
+    for i in range(12):
+        await js.publish("q.x", str(i).encode())
+    budget = Budget(4)
+    got: list[str] = []
+    running = 0
+    stop = anyio.Event()
+
+    async def take(msg) -> None:
+        nonlocal running
+        running += 1
+        assert running == 1  # never two at once
+        await anyio.sleep(0.005)
+        got.append(msg.data.decode())
+        await msg.ack()
+        running -= 1
+        budget.release()
+        if len(got) == 10:
+            stop.set()  # the stop arrives while this handler is under way ...
+            await anyio.sleep(0.05)
+            got.append("finished")  # ... and it still finishes
+
+    with anyio.fail_after(30):  # a hang guard
+        await consume(js._nc, "Q", "c", take, stop=stop, batch=3, expires=1.0, budget=budget)
+    assert got == [str(i) for i in range(10)] + ["finished"]
+    assert budget.used == 0 and budget.sharers == 0
+    info = await js.consumer_info("Q", "c")
+    assert info.ack_floor.stream_seq == 10  # the first ten acked; the rest wait for the next consumer
+
+
 async def test_same_task_msg_id_is_stored_once(js) -> None:
     await ensure_topology(js, partitions=2)
     a1 = await js.publish(task_subject("p"), b"t", headers={HDR_MSG_ID: "task-1"})
