@@ -66,8 +66,8 @@ def test_a_failed_scripts_outcome_carries_its_run_its_error_and_what_it_printed(
     assert decoded.notes == notes  # on the wire exactly as the sandbox made them
     [got] = decoded.events()
     assert isinstance(got, ev.ToolFailed) and got.error == BOOM and got.ts == 4.0 and got.seq == ev.UNSTAMPED
-    assert got.script == ev.ScriptRun(started=1.0, worker="w1", printed=(ev.PrintedLine(2.0, "x"),), ended=3.0,
-                                      duration_ms=2.0, failed=True)  # the error is the outcome's, not twice
+    assert got.script == ev.ScriptRun(started=1.0, worker="w1", printed=(ev.PrintedLine(2.0, "x"),),
+                                      ended=3.0, duration_ms=2.0, failed=True)  # its error: the outcome's
     # read back, they are exactly the events the one note -> event mapping makes, then the outcome
     expanded = ev.expand(got)
     assert expanded[:3] == [ev.script_event(note, "r1", "r1/0.0", "calc", worker="w1") for note in notes]
@@ -84,7 +84,8 @@ def test_a_script_that_completed_under_a_failed_call_keeps_its_own_ending():
     other = (notes[0], ScriptNote(kind="failed", ts=2.0, error=BOOM))
     [got] = ToolOutcome.for_job(JOB, failed, notes=other, finished=3.0).events()
     assert got.script is not None and got.script.error == BOOM
-    assert ev.expand(got)[1] == ev.ScriptFailed(run_id="r1", ts=2.0, call_id="r1/0.0", tool="calc", error=BOOM)
+    assert ev.expand(got)[1] == ev.ScriptFailed(run_id="r1", ts=2.0, call_id="r1/0.0", tool="calc",
+                                                error=BOOM)
 
 
 def test_notes_that_are_not_one_runs_shape_are_kept_as_separate_events():
