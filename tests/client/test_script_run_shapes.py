@@ -15,6 +15,8 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import kernel as k
 from runtime.client.describe import describe
+from runtime.client.diff import diverge
+from runtime.client.fork import fork_points
 from runtime.client.replay import summarize, timeline
 from runtime.jobs import ToolOutcome
 from runtime.observe.traces import span_id_for, trace_of
@@ -164,6 +166,18 @@ def test_the_inspector_shows_the_same_rows_from_both_shapes_each_with_its_own_ke
     assert views.digest(RUN, NEW).errors == views.digest(RUN, OLD).errors == ["execution"]
 
 
+def test_fork_points_count_log_entries_and_never_split_a_report():
+    """In an old log a fork may not land between a call's `script.*` entries and its outcome (it would
+    record a script that ran and run it again); in a new one the report is one entry, so every seq up to
+    the ending is a point, and each names the same place in the run as its old counterpart."""
+    old, new = fork_points(OLD), fork_points(NEW)
+    assert new == list(range(1, len(NEW) - 1 + 1))
+    script = ev.ScriptStarted | ev.ScriptPrinted | ev.ScriptCompleted | ev.ScriptFailed
+    inside = [e.seq + 1 for e in OLD if isinstance(e, script)]
+    assert len(inside) == len(OLD) - len(NEW) and not set(inside) & set(old)
+    assert len(old) == len(new)  # the same places, numbered by entries
+
+
 def _span_facts(events: list[ev.Event]) -> list[tuple[Any, ...]]:
     spans = trace_of(events)
     names = {s.span_id: s.name for s in spans}
@@ -196,3 +210,19 @@ def test_the_waterfall_draws_the_same_bars_from_both_shapes():
     assert bars(OLD) == bars(NEW)
     assert [b[0] for b in bars(NEW)].count("script") == 2
     assert wf.waterfall(OLD)["breakdown"] == wf.waterfall(NEW)["breakdown"]
+
+
+def test_a_diff_compares_what_a_carried_script_run_records_not_when_or_where_it_ran():
+    def retimed(e: ev.Event) -> ev.Event:
+        if isinstance(e, ev.ToolCompleted | ev.ToolFailed) and e.script is not None:
+            lines = tuple(ev.PrintedLine(line.ts + 9, line.text) for line in e.script.printed)
+            return msgspec.structs.replace(e, script=msgspec.structs.replace(
+                e.script, started=e.script.started + 9, worker="w2", printed=lines, duration_ms=1.0))
+        return e
+
+    assert diverge(RUN, NEW, RUN, [retimed(e) for e in NEW]).identical  # another worker, another time
+    first = next(e for e in NEW if isinstance(e, ev.ToolCompleted))
+    assert first.script is not None
+    said = msgspec.structs.replace(first.script, printed=(ev.PrintedLine(0.0, "something else\n"),))
+    other = [msgspec.structs.replace(e, script=said) if e is first else e for e in NEW]
+    assert diverge(RUN, NEW, RUN, other).common == first.seq  # it printed otherwise: a different fact
