@@ -101,10 +101,11 @@ def start_proxy(target: str, rtt_ms: float, tmp: Path, tag: str) -> tuple[subpro
 
 def timeline(events: list[ev.Event], task: str, seen: dict[tuple[str, int], tuple[float, float]]
              ) -> list[list[tuple[str, float]]]:
-    """Each tool turn as (label, unix time) points, `model.requested` to the next one."""
+    """Each tool turn as (label, unix time) points, `model.requested` to the next one (a script run carried
+    by its outcome counts as its `script.*` events, at the sandbox's own times: `events.expand`)."""
     turns: list[list[tuple[str, float]]] = []
     current: list[tuple[str, float]] = []
-    for e in events:
+    for e in ev.expand_all(events):
         kind = ev.kind_of(e)
         if isinstance(e, ev.ModelRequested):
             if current:

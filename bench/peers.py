@@ -430,7 +430,8 @@ class Runtime:
         if not self.walls:  # a throughput phase: every agent is 5 turns
             return [0.0] * TURNS
         events = (await RunLog(self.js).read(run)).events
-        for a, b in itertools.pairwise(events):  # host and workers share this machine's clock
+        # host and workers share this machine's clock; a carried script run counts as its script.* events
+        for a, b in itertools.pairwise(ev.expand_all(events)):
             self.legs.setdefault((ev.kind_of(a), ev.kind_of(b)), []).append((b.ts - a.ts) * 1000)
         asked = [e.ts for e in events if isinstance(e, ev.ModelRequested)]
         return [b - a for a, b in zip(asked, [*asked[1:], events[-1].ts], strict=True)]

@@ -126,7 +126,7 @@ def turn_overheads(events: list[ev.Event]) -> list[tuple[float, float]]:
     out = []
     requested = [e for e in events if isinstance(e, ev.ModelRequested)]
     for a, b in itertools.pairwise(requested):
-        inside = [e for e in events if a.seq < e.seq < b.seq]
+        inside = [e for e in ev.expand_all(events) if a.seq < e.seq < b.seq]  # script runs: in outcomes
         model = sum(e.latency_ms for e in inside if isinstance(e, ev.ModelResponded))
         tools = sum(e.duration_ms for e in inside if isinstance(e, ev.ScriptCompleted))
         wall = (b.ts - a.ts) * 1000 - tools

@@ -79,7 +79,8 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
 
             console.print(Rule("its trace, derived from the log (what `sa otel` exports)"))
             console.print(render_tree(trace_of(runlog.events)), highlight=False, markup=False)
-            executed = [e for e in runlog.events if isinstance(e, ev.ScriptCompleted | ev.ScriptFailed)]
+            executed = [e for e in ev.expand_all(runlog.events)  # script runs ride in their outcomes
+                        if isinstance(e, ev.ScriptCompleted | ev.ScriptFailed)]
             forced = [e for e in runlog.events if isinstance(e, ev.ModelRequested) and e.tools]
             for e in forced:
                 console.print(f"turn {e.turn} was the last one allowed: the request offered only "

@@ -31,13 +31,17 @@ arguments, a big tool output) is stored whole in the object store and the log ke
 fields shrunk and a `PayloadRef` in `ref` (`PAYLOAD_FIELDS`, `externalize`); `internalize` gives the
 whole event back. The run log does both, so no writer or reader handles payloads by hand.
 
+A call's sandbox run travels inside its outcome (`ScriptRun` on `tool.completed`/`tool.failed`), not as
+`script.*` events of its own: a tool turn is then five appends, not seven. Logs written before hold the
+`script.*` events as entries; `expand` gives a reader the same stream from either shape.
+
 This module is over 500 lines because it is one concept, the wire schema: the event and command types,
 their encoding, their versions and their stubs must be read (and changed) together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, TypeAlias, cast, get_args
 
 import msgspec
@@ -254,23 +258,63 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called"):
     call: ToolCall
 
 
+class PrintedLine(msgspec.Struct, frozen=True, array_like=True):
+    """One chunk a script printed, and when (what a `script.printed` event records)."""
+
+    ts: float
+    text: str
+
+
+class ScriptRun(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The sandbox run behind a call, carried by the call's `tool.completed` / `tool.failed` (`script`).
+
+    Why inside the outcome and not events of its own: the facts of a script run (when it started, on which
+    worker, what it printed, how long the sandbox took, how it ended) arrive all at once, with the call's
+    result, and the kernel ignores them. As separate `script.*` events they cost a tool turn two or more
+    log appends (each one message and one round trip) for nothing the run's state needs; carried here, a
+    tool turn is five appends. Readers that show the detail get the `script.*` events back from
+    `expand` (exactly those an older writer appended), so logs of either shape read alike.
+
+    `started`, `ended` (None: the run never reported an end, say it was cut off by a deadline) and each
+    line's `ts` are the sandbox's own wall-clock times; `duration_ms` is its own measure of the run.
+    `worker` is the tool worker's name, else the sandbox's pid. `failed`: the run ended in `script.failed`,
+    whose error is the outcome's own unless `error` says otherwise (a script that completed can still end
+    in `tool.failed`, say when its writes could not be persisted: then `failed` is False)."""
+
+    started: float
+    worker: str = ""
+    printed: tuple[PrintedLine, ...] = ()
+    ended: float | None = None
+    duration_ms: float = 0.0
+    failed: bool = False
+    error: ToolError | None = None
+
+
 class ToolCompleted(_Event, frozen=True, kw_only=True, tag="tool.completed"):
+    """A call returned `output`; `script` is the sandbox run that made it (None for a tool that is no
+    script, and in logs written before it was carried here: those have `script.*` events)."""
+
     call_id: str
     tool: str
     output: Any = None
     duration_ms: float = 0.0
+    script: ScriptRun | None = None
 
 
 class ToolFailed(_Event, frozen=True, kw_only=True, tag="tool.failed"):
-    """A call ended in an error value: from the tool, a denying policy or approver, or an unknown tool."""
+    """A call ended in an error value: from the tool, a denying policy or approver, or an unknown tool.
+    `script` is the sandbox run behind it, as on `tool.completed`."""
 
     call_id: str
     tool: str
     error: ToolError
     duration_ms: float = 0.0
+    script: ScriptRun | None = None
 
 
-# Script events come from the worker running a .pym tool; they explain a call, the kernel ignores them.
+# Script events explain a call and the kernel ignores them. Logs written before the `script` field of a
+# call's outcome hold them as entries of their own; newer logs carry them in the outcome (`ScriptRun`), and
+# `expand` gives them back as virtual events, so every reader sees the same stream.
 
 
 class ScriptStarted(_Event, frozen=True, kw_only=True, tag="script.started"):
@@ -442,7 +486,7 @@ def kind_of(ev: Event) -> str:
 
 def stamp(ev: Event, *, seq: int, ts: float | None = None, actor: str | None = None) -> Event:
     """`ev` as appended: its place in the run (`seq`), a time when the builder set none (`ts`; an event
-    that carries its own time, like a worker's `script.*`, keeps it) and the actor key. Written by the
+    that carries its own time, like a worker's `tool.completed`, keeps it) and the actor key. Written by the
     current schema version, whatever version it was read from."""
     changes: dict[str, Any] = {"seq": seq, "v": SCHEMA_VERSION}
     if ts is not None and not ev.ts:
@@ -481,18 +525,93 @@ def tool_result(ev: ToolCompleted | ToolFailed) -> ToolResult:
 def script_event(note: ScriptNote, run_id: str, call_id: str, tool: str, *, worker: str = "") -> Event:
     """The `script.*` event recording one sandbox note (unstamped, at the note's own time):
     `script.started` (on `worker`, else the sandbox pid), `script.printed`, `script.completed` or
-    `script.failed`. The one note -> event mapping, so a tool worker's notes and an in-process run's read
-    alike in the log."""
+    `script.failed`. How notes that do not fit one `ScriptRun` are still recorded (`outcome_events`)."""
     ids: dict[str, Any] = {"run_id": run_id, "ts": note.ts, "call_id": call_id, "tool": tool}
     if note.kind == "started":
-        pid = str(note.worker_pid) if note.worker_pid else ""
-        return ScriptStarted(**ids, worker=worker or pid)
+        return ScriptStarted(**ids, worker=_worker(note, worker))
     if note.kind == "printed":
         return ScriptPrinted(**ids, text=note.text)
     if note.kind == "completed":
         return ScriptCompleted(**ids, duration_ms=note.duration_ms)
-    error = note.error or ToolError("execution", note.text or "script failed")
-    return ScriptFailed(**ids, error=error, duration_ms=note.duration_ms)
+    return ScriptFailed(**ids, error=_note_error(note), duration_ms=note.duration_ms)
+
+
+def _worker(note: ScriptNote, worker: str) -> str:
+    return worker or (str(note.worker_pid) if note.worker_pid else "")
+
+
+def _note_error(note: ScriptNote) -> ToolError:
+    return note.error or ToolError("execution", note.text or "script failed")
+
+
+def script_run(notes: Sequence[ScriptNote], *, worker: str = "",
+               error: ToolError | None = None) -> ScriptRun | None:
+    """The notes of one sandbox run as the `ScriptRun` its call's outcome carries, or None when they are not
+    one run's shape (`started`, any `printed`, at most one `completed`/`failed`, in that order). `error` is
+    the outcome's own error: a `failed` note with the same one does not store it twice."""
+    if not notes or notes[0].kind != "started":
+        return None
+    first, body, last = notes[0], list(notes[1:]), None
+    if body and body[-1].kind in ("completed", "failed"):
+        last = body.pop()
+    if any(n.kind != "printed" for n in body):
+        return None
+    fields: dict[str, Any] = {"started": first.ts, "worker": _worker(first, worker),
+                              "printed": tuple(PrintedLine(n.ts, n.text) for n in body)}
+    if last is not None:
+        fields.update(ended=last.ts, duration_ms=last.duration_ms)
+        if last.kind == "failed":
+            failed = _note_error(last)
+            fields.update(failed=True, error=None if failed == error else failed)
+    return ScriptRun(**fields)
+
+
+def outcome_events(run_id: str, call_id: str, tool: str, result: ToolResult,
+                   notes: Sequence[ScriptNote] = (), *, worker: str = "") -> list[Event]:
+    """The events recording a call's result and the sandbox notes that explain it (unstamped): one
+    `tool.completed`/`tool.failed` carrying the notes as its `script`. Notes that are not one run's shape
+    (this runtime's sandbox never makes them; a worker of another version might) are kept whole instead,
+    as separate `script.*` events before the outcome, the way older versions recorded every run: nothing a
+    worker reported is dropped. How a tool worker's outcome and an in-process call are recorded alike."""
+    outcome = tool_outcome(run_id, call_id, tool, result)
+    if not notes:
+        return [outcome]
+    run = script_run(notes, worker=worker, error=result.error)
+    if run is None:
+        return [*(script_event(n, run_id, call_id, tool, worker=worker) for n in notes), outcome]
+    return [msgspec.structs.replace(outcome, script=run)]
+
+
+def expand(event: Event) -> list[Event]:
+    """`event` as the detailed view reads it: a call's outcome carrying a `ScriptRun` becomes the
+    `script.started`, `script.printed`…, `script.completed`/`script.failed` events an older writer appended
+    for it (same kinds, times and fields), then the outcome itself without `script`; any other event is
+    itself. So `sa replay`, the inspector, traces and describe show a run the same whichever shape its log
+    has, and an old log (separate `script.*` entries) passes through unchanged.
+
+    The virtual events are not log entries: they carry the `seq` (and `actor`, `v`) of the entry that
+    holds them. So everything that counts, forks, follows or links by seq counts log entries only, and a
+    virtual event names the entry to open, fork before or fetch."""
+    if not isinstance(event, ToolCompleted | ToolFailed) or event.script is None:
+        return [event]
+    run = event.script
+    ids: dict[str, Any] = {"run_id": event.run_id, "seq": event.seq, "actor": event.actor, "v": event.v,
+                           "call_id": event.call_id, "tool": event.tool}
+    out: list[Event] = [ScriptStarted(**ids, ts=run.started, worker=run.worker)]
+    out.extend(ScriptPrinted(**ids, ts=line.ts, text=line.text) for line in run.printed)
+    if run.ended is not None and run.failed:
+        error = run.error or (event.error if isinstance(event, ToolFailed) else
+                              ToolError("execution", "script failed"))
+        out.append(ScriptFailed(**ids, ts=run.ended, error=error, duration_ms=run.duration_ms))
+    elif run.ended is not None:
+        out.append(ScriptCompleted(**ids, ts=run.ended, duration_ms=run.duration_ms))
+    out.append(msgspec.structs.replace(event, script=None))
+    return out
+
+
+def expand_all(events: Iterable[Event]) -> list[Event]:
+    """Every event of a log as the detailed view reads it (`expand`), in order."""
+    return [part for event in events for part in expand(event)]
 
 
 # ── commands ──────────────────────────────────────────────────────────────────────────────────────────
@@ -692,9 +811,11 @@ PAYLOAD_FIELDS: dict[type[_Event], tuple[str, ...]] = {
     ModelResponded: ("text", "content", "calls"),
     ModelFailed: ("error",),
     ToolCalled: ("call",),
+    # A call's `script` stays in the stub: the worker caps what a run printed (`runtime.log.payloads`) so
+    # its whole outcome fits one message, and a kind with one big field stores its value alone (above).
     ToolCompleted: ("output",),
     ToolFailed: ("error",),
-    ScriptPrinted: ("text",),
+    ScriptPrinted: ("text",),  # a log from before `ScriptRun` has these as entries of their own
     ScriptFailed: ("error",),
     ApprovalRequested: ("call",),
     ApprovalGranted: ("arguments",),
@@ -793,6 +914,7 @@ __all__ = [
     "ModelThrottled",
     "OutputEdit",
     "PayloadRef",
+    "PrintedLine",
     "Priority",
     "QuestionAnswered",
     "QuestionAsked",
@@ -806,6 +928,7 @@ __all__ = [
     "ScriptCompleted",
     "ScriptFailed",
     "ScriptPrinted",
+    "ScriptRun",
     "ScriptStarted",
     "SystemEdit",
     "Task",
@@ -823,13 +946,17 @@ __all__ = [
     "decode_command",
     "encode",
     "encode_command",
+    "expand",
+    "expand_all",
     "externalize",
     "from_json",
     "internalize",
     "kind_of",
+    "outcome_events",
     "payload_bytes",
     "same_fact",
     "script_event",
+    "script_run",
     "stamp",
     "to_json",
     "tool_outcome",

@@ -104,7 +104,7 @@ class ToolJob(_Message, frozen=True, kw_only=True, omit_defaults=True):
 
 class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
     """What became of one `ToolJob`: the final result plus the script notes that explain it (the
-    `ScriptNote`s exactly as the sandbox emitted them)."""
+    `ScriptNote`s exactly as the sandbox emitted them; the host folds them into the outcome's event)."""
 
     partition: int = 0
     result: ToolResult
@@ -135,22 +135,23 @@ class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
 
     def events(self) -> list[ev.Event]:
         """The events the host appends for this outcome: `tool.redelivered` first when a redelivery ran
-        (which delivery, on which worker, why the earlier ones ended: `earlier`), `script.*` in order,
-        then `tool.completed` or `tool.failed` (unstamped: the run log numbers them). Timestamps are the
-        worker's (when it happened). A big output must be resolved first (`Payloads.resolve_outcome`): the
-        event holds the value, and the run log decides how it is stored."""
+        (which delivery, on which worker, why the earlier ones ended: `earlier`), then `tool.completed` or
+        `tool.failed` carrying the script run the notes record (`events.outcome_events`: one append, not
+        one per note; unstamped: the run log numbers them). Timestamps are the worker's (when it
+        happened). A big output must be resolved first (`Payloads.resolve_outcome`): the event holds the
+        value, and the run log decides how it is stored."""
         if self.ref is not None:
             raise ValueError(f"outcome of {self.call_id}: its output is in the object store; "
                              "resolve it first")
-        ids = (self.run_id, self.call_id, self.tool)
         out: list[ev.Event] = []
         if self.attempt > 1 and self.earlier:  # a dead-lettered job's `crashed` failure says it all itself
             began = self.started or (self.notes[0].ts if self.notes else self.finished)
             out.append(ev.ToolRedelivered(run_id=self.run_id, ts=began, call_id=self.call_id, tool=self.tool,
                                           attempt=self.attempt, worker=self.worker, earlier=self.earlier))
-        out.extend(ev.script_event(n, *ids, worker=self.worker) for n in self.notes)
-        result = ev.tool_outcome(*ids, self.result)  # the one mapping
-        out.append(msgspec.structs.replace(result, ts=self.finished or time.time()))
+        recorded = ev.outcome_events(self.run_id, self.call_id, self.tool, self.result, self.notes,
+                                     worker=self.worker)  # the one mapping
+        out.extend(recorded[:-1])  # script.* only for notes that are not one run's shape
+        out.append(msgspec.structs.replace(recorded[-1], ts=self.finished or time.time()))
         return out
 
 

@@ -17,7 +17,7 @@ runner appends it as is, and `verify` compares it with the log event for event. 
 needs the world, it returns one of the two I/O effects, and the runner records what came back:
 
     CallModel ─▶ model.requested, then model.responded | model.failed      (runtime.model's step)
-    CallTools ─▶ tool.called, script.*, tool.completed | tool.failed       (a worker or Tool.execute)
+    CallTools ─▶ tool.called, tool.completed | tool.failed (+ its script)  (a worker or Tool.execute)
 
 How a run flows:
 
@@ -465,7 +465,7 @@ def _apply(state: State, ev: Event) -> State:
         case RunCompleted() | RunFailed() | RunCancelled():
             return _ended(state, ev)
         case _:
-            return state  # script.* explain a call; the call's outcome arrives as tool.completed/failed
+            return state  # script.* (old logs) explain a call; its outcome arrives as tool.completed/failed
 
 
 def _started(state: State, ev: RunStarted) -> State:

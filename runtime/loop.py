@@ -15,10 +15,12 @@ random unless given, and deadlines are enforced with anyio timeouts so a hung mo
 outlive the task; the kernel then sees the timed-out call's event past the deadline and fails the run.
 
 Effects of one `decide` are performed in order, each to completion (the tool calls inside one
-`CallTools` run concurrently, at most `max_concurrent` at a time). An approval is asked of `approver`
-(no approver: denied, since nobody can grant it in-process; an approver still silent at the deadline:
-denied by `deadline`). A question (`ask_human`, `runtime.questions`) is asked of `answerer`, which
-returns the answer (sync or async): it is checked against the question's schema and recorded as
+`CallTools` run concurrently, at most `max_concurrent` at a time). A call's sandbox notes are gathered while
+it runs and recorded in its `tool.completed`/`tool.failed` (`events.outcome_events`), as a host records a
+worker's outcome, so `on_event` sees a script run when its call ends, not note by note. An approval is
+asked of `approver` (no approver: denied, since nobody can grant it in-process; an approver still silent at
+the deadline: denied by `deadline`). A question (`ask_human`, `runtime.questions`) is asked of `answerer`,
+which returns the answer (sync or async): it is checked against the question's schema and recorded as
 `question.answered`, or, if it does not fit, the call fails with `input` and what is wrong (code answering
 in-process cannot be asked again). No answerer: the call fails with `policy` at once, since nobody can
 answer in this process. An answerer still silent at the question's timeout gives the bundle's default (or
@@ -190,16 +192,19 @@ class _Runner:
         limiter = anyio.CapacityLimiter(effect.max_concurrent)
 
         async def one(call: ToolCall) -> None:
+            notes: list[ScriptNote] = []  # the sandbox's notes, recorded in the call's outcome
             async with limiter:
-                result = await self.execute(call, effect.deadline)
-            await self.emit(ev.tool_outcome(self.run_id, call.id, call.name, result))
+                result = await self.execute(call, effect.deadline, notes)
+            for event in ev.outcome_events(self.run_id, call.id, call.name, result, notes):
+                await self.emit(event)
 
         async with anyio.create_task_group() as group:
             for call in effect.calls:
                 group.start_soon(one, call)
 
-    async def execute(self, call: ToolCall, deadline: float | None) -> ToolResult:
-        """One tool call as a value: a tool that raises or overruns the deadline still yields a result."""
+    async def execute(self, call: ToolCall, deadline: float | None, notes: list[ScriptNote]) -> ToolResult:
+        """One tool call as a value: a tool that raises or overruns the deadline still yields a result.
+        What the sandbox reports while it runs goes to `notes`, as a tool worker ships it in its outcome."""
         tool = self.tools.get(call.name)
         if tool is None:  # only the terminal tool may lack an implementation: it returns its arguments
             return ToolResult(output=dict(call.arguments))
@@ -208,7 +213,7 @@ class _Runner:
         files = self.data.files(call) if self.data is not None else {}
         context = ToolContext(
             run_id=self.run_id, agent=self.agent, call_id=call.id, files=dict(files),
-            on_event=self._script_event_sink(call),
+            on_event=notes.append,
         )
         started = time.perf_counter()
         try:
@@ -229,14 +234,6 @@ class _Runner:
                 f"{call.name} raised {type(exc).__name__}: {exc}",
                 duration_ms=(time.perf_counter() - started) * 1000,
             )
-
-    def _script_event_sink(self, call: ToolCall) -> Callable[[ScriptNote], Awaitable[None]]:
-        """Records a script's lifecycle notes as script.* events (the one mapping: events.script_event)."""
-
-        async def sink(note: ScriptNote) -> None:
-            await self.emit(ev.script_event(note, self.run_id, call.id, call.name))
-
-        return sink
 
     async def ask_approval(self, call: ToolCall) -> None:
         """Ask the approver (the request is recorded), but no longer than the task's deadline: the kernel

@@ -57,7 +57,8 @@ class ScriptNote(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     The one record of a run's lifecycle from the sandbox to the log: the sandbox emits it while a run goes
     (`Script.run(on_event=...)`, `ToolContext.on_event`), a tool worker ships it unchanged inside its
-    `ToolOutcome`, and `runtime.events.script_event` turns it into the matching `script.*` event.
+    `ToolOutcome`, and `runtime.events.outcome_events` folds a run's notes into the `ScriptRun` its call's
+    outcome event carries (`events.expand` reads them back as `script.*` events).
 
     `ts` is wall-clock time (seconds since the epoch) and `duration_ms` the time since the run began.
     `printed` carries `stream` and `text`; `started` the sandbox `worker_pid` and how many `inputs` and

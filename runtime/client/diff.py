@@ -48,7 +48,16 @@ def fact(event: ev.Event) -> dict[str, Any]:
     if isinstance(event, ev.RunStarted):
         return {"kind": "run.started", **{f: getattr(event, f) for f in _TASK}}
     plain = msgspec.to_builtins(event)
+    if isinstance(event, ev.ToolCompleted | ev.ToolFailed) and event.script is not None:
+        plain["script"] = _script_fact(event.script)
     return {k: v for k, v in plain.items() if k not in _NOT_THE_FACT}
+
+
+def _script_fact(run: ev.ScriptRun) -> dict[str, Any]:
+    """What a carried script run records: what it printed and how it ended (not when, where or how fast,
+    as for the `script.*` events an older log holds instead)."""
+    return {"printed": [line.text for line in run.printed], "ended": run.ended is not None,
+            "failed": run.failed, "error": msgspec.to_builtins(run.error)}
 
 
 def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event]) -> Divergence:

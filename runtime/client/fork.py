@@ -23,9 +23,11 @@ own bundle version (or any, with `resume: latest`), so a fork onto another versi
 that has it loaded.
 
 Where a fork may be made (`fork_points`): after the first event and before the run's ending, but never
-inside one tool run's report (a worker's `script.*` events and the call's outcome land together; a fork
-between them would record a script that ran and re-run it). Anything else is refused with a `ForkError`
-that says which seqs are valid, and nothing is written.
+inside one tool run's report (a redelivery's `tool.redelivered` and, in logs written before the outcome
+carried its script run, a worker's `script.*` events land together with the call's outcome; a fork between
+them would record a script that ran and re-run it). Seqs count log entries: a script run carried by its
+outcome is part of that one entry. Anything else is refused with a `ForkError` that says which seqs are
+valid, and nothing is written.
 
 Then the fork is registered like any run (the `runs` index with `forked_from`/`forked_at`, and its
 partition's `active` key) and the host serving that partition is told with a `resume` command on the
@@ -76,6 +78,7 @@ def new_fork_id() -> str:
 
 # ── where a fork may be made ──────────────────────────────────────────────────────────────────────────
 
+# what precedes a call's outcome as part of one report (script.* only in logs from before `ScriptRun`)
 _REPORT = (ev.ScriptStarted, ev.ScriptPrinted, ev.ScriptCompleted, ev.ScriptFailed, ev.ToolRedelivered)
 
 
@@ -88,7 +91,8 @@ def fork_points(events: Sequence[ev.Event]) -> list[int]:
 
 
 def _splits_report(events: Sequence[ev.Event], at: int) -> bool:
-    """True if seq `at` is inside one tool run's report: after a `script.*` of a call whose report goes on."""
+    """True if seq `at` is inside one tool run's report: after a `script.*` or `tool.redelivered` of a call
+    whose report goes on."""
     if at >= len(events) or not isinstance(events[at - 1], _REPORT):
         return False
     nxt = events[at]

@@ -5,7 +5,9 @@
     await watch(client.get(run_id), console)         # the run live, until it ends
 
 Each event's one-line detail is `runtime.client.describe`'s; checking a run against the kernel is
-`runtime.client.verify`'s.
+`runtime.client.verify`'s. Both views show a call's script run as its `script.*` events (`events.expand`),
+whether the log holds them as entries (older logs) or inside the call's outcome; such a virtual event shows
+the seq of the entry that holds it, and the totals count log entries only.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def _style(kind: str) -> str:
 
 
 def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
-    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption.
+    """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption
+    (counting log entries: a script run carried by its call's outcome is its rows, under the outcome's seq).
     Every cell is a `Text`: what a run recorded (a task, a reply holding `[/INST]`) is shown as written,
     never read as rich markup."""
     from rich.table import Table
@@ -96,7 +99,7 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     table.add_column("event")
     table.add_column("detail", overflow="fold")
     ended = False
-    for e in events:
+    for e in ev.expand_all(events):
         kind = ev.kind_of(e)
         detail = Text(describe(e))
         if ended:  # a stopped job's own account, appended after the run ended: it explains, changes nothing
@@ -184,10 +187,11 @@ async def watch(handle: RunHandle, console: Any, *, as_json: bool = False,
                     continue
                 event = last = item
                 live.end_line()
-                if as_json:
+                if as_json:  # the log as stored
                     print(ev.to_json(event), flush=True)
                 else:
-                    console.print(event_line(event), highlight=False)
+                    for part in ev.expand(event):
+                        console.print(event_line(part), highlight=False)
                 if isinstance(event, ev.TurnCompleted):
                     turns += 1
                 elif isinstance(event, ev.ToolCalled):

@@ -11,9 +11,10 @@ temperature: float = 0.0) -> str`, `async def http_request(method: str, url: str
 = None, body: str | None = None, json: Any = None, timeout: float = 10.0) -> dict`, `def secret(name:
 str) -> str`); a grant is what makes the worker provide it.
 
-- `ask_llm` answers with the bundle's model. Each call is recorded in the run's events as a
-  `script.printed` line (`ask_llm #n: ...`) shipped in the job's outcome, so the log shows what the tool
-  asked and was told; like every external, its answer is recorded for redelivery (`record`).
+- `ask_llm` answers with the bundle's model. Each call is recorded in the run's events as a printed
+  line of the script run (`ask_llm #n: ...`, a `script.printed` in `sa replay`) shipped in the job's
+  outcome, so the log shows what the tool asked and was told; like every external, its answer is
+  recorded for redelivery (`record`).
 - `http_request` reaches only the hosts granted to the tool: any other host is an error naming the
   allow-list, raised before a connection is made. Redirects are not followed (they could leave the list).
 - `secret` reads a granted name from the worker's secrets file (`sa worker --secrets FILE`, `NAME=value`

@@ -33,7 +33,7 @@ Staged appends (why a turn costs few round trips)
 its OCC expectation (one writer, no gap, no fork: exactly as one-by-one appends). Nothing leaves the
 process on the strength of a staged event: the driver flushes before a tool job is published (the reply
 holding its call is durable first), before a RESULTS or command message is acked, before it waits, and when
-the run ends. Two overlaps: the model call, whose preceding events (an outcome's `script.*`/`tool.*`,
+the run ends. Two overlaps: the model call, whose preceding events (an outcome's `tool.*`,
 `turn.completed`, `model.requested`) are appended *while* the request is in flight, `model.responded` staged
 only after both finished (a host killed in between has not recorded the reply, so the restarted host makes
 the call again, as the recovery contract allows; a superseded driver cancels its call); and the jobs, sent

@@ -17,8 +17,8 @@ How a task flows
 3. Its turn: the run id is derived from the task (`commands.run_id_for`), ``run.started`` is appended
    (expected last sequence 0: only the first start lands), the ``runs`` KV index says ``running``, and
    THEN the task message is acked. `RunDriver` drives the kernel: model calls here, tool calls as jobs on
-   TOOLS, outcomes back from RESULTS as ``script.*``/``tool.*`` events, until the run ends; the index then
-   says how it ended.
+   TOOLS, outcomes back from RESULTS as ``tool.*`` events (each carrying its script run), until the run
+   ends; the index then says how it ended.
 
 Ack points, and why
 -------------------

@@ -128,12 +128,9 @@ class HostMetrics:
                 self._responded(event)
             case ev.ModelFailed():
                 self.model_failed.labels(self._agent(event.actor), event.error_kind).inc()
-            case ev.ToolCompleted():
-                self.tool_seconds.labels(event.tool).observe(event.duration_ms / 1000.0)
-            case ev.ToolFailed():
-                self.tool_seconds.labels(event.tool).observe(event.duration_ms / 1000.0)
-                self.tool_failed.labels(event.tool, event.error.kind).inc()
-            case ev.ScriptCompleted() | ev.ScriptFailed():
+            case ev.ToolCompleted() | ev.ToolFailed():
+                self._tool_ended(event)
+            case ev.ScriptCompleted() | ev.ScriptFailed():  # a log from before the outcome carried its script
                 self.sandbox_seconds.labels(event.tool).observe(event.duration_ms / 1000.0)
             case ev.TurnCompleted():
                 turn = self._turns.pop(event.run_id, None)
@@ -143,6 +140,15 @@ class HostMetrics:
                 self.runs_started.labels(self._agent(event.actor)).inc()
             case ev.RunCompleted() | ev.RunFailed() | ev.RunCancelled():
                 self._ended(event)
+
+    def _tool_ended(self, event: ev.ToolCompleted | ev.ToolFailed) -> None:
+        """A call's duration and failure, and the sandbox time of the script run its outcome carries (read
+        from the field, not `events.expand`: this runs on the host's hot path)."""
+        self.tool_seconds.labels(event.tool).observe(event.duration_ms / 1000.0)
+        if isinstance(event, ev.ToolFailed):
+            self.tool_failed.labels(event.tool, event.error.kind).inc()
+        if event.script is not None and event.script.ended is not None:
+            self.sandbox_seconds.labels(event.tool).observe(event.script.duration_ms / 1000.0)
 
     def _turn_opened(self, event: ev.ModelRequested) -> None:
         if self._turns.get(event.run_id, (0, 0.0))[0] != event.turn:

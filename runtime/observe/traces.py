@@ -10,14 +10,16 @@ The picture: a run is a trace; its root span is the run (`run.started` -> the te
 span per turn (its first `model.requested` -> `turn.completed`), and in each turn a span per model call
 (`model.requested` -> `model.responded`/`model.failed`) and per tool call (`tool.called` ->
 `tool.completed`/`tool.failed`), and below a tool call the script run in the sandbox (`script.started` ->
-`script.completed`/`script.failed`). Start and end times are the events' own `ts`, so a span says when the
-thing really happened, whoever derives it and whenever.
+`script.completed`/`script.failed`: entries of their own in older logs, carried by the call's outcome in
+newer ones and read through `events.expand`, so both give the same span). Start and end times are the
+events' own `ts`, so a span says when the thing really happened, whoever derives it and whenever.
 
 Why ids are derived, not drawn: an exporter may see an event twice (redelivery after a crash) and several
 exporters may share the work, so the same span must get the same id every time it is derived. The trace id
 is a hash of the run id; a span's id is a hash of the run id and the seq of the event that starts it (seqs
 are unique within a run and never change; a turn and its first model call start at the same event, so the
-turn's hash also names its role). A collector de-duplicating by id then holds each span once.
+turn's hash also names its role; a script run carried by its call's outcome starts at that outcome's seq,
+and its hash names the role "script"). A collector de-duplicating by id then holds each span once.
 
 Joining a caller's trace: when the task carried a W3C `traceparent` (in its metadata, or as a NATS header
 the host copies into `run.started.metadata`), the run's trace id is the caller's and the run span's parent
@@ -151,10 +153,11 @@ class TraceBuilder:
     def add(self, event: ev.Event) -> list[Span]:
         """Fold `event`; the spans it ends (often none). A fork's copied events are folded (a span they
         open may end in the fork) but end no span: the work they record was done, and exported, once."""
-        spans = self._add(event)
+        parts = ev.expand(event)  # an outcome carrying its script run: the script.* events first
+        spans = [span for part in parts for span in self._add(part, virtual=part is not parts[-1])]
         return spans if event.seq >= self._copied else []
 
-    def _add(self, event: ev.Event) -> list[Span]:
+    def _add(self, event: ev.Event, *, virtual: bool = False) -> list[Span]:
         if self.done:
             return []
         match event:
@@ -169,7 +172,7 @@ class TraceBuilder:
                     f"execute_tool {event.call.name}", event, self._turn_id(event.call.id),
                     _tool_attrs(event.call.name, event.call.id))
             case ev.ScriptStarted():
-                self._script_started(event)
+                self._script_started(event, role="script" if virtual else "")
             case ev.ScriptCompleted() | ev.ScriptFailed():
                 return self._script_ended(event)
             case ev.ToolRedelivered():
@@ -203,11 +206,13 @@ class TraceBuilder:
         if event.sampling.get("model"):
             model.attributes["gen_ai.request.model"] = str(event.sampling["model"])
 
-    def _script_started(self, event: ev.ScriptStarted) -> None:
+    def _script_started(self, event: ev.ScriptStarted, role: str) -> None:
+        """A script run opens: `role` "script" when it is a virtual event (`events.expand`), whose seq is
+        its outcome's, so the span's id stays apart from anything else that seq could start."""
         tool = self.tools.get(event.call_id)
         parent = tool.span_id if tool else self._turn_id(event.call_id)
         self.scripts[event.call_id] = self._open(f"script {event.tool}", event, parent, {
-            "gen_ai.tool.name": event.tool, "sa.worker": event.worker})
+            "gen_ai.tool.name": event.tool, "sa.worker": event.worker}, role=role)
 
     def _script_ended(self, event: ev.ScriptCompleted | ev.ScriptFailed) -> list[Span]:
         script = self.scripts.pop(event.call_id, None)

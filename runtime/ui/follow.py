@@ -6,7 +6,8 @@ Each open page holds one `RunHandle.watch()` (one ordered consumer on the run's 
 subscription on the model's token stream) and nothing else. `event` carries the event's view with the
 run's totals and flags so far (`views.summary_view`, `views.flags`), `token` a piece of the model's
 output as it is generated (never stored: the recorded reply replaces it), `end` the totals once the run
-ended. Events before seq `after` (what the page already has) are read but not sent.
+ended. Events before seq `after` (what the page already has) are read but not sent; a call's outcome that
+carries its script run is sent as its rows (`views.entry_views`), each with the outcome's seq as its `id`.
 
 Why a response class of its own: Starlette's StreamingResponse, under ASGI 2.4 servers, notices a gone
 client only when a write fails, so a page closed on a quiet run would keep its consumer until the next
@@ -58,9 +59,10 @@ class Following:
                     await emit(sse("token", msgspec.to_builtins(item)))
                     continue
                 seen.append(item)
-                if item.seq >= after:
-                    await emit(sse("event", {"event": views.event_view(item, views.start_of(seen)),
-                                             "summary": views.summary_view(seen),
+                if item.seq < after:
+                    continue
+                for view in views.entry_views(item, views.start_of(seen)):  # a script run: its rows first
+                    await emit(sse("event", {"event": view, "summary": views.summary_view(seen),
                                              "flags": views.flag_views(views.flags(seen))}, item.seq))
             await emit(sse("end", {"summary": views.summary_view(seen),
                                    "flags": views.flag_views(views.flags(seen))}))

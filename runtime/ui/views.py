@@ -8,6 +8,11 @@ An event's view keeps every field of the event (`data`, as `msgspec.to_builtins`
 reader wants at a glance: the one-line `describe` of `sa replay`, the milliseconds since the run began,
 the turn it belongs to and, for a tool call's events, the call (`lane`) so parallel calls can be drawn
 side by side.
+
+A call's script run is shown as its `script.*` events whichever shape the log has (`events.expand`): in a
+newer log they are virtual, carried by the call's outcome. A view's `key` tells the page's rows apart: the
+seq for a log entry, `<seq>.<i>` for the i-th virtual event before the entry `seq` that holds it (`virtual`:
+it shares that seq, and a fork or a fetch by seq means the entry). Totals and flags count log entries.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ def event_view(event: ev.Event, t0: float) -> dict[str, Any]:
     """One event for the browser: its fields (`data`) and what the timeline shows of it."""
     kind = ev.kind_of(event)
     view: dict[str, Any] = {
-        "seq": event.seq, "kind": kind, "ts": event.ts, "offset_ms": round((event.ts - t0) * 1000, 1),
+        "seq": event.seq, "key": str(event.seq), "virtual": False, "kind": kind, "ts": event.ts,
+        "offset_ms": round((event.ts - t0) * 1000, 1),
         "describe": describe(event), "turn": turn_of(event), "lane": call_of(event),
         "failed": kind in FAILED_KINDS, "data": _builtins(event),
         "ref": _builtins(event.ref) if event.ref is not None else None,
@@ -71,6 +77,15 @@ def event_view(event: ev.Event, t0: float) -> dict[str, Any]:
     if isinstance(duration, int | float) and duration:
         view["duration_ms"] = round(float(duration), 1)
     return view
+
+
+def entry_views(event: ev.Event, t0: float) -> list[dict[str, Any]]:
+    """The rows of one log entry: its view, after those of the script events it carries, if any (see
+    the module docstring for their `key`)."""
+    parts = [event_view(part, t0) for part in ev.expand(event)]
+    for i, view in enumerate(parts[:-1]):
+        view["key"], view["virtual"] = f"{event.seq}.{i}", True
+    return parts
 
 
 def start_of(events: Sequence[ev.Event]) -> float:
@@ -208,7 +223,7 @@ def digest(run_id: str, events: Sequence[ev.Event], last_seq: int = 0) -> Digest
     tools: dict[str, None] = {}
     errors: dict[str, None] = {}
     texts: list[str] = []
-    for e in events:
+    for e in ev.expand_all(events):  # a script's own error counts, whichever shape the log has
         if isinstance(e, ev.RunStarted):
             out.input = _snippet(e.input)
             texts += [e.input, e.task_id or ""]  # a task id is searchable: a schedule's runs share a prefix
@@ -411,7 +426,7 @@ def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunI
     parent = (first.source_run, first.source_seq) if isinstance(first, ev.RunForked) else None
     return {
         "run_id": run_id, "actor": actor, "exported": exported,
-        "events": [event_view(e, t0) for e in events],
+        "events": [view for e in events for view in entry_views(e, t0)],
         "summary": summary_view(events),
         "index": _builtins(entry) if entry is not None else None,
         "fork_tree": fork_tree(run_id, parent, index or {}),
@@ -422,5 +437,5 @@ def run_view(run_id: str, actor: str, events: Sequence[ev.Event], *, entry: RunI
 
 
 __all__ = ["FLAGS", "SUSPICIOUS", "Digest", "FilterError", "Flag", "RunFilter", "call_of", "digest",
-           "event_view", "facets", "flag_views", "flags", "fork_tree", "index_row", "parse_time", "run_view",
-           "start_of", "summary_view", "turn_of"]
+           "entry_views", "event_view", "facets", "flag_views", "flags", "fork_tree", "index_row",
+           "parse_time", "run_view", "start_of", "summary_view", "turn_of"]

@@ -70,7 +70,14 @@ async def test_a_run_with_a_sandboxed_script_a_python_tool_and_a_terminal_tool()
     assert seen == outcome.events and [e.seq for e in seen] == list(range(len(seen)))
     kinds = [ev.kind_of(e) for e in outcome.events]
     assert kinds[:3] == ["run.started", "model.requested", "model.responded"]
-    assert {"script.started", "script.completed", "tool.completed", "turn.completed"} <= set(kinds)
+    assert {"tool.completed", "turn.completed"} <= set(kinds)
+    assert not any(k.startswith("script.") for k in kinds)
+    (script,) = [e for e in outcome.events if isinstance(e, ev.ToolCompleted) and e.tool == "calculator"]
+    assert script.script is not None and script.script.ended is not None  # the sandbox run, in its outcome
+    lookup_done = next(e for e in outcome.events if isinstance(e, ev.ToolCompleted) and e.tool == "lookup")
+    assert lookup_done.script is None  # a Python tool runs no sandbox
+    assert [ev.kind_of(e) for e in ev.expand(script)] == [
+        "script.started", "script.completed", "tool.completed"]
     assert kinds[-1] == "run.completed"
     results = {e.call_id: e.output for e in outcome.events if isinstance(e, ev.ToolCompleted)}
     assert results["r1/1.1"] == "Paris" and "5" in json.dumps(results["r1/1.0"])

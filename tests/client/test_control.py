@@ -84,10 +84,14 @@ async def test_a_cancel_stops_the_busy_tool_in_the_sandbox_and_the_worker_takes_
             while "tool.failed" not in kinds(events := await f.events(spinning)):
                 await anyio.sleep(0.05)
         again = await sa(f.url, "cancel", spinning)
-    assert kinds(events)[-4:] == ["run.cancelled", "script.started", "script.failed", "tool.failed"]
-    cancelled, failed = events[-4], events[-1]
+    assert kinds(events)[-2:] == ["run.cancelled", "tool.failed"]
+    cancelled, failed = events[-2], events[-1]
     assert isinstance(cancelled, ev.RunCancelled) and cancelled.reason == "runaway loop" and cancelled.by
     assert isinstance(failed, ev.ToolFailed) and failed.error.kind == "cancelled"
+    # the sandbox run it stopped rides in the outcome: it started, and failed with the call's error
+    assert failed.script is not None and failed.script.failed and failed.script.error is None
+    assert kinds(ev.expand(failed)) == ["script.started", "script.failed", "tool.failed"]
+    assert ev.expand(failed)[1].error == failed.error  # type: ignore[union-attr]
     assert "spin stopped while it ran: the run was cancelled by" in failed.error.message
     assert f.worker.stats.cancelled == 1 and f.worker.running_runs == frozenset()
     assert kinds(second)[-1] == "run.completed"  # the one worker slot was free again: the loop stopped

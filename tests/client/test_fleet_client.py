@@ -61,7 +61,7 @@ async def test_cancel_gives_a_typed_error_with_the_reason(nats_server, topo, tmp
     async with fleet(nats_server.url, tmp_path), await Client.connect(nats_server.url) as client:
         handle = await client.start("ctl", "spin forever")
         async for event in handle.events():
-            if isinstance(event, ev.ScriptStarted):  # the sandbox is looping now
+            if isinstance(event, ev.ToolCalled):  # the job is out: a worker runs (or is about to run) it
                 break
         ending = await handle.cancel("runaway loop")
         assert isinstance(ending, ev.RunCancelled) and ending.reason == "runaway loop"

@@ -229,6 +229,8 @@ def test_a_recorded_version_1_run_is_read_and_folds_as_it_did():
                                             terminal_tool="submit_result", max_concurrent_tools=2), events)
     assert state.status == "completed" and state.output == {"answer": "5 in Paris"}
     assert state.actor == "calc:alice" and state.turns == 3
+    # its script runs are entries of their own: every reader's expansion passes them through unchanged
+    assert any(isinstance(e, ev.ScriptStarted) for e in events) and ev.expand_all(events) == events
     # re-written through the log, an upcast event is the current version
     assert ev.stamp(events[0], seq=0).v == ev.SCHEMA_VERSION
     # a version-1 stub's payload was its one big field, encoded alone
@@ -238,6 +240,22 @@ def test_a_recorded_version_1_run_is_read_and_folds_as_it_did():
         "ref": {"object_name": "o", "size": 3, "digest": "d"}})
     stub = ev.decode(v1_stub)
     assert stub.actor == "a" and ev.internalize(stub, msgspec.msgpack.encode([1, 2])).output == [1, 2]
+
+
+def test_a_big_outcome_keeps_its_script_run_in_its_stub():
+    """The worker caps what a run printed so its outcome fits one message; the stub keeps the run (what
+    started where, what it printed), and its one big field is stored alone, as before the run rode in it."""
+    run = ev.ScriptRun(started=1.0, worker="w1", printed=(ev.PrintedLine(1.5, "hi\n"),), ended=2.0,
+                       duration_ms=1.0)
+    event = ev.ToolCompleted(run_id="r", seq=3, ts=9.0, actor="a", call_id="r/1.0", tool="t",
+                             output={"rows": ["w" * 1000] * 300}, script=run)
+    blob = ev.payload_bytes(event)
+    assert msgspec.msgpack.decode(blob) == event.output
+    stub = ev.externalize(event, ev.PayloadRef(object_name="o", size=len(blob), digest="d"))
+    assert stub.script == run and len(ev.encode(stub)) < 500
+    assert ev.internalize(ev.decode(ev.encode(stub)), blob) == event
+    assert [ev.kind_of(e) for e in ev.expand(stub)] == ["script.started", "script.printed",
+                                                        "script.completed", "tool.completed"]
 
 
 def test_tool_outcome_events_expose_a_tool_result():

@@ -220,5 +220,6 @@ async def test_the_demo_bundle_runs_in_process_against_sa_model_serve(model_serv
                                  model_url=model_server.base_url) as agent:
         result = await agent.run("What is 17 * 23 + 4?")
     assert result.status == "completed", result.reason
-    assert any(isinstance(e, ev.ScriptCompleted) and e.tool == "calculator" for e in result.events)
+    assert any(isinstance(e, ev.ScriptCompleted) and e.tool == "calculator"
+               for e in ev.expand_all(result.events))
     assert result.output == {"answer": "395"}

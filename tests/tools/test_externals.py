@@ -474,7 +474,7 @@ async def test_summarize_pym_runs_in_a_bundle_on_a_worker_and_its_ask_llm_call_i
             run_id = await publish_task(js, "writer", "summarise my ideas")
             events = await wait_events(js, run_id)
     assert isinstance(events[-1], ev.RunCompleted), events[-1]
-    printed = [e.text for e in events if isinstance(e, ev.ScriptPrinted)]
+    printed = [e.text for e in ev.expand_all(events) if isinstance(e, ev.ScriptPrinted)]  # in the outcome
     assert any(t.startswith("ask_llm #1") and "Ideas about gardens and bees." in t for t in printed), printed
     done = next(e for e in events if isinstance(e, ev.ToolCompleted) and e.tool == "summarize")
     assert done.output == {"path": "/data/notes/ideas.md", "summary": "Ideas about gardens and bees.",

@@ -108,7 +108,14 @@ async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: P
         assert lanes == {f"{pair}/1.0", f"{pair}/1.1"}
         outputs = sorted(e["data"]["output"]["value"] for e in turn1 if e["kind"] == "tool.completed")
         assert outputs == [5, 40]
-        assert [e["seq"] for e in view["events"]] == list(range(len(view["events"])))
+        # a row per log entry (keyed by its seq), the script runs the outcomes carry before them (`seq.i`)
+        entries = [e for e in view["events"] if not e["virtual"]]
+        assert [e["seq"] for e in entries] == list(range(len(entries))) == [int(e["key"]) for e in entries]
+        carried = [e for e in view["events"] if e["virtual"]]
+        assert {e["kind"] for e in carried} == {"script.started", "script.completed"}
+        assert len(carried) == 2 * 3  # three calls, each a sandbox run that started and completed
+        assert all(e["key"].startswith(f"{e['seq']}.") for e in carried)
+        assert [e["seq"] for e in view["events"]] == sorted(e["seq"] for e in view["events"])
         assert view["events"][0]["turn"] is None and view["events"][-1]["kind"] == "run.completed"
         replied = next(e for e in view["events"] if e["kind"] == "model.responded")
         assert replied["duration_ms"] > 0 and "tok" in replied["describe"]
@@ -155,7 +162,10 @@ async def test_index_run_view_follow_and_errors(nats_server, nc, js, tmp_path: P
         for request_id, parts in tokens.items():
             assert "".join(parts) == replies[request_id]
         assert kinds.index("token") < max(i for i, k in enumerate(kinds) if k == "event")
-        assert [e["seq"] for e in seen] == list(range(len(seen)))
+        live_entries = [e for e in seen if not e["virtual"]]
+        assert [e["seq"] for e in live_entries] == list(range(len(live_entries)))
+        assert [e["key"] for e in seen] == [e["key"] for e in (await client.get(f"/api/runs/{held}")).json()[
+            "events"]]  # live, the same rows as the page's view
         assert seen[-1]["data"]["output"] == {"answer": "released"}
         # `after` skips what the page already has
         async with client.stream("GET", f"/api/runs/{held}/follow", params={"after": "5"}) as stream:

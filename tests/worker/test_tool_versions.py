@@ -91,7 +91,7 @@ def answer(events: list[ev.Event]) -> Any:
 
 def add_runners(events: list[ev.Event]) -> set[str]:
     """The workers that ran the run's `add` in the sandbox."""
-    return {e.worker for e in events if isinstance(e, ev.ScriptStarted) and e.tool == "add"}
+    return {e.worker for e in ev.expand_all(events) if isinstance(e, ev.ScriptStarted) and e.tool == "add"}
 
 
 @pytest.fixture

@@ -121,11 +121,13 @@ async def test_outcomes_carry_results_and_script_notes(js, tools_dir: Path) -> N
     assert sorted(by_call) == [f"r1/1.{i}" for i in range(5)]
     o = by_call["r1/1.3"]
     assert o.result.output == {"echo": "HI3"} and o.worker == worker.name and o.attempt == 1
-    evs = o.events()
+    (recorded,) = o.events()  # one append: the outcome carries its script run
+    assert isinstance(recorded, events.ToolCompleted) and recorded.seq == events.UNSTAMPED  # the log numbers
+    evs = events.expand(recorded)
     assert [events.kind_of(e) for e in evs] == ["script.started", "script.printed", "script.completed",
                                                 "tool.completed"]
-    assert [e.seq for e in evs] == [events.UNSTAMPED] * 4  # the run log numbers them
     assert [e.ts for e in evs] == sorted(e.ts for e in evs) and evs[0].ts > 0  # the worker's own times
+    assert evs[0].worker == worker.name
     assert evs[1].text.strip() == "echoing hi3" and evs[-1].output == {"echo": "HI3"}
     assert worker.stats.completed == 5 and worker.stats.failed == 0
     assert (await js.stream_info(TOOLS)).state.messages == 0  # all acked

@@ -203,9 +203,9 @@ async function loadPayload(seq, button) {
   button.textContent = "loading…";
   try {
     const whole = await api("/api/runs/" + encodeURIComponent(state.runId) + "/events/" + seq);
-    state.details.set(seq, whole);
-    const node = document.querySelector('.event[data-seq="' + seq + '"]');
-    if (node) node.replaceWith(eventNode(state.bySeq.get(seq)));
+    state.details.set(String(seq), whole);  // a log entry's key is its seq
+    const node = document.querySelector('.event[data-key="' + seq + '"]');
+    if (node) node.replaceWith(eventNode(state.byKey.get(String(seq))));
   } catch (err) {
     button.disabled = false;
     button.textContent = "retry";

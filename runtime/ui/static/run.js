@@ -5,7 +5,7 @@
 "use strict";
 
 const state = {
-  runId: "", view: null, events: [], bySeq: new Map(), open: new Set(), details: new Map(),
+  runId: "", view: null, events: [], byKey: new Map(), open: new Set(), details: new Map(),
   exported: false, source: null, pending: false,
 };
 
@@ -195,14 +195,16 @@ function inheritedUpTo() {
   return first && first.kind === "run.forked" ? first.data.source_seq : 0;
 }
 
+// A row's `key` is its log entry's seq, or `seq.i` for a script event its call's outcome carries (`virtual`:
+// not an entry of its own, it shares the outcome's seq, so it offers no fork and opens the outcome's link).
 function canFork(e) {
-  if (state.exported) return false;
+  if (state.exported || e.virtual) return false;
   const points = state.view.fork_points;
   return !points || points.includes(e.seq);
 }
 
 function eventNode(e) {
-  const open = state.open.has(e.seq);
+  const open = state.open.has(e.key);
   const toggle = el("button", {class: "toggle", "aria-expanded": String(open), title: "show everything this event records"},
     open ? "▾" : "▸");
   const head = el("div", {class: "event-row"}, toggle,
@@ -217,12 +219,13 @@ function eventNode(e) {
   const kept = inheritedUpTo();
   const inherited = e.seq > 0 && e.seq < kept;
   const node = el("div", {class: "event kind-" + e.kind.replace(".", "-") + (e.failed ? " failed" : "") +
-    (inherited ? " inherited" : ""), dataset: {seq: e.seq, kind: e.kind},
-    title: inherited ? "kept from the source run by the fork" : null}, head);
-  if (open) node.appendChild(detailNode(state.details.get(e.seq) || e));
+    (inherited ? " inherited" : "") + (e.virtual ? " virtual" : ""), dataset: {seq: e.seq, key: e.key, kind: e.kind},
+    title: inherited ? "kept from the source run by the fork" :
+      e.virtual ? "recorded inside event #" + e.seq + " (the call's outcome carries its script run)" : null}, head);
+  if (open) node.appendChild(detailNode(state.details.get(e.key) || e));
   const flip = () => {
-    if (state.open.has(e.seq)) state.open.delete(e.seq); else state.open.add(e.seq);
-    node.replaceWith(eventNode(state.bySeq.get(e.seq)));
+    if (state.open.has(e.key)) state.open.delete(e.key); else state.open.add(e.key);
+    node.replaceWith(eventNode(state.byKey.get(e.key)));
   };
   toggle.addEventListener("click", flip);
   head.addEventListener("dblclick", flip);
@@ -322,7 +325,7 @@ function detailNode(e) {
 
 function setEvents(events) {
   state.events = events.slice().sort((a, b) => a.seq - b.seq);
-  state.bySeq = new Map(state.events.map((e) => [e.seq, e]));
+  state.byKey = new Map(state.events.map((e) => [e.key, e]));
 }
 
 function render() {
@@ -360,9 +363,9 @@ function follow() {
       document.getElementById("live-reply").hidden = true;  // the recorded reply replaces the live one
       state.liveRequest = null;
     }
-    if (!state.bySeq.has(data.event.seq)) {
+    if (!state.byKey.has(data.event.key)) {
       state.events.push(data.event);
-      state.bySeq.set(data.event.seq, data.event);
+      state.byKey.set(data.event.key, data.event);
     }
     state.view.summary = data.summary;
     state.view.flags = data.flags;
@@ -426,11 +429,11 @@ async function init() {
 // `/runs/RUN#seq-N` (the links of the waterfall and the conversation): event N opened and in view.
 function openFromHash() {
   const m = /^#seq-(\d+)$/.exec(location.hash);
-  if (!m || !state.bySeq.has(Number(m[1]))) return;
-  const seq = Number(m[1]);
-  state.open.add(seq);
+  if (!m || !state.byKey.has(m[1])) return;
+  const key = m[1];
+  state.open.add(key);
   render();
-  const node = document.querySelector(".event[data-seq='" + seq + "']");
+  const node = document.querySelector(".event[data-key='" + key + "']");
   if (node) { node.classList.add("target"); node.scrollIntoView({block: "center"}); }
 }
 
