@@ -25,7 +25,8 @@ which is one more sandboxed tool run: our bundles end through a terminal tool). 
 For each N in `--flight`, `--agents` agents run with N in flight (a new one starts when one ends). Printed:
 turn p50 (wall time from one model request to the next, tool included; at 1 in flight), turns/s at each N,
 and the CPU per turn of the system's own processes at the largest N (the load driver and the scripted server
-excluded; for the runtime the host, workers and nats-server), and ratios to the plain loop of the same run.
+excluded; for the runtime the host, workers, their sandbox processes and nats-server), and ratios to the plain
+loop of the same run.
 Numbers only; nothing asserts a time.
 """
 
@@ -87,6 +88,27 @@ def parse_call(text: str) -> dict[str, Any] | None:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The CPU of `pid`'s descendants: the live ones' own and what its exited children left in its `cutime`
+    and `cstime` (a worker's sandboxes are Monty processes of its own, recycled now and then)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    total = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for child in map(int, children):
+            try:
+                total += cpu_seconds(child) + children_cpu_seconds(child)
+            except FileNotFoundError:  # exited meanwhile: its time is in our cutime once reaped
+                continue
+    return total
 
 
 def start_model_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -369,14 +391,19 @@ class Runtime:
         self.url, self.tmp = url, tmp
 
     def pids(self) -> list[int]:
-        return [pid for pids in self.parts().values() for pid in pids]
-
-    def parts(self) -> dict[str, list[int]]:
-        """The system's processes by role, for its CPU per turn."""
         proc = self.server.proc
         assert proc is not None
-        return {"host": [self.host.pid], "2 workers": [p.pid for p in self.workers],
-                "nats-server": [proc.pid]}
+        return [self.host.pid, *(p.pid for p in self.workers), proc.pid]
+
+    def parts(self) -> dict[str, Callable[[], float]]:
+        """The system's processes by role, for its CPU per turn: each role's CPU seconds so far. The sandbox
+        processes are the workers' children (a Monty run is a round trip to one of them)."""
+        proc = self.server.proc
+        assert proc is not None
+        return {"host": lambda: cpu_seconds(self.host.pid),
+                "2 workers": lambda: sum(cpu_seconds(p.pid) for p in self.workers),
+                "their sandboxes": lambda: sum(children_cpu_seconds(p.pid) for p in self.workers),
+                "nats-server": lambda: cpu_seconds(proc.pid)}
 
     async def start(self) -> None:
         import importlib.util
@@ -472,15 +499,17 @@ async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> d
         if getattr(system, "legs", None):
             out["legs"] = {k: statistics.median(v) for k, v in system.legs.items()}
         parts = system.parts() if hasattr(system, "parts") else {}
+        def total() -> float:  # the parts, where the system names them (its sandboxes too)
+            return sum(f() for f in parts.values()) if parts else sum(cpu_seconds(p) for p in system.pids())
+
         for n in levels:
-            cpu0 = sum(cpu_seconds(p) for p in system.pids())
-            by0 = {k: sum(cpu_seconds(p) for p in v) for k, v in parts.items()}
+            cpu0 = total()
+            by0 = {k: f() for k, f in parts.items()}
             wall, turns, _ = await drive(system.agent, max(args.agents, 2 * n), n)
-            cpu = sum(cpu_seconds(p) for p in system.pids()) - cpu0
+            cpu = total() - cpu0
             out[n] = turns / wall
             out[f"cpu{n}"] = cpu / turns * 1000
-            out[f"parts{n}"] = {k: (sum(cpu_seconds(p) for p in v) - by0[k]) / turns * 1000
-                                for k, v in parts.items()}
+            out[f"parts{n}"] = {k: (f() - by0[k]) / turns * 1000 for k, f in parts.items()}
         return out
     finally:
         await system.close()
