@@ -137,6 +137,7 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
     if budget is not None:
         budget.join()
     unanswered = 0  # pull requests in a row nobody answered (503): the consumer may be gone
+    cancelled = False
     try:
         while not stop.is_set():
             size = batch if budget is None else await budget.reserve(batch)
@@ -161,12 +162,17 @@ async def consume(nc: NATS, stream: str, consumer: str, handler: Handler, *, sto
                 left = pulls.close()
                 if budget is not None and left:
                     budget.release(left)
+    except anyio.get_cancelled_exc_class():
+        cancelled = True
+        raise
     finally:
         if budget is not None:
             budget.leave()
         pulls.closed = True  # what still arrives is not taken: the server delivers it again after AckWait
+        # a handler under way finishes when the loop stops, as if it ran inline; a cancel (a slot lost) cuts
+        # it off with the subscription, as it did inline
         with anyio.CancelScope(shield=True):  # a cancelled owner must not leak the subscription
-            if stop.is_set():  # stopped, not cancelled: a handler under way finishes, as if run inline
+            if not cancelled:
                 with anyio.move_on_after(expires):
                     await pulls.idle()
             await sub.unsubscribe()

@@ -354,6 +354,36 @@ async def test_consume_hands_messages_over_in_order_and_a_stop_lets_the_handler_
     assert info.ack_floor.stream_seq == 10  # the first ten acked; the rest wait for the next consumer
 
 
+async def test_a_cancelled_consume_cuts_off_the_handler_under_way(js) -> None:
+    """A cancel (a host losing its slot) stops the handler under way with the pull, as when handlers ran
+    inline in the loop: it does not wait for it. The message, never acked, is the next owner's."""
+    await js.add_stream(StreamConfig(name="Q", subjects=["q.>"]))
+    await js.add_consumer("Q", ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT))
+    await js.publish("q.x", b"slow")
+    began, outcome = anyio.Event(), []
+
+    async def take(msg) -> None:
+        began.set()
+        try:
+            await anyio.sleep(30)
+            outcome.append("finished")
+        except BaseException:
+            outcome.append("cut off")
+            raise
+
+    stop = anyio.Event()
+    with anyio.fail_after(10):  # waiting for the handler would take 20 s (expires) or 30 s (itself)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consume(js._nc, "Q", "c", take, stop=stop, expires=20.0))
+            await began.wait()
+            stop.set()  # as a host losing a slot does: stop, then cancel at once
+            tg.cancel_scope.cancel()
+        while not outcome:
+            await anyio.sleep(0.01)
+    assert outcome == ["cut off"]
+    assert (await js.consumer_info("Q", "c")).num_ack_pending == 1  # not acked: delivered again later
+
+
 async def test_same_task_msg_id_is_stored_once(js) -> None:
     await ensure_topology(js, partitions=2)
     a1 = await js.publish(task_subject("p"), b"t", headers={HDR_MSG_ID: "task-1"})
