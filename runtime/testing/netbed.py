@@ -16,6 +16,7 @@ bridge's address, so a host cut off from the cluster is cut off from the model a
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import anyio
 
 from runtime.nats.cluster import CLUSTER_NAME, CONFIG_TEMPLATE
 from runtime.nats.connection import close, connect
-from runtime.nats.retry import wait_until
+from runtime.nats.retry import retrying, wait_until
 from runtime.nats.server import find_nats_server, monitor_get
 from runtime.nats.topology import ensure_topology
 from runtime.testing.fleet import SaProcess
@@ -86,8 +87,11 @@ class Bed:
             await anyio.to_thread.run_sync(self.wait_cluster, 60.0)
             self.nc = await connect(self.urls, name="netbed-driver")
             self.js = self.nc.jetstream()
-            await ensure_topology(self.js, replicas=len(self.nodes), partitions=self.partitions,
-                                  tool_ack_wait=self.tool_ack_wait)
+            js = self.js  # a cluster just up may answer its first stream creates late (seen on a loaded
+            # CI box: a 5 s request timeout): the topology is idempotent, so it is made again until it stands
+            await retrying(lambda: ensure_topology(js, replicas=len(self.nodes), partitions=self.partitions,
+                                                   tool_ack_wait=self.tool_ack_wait),
+                           what="making the bed's topology", give_up=60.0, level=logging.INFO)
             assert self.net is not None
             self.model = ScriptedModelServer(responder=self.responder, host=self.net.gateway).start()
             bundle = self.write_bundle(self.model.base_url)
