@@ -188,8 +188,7 @@ class _Pulls:
         self.closed = False  # the loop ended: take nothing more
         self._ended: tuple[str, str] | None = None
         self._wake = asyncio.Event()
-        self._busy = 0  # handlers under way (0 or 1: the subscription runs its callback for one at a time)
-        self._idle = asyncio.Event()
+        self._idle = asyncio.Event()  # cleared while a handler runs (the subscription runs one at a time)
         self._idle.set()
 
     def open(self, size: int) -> None:
@@ -212,16 +211,13 @@ class _Pulls:
                     self._end("used", "")
             elif self.budget is not None:  # a late delivery of a request this loop gave up on
                 self.budget.take(1)
-            self._busy += 1
             self._idle.clear()
             try:
                 await self.handler(msg)
             except Exception:  # a handler bug must not stop the partition; it is redelivered
                 log.exception("handler failed on %s", msg.subject)
             finally:
-                self._busy -= 1
-                if not self._busy:
-                    self._idle.set()
+                self._idle.set()
         elif status != "100":  # not an idle heartbeat: the request ended
             self._end(status, str((msg.headers or {}).get("Description", "")).lower())
 
