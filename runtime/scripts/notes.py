@@ -52,21 +52,24 @@ class NoteEmitter:
         """Milliseconds since the run began."""
         return round((time.perf_counter() - self.t0) * 1000, 3)
 
-    def emit(self, kind: NoteKind, **fields: Any) -> None:
+    def emit(self, kind: NoteKind, at: tuple[float, float] | None = None, **fields: Any) -> None:
+        """`at`: when it happened, if not now (wall clock, `perf_counter`)."""
         if self.on_note is None:
             return
-        note = ScriptNote(kind=kind, ts=time.time(), script=self.script, duration_ms=self.ms(), **fields)
+        ts, ms = (time.time(), self.ms()) if at is None else (at[0], round((at[1] - self.t0) * 1000, 3))
+        note = ScriptNote(kind=kind, ts=ts, script=self.script, duration_ms=ms, **fields)
         if threading.get_ident() == self.loop_thread:
             self._deliver(note)
         else:  # Monty calls print callbacks from its own thread: marshal to the loop
             self.sent += 1
             self.loop.call_soon_threadsafe(self._marshalled, note)
 
-    def start(self, **fields: Any) -> None:
-        """The `started` note, once (a run that fails before reaching the sandbox still reports it)."""
+    def start(self, at: tuple[float, float] | None = None, **fields: Any) -> None:
+        """The `started` note, once (a run that fails before reaching the sandbox still reports it); `at`
+        as in `emit` (a run fed from the loop's thread reports its start once it is over)."""
         if not self.started:
             self.started = True
-            self.emit("started", **self.start_fields, **fields)
+            self.emit("started", at, **self.start_fields, **fields)
 
     def _marshalled(self, note: ScriptNote) -> None:
         self.arrived += 1

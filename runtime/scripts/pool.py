@@ -38,6 +38,8 @@ from typing import Any
 
 from pydantic_monty import AsyncMonty, AsyncMontySession, ResourceLimits
 
+from runtime.scripts.inline import INLINE_SLICE_S, Inline
+
 __all__ = ["SandboxPool", "configure_pool", "get_pool", "shutdown", "shutdown_sync"]
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class SandboxPool:
         min_processes: int = 1,
         max_processes: int | None = None,
         max_checkouts_per_worker: int | None = 500,
+        inline_slice: float = INLINE_SLICE_S,
     ) -> None:
         self.min_processes = min_processes
         self.max_processes = max_processes or _default_max_processes()
@@ -73,6 +76,9 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._warm: _Warm | None = None  # set while a long-lived loop keeps a session ready (`warm`)
         self.ready_runs = 0  # runs that found their session checked out in advance
+        # short runs of scripts without externals, fed from the caller's thread (`runtime.scripts.inline`)
+        self.inline = Inline(slice_s=inline_slice, max_processes=self.max_processes,
+                             max_checkouts_per_worker=max_checkouts_per_worker)
 
     @property
     def started(self) -> bool:
@@ -192,6 +198,7 @@ class SandboxPool:
 
     async def close(self) -> None:
         """Close the pool (workers exit) and let Monty's threads settle. Safe to call twice."""
+        self.inline.close()
         monty, self._monty, self._starting = self._monty, None, None
         if monty is None or self._pid != os.getpid():
             return
@@ -329,17 +336,22 @@ def get_pool() -> SandboxPool:
 
 
 def configure_pool(
-    *, min_processes: int = 1, max_processes: int | None = None, max_checkouts_per_worker: int | None = 500
+    *, min_processes: int = 1, max_processes: int | None = None, max_checkouts_per_worker: int | None = 500,
+    inline_slice: float = INLINE_SLICE_S,
 ) -> SandboxPool:
-    """Replace the process-wide pool's settings. Call before the first run (or after `shutdown()`)."""
+    """Replace the process-wide pool's settings. Call before the first run (or after `shutdown()`).
+    `inline_slice=0` feeds every run through the async pool (`runtime.scripts.inline`)."""
     global _pool
     with _pool_lock:
         if _pool is not None and _pool.started:
             raise RuntimeError("the sandbox pool is running; call `await shutdown()` before reconfiguring it")
+        if _pool is not None:
+            _pool.inline.close()
         _pool = SandboxPool(
             min_processes=min_processes,
             max_processes=max_processes,
             max_checkouts_per_worker=max_checkouts_per_worker,
+            inline_slice=inline_slice,
         )
         return _pool
 
@@ -354,6 +366,8 @@ async def shutdown() -> None:
 def shutdown_sync() -> None:
     """Close the pool from synchronous code (no running loop in this thread), then settle."""
     pool = _pool
+    if pool is not None:
+        pool.inline.close()
     if pool is not None and pool.started:
         try:
             asyncio.run(pool.close())

@@ -105,18 +105,30 @@ async def _run(
     except ValueError as e:
         return ToolResult(error=ToolError("input", f"the virtual files are invalid: {e}"))
 
+    pool, name = get_pool(), script.filename.rsplit("/", 1)[-1]
+    key = f"{name}:{script.content_hash}"
     try:
-        async with get_pool().session(
-            script_name=script.filename.rsplit("/", 1)[-1], limits=limits.to_monty()
-        ) as s:
-            notes.start(worker_pid=s.worker_pid)
-            output = await s.feed_run(
-                script.code,
-                inputs=prepared,
-                external_lookup=lookup,
-                print_callback=notes.print_callback,
-                os=fs,
-            )
+        ran = None
+        if pool.inline.eligible(key, bool(lookup)):
+            ran = pool.inline.attempt(key, script_name=name, limits=limits.to_monty(), code=script.code,
+                                      inputs=prepared, os_handler=fs)
+        if ran is not None:  # fed from this thread, within a slice (`runtime.scripts.inline`)
+            notes.start(ran.began, worker_pid=ran.pid)
+            for stream, text in ran.printed:
+                notes.print_callback(stream, text)
+            if ran.error is not None:
+                raise ran.error
+            output = ran.output
+        else:
+            async with pool.session(script_name=name, limits=limits.to_monty()) as s:
+                notes.start(worker_pid=s.worker_pid)
+                output = await s.feed_run(
+                    script.code,
+                    inputs=prepared,
+                    external_lookup=lookup,
+                    print_callback=notes.print_callback,
+                    os=fs,
+                )
     except MontyError as e:
         return ToolResult(error=classify(e, script, limits, failures, fs))
     except RuntimeError as e:

@@ -1,0 +1,135 @@
+"""Short runs fed from the caller's own thread: the sandbox without the cross-thread hops.
+
+Every run still happens in a Monty subprocess under its limits; what changes is who waits for it. The async
+pool (`AsyncMonty`, `runtime.scripts.pool`) waits on its own runtime thread and wakes the event loop when the
+run ends: measured here, a trivial feed in an open async session takes 175-235 µs and checking a session out
+and back ~400 µs of CPU, while the same feed through the synchronous pool (`Monty`) from the calling thread
+takes ~45 µs, checkout and return included ~70 µs. The difference is thread wake-ups, not sandbox work, and
+on a busy two-core machine each wake-up costs more.
+
+A synchronous feed blocks the event loop while the script runs, so it is only tried where that is bounded:
+
+- the script declares no externals (an external may be a coroutine the loop must run; those runs keep the
+  async pool);
+- the attempt runs under the script's own limits with its time (running and sleeping) cut to a *slice*
+  (`INLINE_SLICE_S`, 10 ms): the sandbox stops it there, and the pool kills a worker that overruns the
+  slice by more than `GRACE_S`;
+- an attempt that the slice cut short is discarded unseen (its printed text included) and the run goes to
+  the async pool under its full limits; the script is then *slow* for this process and never tried inline
+  again. A script is a pure function of its inputs and files (it has no externals and cannot write), so
+  running it again is safe. A limit's `TimeoutError` cannot be caught inside the sandbox (not by `except`,
+  not even by `finally`: measured on pydantic-monty 1.4), so an attempt that was not cut short ran to its
+  end within its limits, however long the wall clock says it took, and it stands;
+- a script whose own time limit is within the slice is run inline with that limit, and its result stands.
+
+So the loop is held at most one slice per slow script per process, and ~50 µs per fast run (less than the
+async pool's own wake-ups cost the loop). `configure_pool(inline_slice=0)` turns it off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_monty import Monty, MontyCrashedError, MontyError, ResourceLimits
+
+from runtime.scripts.notes import MAX_PRINT_BYTES
+
+__all__ = ["GRACE_S", "INLINE_SLICE_S", "Attempt", "Inline"]
+
+INLINE_SLICE_S = 0.010  # the most an inline attempt may run (or sleep) before it is handed to the async pool
+GRACE_S = 0.05  # past its limit, how long the pool waits for the sandbox to stop itself before killing it
+
+
+@dataclass
+class Attempt:
+    """What an inline run gave that stands: its value or the error Monty raised, and what it printed."""
+
+    pid: int | None
+    began: tuple[float, float]  # when the feed began: wall clock, `perf_counter`
+    output: Any = None
+    error: MontyError | None = None
+    printed: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Inline:
+    """The synchronous pool for inline runs (started on first use, per process) and the slow scripts."""
+
+    def __init__(self, *, slice_s: float, max_processes: int, max_checkouts_per_worker: int | None) -> None:
+        self.slice_s = slice_s
+        self.max_processes = max_processes
+        self.max_checkouts_per_worker = max_checkouts_per_worker
+        self.slow: set[str] = set()  # scripts (name and content hash) an attempt found too slow for a slice
+        self.runs = 0
+        self.discarded = 0
+        self._monty: Monty | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+        self._exit_hooked = False
+
+    def eligible(self, key: str, has_externals: bool) -> bool:
+        return self.slice_s > 0 and not has_externals and key not in self.slow
+
+    def _pool(self) -> Monty:
+        with self._lock:
+            if self._monty is None or self._pid != os.getpid():  # a forked child starts its own
+                monty = Monty(min_processes=1, max_processes=self.max_processes,
+                              max_checkouts_per_worker=self.max_checkouts_per_worker,
+                              feed_duration_limit_grace=GRACE_S, turn_duration_limit_grace=GRACE_S)
+                monty.__enter__()
+                self._monty, self._pid = monty, os.getpid()
+                if not self._exit_hooked:
+                    self._exit_hooked = True
+                    atexit.register(self.close)
+            return self._monty
+
+    def attempt(self, key: str, *, script_name: str, limits: ResourceLimits, code: str,
+                inputs: dict[str, Any], os_handler: Any) -> Attempt | None:
+        """Run once from this thread; None when the attempt does not stand (the run goes to the async
+        pool, and `key` is slow from now on). A crash of the sandbox worker raises, as in the async pool."""
+        full = limits.get("max_feed_duration_secs") or 0.0
+        binding = full <= self.slice_s  # the script's own limit fits the slice: whatever happens stands
+        cut: ResourceLimits = limits if binding else {
+            **limits, "max_feed_duration_secs": self.slice_s,
+            "max_total_sleep_secs": min(limits.get("max_total_sleep_secs") or self.slice_s, self.slice_s)}
+        printed: list[tuple[str, str]] = []
+
+        kept = 0
+
+        def keep(stream: str, text: str) -> None:  # shown only if the attempt stands
+            nonlocal kept
+            if kept <= MAX_PRINT_BYTES:  # past it the notes say "dropped"; the chunk crossing it suffices
+                kept += len(text)
+                printed.append((stream, text))
+
+        with self._pool().checkout(script_name=script_name, limits=cut) as session:
+            ran = Attempt(session.worker_pid, (time.time(), time.perf_counter()), printed=printed)
+            try:
+                ran.output = session.feed_run(code, inputs=inputs, os=os_handler, print_callback=keep)
+            except MontyError as e:
+                ran.error = e
+        self.runs += 1
+        if not binding and _cut_short(ran.error):
+            self.slow.add(key)
+            self.discarded += 1
+            return None
+        return ran
+
+    def close(self) -> None:
+        with self._lock:
+            monty, self._monty = self._monty, None
+            if monty is not None and self._pid == os.getpid():
+                monty.__exit__(None, None, None)
+
+
+def _cut_short(error: MontyError | None) -> bool:
+    """The attempt was stopped at its time (or sleep) limit, the slice: by the sandbox, or by the pool
+    killing a worker that overran it."""
+    if isinstance(error, MontyCrashedError):
+        return bool(error.timed_out)
+    text = str(error) if error is not None else ""
+    return text.startswith(("TimeoutError: feed time limit exceeded", "TimeoutError: sleep limit exceeded"))

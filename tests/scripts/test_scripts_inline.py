@@ -1,0 +1,95 @@
+"""Short runs fed from the caller's thread (`runtime.scripts.inline`): same results and notes as the async
+pool, never the loop held past a slice, a slow script's attempt discarded unseen and run again in full."""
+
+import pytest
+
+from runtime.scripts import get_pool, loads
+from runtime.scripts.inline import INLINE_SLICE_S, Inline
+
+pytestmark = pytest.mark.anyio
+
+ADD = 'from grail import Input\na: int = Input("a")\nprint("adding", a)\n{"sum": a + 1}\n'
+
+
+def counts() -> tuple[int, int, int]:
+    pool = get_pool()
+    return pool.inline.runs, pool.inline.discarded, pool.runs
+
+
+@pytest.fixture
+def roomy(monkeypatch):
+    """A slice a loaded machine cannot overrun by chance, for tests of runs that must stay inline."""
+    monkeypatch.setattr(get_pool().inline, "slice_s", 5.0)
+
+
+async def test_a_fast_script_without_externals_runs_inline_with_every_note(roomy):
+    notes = []
+    before = counts()
+    r = await loads(ADD, name="inline_add").run({"a": 2}, on_event=notes.append)
+    assert r.output == {"sum": 3} and r.error is None
+    assert counts() == (before[0] + 1, before[1], before[2])  # inline, kept, the async pool not asked
+    assert [n.kind for n in notes] == ["started", "printed", "completed"]
+    assert notes[0].worker_pid and notes[1].text == "adding 2\n"
+    assert notes[0].ts <= notes[1].ts <= notes[2].ts  # its start when it began, not when it was reported
+    assert notes[0].duration_ms <= notes[2].duration_ms
+
+
+async def test_a_script_with_externals_keeps_the_async_pool():
+    s = loads("from grail import external\n@external\nasync def twice(x: int) -> int: ...\nawait twice(4)\n",
+              name="inline_ext")
+
+    async def twice(x: int) -> int:
+        return 2 * x
+
+    before = counts()
+    r = await s.run(externals={"twice": twice})
+    assert r.output == 8
+    assert counts() == (before[0], before[1], before[2] + 1)
+
+
+async def test_a_slow_script_is_run_again_in_full_and_never_tried_inline_again():
+    """Its attempt ran out of the slice (the sleep does not fit in it): discarded with what it printed, the
+    run done again under its own limits; the second run goes straight to the async pool."""
+    s = loads('import time\nprint("attempt")\ntime.sleep(0.05)\n"woke"\n', name="inline_sleepy")
+    notes = []
+    before = counts()
+    r = await s.run(limits={"max_duration": "2s"}, on_event=notes.append)
+    assert r.output == "woke", r.error
+    assert [n.text for n in notes if n.kind == "printed"] == ["attempt\n"]  # the discarded one's: dropped
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
+    r = await s.run(limits={"max_duration": "2s"})
+    assert r.output == "woke"
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + 2)
+
+
+async def test_an_endless_loop_stops_at_its_own_limit_not_the_slice():
+    s = loads('print("spinning")\nwhile True:\n    pass\n', name="inline_spin")
+    before = counts()
+    r = await s.run(limits={"max_duration": "300ms"})
+    assert r.error is not None and (r.error.kind, r.error.detail) == ("limit", "duration")
+    assert "300 ms" in r.error.message  # the script's limit is reported, never the slice's
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
+
+
+async def test_a_limit_within_the_slice_stands_inline():
+    s = loads("while True:\n    pass\n", name="inline_tight")
+    before = counts()
+    r = await s.run(limits={"max_duration": "5ms"})
+    assert r.error is not None and (r.error.kind, r.error.detail) == ("limit", "duration")
+    assert "5 ms" in r.error.message
+    assert counts() == (before[0] + 1, before[1], before[2])  # its own limit fits the slice: it stands
+
+
+async def test_script_errors_are_the_same_values_inline(roomy):
+    s = loads('from grail import Input\nn: int = Input("n")\nitems = [1, 2]\nitems[n]\n', name="inline_err")
+    before = counts()
+    r = await s.run({"n": 5})
+    assert r.error is not None and r.error.kind == "execution" and r.error.line == 4, r.error
+    assert "IndexError" in r.error.message
+    assert counts()[0] == before[0] + 1
+
+
+def test_a_zero_slice_or_externals_are_never_inline():
+    assert not Inline(slice_s=0, max_processes=1, max_checkouts_per_worker=None).eligible("a:1", False)
+    one = Inline(slice_s=INLINE_SLICE_S, max_processes=1, max_checkouts_per_worker=None)
+    assert one.eligible("a:1", False) and not one.eligible("a:1", True)
