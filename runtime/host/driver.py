@@ -55,7 +55,6 @@ its events are made, because the model's next prompt needs it.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import weakref
@@ -77,6 +76,7 @@ from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.model.limits import Throttle, Ticket
 from runtime.model.step import Admission
+from runtime.nats.jetstream import PendingAck
 from runtime.nats.retry import retrying
 from runtime.streaming import StreamPublisher
 from runtime.types import ToolCall, ToolError
@@ -378,12 +378,13 @@ class RunDriver:
         """Publish a job for each call not yet out (at most `max_concurrent` of this run's out), all at once.
 
         What is staged (the reply holding the calls, what the kernel settled about them) is durable first: no
-        job leaves before its call is in the log. Each `tool.called` (a record that the job was sent) is then
-        appended while the jobs go out, after them: a host killed between the two is a case recovery handles
-        anyway (the call, without a result, is sent again under the same Msg-Id; an outcome found first gets
-        `tool.called` in `_apply`). Waiting for it cost a round trip per call (README, "Under network
-        latency"), and writing it first put its encoding and publish on the job's way to the worker (~0.2 ms
-        of a turn at 1 in flight, measured with the jobs' tasks started first and last)."""
+        job leaves before its call is in the log. The jobs are then handed to the connection, each
+        `tool.called` (a record that the job was sent) appended, and only then the jobs' acks awaited: a
+        host killed between a job and its record is a case recovery handles anyway (the call, without a
+        result, is sent again under the same Msg-Id; an outcome found first gets `tool.called` in
+        `_apply`). Waiting for the record cost a round trip per call (README, "Under network latency"), and
+        writing it first put its encoding and publish on the job's way to the worker (~0.2 ms of a turn at
+        1 in flight)."""
         await self._flush()
         if self.state.done:  # the log refused what was staged and the run ended: send out nothing
             return True
@@ -408,23 +409,44 @@ class RunDriver:
                                 tool_digest=self.agent.tool_digest(call.name)))
         if not jobs:
             return progressed
-        failed: list[Exception] = []
-
-        async def guarded(step: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
-            try:
-                await step()
-            except Exception as exc:  # raised below as itself, not an ExceptionGroup: callers catch it
-                failed.append(exc)
-                scope.cancel()
-
-        async with anyio.create_task_group() as tg:  # tasks start in this order: the jobs leave first
-            for job in jobs:
-                tg.start_soon(guarded, functools.partial(self._publish_job, job), tg.cancel_scope)
-            tg.start_soon(guarded, self._flush, tg.cancel_scope)
-        if failed:
-            raise failed[0]
+        sent = [(job, await self._send_job(job)) for job in jobs]  # on their way before their records
+        try:
+            await self._flush()
+            for job, pending in sent:
+                await self._job_acked(job, pending)
+        finally:
+            for _, pending in sent:  # a refused append or a rejected job: stop waiting for the other acks
+                if pending is not None:
+                    pending.drop()
         self.in_flight.update(job.call_id for job in jobs)
         return progressed
+
+    async def _send_job(self, job: ToolJob) -> PendingAck | None:
+        """Hand `job` to the connection; its ack is awaited after the turn's records are written (no task
+        per job: a task and its cancel scope cost the host more CPU than the publish). None: it is already
+        published, the slow way (NATS refused it just now, or this JetStream context has no `send`)."""
+        send: Callable[..., Awaitable[PendingAck]] | None = getattr(self.js, "send", None)  # `JetStream.send`
+        if send is not None:
+            try:
+                return await send(job.subject, job.encode(), headers=job.headers())
+            except Exception as e:
+                log.info("run %s: job %s not sent (%s); publishing it again", self.run_id, job.msg_id, e)
+        await self._publish_job(job)
+        return None
+
+    async def _job_acked(self, job: ToolJob, pending: PendingAck | None) -> None:
+        """Wait for a sent job's ack; without one (NATS unavailable for a moment), publish it again with the
+        same Msg-Id (the stream keeps one). A rejected job (`BadRequestError`) propagates."""
+        if pending is None:
+            return
+        try:
+            await pending.acked()
+            return
+        except BadRequestError:
+            raise
+        except Exception as e:
+            log.info("run %s: job %s not acked (%s); publishing it again", self.run_id, job.msg_id, e)
+        await self._publish_job(job)
 
     async def _publish_job(self, job: ToolJob) -> None:
         """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same

@@ -55,18 +55,41 @@ class PublishLog:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._js, name)
 
-    async def publish(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
-        what = subject
+    @staticmethod
+    def what(subject: str, payload: bytes) -> str:
         if subject.startswith("tools."):
-            what = f"job {ToolJob.decode(payload).call_id}"
-        elif subject.endswith(".tool.called"):
-            what = f"called {ev.decode(payload).call.id}"
-        elif subject.endswith(".model.responded"):
-            what = f"responded {ev.decode(payload).seq}"
+            return f"job {ToolJob.decode(payload).call_id}"
+        if subject.endswith(".tool.called"):
+            return f"called {ev.decode(payload).call.id}"
+        if subject.endswith(".model.responded"):
+            return f"responded {ev.decode(payload).seq}"
+        return subject
+
+    async def publish(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
+        what = self.what(subject, payload)
         self.log.append(("sent", what))
         ack = await self._js.publish(subject, payload, **kw)
         self.log.append(("acked", what))
         return ack
+
+    async def send(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
+        """`JetStream.send` (the driver's jobs): logged when handed over, and when their ack is awaited."""
+        what = self.what(subject, payload)
+        self.log.append(("sent", what))
+        return LoggedAck(await self._js.send(subject, payload, **kw), self.log, what)
+
+
+class LoggedAck:
+    def __init__(self, pending: Any, log: list[tuple[str, str]], what: str) -> None:
+        self.pending, self.log, self.what = pending, log, what
+
+    async def acked(self) -> Any:
+        ack = await self.pending.acked()
+        self.log.append(("acked", self.what))
+        return ack
+
+    def drop(self) -> None:
+        self.pending.drop()
 
 
 def fan_responder(body: dict[str, Any]) -> str:
@@ -123,6 +146,22 @@ class LostRecords(PublishLog):
             self.jobs.append(ToolJob.decode(payload))
             self.job_sent.set()
         return ack
+
+    async def send(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
+        """The job is out once stored: its ack is awaited here, before the driver appends its record."""
+        pending = await super().send(subject, payload, **kw)
+        await pending.acked()
+        self.jobs.append(ToolJob.decode(payload))
+        self.job_sent.set()
+        return Acked()
+
+
+class Acked:
+    async def acked(self) -> None:
+        return None
+
+    def drop(self) -> None:
+        return None
 
 
 async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_events(nats_server, topo,

@@ -64,3 +64,30 @@ async def test_no_ack_in_time_is_nats_py_timeout(js, nc) -> None:
         await js.publish("silent.x", b"?", timeout=0.2)
     assert (await sub.next_msg(timeout=1)).data == b"?"  # it was sent; nobody acked it
     assert not js._replies  # the waiting request is forgotten
+
+
+async def test_send_then_acked_gives_each_message_its_ack_in_any_order(js) -> None:
+    """`send` hands messages over at once; their acks are awaited later, in any order, with `publish`'s
+    results and errors. A dropped pending ack is forgotten, its message still stored."""
+    await js.add_stream(api.StreamConfig(name="J", subjects=["j.>"]))
+    pending = [await js.send(f"j.{i}", str(i).encode(), headers={HDR_MSG_ID: f"m{i}"}) for i in range(3)]
+    dropped = await js.send("j.dropped", b"d")
+    nowhere = await js.send("nowhere.at.all", b"z")
+    acks = [await p.acked() for p in reversed(pending)]
+    assert [(a.stream, a.seq) for a in acks] == [("J", 3), ("J", 2), ("J", 1)]
+    dropped.drop()
+    with pytest.raises(NoStreamResponseError):
+        await nowhere.acked()
+    assert not js._replies  # nothing left waiting: the dropped one included
+    again = await (await js.send("j.0", b"0", headers={HDR_MSG_ID: "m0"})).acked()
+    assert (again.seq, again.duplicate) == (1, True)
+    assert (await js.get_msg("J", 4)).data == b"d"  # dropped is not unsent
+
+
+async def test_a_sent_message_without_an_ack_times_out(js, nc) -> None:
+    sub = await nc.subscribe("silent.>")
+    pending = await js.send("silent.x", b"?", timeout=0.2)
+    assert (await sub.next_msg(timeout=1)).data == b"?"
+    with pytest.raises(nats.errors.TimeoutError):
+        await pending.acked()
+    assert not js._replies
