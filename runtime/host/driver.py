@@ -127,7 +127,11 @@ class RunDriver:
         self._cancelling = False
         # folded, not yet in the log (see "Staged appends"), each with the state before it
         self._staged: deque[tuple[ev.Event, kernel.State]] = deque()
-        self._acks: list[Any] = []  # messages to ack once everything staged before them is in the log
+        # messages to ack once everything staged before them is in the log: each with the count of events
+        # staged by then (`_counted`), acked as soon as that many are written (`_written`)
+        self._acks: deque[tuple[int, Any]] = deque()
+        self._counted = 0
+        self._written = 0
         # called when the run starts or stops waiting for an approver (the host rewrites its index entry)
         self.on_status: Callable[[RunDriver], Awaitable[None]] | None = None
         self._waiting_indexed = False
@@ -269,7 +273,7 @@ class RunDriver:
             item = self.inbox.popleft()
             await self._apply(item.item)
             if item.msg is not None:
-                self._acks.append(item.msg)
+                self._acks.append((self._counted, item.msg))
 
     async def _apply(self, item: Item) -> None:
         state = self.state
@@ -463,10 +467,14 @@ class RunDriver:
         event = ev.stamp(event, seq=self.state.seq, ts=self.clock(), actor=self.actor)
         before, self.state = self.state, kernel.evolve(self.state, event)
         self._staged.append((event, before))
+        self._counted += 1
         return event
 
     async def _flush(self) -> None:
-        """Write every staged event in order as the run's single writer, then ack what waited for them."""
+        """Write every staged event in order as the run's single writer, acking each message once the
+        events staged before it are written: an outcome's ack then leaves with the next event (one socket
+        write for both), not after the whole flush. Whatever still waits is acked at the end (a rejected
+        event drops what was staged after it)."""
         while self._staged:
             event, before = self._staged[0]
             try:
@@ -475,12 +483,13 @@ class RunDriver:
                 await self._rejected(event, before, e)
                 continue
             self._staged.popleft()
+            self._written += 1
             if self.on_event is not None:
                 self.on_event(event)
-        if self._acks:
-            acks, self._acks = self._acks, []
-            for msg in acks:
-                await ack_quietly(msg)
+            while self._acks and self._acks[0][0] <= self._written:
+                await ack_quietly(self._acks.popleft()[1])
+        while self._acks:
+            await ack_quietly(self._acks.popleft()[1])
 
     async def _rejected(self, event: ev.Event, before: kernel.State, error: LogRejected) -> None:
         """The log can never take `event`: forget it and what was staged after it (the state goes back
@@ -489,6 +498,7 @@ class RunDriver:
             raise error  # not even the ending fits: nothing more this driver can do
         log.error("run %s: %s; the run fails", self.run_id, error)
         self._staged.clear()
+        self._counted = self._written  # what waited for the dropped events waits for the ending instead
         self.state = before
         await self.append(ev.RunFailed(run_id=self.run_id, reason="log_rejected",
                                        detail=f"{ev.kind_of(event)} (seq {event.seq}) could not be recorded: "

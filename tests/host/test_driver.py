@@ -156,6 +156,16 @@ class LostRecords(PublishLog):
         return Acked()
 
 
+class AckLog:
+    """A RESULTS message whose ack is written to a `PublishLog`'s log."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    async def ack(self) -> None:
+        self.log.append(("ack", "outcome"))
+
+
 class Acked:
     async def acked(self) -> None:
         return None
@@ -194,13 +204,22 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
         assert kinds(before.events) == ["run.started", "model.requested", "model.responded"]
         (job,) = lossy.jobs
         outcome = ToolOutcome.for_job(job, ToolResult(output=3), worker="w")
-        second = RunDriver(js, agent, "calc", run_id, 0, last_seq=before.last_seq,
-                           state=kernel.fold(agent.config, before.events))
-        second.deliver(Inbound(outcome))  # found before the driver dispatches the call again
+        spy = PublishLog(js)
+        second = RunDriver(spy, agent, "calc", run_id, 0, last_seq=before.last_seq,
+                           state=kernel.fold(agent.config, before.events), log=RunLog(spy))
+        second.deliver(Inbound(outcome, AckLog(spy.log)))  # found before the driver dispatches the call again
         with anyio.fail_after(30):
             final = await second.run()
         await client.aclose()
     assert final.status == "completed"
+    # the outcome's message is acked once its events are written, with the next event (one socket write),
+    # not after everything staged with them (`turn.completed`, `model.requested`)
+    acked_at = spy.log.index(("ack", "outcome"))
+    completed = next(i for i, (kind, what) in enumerate(spy.log)
+                     if kind == "acked" and what.endswith(".tool.completed"))
+    turn_done = next(i for i, (kind, what) in enumerate(spy.log)
+                     if kind == "sent" and what.endswith(".turn.completed"))
+    assert completed < acked_at < turn_done, spy.log
     log = await RunLog(js).read(run_id)
     assert kinds(log.events) == ["run.started", "model.requested", "model.responded", "tool.called",
                                  "tool.completed", "turn.completed", "model.requested", "model.responded",
