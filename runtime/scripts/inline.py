@@ -24,22 +24,34 @@ A synchronous feed blocks the event loop while the script runs, so it is only tr
 
 So the loop is held at most one slice per slow script per process, and ~50 µs per fast run (less than the
 async pool's own wake-ups cost the loop). `configure_pool(inline_slice=0)` turns it off.
+
+Checking a session out and giving it back are round trips to the sandbox process too, and an idle process
+answers slowly (measured: a feed after 10 ms of idleness takes ~0.35 ms, back to back ~0.1 ms; checkout and
+return as much again). So a run's session is given back, and the next one checked out for the same script
+and limits, by `settle()`: the worker calls it once the job's outcome is out (`SandboxPool.settle`), off the
+job's path. The next run of that script finds its session waiting. A spare is never fed before its run
+(every run gets a session no script has touched), one whose process died is not used, and a run of another
+script gives the spare back first. Only the thread that settles keeps a spare; a thread that never settles
+gives each run's session back at its next run.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_monty import Monty, MontyCrashedError, MontyError, ResourceLimits
+from pydantic_monty import Monty, MontyCrashedError, MontyError, MontySession, ResourceLimits
 
 from runtime.scripts.notes import MAX_PRINT_BYTES
 
-__all__ = ["GRACE_S", "INLINE_SLICE_S", "Attempt", "Inline"]
+__all__ = ["GRACE_S", "INLINE_SLICE_S", "Attempt", "Inline", "alive"]
+
+log = logging.getLogger(__name__)
 
 INLINE_SLICE_S = 0.010  # the most an inline attempt may run (or sleep) before it is handed to the async pool
 GRACE_S = 0.05  # past its limit, how long the pool waits for the sandbox to stop itself before killing it
@@ -70,6 +82,8 @@ class Inline:
         self._pid: int | None = None
         self._lock = threading.Lock()
         self._exit_hooked = False
+        self._mine = threading.local()  # per thread: `used` sessions, the `spare`, the `last` checkout
+        self.ready_runs = 0  # runs that found their session checked out by `settle`
 
     def eligible(self, key: str, has_externals: bool) -> bool:
         return self.slice_s > 0 and not has_externals and key not in self.slow
@@ -77,7 +91,7 @@ class Inline:
     def _pool(self) -> Monty:
         with self._lock:
             if self._monty is None or self._pid != os.getpid():  # a forked child starts its own
-                monty = Monty(min_processes=1, max_processes=self.max_processes,
+                monty = Monty(min_processes=1, max_processes=self.max_processes + 1,  # room for a spare
                               max_checkouts_per_worker=self.max_checkouts_per_worker,
                               feed_duration_limit_grace=GRACE_S, turn_duration_limit_grace=GRACE_S)
                 monty.__enter__()
@@ -106,12 +120,15 @@ class Inline:
                 kept += len(text)
                 printed.append((stream, text))
 
-        with self._pool().checkout(script_name=script_name, limits=cut) as session:
-            ran = Attempt(session.worker_pid, (time.time(), time.perf_counter()), printed=printed)
-            try:
-                ran.output = session.feed_run(code, inputs=inputs, os=os_handler, print_callback=keep)
-            except MontyError as e:
-                ran.error = e
+        session, ready = self._session(script_name, cut)
+        ran = Attempt(session.worker_pid, (time.time(), time.perf_counter()), printed=printed)
+        try:
+            ran.output = session.feed_run(code, inputs=inputs, os=os_handler, print_callback=keep)
+        except MontyError as e:
+            ran.error = e
+        finally:
+            self._state().used.append(session)  # given back by `settle`, or before this thread's next run
+        self.ready_runs += ready
         self.runs += 1
         if not binding and _cut_short(ran.error):
             self.slow.add(key)
@@ -119,11 +136,85 @@ class Inline:
             return None
         return ran
 
+    def settle(self) -> None:
+        """Give back the sessions of this thread's finished runs, then check out the next one for the
+        script and limits that ran last (see the module docstring). Blocks for those round trips."""
+        mine = self._state()
+        _give_back(mine.used)
+        if mine.last is None or mine.spare is not None or self._monty is None or self._pid != os.getpid():
+            return
+        try:
+            session = self._monty.checkout(script_name=mine.last[0], limits=mine.last[1])
+            session.__enter__()
+        except Exception as e:  # the next run checks out for itself
+            log.debug("could not check out a ready inline session: %s", e)
+            return
+        mine.spare = (mine.last, session)
+
+    def _session(self, script_name: str, limits: ResourceLimits) -> tuple[MontySession, bool]:
+        """The spare if it was checked out for this script and limits and its process lives, else a fresh
+        checkout; a spare of another script is given back with this run's session (the pool has room for
+        both and this one: it never waits for a process a spare holds)."""
+        mine = self._state()
+        _give_back(mine.used)
+        wanted = (script_name, limits)
+        mine.last = wanted
+        spare, mine.spare = mine.spare, None
+        if spare is not None:
+            if spare[0] == wanted and alive(spare[1].worker_pid):
+                return spare[1], True
+            mine.used.append(spare[1])
+        session = self._pool().checkout(script_name=script_name, limits=limits)
+        session.__enter__()
+        return session, False
+
+    def _state(self) -> Any:
+        mine = self._mine
+        if not hasattr(mine, "used"):
+            mine.used, mine.spare, mine.last = [], None, None
+        return mine
+
     def close(self) -> None:
+        mine = self._state()
+        _give_back(mine.used)
+        if mine.spare is not None:
+            _give_back([mine.spare[1]])
+            mine.spare = None
         with self._lock:
             monty, self._monty = self._monty, None
             if monty is not None and self._pid == os.getpid():
                 monty.__exit__(None, None, None)
+
+
+def _give_back(sessions: list[MontySession]) -> None:
+    """Leave each session (its process goes back to the pool); a dead one has nothing to give back."""
+    while sessions:
+        session = sessions.pop()
+        try:
+            session.__exit__(None, None, None)
+        except Exception as e:
+            log.debug("giving back an inline session: %s", e)
+
+
+def alive(pid: int | None) -> bool:
+    """The process exists and is not a zombie (a spare's sandbox process may be killed while it waits)."""
+    if not pid:
+        return False
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)  # raw: this is on the critical path of a job
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: existence is all we can check
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+    try:
+        stat = os.read(fd, 512)
+    finally:
+        os.close(fd)
+    return stat.rpartition(b")")[2][1:2] not in (b"Z", b"X", b"")
 
 
 def _cut_short(error: MontyError | None) -> bool:

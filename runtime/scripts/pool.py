@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic_monty import AsyncMonty, AsyncMontySession, ResourceLimits
 
-from runtime.scripts.inline import INLINE_SLICE_S, Inline
+from runtime.scripts.inline import INLINE_SLICE_S, Inline, alive
 
 __all__ = ["SandboxPool", "configure_pool", "get_pool", "shutdown", "shutdown_sync"]
 
@@ -156,12 +156,14 @@ class SandboxPool:
         """Close the sessions of the runs that ended and check out the next one, in the background. The
         worker calls it once a job's outcome is out: done at once, the checkout competed with that job's
         outcome for the worker's loop (measured: what the ready session saved, the outcome's publish lost)."""
+        self.inline.settle()
         warm = self._warm
         if warm is not None and warm.loop is asyncio.get_running_loop():
             warm.settle()
 
     async def settled(self) -> None:
         """`settle`, then wait until the background work is done (the next session is ready, if any)."""
+        self.inline.settle()
         warm = self._warm
         if warm is not None and warm.loop is asyncio.get_running_loop():
             warm.settle()
@@ -243,7 +245,7 @@ class _Warm:
         spare, self.spare = self.spare, None
         if spare is None:
             return None
-        if spare[0] == key and _alive(spare[2].worker_pid):
+        if spare[0] == key and alive(spare[2].worker_pid):
             return spare[1], spare[2]
         if self.active + self.closing + 2 <= self.processes:  # the spare's process, and one for this run
             self.spawn(self.finish(spare[1]))
@@ -298,27 +300,6 @@ async def _finish(opened: Any) -> None:
         await opened.__aexit__(None, None, None)
     except Exception as e:
         log.debug("closing a sandbox session: %s", e)
-
-
-def _alive(pid: int | None) -> bool:
-    """The process exists and is not a zombie (a spare's worker may have been killed while it waited)."""
-    if not pid:
-        return False
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)  # raw: this is on the critical path of a job
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here: existence is all we can check
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
-    try:
-        stat = os.read(fd, 512)
-    finally:
-        os.close(fd)
-    return stat.rpartition(b")")[2][1:2] not in (b"Z", b"X", b"")
 
 
 _pool: SandboxPool | None = None

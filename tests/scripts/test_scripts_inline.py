@@ -1,6 +1,10 @@
 """Short runs fed from the caller's thread (`runtime.scripts.inline`): same results and notes as the async
 pool, never the loop held past a slice, a slow script's attempt discarded unseen and run again in full."""
 
+import asyncio
+import os
+import signal
+
 import pytest
 
 from runtime.scripts import get_pool, loads
@@ -93,3 +97,38 @@ def test_a_zero_slice_or_externals_are_never_inline():
     assert not Inline(slice_s=0, max_processes=1, max_checkouts_per_worker=None).eligible("a:1", False)
     one = Inline(slice_s=INLINE_SLICE_S, max_processes=1, max_checkouts_per_worker=None)
     assert one.eligible("a:1", False) and not one.eligible("a:1", True)
+
+
+FRESH = "try:\n    leftover\n    r = 'touched'\nexcept NameError:\n    r = 'fresh'\nleftover = 1\nr\n"
+
+
+async def test_settle_readies_the_next_session_untouched(roomy):
+    """After `settle` (a worker's cue: the outcome is out) the next run of the script finds its session
+    checked out already, and no script has run in it; another script's run does not take it."""
+    pool = get_pool()
+    s = loads(FRESH, name="inline_fresh")
+    assert (await s.run()).output == "fresh"
+    pool.settle()
+    ready = pool.inline.ready_runs
+    assert (await s.run()).output == "fresh"  # the spare: new, not the last run's session
+    assert pool.inline.ready_runs == ready + 1
+    pool.settle()
+    assert (await loads(FRESH, name="inline_other").run()).output == "fresh"  # another script: its own
+    assert pool.inline.ready_runs == ready + 1
+    assert (await s.run()).output == "fresh"  # not settled since: checked out for itself
+    assert pool.inline.ready_runs == ready + 1
+
+
+async def test_a_spare_whose_process_died_is_not_used(roomy):
+    pool = get_pool()
+    s = loads(FRESH, name="inline_victim")
+    await s.run()
+    pool.settle()
+    spare = pool.inline._state().spare
+    assert spare is not None
+    os.kill(spare[1].worker_pid, signal.SIGKILL)
+    await asyncio.sleep(0.2)  # let the kill land (the order under test: killed, then asked)
+    ready, crashes = pool.inline.ready_runs, pool.crashes
+    r = await s.run()
+    assert r.output == "fresh" and r.error is None  # not reported as a crash of this run
+    assert (pool.inline.ready_runs, pool.crashes) == (ready, crashes)
