@@ -23,7 +23,9 @@ which is one more sandboxed tool run: our bundles end through a terminal tool). 
   the same two cores, which measures the watcher rather than the runtime.
 
 For each N in `--flight`, `--agents` agents run with N in flight (a new one starts when one ends). Printed:
-turn p50 (wall time from one model request to the next, tool included; at 1 in flight), turns/s at each N,
+turn p50 (wall time from one model request to the next, tool included; at 1 in flight; measured in rounds
+alternating with the plain loop's, whose turns of the same rounds are what the p50 overhead is over), turns/s
+at each N,
 and the CPU per turn of the system's own processes at the largest N (the load driver and the scripted server
 excluded; for the runtime the host, workers, their sandbox processes and nats-server), and ratios to the plain
 loop of the same run.
@@ -483,14 +485,31 @@ SYSTEMS: dict[str, type[Any]] = {"plain": Plain, "langgraph": LangGraph, "tempor
                                  "temporal-local": TemporalLocal, "runtime": Runtime}
 
 
-async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+ROUNDS = 6  # the turn p50 is measured in rounds, each system's alternating with the plain loop's
+
+
+async def measure(system: Any, args: argparse.Namespace, levels: list[int],
+                  plain: Plain | None = None) -> dict[str, Any]:
+    """`plain`: the reference, whose turns are measured in rounds alternating with the system's, so both
+    p50s see the same moments of a shared, noisy machine (measured one after the other, the plain loop's
+    own p50 moved by up to 1.7 ms between runs of this script)."""
     try:
         if hasattr(system, "start"):
             await system.start()
         await drive(system.agent, 10, 5)  # warm up
         before = system.counters() if hasattr(system, "counters") else {}
-        _, turns, walls = await drive(system.agent, args.latency_agents, 1)
+        walls: list[float] = []
+        ref: list[float] = []
+        turns = 0
+        per_round = max(1, args.latency_agents // ROUNDS)
+        for _ in range(ROUNDS):
+            if plain is not None:
+                ref += (await drive(plain.agent, per_round, 1))[2]
+            _, n, some = await drive(system.agent, per_round, 1)
+            turns, walls = turns + n, walls + some
         out: dict[str, Any] = {"p50": statistics.median(walls) * 1000}
+        if ref:
+            out["p50_ref"] = statistics.median(ref) * 1000
         system.walls = False  # throughput: only the count of turns matters
         if before:  # NATS messages per turn, by connection name, while one agent runs at a time
             after = system.counters()
@@ -518,7 +537,8 @@ async def measure(system: Any, args: argparse.Namespace, levels: list[int]) -> d
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=200, help="agents per throughput measurement")
-    ap.add_argument("--latency-agents", type=int, default=20, help="sequential agents for the turn p50")
+    ap.add_argument("--latency-agents", type=int, default=60,
+                    help="sequential agents for the turn p50 (in rounds alternating with the plain loop's)")
     ap.add_argument("--flight", default="20,100", help="agents in flight for turns/s")
     ap.add_argument("--only", default=",".join(SYSTEMS), help="which systems, comma-separated")
     args = ap.parse_args()
@@ -527,6 +547,7 @@ async def main() -> None:
     names: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model, url = start_model_server(Path(tmp))
+        reference = Plain(url, Path(tmp)) if "plain" in args.only.split(",") else None
         try:
             for key in args.only.split(","):
                 folder = Path(tmp) / key
@@ -534,10 +555,13 @@ async def main() -> None:
                 system = SYSTEMS[key](url, folder)
                 names[key] = system.name
                 try:
-                    results[key] = await measure(system, args, levels)
+                    results[key] = await measure(system, args, levels,
+                                                 None if key == "plain" else reference)
                 except Exception as exc:  # a peer that cannot run here is reported, not fatal
                     print(f"{key}: could not run: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
+            if reference is not None:
+                await reference.close()
             model.terminate()
             model.wait(10)
     base = results.get("plain")
@@ -566,10 +590,11 @@ async def main() -> None:
                 if sent or got:
                     print(f"  {name:<24}sent {sent:>6.2f}   received {got:>6.2f}")
     if base:
-        print("\nratios to the plain loop (turns/s: higher is better; p50 overhead in ms: lower is better)")
+        print("\nratios to the plain loop (turns/s: higher is better; p50 overhead in ms: lower is better, "
+              "over the plain loop's turns measured in the same rounds)")
         for key, r in results.items():
             ratios = "".join(f"{r[n] / base[n]:>13.2f}x" for n in levels)
-            print(f"{names[key]:<68}{r['p50'] - base['p50']:>+7.2f} ms{ratios}"
+            print(f"{names[key]:<68}{r['p50'] - r.get('p50_ref', base['p50']):>+7.2f} ms{ratios}"
                   f"{r[f'cpu{top}'] / base[f'cpu{top}']:>12.2f}x")
 
 
