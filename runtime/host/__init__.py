@@ -15,6 +15,7 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
 - `recovery`   — folding existing runs from their log at a takeover, or after a lost append race
 - `runs_index` — the ``runs`` KV index and the ``active`` bucket (unfinished runs per partition)
 - `driver`     — `RunDriver`: one run's kernel loop; appends through the run log; model calls; tool jobs
+- `jobs_out`   — a turn's jobs sent at once, their acks awaited after their records, re-sent through outages
 - `served`     — `AgentRuntime`: one bundle's kernel config, model step and model client
 - `serve`      — `load_agents`, `serve` (connect, run a host until stopped), `close_agents`
 - `leases`     — which host serves which slot: expiring KV leases, fair shares per bundle, fencing

@@ -65,25 +65,22 @@ from typing import Any, Protocol
 
 import anyio
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError
 
 from runtime import events as ev
 from runtime import kernel
 from runtime.host.answers import apply_answer, apply_verdict, settle_due
+from runtime.host.jobs_out import job_acked, send_job
 from runtime.host.served import AgentRuntime
 from runtime.host.sleep import forget_wakes, parked_wakes, schedule_wakes
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import LogRejected, RunLog
 from runtime.model.limits import Throttle, Ticket
 from runtime.model.step import Admission
-from runtime.nats.jetstream import PendingAck
-from runtime.nats.retry import retrying
 from runtime.streaming import StreamPublisher
 from runtime.types import ToolCall, ToolError
 
 log = logging.getLogger("runtime.host")
 
-PUBLISH_RETRY_S = 0.25
 CANCEL_GRACE_S = 5.0  # how long a cancelled run waits for its stopped jobs' reports before it lets go
 
 
@@ -413,51 +410,17 @@ class RunDriver:
                                 tool_digest=self.agent.tool_digest(call.name)))
         if not jobs:
             return progressed
-        sent = [(job, await self._send_job(job)) for job in jobs]  # on their way before their records
+        sent = [(job, await send_job(self.js, job)) for job in jobs]  # on their way before their records
         try:
             await self._flush()
             for job, pending in sent:
-                await self._job_acked(job, pending)
+                await job_acked(self.js, job, pending)
         finally:
             for _, pending in sent:  # a refused append or a rejected job: stop waiting for the other acks
                 if pending is not None:
                     pending.drop()
         self.in_flight.update(job.call_id for job in jobs)
         return progressed
-
-    async def _send_job(self, job: ToolJob) -> PendingAck | None:
-        """Hand `job` to the connection; its ack is awaited after the turn's records are written (no task
-        per job: a task and its cancel scope cost the host more CPU than the publish). None: it is already
-        published, the slow way (NATS refused it just now, or this JetStream context has no `send`)."""
-        send: Callable[..., Awaitable[PendingAck]] | None = getattr(self.js, "send", None)  # `JetStream.send`
-        if send is not None:
-            try:
-                return await send(job.subject, job.encode(), headers=job.headers())
-            except Exception as e:
-                log.info("run %s: job %s not sent (%s); publishing it again", self.run_id, job.msg_id, e)
-        await self._publish_job(job)
-        return None
-
-    async def _job_acked(self, job: ToolJob, pending: PendingAck | None) -> None:
-        """Wait for a sent job's ack; without one (NATS unavailable for a moment), publish it again with the
-        same Msg-Id (the stream keeps one). A rejected job (`BadRequestError`) propagates."""
-        if pending is None:
-            return
-        try:
-            await pending.acked()
-            return
-        except BadRequestError:
-            raise
-        except Exception as e:
-            log.info("run %s: job %s not acked (%s); publishing it again", self.run_id, job.msg_id, e)
-        await self._publish_job(job)
-
-    async def _publish_job(self, job: ToolJob) -> None:
-        """Publish `job`; while NATS is unavailable (leader election, reconnect), again with the same
-        Msg-Id. A rejected job (`BadRequestError`) is not an outage: it propagates."""
-        await retrying(lambda: self.js.publish(job.subject, job.encode(), headers=job.headers()),
-                       what=f"run {self.run_id}: publishing job {job.msg_id}", fatal=BadRequestError,
-                       delay=PUBLISH_RETRY_S, logger=log)
 
     # -- the log -----------------------------------------------------------------------------------------
 

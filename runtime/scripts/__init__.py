@@ -11,9 +11,10 @@ Loading: `loader` (find the declarations, blank their lines), `declarations` (re
 script declares), `loaded` (`LoadedScript`: the loaded script as plain data), `script` (`Script`: a
 `LoadedScript` with `run`). Running: `run` (one run, in order), `inputs` (arguments checked and coerced),
 `externals` (host functions wrapped for Monty), `files` (the read-only virtual filesystem), `limits`,
-`pool` (the process-wide Monty pool), `output` (results as plain JSON, checked), `errors` (Monty's
-exceptions as `ToolError`s), `notes` (what observers see of a run). Asking Monty before a run:
-`diagnostics` (`diagnose`, `probe`, `typecheck`). `validate` checks values against JSON Schema.
+`pool` (the process-wide Monty pool), `inline` (short runs fed from the caller's thread), `output`
+(results as plain JSON, checked), `errors` (Monty's exceptions as `ToolError`s), `notes` (what observers
+see of a run). Asking Monty before a run: `diagnostics` (`diagnose`, `probe`, `typecheck`). `validate`
+checks values against JSON Schema.
 
 Everything a caller needs is re-exported here; the modules' other names are implementation details.
 """
