@@ -6,7 +6,12 @@ Prints, for a trivial script and for summing 1,000 ints:
   - p50/p99 latency of `Script.run` (the full async path: input validation, a fresh checkout of the
     process pool, Monty, result conversion), of a bare `AsyncMonty` checkout + feed (the floor under our
     layer), and of CPython `exec` (compile + exec) of the same code in this process, with the ratio;
-  - runs/s with 1, 2 and 4 runs in flight.
+  - runs/s with 1, 2 and 4 runs in flight;
+  - the two ways a run is fed, in a worker's pattern (one run at a time, the pool settled after each, off
+    the timed path; rounds alternating): inline from this thread through the synchronous pool (the default
+    for a script without externals, `runtime.scripts.inline`) and through `AsyncMonty` (its ready session
+    kept by `warm`): p50 and this process's CPU per run (its threads and the settling included), back to
+    back and with 5 ms idle before each run (an idle sandbox process answers slowly).
 Figures, not assertions: the machine's load moves them (see ../shared/research/monty.md §8).
 """
 
@@ -19,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -75,6 +81,37 @@ async def throughput(run, total: int, concurrency: int) -> float:
     t = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(total)))
     return total / (time.perf_counter() - t)
+
+
+ROUNDS = 5
+
+
+async def inline_vs_async(script: Any, inputs: dict, samples: int,
+                          gap: float) -> dict[str, tuple[list[float], float]]:
+    """Per path: every run's wall time, and this process's CPU per run, over `ROUNDS` alternating rounds."""
+    pool = get_pool()
+    slice_s = pool.inline.slice_s
+    walls: dict[str, list[float]] = {"inline": [], "async": []}
+    cpu: dict[str, float] = {"inline": 0.0, "async": 0.0}
+    try:
+        async with pool.warm():
+            for _ in range(ROUNDS):
+                for path in ("inline", "async"):
+                    pool.inline.slice_s = slice_s if path == "inline" else 0.0
+                    c0 = time.process_time()
+                    for _ in range(samples // ROUNDS):
+                        if gap:
+                            await asyncio.sleep(gap)
+                        t = time.perf_counter()
+                        r = await script.run(inputs)
+                        walls[path].append(time.perf_counter() - t)
+                        assert r.error is None, r
+                        await pool.settled()  # a worker's cue once the outcome is out: off the timed path
+                    cpu[path] += time.process_time() - c0
+    finally:
+        pool.inline.slice_s = slice_s
+    n = ROUNDS * (samples // ROUNDS)
+    return {path: (walls[path], cpu[path] / n) for path in walls}
 
 
 async def main(samples: int, runs: int) -> None:
@@ -135,6 +172,18 @@ async def main(samples: int, runs: int) -> None:
         for concurrency in (1, 2, 4):
             rate = await throughput(fn, runs, concurrency)
             print(f"| {label} | {concurrency} | {rate:8.0f} |")
+    print("\n# inline (synchronous pool, this thread) vs the async pool, one run at a time as a worker runs "
+          "them\n")
+    print("| job | idle before each | inline p50 | async p50 | inline CPU/run | async CPU/run | CPU ratio |")
+    print("|---|---|---|---|---|---|---|")
+    jobs: tuple[tuple[str, Any, dict], ...] = (("trivial", trivial, {}),
+                                               ("sum of 1,000 ints", summing, {"values": VALUES}))
+    for label, script, inputs in jobs:
+        for gap in (0.0, 0.005):
+            got = await inline_vs_async(script, inputs, samples, gap)
+            (iw, ic), (aw, ac) = got["inline"], got["async"]
+            print(f"| {label} | {gap * 1000:.0f} ms | {us(statistics.median(iw))} "
+                  f"| {us(statistics.median(aw))} | {us(ic)} | {us(ac)} | {ic / ac:.2f}× |")
     print(f"\nsandbox crashes during the benchmark: {get_pool().crashes}")
     await shutdown()
 
