@@ -155,8 +155,10 @@ class SandboxPool:
     def settle(self) -> None:
         """Close the sessions of the runs that ended and check out the next one, in the background. The
         worker calls it once a job's outcome is out: done at once, the checkout competed with that job's
-        outcome for the worker's loop (measured: what the ready session saved, the outcome's publish lost)."""
-        self.inline.settle()
+        outcome for the worker's loop (measured: what the ready session saved, the outcome's publish lost).
+        The inline pool's part blocks for its round trips, so it runs once the loop has done what is ready
+        (the job's ack, queued just before, is written first)."""
+        asyncio.get_running_loop().call_soon(self.inline.settle)
         warm = self._warm
         if warm is not None and warm.loop is asyncio.get_running_loop():
             warm.settle()

@@ -108,11 +108,14 @@ async def test_settle_readies_the_next_session_untouched(roomy):
     pool = get_pool()
     s = loads(FRESH, name="inline_fresh")
     assert (await s.run()).output == "fresh"
-    pool.settle()
+    pool.settle()  # deferred: what the loop has ready (a worker's job ack) goes first
+    assert pool.inline._state().spare is None
+    await asyncio.sleep(0)
+    assert pool.inline._state().spare is not None
     ready = pool.inline.ready_runs
     assert (await s.run()).output == "fresh"  # the spare: new, not the last run's session
     assert pool.inline.ready_runs == ready + 1
-    pool.settle()
+    await pool.settled()
     assert (await loads(FRESH, name="inline_other").run()).output == "fresh"  # another script: its own
     assert pool.inline.ready_runs == ready + 1
     assert (await s.run()).output == "fresh"  # not settled since: checked out for itself
@@ -123,7 +126,7 @@ async def test_a_spare_whose_process_died_is_not_used(roomy):
     pool = get_pool()
     s = loads(FRESH, name="inline_victim")
     await s.run()
-    pool.settle()
+    await pool.settled()
     spare = pool.inline._state().spare
     assert spare is not None
     os.kill(spare[1].worker_pid, signal.SIGKILL)
