@@ -27,12 +27,12 @@ async pool's own wake-ups cost the loop). `configure_pool(inline_slice=0)` turns
 
 Checking a session out and giving it back are round trips to the sandbox process too, and an idle process
 answers slowly (measured: a feed after 10 ms of idleness takes ~0.35 ms, back to back ~0.1 ms; checkout and
-return as much again). So a run's session is given back, and the next one checked out for the same script
-and limits, by `settle()`: the worker calls it once the job's outcome is out (`SandboxPool.settle`), off the
-job's path. The next run of that script finds its session waiting. A spare is never fed before its run
-(every run gets a session no script has touched), one whose process died is not used, and a run of another
-script gives the spare back first. Only the thread that settles keeps a spare; a thread that never settles
-gives each run's session back at its next run.
+return as much again). So a run's session is given back, and the next one checked out for the same script and
+limits, by `settle()`: the worker calls it once the job's outcome is out (`SandboxPool.settle`), off the job's
+path. The next run of that script finds its session waiting. A spare is never fed before its run (every run
+gets a session no script has touched), one whose process died is not used, and a run of another script checks
+out its own and leaves the spare to be given back with it. Only the thread that settles keeps a spare; a
+thread that never settles gives each run's session back at its next run.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class Inline:
     def attempt(self, key: str, *, script_name: str, limits: ResourceLimits, code: str,
                 inputs: dict[str, Any], os_handler: Any) -> Attempt | None:
         """Run once from this thread; None when the attempt does not stand (the run goes to the async
-        pool, and `key` is slow from now on). A crash of the sandbox worker raises, as in the async pool."""
+        pool, and `key` is slow from now on). What Monty raises is in the attempt (a crashed sandbox process
+included); a checkout that fails raises, as in the async pool."""
         full = limits.get("max_feed_duration_secs") or 0.0
         binding = full <= self.slice_s  # the script's own limit fits the slice: whatever happens stands
         cut: ResourceLimits = limits if binding else {

@@ -4,12 +4,12 @@
     result.output            # plain JSON-able data, or
     result.error             # ToolError(kind, message, line, detail)
 
-The order: load diagnostics -> inputs (missing, extra, wrong type: `inputs`) -> externals (missing,
-extra: `externals`) -> one fresh checkout of the process pool under the run's `Limits` -> Monty (its
-exceptions classified by `errors`) -> the result converted to plain data, `max_output`, `output_model`
-(`output`). Observers get the run's `ScriptNote`s in order (`notes`). Nothing here raises for a script
-problem: a run that fails anywhere returns a result whose error says what went wrong, where (the `.pym`
-line), and how to fix it.
+The order: load diagnostics -> inputs (missing, extra, wrong type: `inputs`) -> externals (missing, extra:
+`externals`) -> one fresh session of the process pool under the run's `Limits` (fed from this thread for a
+script without externals, `inline`) -> Monty (its exceptions classified by `errors`) -> the result converted
+to plain data, `max_output`, `output_model` (`output`). Observers get the run's `ScriptNote`s in order
+(`notes`). Nothing here raises for a script problem: a run that fails anywhere returns a result whose error
+says what went wrong, where (the `.pym` line), and how to fix it.
 """
 
 from __future__ import annotations
