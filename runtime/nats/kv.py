@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -83,6 +84,8 @@ KV_MAX_CONSUMERS = 10_000
 CREATED_VISIBLE_S = 10.0  # how long a bucket just created may stay unknown to the server asked about it
 _ERR_STREAM_NAME_EXISTS = 10058  # another process created the bucket meanwhile (with another config)
 _ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164  # "wrong last sequence" without the number (nats-py checks both)
+
+log = logging.getLogger("runtime.nats")
 
 
 async def runs_kv(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
@@ -218,7 +221,25 @@ async def latest(js: JetStreamContext, bucket: str, key: str) -> tuple[int, byte
 
 async def last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> list[Msg]:
     """The last message of every subject of `stream` matching `subjects`, read exactly: an ephemeral pull
-    consumer (last per subject) says at creation how many there are, and exactly that many are read."""
+    consumer (last per subject) says at creation how many there are, and exactly that many are read.
+
+    A listing that times out (a request or a fetch unanswered for 5 s: once in ~1,000 listings on a
+    healthy 3-node cluster under a full test run's load) is made again with a new consumer, up to
+    `LISTING_ATTEMPTS` in all: it is a read, so trying again is safe."""
+    for attempt in range(1, LISTING_ATTEMPTS + 1):
+        try:
+            return await _last_per_subject(js, stream, subjects)
+        except nats.errors.TimeoutError as e:
+            if attempt == LISTING_ATTEMPTS:
+                raise
+            log.info("listing %s of %s timed out (%s); listing again", subjects, stream, e)
+    raise AssertionError("unreachable")
+
+
+LISTING_ATTEMPTS = 3
+
+
+async def _last_per_subject(js: JetStreamContext, stream: str, subjects: str) -> list[Msg]:
     name = "kvls-" + os.urandom(8).hex()
     info = await js.add_consumer(stream, ConsumerConfig(
         name=name, filter_subject=subjects, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,

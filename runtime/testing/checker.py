@@ -23,17 +23,25 @@ themselves (never from a process's word):
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from runtime import events as ev
 from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv, kv_entries, workspace_kv
+from runtime.nats.retry import retrying
 from runtime.nats.subjects import ACTIVE_BUCKET, TOOLS, WORKERS_CONSUMER, workspace_bucket
 from runtime.testing.fleet import StepModel
 
 ANOMALIES = ("lost", "not_completed", "terminals", "gaps", "unverified", "model_repeats", "turns",
              "duplicate_effects", "tool_failures", "in_flight")
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
+CHECK_PATIENCE_S = 60.0  # how long a read of the stores may keep failing before the check itself fails
+
+log = logging.getLogger("runtime.testing")
+T = TypeVar("T")
 
 
 def anomalies(counts: dict[str, int]) -> dict[str, int]:
@@ -52,9 +60,10 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
     config = bundle.kernel_config()
     counts = dict.fromkeys((*ANOMALIES, "runs", "events", "writes", "reissued"), 0)
     counts["runs"] = len(runs)
-    files = await kv_entries(await workspace_kv(js, workspace))
+    files = await _read(lambda: _workspace_files(js, workspace), "the workspace")
     name = workspace_bucket(workspace)
-    info = await js.stream_info(f"KV_{name}", subjects_filter=f"$KV.{name}.>")
+    info = await _read(lambda: js.stream_info(f"KV_{name}", subjects_filter=f"$KV.{name}.>"),
+                       "the workspace's revisions")
     revisions = {subject.split(".", 2)[2]: n for subject, n in (info.state.subjects or {}).items()}
     arrivals: dict[tuple[int, int], list[float]] = {}
     with model.lock:
@@ -62,7 +71,7 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
             arrivals.setdefault((i, step), []).append(t)
     log = RunLog(js)
     for index, (run_id, steps) in runs.items():
-        events = (await log.read(run_id)).events
+        events = (await _read(functools.partial(log.read, run_id), f"run {run_id}")).events
         counts["events"] += len(events)
         for key, bad in _check_log(events, index, steps).items():
             counts[key] += bad
@@ -82,7 +91,8 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
         if content != expected or revisions.get(f"r{index}.txt", 0) != steps:
             counts["duplicate_effects"] += 1
         counts["writes"] += revisions.get(f"r{index}.txt", 0)
-    counts["in_flight"] = await _in_flight(js, {run_id for run_id, _ in runs.values()})
+    counts["in_flight"] = await _read(lambda: _in_flight(js, {run_id for run_id, _ in runs.values()}),
+                                      "what is in flight")
     return counts
 
 
@@ -124,6 +134,18 @@ def _timeline(events: list[ev.Event], index: int, arrivals: dict[tuple[int, int]
     rows = [(t, f"request step {step}") for (i, step), times in arrivals.items() if i == index for t in times]
     rows += [(e.ts, f"seq {e.seq} {ev.kind_of(e)}") for e in events]
     return "; ".join(f"{t:.3f} {what}" for t, what in sorted(rows))
+
+
+async def _read(op: Callable[[], Awaitable[T]], what: str) -> T:
+    """A read of the stores, retried while the cluster is still recovering from the phase's fault (a
+    503 "JetStream system temporarily unavailable" or a timeout right after a leader cut heals): the
+    checker counts anomalies of the runtime, and a store busy electing is not one."""
+    return await retrying(op, what=f"checker: reading {what}", give_up=CHECK_PATIENCE_S, delay=0.5,
+                          level=logging.INFO, logger=log)
+
+
+async def _workspace_files(js: Any, workspace: str) -> dict[str, Any]:
+    return await kv_entries(await workspace_kv(js, workspace))
 
 
 async def _in_flight(js: Any, run_ids: set[str]) -> int:
