@@ -145,7 +145,7 @@ class RunLog:
             try:
                 ack = await self.js.publish(subject, data, headers=headers)
             except BadRequestError as e:
-                if e.err_code != names.ERR_WRONG_LAST_SEQUENCE:
+                if e.err_code not in names.WRONG_LAST_SEQUENCE:
                     raise LogRejected(f"the EVENTS stream refused {ev.kind_of(event)} seq {event.seq} of run "
                                       f"{event.run_id}: {e.description or e}") from None
                 if creating:

@@ -73,17 +73,16 @@ from runtime.nats.retry import retrying
 from runtime.nats.subjects import (
     APPLIED_BUCKET,
     APPLIED_TTL_S,
-    ERR_WRONG_LAST_SEQUENCE,
     HDR_EXPECTED_SUBJECT_SEQ,
     PAYLOADS_BUCKET,
     RUNS_BUCKET,
+    WRONG_LAST_SEQUENCE,
     workspace_bucket,
 )
 
 KV_MAX_CONSUMERS = 10_000
 CREATED_VISIBLE_S = 10.0  # how long a bucket just created may stay unknown to the server asked about it
 _ERR_STREAM_NAME_EXISTS = 10058  # another process created the bucket meanwhile (with another config)
-_ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164  # "wrong last sequence" without the number (nats-py checks both)
 
 log = logging.getLogger("runtime.nats")
 
@@ -139,7 +138,7 @@ async def put_kv(js: JetStreamContext, bucket: str, key: str, value: bytes, *, l
     try:
         ack = await js.publish(f"$KV.{bucket}.{key}", value, **kwargs)
     except nats.js.errors.APIError as e:
-        if e.err_code in (ERR_WRONG_LAST_SEQUENCE, _ERR_WRONG_LAST_SEQUENCE_CONSTANT):
+        if e.err_code in WRONG_LAST_SEQUENCE:
             raise KeyWrongLastSequenceError(description=e.description) from None
         raise
     return ack.seq

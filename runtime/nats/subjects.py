@@ -130,6 +130,10 @@ HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
+# the same refusal without the number: what a clustered stream answers when the check fails as the write is
+# proposed (seen after an EVENTS leader was cut off mid-append); every check must take both
+ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164
+WRONG_LAST_SEQUENCE = (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT)
 # Atomic batch publish (streams with `allow_atomic`): every message of a batch carries the batch id and its
 # 1-based position; the last one also carries the commit marker, and only its reply is a publish ack.
 HDR_BATCH_ID = "Nats-Batch-Id"
@@ -470,13 +474,14 @@ __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET",
            "ATTEMPTS_BUCKET", "BATCH_MAX_MESSAGES", "COMMANDS_PREFIX", "DEFAULT_PARTITIONS",
            "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING", "DEFAULT_TOOL_MAX_DELIVER", "DLQ",
            "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_ATOMIC_DISABLED",
-           "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "EVENTS", "FIRE_FILTERS",
-           "HANDOFFS_PREFIX",
+           "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "ERR_WRONG_LAST_SEQUENCE_CONSTANT",
+           "EVENTS", "FIRE_FILTERS", "HANDOFFS_PREFIX",
            "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
            "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET",
            "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "SCHEDULER_CONSUMER", "SCHEDULES", "SCHEDULE_FILTER",
            "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS",
-           "THREADS_BUCKET", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "active_filter", "active_key",
+           "THREADS_BUCKET", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "WRONG_LAST_SEQUENCE",
+           "active_filter", "active_key",
            "agent_of_task_subject", "bundle_of_slug", "bundle_result_filters", "bundle_slug",
            "bundle_task_filters", "bundle_token", "check_token", "command_subject", "dlq_subject",
            "event_subject", "fire_subject", "handoff_subject", "is_subtask_subject", "job_msg_id",

@@ -57,12 +57,12 @@ from runtime.nats.subjects import (
     BATCH_MAX_MESSAGES,
     ERR_ATOMIC_DISABLED,
     ERR_BATCH_DUPLICATE_MSG_ID,
-    ERR_WRONG_LAST_SEQUENCE,
     HDR_BATCH_COMMIT,
     HDR_BATCH_ID,
     HDR_BATCH_SEQ,
     HDR_EXPECTED_SUBJECT_SEQ,
     HDR_MSG_ID,
+    WRONG_LAST_SEQUENCE,
     workspace_bucket,
 )
 
@@ -350,7 +350,7 @@ class WorkspaceResultHandler:
                     await allow_atomic_writes(self.js, workspace)  # a bucket made by an older version
                     last = await self._publish_batch(messages)
         except BadRequestError as e:
-            if e.err_code not in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
+            if e.err_code not in (*WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
                 raise
             # refused as a whole: either an earlier attempt of this job landed it (its ack was lost), or
             # a file changed since the script read it; all-or-none means one of ours shows the first

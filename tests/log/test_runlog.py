@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from nats.js.errors import BadRequestError
 
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.log import TERMINAL_KINDS, RunLog, Superseded
+from runtime.nats.subjects import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT
 from runtime.types import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -122,3 +124,38 @@ async def test_the_end_of_a_run_is_asked_of_the_stream_leader_not_any_replica(lo
     assert [ev.kind_of(e) for e in (await log.read("rw9")).events][-1] == "run.completed"
     gets = [s for s in asked if ".MSG.GET." in s or ".DIRECT.GET." in s]
     assert gets and all(s.startswith("$JS.API.STREAM.MSG.GET.EVENTS") for s in gets), gets
+
+
+class ClusterRefusals:
+    """A JetStream context that answers a failed expected-sequence check as a clustered stream may: with
+    err_code 10164 ("wrong last sequence", no number) instead of 10071. Everything else is the server's."""
+
+    def __init__(self, js) -> None:
+        self._js = js
+
+    def __getattr__(self, name: str):
+        return getattr(self._js, name)
+
+    async def publish(self, subject: str, payload: bytes = b"", **kw):
+        try:
+            return await self._js.publish(subject, payload, **kw)
+        except BadRequestError as e:
+            if e.err_code != ERR_WRONG_LAST_SEQUENCE:
+                raise
+            raise BadRequestError(code=400, err_code=ERR_WRONG_LAST_SEQUENCE_CONSTANT,
+                                  description="wrong last sequence") from None
+
+
+async def test_a_clustered_wrong_last_sequence_is_an_occ_conflict_not_a_refusal(log: RunLog, js) -> None:
+    """Seen after an EVENTS leader was cut off mid-append: the retry of an append that had landed got
+    10164, and the run failed as if the stream refused the event (`log_rejected`). It is the same check."""
+    clustered = RunLog(ClusterRefusals(js))
+    events = a_run("rw10164")
+    last = await clustered.create(events[0])
+    assert last is not None
+    assert await clustered.create(events[0]) is None  # the run exists
+    last = await clustered.append(events[1], expect=last)
+    again = await clustered.append(events[1], expect=last - 1)  # its own append whose ack was lost
+    assert again == last
+    with pytest.raises(Superseded):  # another writer's event is there: superseded, not rejected
+        await clustered.append(events[2], expect=last - 1)
