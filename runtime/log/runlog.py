@@ -67,6 +67,7 @@ from runtime.log.purge import Purged, purge_runs
 from runtime.nats import subjects as names
 from runtime.nats.connection import refused_publish
 from runtime.nats.pull import fetch_batch
+from runtime.nats.retry import retrying
 from runtime.types import Message, ToolCall
 
 log = logging.getLogger("runtime.log")
@@ -150,7 +151,10 @@ class RunLog:
                                       f"{event.run_id}: {e.description or e}") from None
                 if creating:
                     return None  # the run exists (perhaps from our own attempt whose ack was lost)
-                landed = await self.last(event.run_id, event.actor)
+                # asked of the leader, which a cluster may be electing right now (503): a read, retried
+                landed = await retrying(lambda: self.last(event.run_id, event.actor),
+                                        what=f"run {event.run_id}: reading its last event",
+                                        delay=APPEND_RETRY_S, logger=log)
                 if landed is not None and landed[1] == msg_id:
                     return landed[0]  # our own earlier attempt landed; its ack was lost
                 raise Superseded(f"run {event.run_id}: another writer appended first (this one expected "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, ServiceUnavailableError
 
 from runtime import events as ev
 from runtime import nats as bus
@@ -132,9 +132,17 @@ class ClusterRefusals:
 
     def __init__(self, js) -> None:
         self._js = js
+        self.unavailable = 0  # the next reads of a run's last event answered 503 (a leader being elected)
 
     def __getattr__(self, name: str):
         return getattr(self._js, name)
+
+    async def get_last_msg(self, *args, **kw):
+        if self.unavailable:
+            self.unavailable -= 1
+            raise ServiceUnavailableError(code=503, err_code=10008,
+                                          description="JetStream system temporarily unavailable")
+        return await self._js.get_last_msg(*args, **kw)
 
     async def publish(self, subject: str, payload: bytes = b"", **kw):
         try:
@@ -148,14 +156,18 @@ class ClusterRefusals:
 
 async def test_a_clustered_wrong_last_sequence_is_an_occ_conflict_not_a_refusal(log: RunLog, js) -> None:
     """Seen after an EVENTS leader was cut off mid-append: the retry of an append that had landed got
-    10164, and the run failed as if the stream refused the event (`log_rejected`). It is the same check."""
-    clustered = RunLog(ClusterRefusals(js))
+    10164, and the run failed as if the stream refused the event (`log_rejected`). It is the same check.
+    And the read of what landed, asked of a leader being elected, answered 503: the driver stopped with an
+    unexpected error and the run waited for a takeover that never came. It is retried."""
+    cluster = ClusterRefusals(js)
+    clustered = RunLog(cluster)
     events = a_run("rw10164")
     last = await clustered.create(events[0])
     assert last is not None
     assert await clustered.create(events[0]) is None  # the run exists
     last = await clustered.append(events[1], expect=last)
+    cluster.unavailable = 2  # and the leader, asked what landed, is being elected: asked again
     again = await clustered.append(events[1], expect=last - 1)  # its own append whose ack was lost
-    assert again == last
+    assert again == last and cluster.unavailable == 0
     with pytest.raises(Superseded):  # another writer's event is there: superseded, not rejected
         await clustered.append(events[2], expect=last - 1)
