@@ -125,9 +125,8 @@ class RunDriver:
         # folded, not yet in the log (see "Staged appends"), each with the state before it
         self._staged: deque[tuple[ev.Event, kernel.State]] = deque()
         # messages to ack once everything staged before them is in the log: each with the count of events
-        # staged by then (`_counted`), acked as soon as that many are written (`_written`)
+        # appended by then (written and staged), acked as soon as that many are written (`_written`)
         self._acks: deque[tuple[int, Any]] = deque()
-        self._counted = 0
         self._written = 0
         # called when the run starts or stops waiting for an approver (the host rewrites its index entry)
         self.on_status: Callable[[RunDriver], Awaitable[None]] | None = None
@@ -270,7 +269,7 @@ class RunDriver:
             item = self.inbox.popleft()
             await self._apply(item.item)
             if item.msg is not None:
-                self._acks.append((self._counted, item.msg))
+                self._acks.append((self._written + len(self._staged), item.msg))
 
     async def _apply(self, item: Item) -> None:
         state = self.state
@@ -430,7 +429,6 @@ class RunDriver:
         event = ev.stamp(event, seq=self.state.seq, ts=self.clock(), actor=self.actor)
         before, self.state = self.state, kernel.evolve(self.state, event)
         self._staged.append((event, before))
-        self._counted += 1
         return event
 
     async def _flush(self) -> None:
@@ -460,8 +458,7 @@ class RunDriver:
         if isinstance(event, ev.RunFailed) and event.reason == "log_rejected":
             raise error  # not even the ending fits: nothing more this driver can do
         log.error("run %s: %s; the run fails", self.run_id, error)
-        self._staged.clear()
-        self._counted = self._written  # what waited for the dropped events waits for the ending instead
+        self._staged.clear()  # what waited for the dropped events waits for the ending instead
         self.state = before
         await self.append(ev.RunFailed(run_id=self.run_id, reason="log_rejected",
                                        detail=f"{ev.kind_of(event)} (seq {event.seq}) could not be recorded: "
