@@ -64,8 +64,9 @@ def test_waterfall_page(stack: Stack, runs: dict[str, str], page: Any):
     left, right = tools
     assert left["x"] < right["x"] + right["width"] and right["x"] < left["x"] + left["width"]
     run_bar = boxes(page, ".wf-row[data-kind=run] .wf-bar")[0]
-    assert all(b["x"] >= run_bar["x"] - 1 and b["x"] + b["width"] <= run_bar["x"] + run_bar["width"] + 1
-               for b in boxes(page, ".wf-bar"))  # every span inside the run's
+    outside = [(kind, b) for kind, b in zip(kinds, boxes(page, ".wf-row[data-kind] .wf-bar"), strict=True)
+               if b["x"] < run_bar["x"] - 1 or b["x"] + b["width"] > run_bar["x"] + run_bar["width"] + 1]
+    assert not outside, (run_bar, outside)  # every span inside the run's
     # hover: how long, and for a model call how many tokens
     page.locator(".wf-row[data-kind=model] .wf-bar").first.hover()
     tip = page.locator("#tip")

@@ -109,9 +109,13 @@ function renderWaterfall() {
   }
   box.appendChild(el("div", {class: "wf-row wf-head"}, el("div", {class: "wf-label muted"}, "span"), axis));
   for (const s of v.spans) {
+    // a bar too short to see is drawn at the least width, kept inside the axis (a span at the run's very
+    // end would otherwise stick out past the run's own bar)
+    const width = Math.max(0.15, 100 * s.duration_ms / total);
+    const left = Math.max(0, Math.min(100 * s.start_ms / total, 100 - width));
     const bar = place(el("div", {class: "wf-bar kind-" + s.kind + (s.open ? " open" : "") + (s.error ? " error" : ""),
       dataset: {span: s.id}, tabindex: "0", "aria-label": s.name + " " + fmtMs(s.duration_ms)}),
-    {left: (100 * s.start_ms / total).toFixed(3) + "%", width: Math.max(0.15, 100 * s.duration_ms / total).toFixed(3) + "%"});
+    {left: left.toFixed(3) + "%", width: width.toFixed(3) + "%"});
     const label = fmtMs(s.duration_ms) + (s.tokens ? " · " + (s.tokens.input + s.tokens.output) + " tok" : "");
     // the label after the bar; inside a wide one; before one that ends near the right edge
     const where = s.duration_ms / total > 0.3 ? " inside" : s.end_ms / total > 0.85 ? " before" : "";
