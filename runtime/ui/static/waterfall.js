@@ -109,9 +109,10 @@ function renderWaterfall() {
   }
   box.appendChild(el("div", {class: "wf-row wf-head"}, el("div", {class: "wf-label muted"}, "span"), axis));
   for (const s of v.spans) {
-    // a bar too short to see is drawn at the least width, kept inside the axis (a span at the run's very
-    // end would otherwise stick out past the run's own bar)
-    const width = Math.max(0.15, 100 * s.duration_ms / total);
+    // placed by its start and end (each rounded from the run's start, as the axis's end is: its rounded
+    // duration could reach 0.1 ms past a run that ends with it); a bar too short to see is drawn at the
+    // least width, kept inside the axis
+    const width = Math.max(0.15, 100 * (s.end_ms - s.start_ms) / total);
     const left = Math.max(0, Math.min(100 * s.start_ms / total, 100 - width));
     const bar = place(el("div", {class: "wf-bar kind-" + s.kind + (s.open ? " open" : "") + (s.error ? " error" : ""),
       dataset: {span: s.id}, tabindex: "0", "aria-label": s.name + " " + fmtMs(s.duration_ms)}),
