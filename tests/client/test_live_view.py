@@ -69,6 +69,9 @@ async def test_fragments_come_after_their_request_and_a_streamed_call_is_closed(
             seq = await log.append(ev.ModelResponded(run_id=RUN, seq=2, ts=3.0, actor=ACTOR,
                                                      request_id=REQUEST, turn=1, text="Let me add."),
                                    expect=seq)
+            with anyio.fail_after(20):  # the reply has reached the view (the server delivers it to the
+                while "model.responded" not in shown.getvalue():  # consumer when it will, and a core
+                    await anyio.sleep(0.01)  # message published now could overtake it)
             await publisher.publish(f"stream.{ACTOR}.{RUN}", Delta(  # a late copy of an answered request
                 run_id=RUN, request_id=REQUEST, turn=1, n=99, text="STALE").encode())
             await delivered()
