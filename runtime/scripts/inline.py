@@ -25,6 +25,12 @@ A synchronous feed blocks the event loop while the script runs, so it is only tr
 So the loop is held at most one slice per slow script per process, and ~50 µs per fast run (less than the
 async pool's own wake-ups cost the loop). `configure_pool(inline_slice=0)` turns it off.
 
+A checkout from the synchronous pool blocks its thread until a sandbox process is free, and this thread is
+the event loop's: it waits at most `CHECKOUT_WAIT_S`. A run that finds no process free in time goes to the
+async pool (which waits without holding the loop); a spare that cannot be checked out is not, and none is
+tried for `STARVED_S` after (each try would hold the loop again). The pool has room for every thread's
+spare and run, so this is for what should not happen: processes held elsewhere in the process.
+
 Checking a session out and giving it back are round trips to the sandbox process too, and an idle process
 answers slowly (measured: a feed after 10 ms of idleness takes ~0.35 ms, back to back ~0.1 ms; checkout and
 return as much again). So a run's session is given back, and the next one checked out for the same script and
@@ -49,12 +55,14 @@ from pydantic_monty import Monty, MontyCrashedError, MontyError, MontySession, R
 
 from runtime.scripts.notes import MAX_PRINT_BYTES
 
-__all__ = ["GRACE_S", "INLINE_SLICE_S", "Attempt", "Inline", "alive"]
+__all__ = ["CHECKOUT_WAIT_S", "GRACE_S", "INLINE_SLICE_S", "Attempt", "Inline", "alive"]
 
 log = logging.getLogger(__name__)
 
 INLINE_SLICE_S = 0.010  # the most an inline attempt may run (or sleep) before it is handed to the async pool
 GRACE_S = 0.05  # past its limit, how long the pool waits for the sandbox to stop itself before killing it
+CHECKOUT_WAIT_S = 0.25  # the most a checkout holds the loop waiting for a free process (a spawn takes ~2 ms)
+STARVED_S = 5.0  # after a spare's checkout found no process free, how long no spare is tried
 
 
 @dataclass
@@ -84,6 +92,8 @@ class Inline:
         self._exit_hooked = False
         self._mine = threading.local()  # per thread: `used` sessions, the `spare`, the `last` checkout
         self.ready_runs = 0  # runs that found their session checked out by `settle`
+        self.starved = 0  # checkouts that found no process free within `CHECKOUT_WAIT_S`
+        self._no_spare_until = 0.0  # `time.monotonic()` before which `settle` checks out no spare
 
     def eligible(self, key: str, has_externals: bool) -> bool:
         return self.slice_s > 0 and not has_externals and key not in self.slow
@@ -93,6 +103,7 @@ class Inline:
             if self._monty is None or self._pid != os.getpid():  # a forked child starts its own
                 monty = Monty(min_processes=1, max_processes=self.max_processes + 1,  # room for a spare
                               max_checkouts_per_worker=self.max_checkouts_per_worker,
+                              checkout_timeout=CHECKOUT_WAIT_S,
                               feed_duration_limit_grace=GRACE_S, turn_duration_limit_grace=GRACE_S)
                 monty.__enter__()
                 self._monty, self._pid = monty, os.getpid()
@@ -104,8 +115,9 @@ class Inline:
     def attempt(self, key: str, *, script_name: str, limits: ResourceLimits, code: str,
                 inputs: dict[str, Any], os_handler: Any) -> Attempt | None:
         """Run once from this thread; None when the attempt does not stand (the run goes to the async
-        pool, and `key` is slow from now on). What Monty raises is in the attempt (a crashed sandbox process
-included); a checkout that fails raises, as in the async pool."""
+        pool, and `key` is slow from now on; or no process was free within `CHECKOUT_WAIT_S`). What Monty
+        raises is in the attempt (a crashed sandbox process included); a checkout that fails otherwise
+        raises, as in the async pool."""
         full = limits.get("max_feed_duration_secs") or 0.0
         binding = full <= self.slice_s  # the script's own limit fits the slice: whatever happens stands
         cut: ResourceLimits = limits if binding else {
@@ -121,7 +133,13 @@ included); a checkout that fails raises, as in the async pool."""
                 kept += len(text)
                 printed.append((stream, text))
 
-        session, ready = self._session(script_name, cut)
+        try:
+            session, ready = self._session(script_name, cut)
+        except TimeoutError:
+            self.starved += 1
+            log.warning("no inline sandbox process free within %.2f s; this run goes to the async pool",
+                        CHECKOUT_WAIT_S)
+            return None
         ran = Attempt(session.worker_pid, (time.time(), time.perf_counter()), printed=printed)
         try:
             ran.output = session.feed_run(code, inputs=inputs, os=os_handler, print_callback=keep)
@@ -142,11 +160,18 @@ included); a checkout that fails raises, as in the async pool."""
         script and limits that ran last (see the module docstring). Blocks for those round trips."""
         mine = self._state()
         _give_back(mine.used)
-        if mine.last is None or mine.spare is not None or self._monty is None or self._pid != os.getpid():
+        if (mine.last is None or mine.spare is not None or self._monty is None or self._pid != os.getpid()
+                or time.monotonic() < self._no_spare_until):
             return
         try:
             session = self._monty.checkout(script_name=mine.last[0], limits=mine.last[1])
             session.__enter__()
+        except TimeoutError:  # the pool's processes are held elsewhere: the next run checks out for itself
+            self.starved += 1
+            self._no_spare_until = time.monotonic() + STARVED_S
+            log.warning("no inline sandbox process free within %.2f s for a spare; none tried for %.0f s",
+                        CHECKOUT_WAIT_S, STARVED_S)
+            return
         except Exception as e:  # the next run checks out for itself
             log.debug("could not check out a ready inline session: %s", e)
             return
@@ -175,12 +200,16 @@ included); a checkout that fails raises, as in the async pool."""
             mine.used, mine.spare, mine.last = [], None, None
         return mine
 
-    def close(self) -> None:
+    def close_spare(self) -> None:
+        """Give back what this thread holds: its finished runs' sessions and its spare."""
         mine = self._state()
         _give_back(mine.used)
         if mine.spare is not None:
             _give_back([mine.spare[1]])
             mine.spare = None
+
+    def close(self) -> None:
+        self.close_spare()
         with self._lock:
             monty, self._monty = self._monty, None
             if monty is not None and self._pid == os.getpid():

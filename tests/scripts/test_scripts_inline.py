@@ -135,3 +135,39 @@ async def test_a_spare_whose_process_died_is_not_used(roomy):
     r = await s.run()
     assert r.output == "fresh" and r.error is None  # not reported as a crash of this run
     assert (pool.inline.ready_runs, pool.crashes) == (ready, crashes)
+
+
+async def test_with_every_process_held_elsewhere_a_run_goes_to_the_async_pool_and_no_spare_is_awaited(roomy):
+    """The synchronous pool's checkout blocks the event loop's thread: when no process is free (held by
+    other code in the process) a run waits a bounded time, then goes to the async pool; `settle` gives
+    up the spare and does not try again at every job."""
+    pool, inline = get_pool(), get_pool().inline
+    s = loads(FRESH, name="inline_starved")
+    assert (await s.run()).output == "fresh"  # the inline pool is up
+    inline.close_spare()  # this thread holds nothing now
+    held = []
+    try:
+        while True:  # every process the inline pool may have, held here
+            session = inline._pool().checkout(script_name="hog.py", limits=HOG_LIMITS)
+            try:
+                session.__enter__()
+            except TimeoutError:
+                break
+            held.append(session)
+        assert held
+        runs, starved, async_runs = inline.runs, inline.starved, pool.runs
+        r = await s.run()
+        assert r.output == "fresh" and r.error is None
+        assert (inline.runs, inline.starved, pool.runs) == (runs, starved + 1, async_runs + 1)
+        inline.settle()
+        assert inline._state().spare is None and inline.starved == starved + 2
+        inline.settle()  # within `STARVED_S`: not tried again
+        assert inline.starved == starved + 2
+    finally:
+        for session in held:
+            session.__exit__(None, None, None)
+        inline._no_spare_until = 0.0
+    assert (await s.run()).output == "fresh" and inline.runs == runs + 1  # inline again
+
+
+HOG_LIMITS = {"max_memory": 100_000_000, "max_feed_duration_secs": 1.0}
