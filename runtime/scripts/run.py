@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from pydantic_monty import MontyError
+from pydantic_monty import AsyncFunctionSnapshot, AsyncMontySession, MontyComplete, MontyError
 
 from runtime.scripts.errors import classify, lost_worker
-from runtime.scripts.externals import ExternalFailure, prepare_externals
+from runtime.scripts.externals import AnsweredOnLoop, ExternalFailure, prepare_externals
 from runtime.scripts.files import make_fs
 from runtime.scripts.inputs import prepare_inputs
 from runtime.scripts.limits import Limits
@@ -97,7 +97,7 @@ async def _run(
     if isinstance(prepared, ToolError):
         return ToolResult(error=prepared)
     failures: list[ExternalFailure] = []
-    lookup = prepare_externals(script, externals, failures, notes.loop)
+    lookup = prepare_externals(script, externals, failures)
     if isinstance(lookup, ToolError):
         return ToolResult(error=lookup)
     try:
@@ -122,13 +122,7 @@ async def _run(
         else:
             async with pool.session(script_name=name, limits=limits.to_monty()) as s:
                 notes.start(worker_pid=s.worker_pid)
-                output = await s.feed_run(
-                    script.code,
-                    inputs=prepared,
-                    external_lookup=lookup,
-                    print_callback=notes.print_callback,
-                    os=fs,
-                )
+                output = await _feed(s, script.code, prepared, lookup, notes.print_callback, fs)
     except MontyError as e:
         return ToolResult(error=classify(e, script, limits, failures, fs))
     except RuntimeError as e:
@@ -137,3 +131,32 @@ async def _run(
             raise
         return ToolResult(error=lost)
     return finish(output, limits, output_model)
+
+
+async def _feed(session: AsyncMontySession, code: str, inputs: dict[str, Any], lookup: dict[str, Any],
+                print_callback: Callable[[Any, str], None], fs: Any) -> Any:
+    """Run `code` in `session` to its end. A script whose plain `def` externals must be answered on this
+    loop (`AnsweredOnLoop`, see `runtime.scripts.externals`) is driven call by call: Monty stops at each
+    call of one, the answer is awaited here, and the sandbox resumes with it (or with its exception, which
+    the sandbox may catch); everything else Monty answers itself, as `feed_run` does."""
+    on_loop = {n: f for n, f in lookup.items() if isinstance(f, AnsweredOnLoop)}
+    if not on_loop:
+        return await session.feed_run(code, inputs=inputs, external_lookup=lookup,
+                                      print_callback=print_callback, os=fs)
+    given = {n: f.placeholder if isinstance(f, AnsweredOnLoop) else f for n, f in lookup.items()}
+    snap: Any = await session.feed_start(code, inputs=inputs, external_lookup=given,
+                                         print_callback=print_callback, os=fs)
+    while not isinstance(snap, MontyComplete):
+        called = (on_loop.get(snap.function_name) if isinstance(snap, AsyncFunctionSnapshot)
+                  and not snap.is_os_function and snap.object_id is None else None)
+        if called is None:
+            snap = await snap.resume_auto()
+            continue
+        try:
+            value = await called.answer(*snap.args, **snap.kwargs)
+        except Exception as e:
+            snap = await snap.resume({"exception": e})
+        else:
+            snap = await snap.resume({"return_value": value})
+    return snap.output
+

@@ -175,6 +175,52 @@ async def test_externals_are_wrapped_to_their_declared_form():
     assert seen["thread"] == loop_thread
 
 
+@pytest.mark.timeout(60)  # the old failure was a hang of the whole loop (the watchdog then ends the session)
+async def test_a_plain_external_waiting_for_the_loop_never_holds_monty_while_the_loop_uses_its_sync_pool():
+    """A `def` external is answered on the loop, never on Monty's thread: there, an implementation that
+    waited for the loop held the thread that Monty's synchronous pool needs, and an inline run (or a
+    session given back) on the loop meanwhile never returned. A sync implementation runs off the loop."""
+    from runtime.scripts import get_pool
+
+    s = script("""\
+        from grail import external
+        @external
+        def record(x: int) -> int: ...
+        @external
+        def blocking(x: int) -> int: ...
+        [record(1), blocking(2)]
+    """)
+    entered, release, unblocked = asyncio.Event(), asyncio.Event(), threading.Event()
+    loop_thread = threading.get_ident()
+    threads = {}
+
+    async def record(x):  # as the runtime's record of an external call: it waits on the loop
+        entered.set()
+        await release.wait()
+        return x + 10
+
+    def blocking(x):  # a sync implementation that blocks until the loop lets it go
+        threads["blocking"] = threading.get_ident()
+        unblocked.wait(30)
+        return x + 20
+
+    async def unblock_when_called():
+        while "blocking" not in threads:
+            await asyncio.sleep(0.001)
+        unblocked.set()  # the loop runs while the sync implementation blocks
+
+    run = asyncio.ensure_future(s.run(externals={"record": record, "blocking": blocking}))
+    await entered.wait()
+    inline = await script("1 + 1").run()  # the synchronous pool, used from the loop meanwhile
+    assert inline.output == 2 and get_pool().inline.runs > 0
+    release.set()
+    waker = asyncio.ensure_future(unblock_when_called())
+    r = await run
+    await waker
+    assert r.output == [11, 22], r.error
+    assert threads["blocking"] != loop_thread
+
+
 async def test_external_returning_a_pydantic_model_is_converted():
     class Item(BaseModel):
         name: str
