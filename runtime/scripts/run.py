@@ -159,4 +159,3 @@ async def _feed(session: AsyncMontySession, code: str, inputs: dict[str, Any], l
         else:
             snap = await snap.resume({"return_value": value})
     return snap.output
-
