@@ -31,6 +31,9 @@ class HostConfig:
     # a model endpoint's permit held by a host that stopped renewing it comes back after this long
     # (`runtime.host.endpoint`)
     permit_lease: float = 15.0
+    # every this many seconds, a run unfinished in a slot served here that nothing here holds (seen so twice
+    # in a row) is folded back and driven (`runtime.host.recovery`, "Orphans"); None: never looked for
+    orphan_check: float | None = 15.0
 
 
 @dataclass
@@ -41,6 +44,7 @@ class HostStats:
     runs_started: int = 0
     runs_resumed: int = 0
     runs_recovered: int = 0
+    runs_adopted: int = 0  # runs found unfinished with no driver outside a takeover, and driven (orphans)
     runs_ended: dict[str, int] = field(default_factory=dict)
     rejected: int = 0  # malformed messages terminated
     tasks_rejected_busy: int = 0  # tasks refused because their actor or thread was busy (double_texting)

@@ -225,6 +225,7 @@ class Host:
             self._tg = tg
             tg.start_soon(endpoints.run)
             tg.start_soon(Scheduler(self.nc, self.js, self.stats).run, stop)
+            tg.start_soon(self.recovery.watch_orphans, self._recovered_slots, stop)
             if self.config.partitions is not None:
                 wanted = sorted(set(self.config.partitions))
                 bad = [p for p in wanted if not 0 <= p < total]
@@ -251,6 +252,10 @@ class Host:
                 while self.leases is not None and self._served.parts:  # the lease loop hands them back
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
+
+    def _recovered_slots(self) -> list[Slot]:
+        """The slots served now whose takeover's recovery is over (orphans are looked for in these)."""
+        return [slot for slot, part in self._served.parts.items() if part.ready.is_set()]
 
     async def _open_buckets(self) -> None:
         await self.index.open()

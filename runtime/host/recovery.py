@@ -14,13 +14,25 @@ its writes exactly-once beyond the window).
 Exactly one host drives a run: the one serving its slot. A stale one that still appends is stopped by
 the expected-sequence check (`Superseded`); if the winner of such a race is a host that still serves the
 slot, it re-folds the run and goes on (`refold`).
+
+Orphans: a takeover's listing can still miss a run, and a run can lose its driver with nothing left in
+flight to bring it back. Seen on machines of their own, the EVENTS leader cut off for 8 s: a host's driver
+was re-sending its run's job while TOOLS had no leader; a fence stopped it, the job was never stored, and
+when the host took the slot again a moment later its recovery did not fold the run (the ``active`` stream
+was itself between leaders then). No outcome would ever come for it, so no later message folded it back
+(the outcome path of `runtime.host.routing`), and the run waited for ever at its ``tool.called``. So a host
+also looks for orphans every `HostConfig.orphan_check` seconds (`watch_orphans`): a run whose ``active``
+entry names a slot this host serves (awake, or due to wake), that no driver and no mailbox here holds,
+and that was so at the look before too with the same entry, is folded back and driven. Two looks in a row,
+because a run is briefly in neither while its task starts or its recovery folds it. One listing per
+partition served, not per slot: the cost does not grow with the bundles a host serves.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -45,6 +57,7 @@ from runtime.nats.subjects import active_filter
 log = logging.getLogger("runtime.host")
 
 RECOVER_RETRY_S = 0.5
+ORPHANS_KEPT = 10_000  # at most this many runs remembered from one look for orphans to the next
 SUPERSEDED_RETRY_S = 1.0  # after losing an append race in a partition it still owns, re-fold this late
 
 
@@ -91,6 +104,52 @@ class Recovery:
         self.stats.runs_recovered += len(resumed)
         if todo:
             log.info("partition %d of %s: recovered %d unfinished run(s)", p, bundle, len(resumed))
+
+    async def watch_orphans(self, slots: Callable[[], Iterable[Slot]], stop: anyio.Event) -> None:
+        """Every `HostConfig.orphan_check` seconds until `stop`, adopt the orphans of `slots()` (the slots
+        served and recovered now; see the module docstring)."""
+        every = self.config.orphan_check
+        if every is None:
+            return
+        seen: dict[str, int] = {}
+        while not stop.is_set():
+            with anyio.move_on_after(every):
+                await stop.wait()
+            if stop.is_set():
+                return
+            try:
+                seen = await self.adopt_orphans(set(slots()), seen)
+            except Exception as e:  # NATS away: the next look
+                log.info("looking for runs no driver holds failed (%s: %s); again in %g s", type(e).__name__,
+                         e, every)
+
+    async def adopt_orphans(self, slots: set[Slot], seen: dict[str, int]) -> dict[str, int]:
+        """Fold back and drive the runs of `slots` no driver or mailbox here holds that `seen` (the last
+        look's answer) already had, with the same ``active`` revision; returns this look's answer."""
+        unheld: dict[str, int] = {}
+        now = time.time()
+        for p in sorted({p for _, p in slots}):
+            entries = await kv_entries(self.index.active, active_filter(p), complete=True)
+            for key, entry in entries.items():
+                run_id = key.split(".", 1)[1]
+                actor, until = parse_active(entry.value)
+                slot = slot_of(actor, p)
+                if slot not in slots or (until is not None and until > now) or run_id in self.actors.drivers \
+                        or run_id in self.actors.waiting:
+                    continue
+                if seen.get(run_id) != entry.revision:
+                    if len(unheld) < ORPHANS_KEPT:
+                        unheld[run_id] = entry.revision
+                    continue
+                driver = await self.fold_existing(run_id, actor, p)
+                if driver is None or not self.serves(slot) or run_id in self.actors.drivers:
+                    continue  # it was over (its index is fixed now), or taken up meanwhile
+                log.warning("run %s: unfinished in partition %d of %s, which this host serves, but nothing "
+                            "drove it for %g s or more; folded back from its log", run_id, p, slot[0],
+                            self.config.orphan_check)
+                self.actors.resume(driver)
+                self.stats.runs_adopted += 1
+        return unheld
 
     async def fold_existing(self, run_id: str, actor: str, partition: int) -> RunDriver | None:
         """A driver for an existing run from its log, or None if it is over (the index is then fixed)."""
@@ -189,4 +248,4 @@ def _changed(started: ev.RunStarted, agent: AgentRuntime) -> str:
             "set `resume: latest` in the bundle to let runs go on after a change")
 
 
-__all__ = ["SUPERSEDED_RETRY_S", "Recovery"]
+__all__ = ["ORPHANS_KEPT", "SUPERSEDED_RETRY_S", "Recovery"]

@@ -1,6 +1,6 @@
 """A run no driver holds in a slot its host serves is found again: by its next tool outcome, by itself when a
-fence stopped its driver and the slot was served again, and by a takeover whose listing of unfinished runs is
-checked against the stream leader.
+fence stopped its driver and the slot was served again, by a takeover whose listing of unfinished runs is
+checked against the stream leader, and, whatever the cause, by the host's periodic look for orphans.
 
 Seen on machines of their own (`bench/partitions.py`, the cut of a minority NATS node): after every lease
 was lost and taken again, a host's recovery listed a partition's unfinished runs from a replica still
@@ -19,9 +19,12 @@ from host_helpers import kinds, running_fleet, running_worker, write_bundle
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.commands import publish_task
+from runtime.host import HostConfig
 from runtime.log import RunLog
 from runtime.nats import kv as kv_module
 from runtime.nats.kv import IncompleteListing, kv_entries
+from runtime.nats.records import active_value
+from runtime.nats.subjects import active_key, partition_of
 
 pytestmark = pytest.mark.anyio
 
@@ -110,3 +113,46 @@ async def test_a_listing_that_stays_incomplete_says_so(nats_server, js, monkeypa
     monkeypatch.setattr(kv_module, "COMPLETE_RETRY_S", 0.01)
     with pytest.raises(IncompleteListing, match=r"p1\.r0"):
         await kv_entries(kv, "p1.*", complete=True)
+
+
+async def _orphan(js: Any, run_id: str, *, until: float | None = None) -> None:
+    """What a driver stopped with nothing in flight leaves, once a takeover's recovery missed it: the run's
+    first event and its `active` entry (asleep until `until`, if given), and no message that would bring
+    it back."""
+    started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="compute: 6 * 7")
+    assert await RunLog(js).create(started) is not None
+    kv = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
+    await kv.put(active_key(partition_of("calc", 2), run_id), active_value("calc", until))
+
+
+async def test_a_run_nothing_holds_is_adopted_by_the_host_serving_its_slot_and_only_once(nats_server, js,
+                                                                                          tmp_path):
+    await bus.ensure_topology(js, partitions=2)
+    config = HostConfig(task_ack_wait=2.0, orphan_check=0.2)
+    async with running_fleet(nats_server.url, js, write_bundle(tmp_path), config=config) as env:
+        await _orphan(js, "r-orphan")  # after the takeover: its recovery cannot have seen it
+        await _orphan(js, "r-asleep", until=4e9)  # asleep until 2096: its wake-up brings it back, not this
+        driven = await publish_task(js, "calc", "compute: 2 + 3")  # held by its driver all along
+        assert kinds(await env.wait_run(driven))[-1] == "run.completed"
+        events = await env.wait_run("r-orphan", timeout=60)
+        await anyio.sleep(1.0)  # five more looks
+        stats = env.host.stats
+        asleep = (await RunLog(js).read("r-asleep")).events
+    assert kinds(events)[:2] == ["run.started", "model.requested"] and kinds(events)[-1] == "run.completed"
+    assert "42" in str(events[-1])  # the calculator's answer: the run was driven to its real end
+    calls = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
+    assert calls and len(calls) == len(set(calls))  # driven by one driver: no call made twice
+    assert (stats.runs_adopted, stats.runs_recovered) == (1, 0)  # the orphan only; not the others
+    assert kinds(asleep) == ["run.started"]
+    idle = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
+    assert sorted(await kv_entries(idle, ">")) == [active_key(partition_of("calc", 2), "r-asleep")]
+
+
+async def test_no_look_for_orphans_when_told_not_to(nats_server, js, tmp_path):
+    await bus.ensure_topology(js, partitions=2)
+    config = HostConfig(task_ack_wait=2.0, orphan_check=None)
+    async with running_fleet(nats_server.url, js, write_bundle(tmp_path), config=config) as env:
+        await _orphan(js, "r-left")
+        await anyio.sleep(1.0)
+        assert env.host.stats.runs_adopted == 0
+        assert kinds((await RunLog(js).read("r-left")).events) == ["run.started"]
