@@ -81,7 +81,8 @@ class SaProcess:
         with open(self.log, "a") as f:
             f.write(f"=== life {self.lives} ===\n")
         out = open(self.log, "ab")  # the child keeps its own copy of the descriptor
-        env = {**os.environ, "NATS_URL": self.url, "SA_SANDBOX_WORKERS": "1"}
+        # one log record per line (rich wraps at 80 columns off a terminal): a run id can be grepped for
+        env = {**os.environ, "NATS_URL": self.url, "SA_SANDBOX_WORKERS": "1", "COLUMNS": "400"}
         self.proc = subprocess.Popen([*self.prefix, *CLI, *self.args], env=env, stdout=out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         out.close()

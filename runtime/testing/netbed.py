@@ -97,7 +97,7 @@ class Bed:
             bundle = self.write_bundle(self.model.base_url)
             self.hosts = [self._sa(f"h{i}", ["host", str(bundle), "--lease-ttl", f"{self.lease_ttl:g}",
                                              "--task-ack-wait", f"{self.task_ack_wait:g}",
-                                             "--metrics-port", str(METRICS)], "sa host: serving")
+                                             "--metrics-port", str(METRICS), "--verbose"], "sa host: serving")
                           for i in range(self.counts[1])]
             self.workers = [self._sa(f"w{i}", ["worker", "--bundle", str(bundle), "--concurrency",
                                                str(self.worker_concurrency), "--ack-wait",

@@ -38,7 +38,7 @@ from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv, kv_entries, runs_kv
 from runtime.nats.records import RunIndex
-from runtime.nats.subjects import EVENTS, LEASES_BUCKET, TOOLS, WORKERS_CONSUMER, parse_lease_key
+from runtime.nats.subjects import EVENTS, LEASES_BUCKET, RESULTS, TOOLS, WORKERS_CONSUMER, parse_lease_key
 from runtime.testing.checker import check
 from runtime.testing.fleet import StepModel, step_task
 from runtime.testing.netbed import Bed
@@ -95,7 +95,10 @@ async def phase(bed: Bed, model: StepModel, name: str, fault: Fault, load: Load,
         tg.start_soon(load.publish, batch, runs, window)
         await anyio.sleep(window / 3)
         out.recovery_s, out.notes = await fault(bed)
-    await wait_ended(bed.js, {run_id for run_id, _ in batch.values()}, timeout)
+    try:
+        await wait_ended(bed.js, {run_id for run_id, _ in batch.values()}, timeout)
+    except AssertionError as e:  # stuck runs: say where each one's work was last seen
+        raise AssertionError(f"{e}\n{await stuck_report(bed, str(e))}") from None
     out.ended_s = round(time.monotonic() - t0, 1)
     from runtime.bundle import load_bundle
 
@@ -130,6 +133,33 @@ async def wait_ended(js: Any, wanted: set[str], timeout: float) -> None:
             raise AssertionError(f"{len(wanted - done)} run(s) not ended after {timeout} s:\n" +
                                  "\n".join(detail))
         await anyio.sleep(0.5)
+
+
+async def stuck_report(bed: Bed, failure: str, *, runs: int = 4, lines: int = 12) -> str:
+    """What a failed `wait_ended` cannot say by itself, for the first `runs` run ids it names: each
+    process's log lines that mention the run (the last `lines`), and where the work queues stand (TOOLS and
+    RESULTS, and their consumers). Enough to tell a job never stored from one held by a worker, or an
+    outcome nobody took, when a partition test fails on a machine whose logs are gone afterwards."""
+    out: list[str] = []
+    for run_id in re.findall(r"^(r[0-9a-f]{16}):", failure, re.M)[:runs]:
+        for p in bed.hosts + bed.workers:
+            text = p.log.read_text(errors="replace") if p.log.exists() else ""
+            hits = [line.rstrip() for line in text.splitlines() if run_id in line][-lines:]
+            if hits:
+                out.append(f"-- {p.name} on {run_id}:\n" + "\n".join(hits))
+    try:
+        for stream in (TOOLS, RESULTS):
+            state = (await bed.js.stream_info(stream)).state
+            out.append(f"-- {stream}: {state.messages} message(s), first seq {state.first_seq}, last "
+                       f"{state.last_seq}")
+            for info in await bed.js.consumers_info(stream):
+                if info.num_pending or info.num_ack_pending or info.num_redelivered:
+                    out.append(f"   {info.name}: pending {info.num_pending}, ack pending "
+                               f"{info.num_ack_pending}, redelivered {info.num_redelivered}, leader "
+                               f"{info.cluster.leader if info.cluster else '?'}")
+    except Exception as e:  # the report must not hide the failure it reports
+        out.append(f"-- the work queues could not be read: {e!r}")
+    return "\n".join(out)
 
 
 async def start_delays(js: Any, batch: dict[int, tuple[str, int]], published: dict[int, float]
