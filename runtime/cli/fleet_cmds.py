@@ -62,6 +62,10 @@ def host(
     max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
                                                       "mailboxes; at the bound this host stops pulling "
                                                       "tasks.")] = 256,
+    orphan_check: Annotated[float, typer.Option(min=0, help="Seconds between this host's looks for runs of "
+                                                            "its partitions that nothing drives (one a "
+                                                            "takeover missed is driven after two looks); 0: "
+                                                            "never look.")] = 15.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
     events_max_age: EventsMaxAge = None,
     events_max_bytes: EventsMaxBytes = None,
@@ -101,7 +105,8 @@ def host(
                      f"{h.id}; resumed {h.stats.runs_recovered} run(s)", log_format)
             serving.started()
 
-        config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs)
+        config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs,
+                            orphan_check=orphan_check or None)
         await serving.apply_retention(url, bounds, partitions)
         async with anyio.create_task_group() as tg:
             tg.start_soon(serving.stop_on_signal, stop, verbose)

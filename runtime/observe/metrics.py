@@ -186,6 +186,10 @@ class HostMetrics:
             _safe_len(lambda: host.drivers))
         Gauge("sa_host_tasks_waiting", "Tasks waiting in this host's actor mailboxes",
               registry=r).set_function(_safe_len(lambda: host.waiting))
+        Gauge("sa_host_runs_adopted", "Runs this host found unfinished in its partitions with nothing "
+              "driving them, outside a takeover, and drove (each one a run a takeover missed: alert if it "
+              "grows)",
+              registry=r).set_function(lambda: float(host.stats.runs_adopted))
 
 
 def _safe_len(get: Callable[[], Any]) -> Callable[[], float]:
@@ -281,7 +285,8 @@ def metric_names() -> set[str]:
         waiting: dict[str, Any] = {}  # noqa: RUF012
         held: list[Any] = []  # noqa: RUF012
         concurrency = 1
-        stats = type("S", (), {"completed": 0, "dead_lettered": 0, "replayed": 0, "nacked": 0})()
+        stats = type("S", (), {"completed": 0, "dead_lettered": 0, "replayed": 0, "nacked": 0,
+                               "runs_adopted": 0})()
 
     host.watch_host(_Stub())
     worker.watch_worker(_Stub())

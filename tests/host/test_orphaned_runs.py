@@ -25,6 +25,7 @@ from runtime.nats import kv as kv_module
 from runtime.nats.kv import IncompleteListing, kv_entries
 from runtime.nats.records import active_value
 from runtime.nats.subjects import active_key, partition_of
+from runtime.observe.metrics import HostMetrics
 
 pytestmark = pytest.mark.anyio
 
@@ -137,12 +138,16 @@ async def test_a_run_nothing_holds_is_adopted_by_the_host_serving_its_slot_and_o
         events = await env.wait_run("r-orphan", timeout=60)
         await anyio.sleep(1.0)  # five more looks
         stats = env.host.stats
+        metrics = HostMetrics()
+        metrics.watch_host(env.host)
+        adopted = metrics.registry.get_sample_value("sa_host_runs_adopted")
         asleep = (await RunLog(js).read("r-asleep")).events
     assert kinds(events)[:2] == ["run.started", "model.requested"] and kinds(events)[-1] == "run.completed"
     assert "42" in str(events[-1])  # the calculator's answer: the run was driven to its real end
     calls = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
     assert calls and len(calls) == len(set(calls))  # driven by one driver: no call made twice
     assert (stats.runs_adopted, stats.runs_recovered) == (1, 0)  # the orphan only; not the others
+    assert adopted == 1  # what an operator's alert reads
     assert kinds(asleep) == ["run.started"]
     idle = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
     assert sorted(await kv_entries(idle, ">")) == [active_key(partition_of("calc", 2), "r-asleep")]

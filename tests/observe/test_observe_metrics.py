@@ -116,6 +116,7 @@ async def test_metrics_after_runs_hold_the_counts_the_runs_imply(nats_server, js
         assert value(h, "sa_sandbox_duration_seconds_count", tool=tool) == sandbox > 0
     assert value(h, "sa_host_partitions_owned") == 2
     assert value(h, "sa_host_runs_in_flight") == 0 and value(h, "sa_host_tasks_waiting") == 0
+    assert ("sa_host_runs_adopted", frozenset()) in h and value(h, "sa_host_runs_adopted") == 0
     assert value(h, "sa_queue_depth", queue="tasks") == 0 and value(h, "sa_queue_depth", queue="tools") == 0
     assert value(h, "sa_dead_letters") == 0
 
@@ -144,7 +145,8 @@ def test_agent_labels_stay_bounded_by_the_bundles_the_host_serves():
     bundle. Before the host is watched, the bundle name is all there is."""
     metrics = HostMetrics()
     metrics.observe(ev.RunStarted(run_id="r0", actor="early", input="x"))
-    metrics.watch_host(SimpleNamespace(agents={"calc": None}, partitions=[], drivers={}, waiting={}))
+    metrics.watch_host(SimpleNamespace(agents={"calc": None}, partitions=[], drivers={}, waiting={},
+                                       stats=SimpleNamespace(runs_adopted=0)))
     for i in range(3):
         metrics.observe(ev.RunStarted(run_id=f"r{i}", actor=f"made-up-{i}", input="x"))
         metrics.observe(ev.RunFailed(run_id=f"r{i}", actor=f"made-up-{i}", reason="unknown_agent"))
