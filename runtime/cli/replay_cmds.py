@@ -183,7 +183,8 @@ async def _diff(client: Client, a: str, b: str, as_json: bool) -> int:
     except (ValueError, LookupError) as e:
         return _fail(str(e))
     if as_json:
-        print(json.dumps({"a": a, "b": b, "common": d.common, "identical": d.identical,
+        print(json.dumps({"a": a, "b": b, "common": d.common, "b_common": d.b_common,
+                          "identical": d.identical,
                           "a_rest": [fact(e) for e in d.a_rest], "b_rest": [fact(e) for e in d.b_rest]},
                          default=str))
     else:

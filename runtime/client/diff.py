@@ -7,12 +7,19 @@ schema version, payload reference) and how long they took (latency, durations, t
 them). So a fork and its source share exactly the events the fork kept, and the first seq that differs
 is where they diverge: an edit, or the first reply of a model that answered otherwise. The first event
 of two runs of one task is the same when the task is (a fork's `run.forked` stands in for `run.started`).
+
+Both logs are compared as the detailed view reads them (`events.expand`): a tool outcome that carries its
+script run counts as the `script.*` events an older writer appended beside it. So a log written before
+outcomes carried their script runs and one written after (a fork of an old run, a re-run of its task)
+diverge where their facts do, not at the first script run; each side's divergence is then counted in its
+own log entries (`common` for `a`, `b_common` for `b`), which differ when the shapes do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from typing import Any
 
 import msgspec
@@ -30,13 +37,18 @@ _TASK = ("input", "instance", "timeout_s", "metadata")
 
 @dataclass(frozen=True)
 class Divergence:
-    """Runs `a` and `b` record the same facts for seqs `0..common-1`; from `common` on they differ."""
+    """Run `a`'s entries `0..common-1` record the same facts as run `b`'s `0..b_common-1`; from there on
+    (`a_rest`, `b_rest`: log entries) they differ. `b_common == common` unless the two logs hold their
+    script runs in different shapes (see the module docstring)."""
 
     a: str
     b: str
     common: int
     a_rest: tuple[ev.Event, ...]
     b_rest: tuple[ev.Event, ...]
+    b_common: int
+    a_detail: tuple[ev.Event, ...] = ()  # each side's detailed view from the first fact that differs
+    b_detail: tuple[ev.Event, ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -61,17 +73,41 @@ def _script_fact(run: ev.ScriptRun) -> dict[str, Any]:
 
 
 def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event]) -> Divergence:
-    """Compare two runs' logs (as read, payloads resolved) seq by seq."""
-    common = 0
-    for x, y in zip(a, b, strict=False):
+    """Compare two runs' logs (as read, payloads resolved) fact by fact, in their detailed view."""
+    xa, xb = ev.expand_all(a), ev.expand_all(b)
+    same = 0
+    for x, y in zip(xa, xb, strict=False):
         try:
             y_in_a = rebased(y, b_run, a_run)
         except ValueError:  # an id of another run: cannot be the same fact
             break
         if fact(x) != fact(y_in_a):
             break
-        common += 1
-    return Divergence(a_run, b_run, common, tuple(a[common:]), tuple(b[common:]))
+        same += 1
+    common, b_common = _entries_before(a, xa, same), _entries_before(b, xb, same)
+    return Divergence(a_run, b_run, common, tuple(a[common:]), tuple(b[b_common:]), b_common,
+                      tuple(xa[same:]), tuple(xb[same:]))
+
+
+def _entries_before(log: Sequence[ev.Event], expanded: Sequence[ev.Event], same: int) -> int:
+    """How many of `log`'s entries lie wholly within the first `same` events of its detailed view: an entry
+    whose script run matched only in part is where its log diverges."""
+    if same >= len(expanded):
+        return len(log)
+    holder = expanded[same].seq  # a virtual event carries the seq of the entry that holds it
+    return next((i for i, e in enumerate(log) if e.seq >= holder), len(log))
+
+
+def _aligned(a: Sequence[ev.Event], b: Sequence[ev.Event]) -> list[tuple[ev.Event | None, ev.Event | None]]:
+    """`a` and `b` as rows: matched by kind (difflib's longest matching runs), the rest beside a gap or
+    beside each other. A fork whose edited result ran no script lines up with its source's outcome, not
+    with the `script.*` rows before it."""
+    rows: list[tuple[ev.Event | None, ev.Event | None]] = []
+    matcher = SequenceMatcher(a=[ev.kind_of(e) for e in a], b=[ev.kind_of(e) for e in b], autojunk=False)
+    for _tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for k in range(max(i2 - i1, j2 - j1)):  # equal and replace pair up; delete and insert face a gap
+            rows.append((a[i1 + k] if i1 + k < i2 else None, b[j1 + k] if j1 + k < j2 else None))
+    return rows
 
 
 def render(d: Divergence) -> Any:
@@ -82,21 +118,34 @@ def render(d: Divergence) -> Any:
 
     from runtime.client.replay import describe, summarize
 
+    shapes = d.b_common != d.common  # the logs hold their script runs in different shapes
+    if d.identical and shapes:
+        return Text(f"runs {d.a} and {d.b} record the same facts ({d.common} and {d.b_common} entries: their "
+                    "script runs in different shapes)")
     if d.identical:
         return Text(f"runs {d.a} and {d.b} record the same {d.common} event(s)")
-    shared = f"the same {d.common} event(s) (seq 0-{d.common - 1})" if d.common else "no event in common"
-    head = Text(f"runs {d.a} and {d.b} record {shared}; they diverge at seq {d.common}")
+    if shapes:
+        shared = f"the same facts in seq 0-{d.common - 1} and 0-{d.b_common - 1}" if d.common and d.b_common \
+            else "no event in common"
+        head = Text(f"runs {d.a} and {d.b} record {shared} (their script runs in different shapes); they "
+                    f"diverge at seq {d.common} and seq {d.b_common}")
+    else:
+        shared = f"the same {d.common} event(s) (seq 0-{d.common - 1})" if d.common else "no event in common"
+        head = Text(f"runs {d.a} and {d.b} record {shared}; they diverge at seq {d.common}")
     table = Table(show_lines=False, header_style="bold", expand=False)
-    table.add_column("seq", justify="right")
     for run in (d.a, d.b):
+        table.add_column("seq", justify="right")
         table.add_column(run)
         table.add_column("detail", overflow="fold")
-    for i in range(max(len(d.a_rest), len(d.b_rest))):
-        cells: list[Text] = [Text(str(d.common + i))]
-        for rest in (d.a_rest, d.b_rest):
-            e = rest[i] if i < len(rest) else None
+    # each side in its detailed view from the first fact that differs (what a carried script run printed
+    # is a row of its own, under the seq of the entry that holds it, so a difference in it shows), events of
+    # the same kind side by side and an event the other side lacks beside a gap
+    for pair in _aligned(d.a_detail, d.b_detail):
+        cells: list[Text] = []
+        for e in pair:
             # Text, not str: a recorded value with square brackets is data, never rich markup
-            cells += [Text(ev.kind_of(e)), Text(describe(e))] if e is not None else [Text(), Text()]
+            cells += [Text(str(e.seq)), Text(ev.kind_of(e)), Text(describe(e))] if e is not None else \
+                [Text(), Text(), Text()]
         table.add_row(*cells)
     ends = []
     for run, rest in ((d.a, d.a_rest), (d.b, d.b_rest)):

@@ -7,6 +7,7 @@ only the seqs differ, because a newer log has fewer entries (a carried event sho
 from __future__ import annotations
 
 import dataclasses
+import io
 from typing import Any
 
 import msgspec
@@ -15,7 +16,7 @@ from rich.console import Console
 from runtime import events as ev
 from runtime import kernel as k
 from runtime.client.describe import describe
-from runtime.client.diff import diverge
+from runtime.client.diff import diverge, render
 from runtime.client.fork import fork_points
 from runtime.client.replay import summarize, timeline
 from runtime.jobs import ToolOutcome
@@ -226,3 +227,44 @@ def test_a_diff_compares_what_a_carried_script_run_records_not_when_or_where_it_
     said = msgspec.structs.replace(first.script, printed=(ev.PrintedLine(0.0, "something else\n"),))
     other = [msgspec.structs.replace(e, script=said) if e is first else e for e in NEW]
     assert diverge(RUN, NEW, RUN, other).common == first.seq  # it printed otherwise: a different fact
+
+
+def test_an_old_shape_log_and_a_new_one_diverge_where_their_facts_do_not_at_the_first_script_run():
+    d = diverge(RUN, OLD, RUN, NEW)
+    assert d.identical and (d.common, d.b_common) == (len(OLD), len(NEW))  # the same facts, fewer entries
+    first = next(e for e in NEW if isinstance(e, ev.ToolCompleted))
+    assert first.script is not None
+    said = msgspec.structs.replace(first.script, printed=(ev.PrintedLine(0.0, "something else\n"),))
+    other = [msgspec.structs.replace(e, script=said) if e is first else e for e in NEW]
+    d = diverge(RUN, OLD, RUN, other)
+    printed = next(e for e in OLD if isinstance(e, ev.ScriptPrinted))  # the old log's entry that differs
+    assert (d.common, d.b_common) == (printed.seq, first.seq) and d.common > d.b_common
+    assert d.a_rest[0] is printed and d.b_rest[0] is other[first.seq]
+    assert [e.seq for e in d.b_rest] == list(range(first.seq, len(NEW)))
+    shown = render_text(render(d))
+    assert f"diverge at seq {printed.seq} and seq {first.seq}" in shown and "different shapes" in shown
+    rows = [line for line in shown.splitlines() if "script.printed" in line]
+    assert "calc: thinking" in rows[0] and "calc: something else" in rows[0]  # what differs, side by side
+    assert render_text(render(diverge(RUN, OLD, RUN, NEW))).startswith(
+        f"runs {RUN} and {RUN} record the same facts ({len(OLD)} and {len(NEW)} entries")
+
+
+def render_text(renderable: Any) -> str:
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_a_diff_lines_up_an_edited_result_with_the_outcome_it_replaced_not_with_its_script_rows():
+    first = next(e for e in NEW if isinstance(e, ev.ToolCompleted))
+    edited = [msgspec.structs.replace(e, script=None, output="41") if e is first else e for e in NEW]
+    d = diverge(RUN, NEW, RUN, edited)  # as a fork with `--output` records it: no script ran
+    assert (d.common, d.b_common) == (first.seq, first.seq)
+    rows = [line for line in render_text(render(d)).splitlines() if "│" in line]
+    kinds_by_row = [[cell.strip() for cell in row.split("│")[1:-1]] for row in rows]
+    a_kinds = [r[1] for r in kinds_by_row]
+    b_kinds = [r[4] for r in kinds_by_row]
+    assert a_kinds[:3] == ["script.started", "script.printed", "script.completed"]
+    assert b_kinds[:3] == ["", "", ""]  # no script ran for the edited result
+    assert a_kinds[3] == b_kinds[3] == "tool.completed"  # the two outcomes on one row
+    assert "41" in kinds_by_row[3][5] and a_kinds[4:] == b_kinds[4:]
