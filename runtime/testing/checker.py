@@ -18,15 +18,22 @@ themselves (never from a process's word):
   step to its own file: the file holds exactly its lines in order and its KV history exactly that many
   revisions); ``tool_failures``: a ``tool.failed``;
 * ``in_flight``: what is left when every run ended: ``active`` entries of these runs, tool jobs pending or
-  un-acked on the ``workers`` consumer.
+  un-acked on the ``workers`` consumer. Left means still there `IN_FLIGHT_PATIENCE_S` later: a run's
+  ``active`` entry is purged after its index says it ended (retried through an election), and a replica
+  that was cut off lists entries the leader purged until it catches up; neither is a leak. (A count of 1 was
+  seen once in 8 runs of the EVENTS-leader cut before this wait, its cause not recorded; what is left is now
+  named in the details.)
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+import anyio
 
 from runtime import events as ev
 from runtime.log import RunLog
@@ -39,6 +46,7 @@ ANOMALIES = ("lost", "not_completed", "terminals", "gaps", "unverified", "model_
              "duplicate_effects", "tool_failures", "in_flight")
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 CHECK_PATIENCE_S = 60.0  # how long a read of the stores may keep failing before the check itself fails
+IN_FLIGHT_PATIENCE_S = 30.0  # how long what is in flight when the runs ended may take to settle
 
 log = logging.getLogger("runtime.testing")
 T = TypeVar("T")
@@ -91,8 +99,15 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
         if content != expected or revisions.get(f"r{index}.txt", 0) != steps:
             counts["duplicate_effects"] += 1
         counts["writes"] += revisions.get(f"r{index}.txt", 0)
-    counts["in_flight"] = await _read(lambda: _in_flight(js, {run_id for run_id, _ in runs.values()}),
-                                      "what is in flight")
+    run_ids = {run_id for run_id, _ in runs.values()}
+    deadline = time.monotonic() + IN_FLIGHT_PATIENCE_S
+    while True:
+        left = await _read(lambda: _in_flight(js, run_ids), "what is in flight")
+        if not left or time.monotonic() > deadline:
+            break
+        await anyio.sleep(0.5)
+    counts["in_flight"] = len(left)
+    details.extend(f"in flight {IN_FLIGHT_PATIENCE_S:g} s after every run ended: {what}" for what in left)
     return counts
 
 
@@ -148,11 +163,15 @@ async def _workspace_files(js: Any, workspace: str) -> dict[str, Any]:
     return await kv_entries(await workspace_kv(js, workspace))
 
 
-async def _in_flight(js: Any, run_ids: set[str]) -> int:
+async def _in_flight(js: Any, run_ids: set[str]) -> list[str]:
+    """What is in flight, one line per thing: an `active` entry of one of `run_ids`, a tool job pending or
+    un-acked on the `workers` consumer."""
     active = await kv_entries(await fleet_kv(js, ACTIVE_BUCKET))
-    left = sum(1 for key in active if key.split(".", 1)[-1] in run_ids)
+    left = [f"the active entry {key}" for key in sorted(active) if key.split(".", 1)[-1] in run_ids]
     workers = await js.consumer_info(TOOLS, WORKERS_CONSUMER)
-    return left + int(workers.num_ack_pending or 0) + int(workers.num_pending or 0)
+    left += ["a tool job un-acked on the workers consumer"] * int(workers.num_ack_pending or 0)
+    left += ["a tool job pending on the workers consumer"] * int(workers.num_pending or 0)
+    return left
 
 
-__all__ = ["ANOMALIES", "anomalies", "check"]
+__all__ = ["ANOMALIES", "IN_FLIGHT_PATIENCE_S", "anomalies", "check"]
