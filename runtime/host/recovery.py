@@ -77,14 +77,11 @@ class Recovery:
         slot's bundle) and queue it first in its actor's mailbox: the single-host recovery, per slot, at
         every takeover."""
         bundle, p = slot
-        entries = await retrying(lambda: kv_entries(self.index.active, active_filter(p), complete=True),
-                                 what=f"partition {p}: reading its unfinished runs", delay=RECOVER_RETRY_S,
-                                 logger=log)
+        found = await retrying(lambda: self._unfinished(p), delay=RECOVER_RETRY_S, logger=log,
+                               what=f"partition {p}: reading its unfinished runs")
         now = time.time()
-        found = [(key.split(".", 1)[1], *parse_active(entry.value)) for key, entry in entries.items()]
-        todo = [(run_id, actor) for run_id, actor, until in found  # a run asleep: left alone until it wakes
-                if slot_of(actor, p) == slot and run_id not in self.actors.drivers
-                and (until is None or until <= now)]
+        todo = [(run_id, actor) for run_id, actor, until, _ in found
+                if slot_of(actor, p) == slot and self._to_drive(run_id, until, now)]
         limiter = anyio.CapacityLimiter(self.config.recovery_concurrency)
         resumed: list[RunDriver] = []
 
@@ -129,27 +126,43 @@ class Recovery:
         unheld: dict[str, int] = {}
         now = time.time()
         for p in sorted({p for _, p in slots}):
-            entries = await kv_entries(self.index.active, active_filter(p), complete=True)
-            for key, entry in entries.items():
-                run_id = key.split(".", 1)[1]
-                actor, until = parse_active(entry.value)
+            for run_id, actor, until, revision in await self._unfinished(p):
                 slot = slot_of(actor, p)
-                if slot not in slots or (until is not None and until > now) or run_id in self.actors.drivers \
+                if slot not in slots or not self._to_drive(run_id, until, now) \
                         or run_id in self.actors.waiting:
                     continue
-                if seen.get(run_id) != entry.revision:
+                if seen.get(run_id) != revision:
                     if len(unheld) < ORPHANS_KEPT:
-                        unheld[run_id] = entry.revision
+                        unheld[run_id] = revision
                     continue
                 driver = await self.fold_existing(run_id, actor, p)
-                if driver is None or not self.serves(slot) or run_id in self.actors.drivers:
+                if driver is None or not self._hand_over(driver, slot):
                     continue  # it was over (its index is fixed now), or taken up meanwhile
                 log.warning("run %s: unfinished in partition %d of %s, which this host serves, but nothing "
                             "drove it for %g s or more; folded back from its log", run_id, p, slot[0],
                             self.config.orphan_check)
-                self.actors.resume(driver)
                 self.stats.runs_adopted += 1
         return unheld
+
+    async def _unfinished(self, p: int) -> list[tuple[str, str, float | None, int]]:
+        """Partition `p`'s unfinished runs, as its ``active`` keys list them (checked against the stream
+        leader): (run id, actor, when it wakes or None, the entry's revision)."""
+        entries = await kv_entries(self.index.active, active_filter(p), complete=True)
+        return [(key.split(".", 1)[1], *parse_active(entry.value), entry.revision)
+                for key, entry in entries.items()]
+
+    def _to_drive(self, run_id: str, until: float | None, now: float) -> bool:
+        """Whether an unfinished run is this host's to fold: no driver here holds it, and it is awake or due
+        to wake (a run asleep is left in its log until it wakes)."""
+        return run_id not in self.actors.drivers and (until is None or until <= now)
+
+    def _hand_over(self, driver: RunDriver, slot: Slot) -> bool:
+        """Queue a run folded from its log to be driven here, unless its slot went meanwhile or a driver
+        here took the run up first; whether it was queued."""
+        if not self.serves(slot) or driver.run_id in self.actors.drivers:
+            return False
+        self.actors.resume(driver)
+        return True
 
     async def fold_existing(self, run_id: str, actor: str, partition: int) -> RunDriver | None:
         """A driver for an existing run from its log, or None if it is over (the index is then fixed)."""
@@ -199,8 +212,7 @@ class Recovery:
         if await self.log.last(run_id, actor) is None:
             return False
         driver = await self.fold_existing(run_id, actor, p)
-        if driver is not None and self.serves(slot_of(actor, p)) and run_id not in self.actors.drivers:
-            self.actors.resume(driver)
+        if driver is not None and self._hand_over(driver, slot_of(actor, p)):
             self.stats.runs_resumed += 1
         return True
 
@@ -213,10 +225,11 @@ class Recovery:
         if driver is not None:
             return driver
         driver = await self.fold_existing(run_id, actor, p)
-        if driver is None or not self.serves(slot_of(actor, p)) or run_id in self.actors.drivers:
+        if driver is None:
             return self.actors.drivers.get(run_id)
-        driver.parked = True
-        self.actors.resume(driver)
+        driver.parked = True  # set before it is queued: the host indexes it awake before applying anything
+        if not self._hand_over(driver, slot_of(actor, p)):
+            return self.actors.drivers.get(run_id)
         self.stats.runs_resumed += 1
         return driver
 
@@ -237,8 +250,8 @@ class Recovery:
             log.error("run %s: folding it back failed (%s); it resumes at the next "
                       "takeover of partition %d of %s", run_id, e, p, slot[0])
             return
-        if driver is not None and self.serves(slot) and run_id not in self.actors.drivers:
-            self.actors.resume(driver)
+        if driver is not None:
+            self._hand_over(driver, slot)
 
 
 def _changed(started: ev.RunStarted, agent: AgentRuntime) -> str:
