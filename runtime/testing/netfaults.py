@@ -141,12 +141,13 @@ async def stuck_report(bed: Bed, failure: str, *, runs: int = 4, lines: int = 12
     RESULTS, and their consumers). Enough to tell a job never stored from one held by a worker, or an
     outcome nobody took, when a partition test fails on a machine whose logs are gone afterwards."""
     out: list[str] = []
+    logs = {p.name: p.log.read_text(errors="replace").splitlines() if p.log.exists() else []
+            for p in bed.hosts + bed.workers}  # each read once, whatever the number of stuck runs
     for run_id in re.findall(r"^(r[0-9a-f]{16}):", failure, re.M)[:runs]:
-        for p in bed.hosts + bed.workers:
-            text = p.log.read_text(errors="replace") if p.log.exists() else ""
-            hits = [line.rstrip() for line in text.splitlines() if run_id in line][-lines:]
+        for name, text in logs.items():
+            hits = [line.rstrip() for line in text if run_id in line][-lines:]
             if hits:
-                out.append(f"-- {p.name} on {run_id}:\n" + "\n".join(hits))
+                out.append(f"-- {name} on {run_id}:\n" + "\n".join(hits))
     try:
         for stream in (TOOLS, RESULTS):
             state = (await bed.js.stream_info(stream)).state
