@@ -1,0 +1,68 @@
+"""`kv_entries` lists a bucket exactly, however many purge markers stand among its keys.
+
+The look for orphans lists a host's partitions of ``active`` every 15 s, and every run that ended in the last
+minute left a purge marker there: at a sustained load most of what a listing reads is markers. The listing
+reads with its own pull requests (no per-message task, no metadata parsed for a marker); these tests pin what
+it returns, on a real server.
+"""
+
+from __future__ import annotations
+
+import pytest
+from nats.js.api import KeyValueConfig
+
+from runtime.nats.kv import _pending, kv_entries, last_per_subject
+
+pytestmark = pytest.mark.anyio
+
+KEYS = 2_500  # more than one page of the fetch the listing used before (1,000 per request)
+
+
+async def test_a_listing_among_purge_markers_returns_exactly_the_live_keys(js) -> None:
+    kv = await js.create_key_value(KeyValueConfig(bucket="listing"))
+    for i in range(KEYS):
+        await kv.put(f"p1.r{i}", f"actor-{i}".encode())
+    live = {f"p1.r{i}" for i in range(0, KEYS, 97)}
+    for i in range(KEYS):
+        if f"p1.r{i}" not in live:
+            await kv.purge(f"p1.r{i}")
+    await kv.put("p2.other", b"another partition")
+
+    entries = await kv_entries(kv, "p1.>", complete=True)
+
+    assert set(entries) == live
+    for key, entry in entries.items():
+        assert entry.value == f"actor-{key.split('.r')[1]}".encode()
+        assert entry.operation is None
+        assert entry.revision == (await kv.get(key)).revision
+        assert entry.created is not None
+
+
+async def test_a_listing_with_deleted_keys_gives_their_markers_and_every_subject_once(js) -> None:
+    kv = await js.create_key_value(KeyValueConfig(bucket="markers", history=5))
+    for round_ in range(3):  # history: several messages per key, the listing reads only the last
+        for i in range(40):
+            await kv.put(f"k{i}", f"v{round_}".encode())
+    for i in range(10):
+        await kv.delete(f"k{i}")
+
+    entries = await kv_entries(kv, deleted=True)
+    msgs = await last_per_subject(js, "KV_markers", "$KV.markers.>")
+
+    assert len(msgs) == 40 and len({m.subject for m in msgs}) == 40
+    assert {k for k, e in entries.items() if e.operation == "DEL"} == {f"k{i}" for i in range(10)}
+    assert {e.value for e in entries.values() if e.operation is None} == {b"v2"}
+    assert set(await kv_entries(kv)) == {f"k{i}" for i in range(10, 40)}
+
+
+async def test_an_empty_filter_lists_nothing(js) -> None:
+    kv = await js.create_key_value(KeyValueConfig(bucket="empty"))
+    await kv.put("a", b"1")
+    assert await kv_entries(kv, "p9.>", complete=True) == {}
+
+
+def test_the_pending_count_is_read_from_either_reply_layout() -> None:
+    assert _pending("$JS.ACK.KV_active.kvls-1.1.4711.3.1764320000000000000.17") == 17
+    assert _pending("$JS.ACK.hub.ACCHASH.KV_active.kvls-1.1.4711.3.1764320000000000000.0.r4nd0m") == 0
+    assert _pending("_INBOX.abc") == -1
+    assert _pending(None) == -1
