@@ -304,7 +304,8 @@ async def _read_all(nc: NATS, stream: str, consumer: str, count: int, out: list[
                 raise nats.errors.TimeoutError
             unanswered += 1
             if unanswered > UNAVAILABLE_RETRIES:
-                raise ServiceUnavailableError
+                raise ServiceUnavailableError(code=503, description=f"no server took the pull requests of "
+                                              f"{consumer} on {stream} for a second")
             ended = loop.create_future()
             await asyncio.sleep(0.025)
     finally:
