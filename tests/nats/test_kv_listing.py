@@ -8,10 +8,12 @@ it returns, on a real server.
 
 from __future__ import annotations
 
+import anyio
 import pytest
-from nats.js.api import KeyValueConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
+from nats.js.errors import ServiceUnavailableError
 
-from runtime.nats.kv import _pending, kv_entries, last_per_subject
+from runtime.nats.kv import _pending, _read_all, kv_entries, last_per_subject
 
 pytestmark = pytest.mark.anyio
 
@@ -66,3 +68,32 @@ def test_the_pending_count_is_read_from_either_reply_layout() -> None:
     assert _pending("$JS.ACK.hub.ACCHASH.KV_active.kvls-1.1.4711.3.1764320000000000000.0.r4nd0m") == 0
     assert _pending("_INBOX.abc") == -1
     assert _pending(None) == -1
+
+
+async def test_a_consumer_not_yet_reachable_is_asked_again_until_it_answers(js) -> None:
+    """On a cluster a listing consumer's create can be answered before the client's node knows where it
+    takes pull requests: the first requests find no responder (503). Here the consumer is made 0.2 s after
+    the listing starts asking: the requests meanwhile get 503, and the listing still reads every message."""
+    kv = await js.create_key_value(KeyValueConfig(bucket="late"))
+    for i in range(30):
+        await kv.put(f"k{i}", b"v")
+    name = "kvls-late"
+    out: list = []
+
+    async def make_it_later() -> None:
+        await anyio.sleep(0.2)
+        await js.add_consumer("KV_late", ConsumerConfig(
+            name=name, filter_subject="$KV.late.>", deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE, mem_storage=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(make_it_later)
+        await _read_all(js._nc, "KV_late", name, 30, out)
+
+    assert sorted(m.subject for m in out) == sorted(f"$KV.late.k{i}" for i in range(30))
+
+
+async def test_a_consumer_that_never_answers_is_a_clear_error(js) -> None:
+    await js.create_key_value(KeyValueConfig(bucket="never"))
+    with pytest.raises(ServiceUnavailableError, match="kvls-missing on KV_never"):
+        await _read_all(js._nc, "KV_never", "kvls-missing", 3, [])
