@@ -269,8 +269,10 @@ async def _read_all(nc: NATS, stream: str, consumer: str, count: int, out: list[
     A pull request answered 503 (no responders: the consumer was just created, perhaps on another node of
     a cluster, and the client's node has not learnt yet where it takes its requests; about 1 read in 100
     on a healthy cluster, tests/nats/test_kv_cluster_read.py) is made again every 25 ms, for a second at
-    most (then `ServiceUnavailableError`). No message for `PULL_EXPIRES_S` ends in nats-py's
-    `TimeoutError`, which `last_per_subject` answers by listing again."""
+    most (then `ServiceUnavailableError`). A request lives `PULL_EXPIRES_S`: one that expires while its
+    messages still came (a big listing on a slow server) is followed by another for the rest; one that
+    brought nothing, or a server silent for a second longer, ends in nats-py's `TimeoutError`, which
+    `last_per_subject` answers by listing again."""
     loop = asyncio.get_running_loop()
     ended: asyncio.Future[str] = loop.create_future()
     inbox = nc.new_inbox()
@@ -290,7 +292,8 @@ async def _read_all(nc: NATS, stream: str, consumer: str, count: int, out: list[
     try:
         unanswered = 0
         while True:
-            request = json.dumps({"batch": max(count - len(out), 1), "expires": int(PULL_EXPIRES_S * 1e9)})
+            asked = len(out)
+            request = json.dumps({"batch": max(count - asked, 1), "expires": int(PULL_EXPIRES_S * 1e9)})
             await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", request.encode(), reply=inbox)
             try:
                 status = await asyncio.wait_for(asyncio.shield(ended), PULL_EXPIRES_S + 1.0)
@@ -298,16 +301,19 @@ async def _read_all(nc: NATS, stream: str, consumer: str, count: int, out: list[
                 raise nats.errors.TimeoutError from None
             if status == "":
                 return
-            if status != "503":  # 408 (the request expired), 404, 409: no end in sight, list again
-                log.info("listing %s of %s: the pull request ended with status %s after %d of %d",
-                         consumer, stream, status, len(out), count)
-                raise nats.errors.TimeoutError
-            unanswered += 1
-            if unanswered > UNAVAILABLE_RETRIES:
-                raise ServiceUnavailableError(code=503, description=f"no server took the pull requests of "
-                                              f"{consumer} on {stream} for a second")
             ended = loop.create_future()
-            await asyncio.sleep(0.025)
+            if status == "503":
+                unanswered += 1
+                if unanswered > UNAVAILABLE_RETRIES:
+                    raise ServiceUnavailableError(code=503, description=f"no server took the pull requests "
+                                                  f"of {consumer} on {stream} for a second")
+                await asyncio.sleep(0.025)
+                continue
+            if status == "408" and len(out) > asked:  # expired while its messages still came: the rest
+                continue
+            log.info("listing %s of %s: the pull request ended with status %s after %d of %d",
+                     consumer, stream, status, len(out), count)
+            raise nats.errors.TimeoutError  # 408 with nothing new, 404, 409: no end in sight, list again
     finally:
         await sub.unsubscribe()
 

@@ -13,6 +13,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.errors import ServiceUnavailableError
 
+from runtime.nats import kv as kv_module
 from runtime.nats.kv import _pending, _read_all, kv_entries, last_per_subject
 
 pytestmark = pytest.mark.anyio
@@ -97,3 +98,28 @@ async def test_a_consumer_that_never_answers_is_a_clear_error(js) -> None:
     await js.create_key_value(KeyValueConfig(bucket="never"))
     with pytest.raises(ServiceUnavailableError, match="kvls-missing on KV_never"):
         await _read_all(js._nc, "KV_never", "kvls-missing", 3, [])
+
+
+async def test_a_request_that_expires_while_messages_still_come_is_followed_by_one_for_the_rest(
+        js, monkeypatch) -> None:
+    """A big listing on a slow server outlives one pull request: what came counts, and the rest is asked for
+    (here each request lives 2 ms, so 3,000 keys take several)."""
+    kv = await js.create_key_value(KeyValueConfig(bucket="slow"))
+    for i in range(3_000):
+        await kv.put(f"k{i}", b"v")
+    nc = js._nc
+    asked: list[bytes] = []
+    publish = nc.publish
+
+    async def counting(subject: str, payload: bytes = b"", **kw):
+        if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
+            asked.append(payload)
+        return await publish(subject, payload, **kw)
+
+    monkeypatch.setattr(nc, "publish", counting)
+    monkeypatch.setattr(kv_module, "PULL_EXPIRES_S", 0.002)
+
+    entries = await kv_entries(kv)
+
+    assert set(entries) == {f"k{i}" for i in range(3_000)}
+    assert len(asked) > 1, "one request was enough: the test did not make it expire"
