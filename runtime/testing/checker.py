@@ -68,9 +68,9 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
     config = bundle.kernel_config()
     counts = dict.fromkeys((*ANOMALIES, "runs", "events", "writes", "reissued"), 0)
     counts["runs"] = len(runs)
-    files = await _read(lambda: _workspace_files(js, workspace), "the workspace")
+    files = await read_stores(lambda: _workspace_files(js, workspace), "the workspace")
     name = workspace_bucket(workspace)
-    info = await _read(lambda: js.stream_info(f"KV_{name}", subjects_filter=f"$KV.{name}.>"),
+    info = await read_stores(lambda: js.stream_info(f"KV_{name}", subjects_filter=f"$KV.{name}.>"),
                        "the workspace's revisions")
     revisions = {subject.split(".", 2)[2]: n for subject, n in (info.state.subjects or {}).items()}
     arrivals: dict[tuple[int, int], list[float]] = {}
@@ -79,7 +79,7 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
             arrivals.setdefault((i, step), []).append(t)
     log = RunLog(js)
     for index, (run_id, steps) in runs.items():
-        events = (await _read(functools.partial(log.read, run_id), f"run {run_id}")).events
+        events = (await read_stores(functools.partial(log.read, run_id), f"run {run_id}")).events
         counts["events"] += len(events)
         for key, bad in _check_log(events, index, steps).items():
             counts[key] += bad
@@ -102,7 +102,7 @@ async def check(js: Any, runs: dict[int, tuple[str, int]], model: StepModel, *, 
     run_ids = {run_id for run_id, _ in runs.values()}
     deadline = time.monotonic() + IN_FLIGHT_PATIENCE_S
     while True:
-        left = await _read(lambda: _in_flight(js, run_ids), "what is in flight")
+        left = await read_stores(lambda: _in_flight(js, run_ids), "what is in flight")
         if not left or time.monotonic() > deadline:
             break
         await anyio.sleep(0.5)
@@ -151,7 +151,7 @@ def _timeline(events: list[ev.Event], index: int, arrivals: dict[tuple[int, int]
     return "; ".join(f"{t:.3f} {what}" for t, what in sorted(rows))
 
 
-async def _read(op: Callable[[], Awaitable[T]], what: str) -> T:
+async def read_stores(op: Callable[[], Awaitable[T]], what: str) -> T:
     """A read of the stores, retried while the cluster is still recovering from the phase's fault (a
     503 "JetStream system temporarily unavailable" or a timeout right after a leader cut heals): the
     checker counts anomalies of the runtime, and a store busy electing is not one."""
@@ -174,4 +174,4 @@ async def _in_flight(js: Any, run_ids: set[str]) -> list[str]:
     return left
 
 
-__all__ = ["ANOMALIES", "IN_FLIGHT_PATIENCE_S", "anomalies", "check"]
+__all__ = ["ANOMALIES", "IN_FLIGHT_PATIENCE_S", "anomalies", "check", "read_stores"]

@@ -24,6 +24,7 @@ The faults (each returns the time it took the fleet to recover and what it saw):
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import time
@@ -39,7 +40,7 @@ from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv, kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import EVENTS, LEASES_BUCKET, RESULTS, TOOLS, WORKERS_CONSUMER, parse_lease_key
-from runtime.testing.checker import check
+from runtime.testing.checker import check, read_stores
 from runtime.testing.fleet import StepModel, step_task
 from runtime.testing.netbed import Bed
 
@@ -113,11 +114,16 @@ async def phase(bed: Bed, model: StepModel, name: str, fault: Fault, load: Load,
 
 
 async def wait_ended(js: Any, wanted: set[str], timeout: float) -> None:
-    """Until every run of `wanted` is indexed as ended; raises with the stuck runs' last events."""
-    runs = await runs_kv(js)
+    """Until every run of `wanted` is indexed as ended; raises with the stuck runs' last events.
+
+    The bucket is opened inside the loop too: right after a fault heals, the cluster may still be electing
+    (its stream info unanswered for seconds: seen on CI after an EVENTS-leader cut whose node led the meta
+    layer), and that is no anomaly of the runtime."""
+    runs = None
     deadline = time.monotonic() + timeout
     while True:
         try:
+            runs = runs or await runs_kv(js)
             index = await kv_entries(runs)
             ended = ("completed", "failed", "cancelled")
             done = {k for k, e in index.items() if k in wanted and RunIndex.decode(e.value).status in ended}
@@ -169,7 +175,7 @@ async def start_delays(js: Any, batch: dict[int, tuple[str, int]], published: di
     log = RunLog(js)
     out = {}
     for i, (run_id, _) in batch.items():
-        events = (await log.read(run_id)).events
+        events = (await read_stores(functools.partial(log.read, run_id), f"run {run_id}")).events
         if events and i in published:
             out[i] = round(events[0].ts - published[i], 2)
     return out
