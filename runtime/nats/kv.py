@@ -71,7 +71,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from runtime.nats.retention import DEFAULT_PAYLOADS_MAX_AGE_S, DEFAULT_PAYLOADS_MAX_BYTES
-from runtime.nats.retry import retrying
+from runtime.nats.retry import placing, retrying
 from runtime.nats.subjects import (
     APPLIED_BUCKET,
     APPLIED_TTL_S,
@@ -360,7 +360,7 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig, *, atomic: bool = Fa
         max_msgs=-1, max_msgs_per_subject=config.history, num_replicas=config.replicas,
         storage=config.storage, max_consumers=KV_MAX_CONSUMERS, allow_atomic=atomic or None)
     try:
-        await js.add_stream(stream)
+        await placing(lambda: js.add_stream(stream), what=f"creating bucket {config.bucket}")
     except nats.js.errors.BadRequestError as e:
         if e.err_code != _ERR_STREAM_NAME_EXISTS:  # not a race with another creator: say what NATS said
             raise

@@ -58,6 +58,30 @@ async def backoff(what: str, error: BaseException, *, delay: float = RETRY_S, le
     await anyio.sleep(delay)
 
 
+ERR_NO_PLACEMENT = 10005  # "no suitable peers for placement"
+PLACEMENT_PATIENCE_S = 15.0
+PLACEMENT_RETRY_S = 0.25
+
+
+async def placing(op: Callable[[], Awaitable[T]], *, what: str, patience: float = PLACEMENT_PATIENCE_S) -> T:
+    """`await op()` (creating a replicated stream), again while the cluster answers "no suitable peers for
+    placement" (JetStream err_code 10005) for at most `patience` seconds, then that error. Why: a cluster that
+    has just formed can count a healthy node offline for a moment (it has not had its stats yet), so an R3
+    stream created then is refused although it fits (seen on CI right after a 3-node cluster was ready); a
+    host attaching to a fresh cluster would stop on it, a refusal being fatal there. Any other refusal
+    propagates at once."""
+    from nats.js.errors import BadRequestError  # here, so this module needs no nats import to load
+
+    started = time.monotonic()
+    while True:
+        try:
+            return await op()
+        except BadRequestError as e:
+            if e.err_code != ERR_NO_PLACEMENT or time.monotonic() - started >= patience:
+                raise
+            await backoff(what, e, delay=PLACEMENT_RETRY_S, level=logging.INFO)
+
+
 def wait_until(check: Callable[[], T | None], *, timeout: float, every: float, what: str) -> T:
     """Call `check()` every `every` seconds until it returns something other than None, and return that;
     raise TimeoutError naming `what` after `timeout` seconds. Blocking: from async code run it in a thread
@@ -71,4 +95,4 @@ def wait_until(check: Callable[[], T | None], *, timeout: float, every: float, w
     raise TimeoutError(f"waited {timeout} s for {what}")
 
 
-__all__ = ["RETRY_S", "backoff", "retrying", "wait_until"]
+__all__ = ["ERR_NO_PLACEMENT", "RETRY_S", "backoff", "placing", "retrying", "wait_until"]

@@ -61,7 +61,7 @@ from runtime.nats.retention import (
     ensure_retention,
     resolve_retention,
 )
-from runtime.nats.retry import retrying
+from runtime.nats.retry import placing, retrying
 from runtime.nats.subjects import (
     ACTIVE_BUCKET,
     ATTEMPTS_BUCKET,
@@ -189,7 +189,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         await js.stream_info(config.name)
     except NotFoundError:
         try:
-            await js.add_stream(config)
+            await placing(lambda: js.add_stream(config), what=f"creating stream {config.name}")
             return
         except BadRequestError:
             pass  # another process created it between our two calls: fall through to update

@@ -19,7 +19,7 @@ from runtime.nats.connection import connect, servers_from_env
 from runtime.nats.kv import payloads_store, runs_kv, workspace_kv
 from runtime.nats.pull import consume, fetch_batch
 from runtime.nats.records import RunIndex
-from runtime.nats.retry import retrying, wait_until
+from runtime.nats.retry import ERR_NO_PLACEMENT, placing, retrying, wait_until
 from runtime.nats.server import EmbeddedNats, _stop_leftovers
 from runtime.nats.subjects import (
     DLQ,
@@ -108,6 +108,35 @@ async def test_retrying_retries_outages_only() -> None:
         await retrying(bug, what="a call", retry_on=TimeoutError, delay=0.01)
     with pytest.raises(TimeoutError, match="still down"):  # gave up: the last error
         await retrying(down, what="a call", delay=0.01, give_up=0.05)
+
+
+async def test_a_stream_create_refused_for_placement_is_tried_again_until_the_cluster_places_it() -> None:
+    """A cluster just formed can refuse an R3 create with 10005 ("no suitable peers for placement") for a
+    moment; that refusal alone is tried again, for `patience` seconds; any other refusal is raised at once."""
+    calls: list[int] = []
+
+    async def forming() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise BadRequestError(err_code=ERR_NO_PLACEMENT, description="no suitable peers for placement, "
+                                                                         "peer offline")
+        return "created"
+
+    assert await placing(forming, what="creating stream X", patience=5.0) == "created" and len(calls) == 3
+
+    async def never() -> None:
+        raise BadRequestError(err_code=ERR_NO_PLACEMENT, description="no suitable peers for placement")
+
+    async def other() -> None:
+        calls.append(1)
+        raise BadRequestError(err_code=10058, description="stream name already in use")
+
+    with pytest.raises(BadRequestError, match="no suitable peers"):  # past its patience: the refusal itself
+        await placing(never, what="creating stream X", patience=0.3)
+    calls.clear()
+    with pytest.raises(BadRequestError, match="already in use"):
+        await placing(other, what="creating stream X")
+    assert len(calls) == 1  # not retried
 
 
 def test_wait_until_returns_the_first_answer_or_times_out() -> None:
