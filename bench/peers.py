@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -543,6 +544,12 @@ async def main() -> None:
     ap.add_argument("--flight", default="20,100", help="agents in flight for turns/s")
     ap.add_argument("--only", default=",".join(SYSTEMS), help="which systems, comma-separated")
     args = ap.parse_args()
+    # SIGTERM (a `kill`, a CI timeout) ends the run the way Ctrl-C does: through the `finally` blocks that
+    # stop each system's processes; by default it skips them, and a killed run left its host, workers and
+    # nats-server loading the machine for whatever ran next
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     levels = [int(n) for n in args.flight.split(",")]
     results: dict[str, dict[str, Any]] = {}
     names: dict[str, str] = {}
@@ -602,4 +609,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:  # SIGTERM: every system stopped
+        sys.exit(128 + signal.SIGTERM)
