@@ -70,6 +70,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from runtime.nats.pull import delivery_status
 from runtime.nats.retention import DEFAULT_PAYLOADS_MAX_AGE_S, DEFAULT_PAYLOADS_MAX_BYTES
 from runtime.nats.retry import placing, retrying
 from runtime.nats.subjects import (
@@ -193,9 +194,9 @@ async def kv_entries(kv: KeyValue, keys: str = ">", *, deleted: bool = False,
         op = kv_operation(msg.headers)
         if op is not None and not deleted:  # a purge marker: most of a busy `active` partition's listing
             continue
-        meta = msg.metadata  # parsed here, for what is kept only
-        out[msg.subject[len(prefix):]] = KvEntry(key=msg.subject[len(prefix):], value=msg.data, operation=op,
-                                                 revision=meta.sequence.stream, created=meta.timestamp)
+        meta, key = msg.metadata, msg.subject[len(prefix):]  # parsed here, for what is kept only
+        out[key] = KvEntry(key=key, value=msg.data, operation=op, revision=meta.sequence.stream,
+                           created=meta.timestamp)
     return out
 
 
@@ -280,9 +281,9 @@ async def _read_all(nc: NATS, stream: str, consumer: str, count: int, out: list[
     async def on_msg(msg: Msg) -> None:  # per message: the least work possible
         if ended.done():
             return
-        headers = msg.headers
-        if not msg.data and headers and "Status" in headers:
-            ended.set_result(headers["Status"])
+        status = delivery_status(msg)
+        if status is not None:
+            ended.set_result(status)
             return
         out.append(msg)
         if len(out) >= count or _pending(msg.reply) == 0:
@@ -296,7 +297,7 @@ async def _read_all(nc: NATS, stream: str, consumer: str, count: int, out: list[
             request = json.dumps({"batch": max(count - asked, 1), "expires": int(PULL_EXPIRES_S * 1e9)})
             await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", request.encode(), reply=inbox)
             try:
-                status = await asyncio.wait_for(asyncio.shield(ended), PULL_EXPIRES_S + 1.0)
+                status = await asyncio.wait_for(ended, PULL_EXPIRES_S + 1.0)
             except TimeoutError:
                 raise nats.errors.TimeoutError from None
             if status == "":

@@ -201,7 +201,7 @@ class _Pulls:
         return left
 
     async def on_msg(self, msg: Msg) -> None:
-        status = _status(msg)
+        status = delivery_status(msg)
         if self.closed or (self.stop is not None and self.stop.is_set()):
             return
         if status is None:
@@ -295,11 +295,13 @@ async def fetch_batch(psub: JetStreamContext.PullSubscription, batch: int, timeo
     return msgs
 
 
-def _status(msg: Msg) -> str | None:
+def delivery_status(msg: Msg) -> str | None:
+    """The status code of a pull request's status message (404, 408, 409, 503, ...), or None for a message
+    of the stream."""
     headers: Any = msg.headers
     if not msg.data and headers and headers.get("Status"):
         return str(headers["Status"])
     return None
 
 
-__all__ = ["Budget", "ConsumerGone", "Handler", "consume", "fetch_batch"]
+__all__ = ["Budget", "ConsumerGone", "Handler", "consume", "delivery_status", "fetch_batch"]

@@ -32,13 +32,15 @@ _log = logging.getLogger("runtime.nats")
 
 
 async def retrying(op: Callable[[], Awaitable[T]], *, what: str, retry_on: ErrorTypes = Exception,
-                   fatal: ErrorTypes = (), delay: float = RETRY_S, give_up: float | None = None,
+                   fatal: ErrorTypes = (), retry_if: Callable[[BaseException], bool] | None = None,
+                   delay: float = RETRY_S, give_up: float | None = None,
                    level: int = logging.WARNING, logger: logging.Logger | None = None) -> T:
     """`await op()` until it returns, pausing `delay` s after each failure of a `retry_on` type.
 
-    A `fatal` error (checked first) and any error not in `retry_on` propagate at once. With `give_up`, a
-    failure more than `give_up` seconds after the first attempt propagates instead of being retried.
-    Failures are logged at `level` on `logger` (default: ``runtime.nats``)."""
+    A `fatal` error (checked first), any error not in `retry_on`, and one `retry_if` says no to (a refusal
+    told apart by its code, not its type) propagate at once. With `give_up`, a failure more than `give_up`
+    seconds after the first attempt propagates instead of being retried. Failures are logged at `level` on
+    `logger` (default: ``runtime.nats``)."""
     started = time.monotonic()
     while True:
         try:
@@ -46,6 +48,8 @@ async def retrying(op: Callable[[], Awaitable[T]], *, what: str, retry_on: Error
         except fatal:
             raise
         except retry_on as e:
+            if retry_if is not None and not retry_if(e):
+                raise
             if give_up is not None and time.monotonic() - started >= give_up:
                 raise
             await backoff(what, e, delay=delay, level=level, logger=logger)
@@ -72,14 +76,9 @@ async def placing(op: Callable[[], Awaitable[T]], *, what: str, patience: float 
     propagates at once."""
     from nats.js.errors import BadRequestError  # here, so this module needs no nats import to load
 
-    started = time.monotonic()
-    while True:
-        try:
-            return await op()
-        except BadRequestError as e:
-            if e.err_code != ERR_NO_PLACEMENT or time.monotonic() - started >= patience:
-                raise
-            await backoff(what, e, delay=PLACEMENT_RETRY_S, level=logging.INFO)
+    return await retrying(op, what=what, retry_on=BadRequestError,
+                          retry_if=lambda e: getattr(e, "err_code", None) == ERR_NO_PLACEMENT,
+                          delay=PLACEMENT_RETRY_S, give_up=patience, level=logging.INFO)
 
 
 def wait_until(check: Callable[[], T | None], *, timeout: float, every: float, what: str) -> T:
