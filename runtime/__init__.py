@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     # run an agent in this process
     from runtime.agent import Agent as Agent, LocalWorkspace as LocalWorkspace
-    from runtime.loop import RunOutcome as RunOutcome, run_task as run_task
+    from runtime.driver.local import RunOutcome as RunOutcome, run_task as run_task
 
     # the fleet from outside: give agents tasks, hold their runs, steer and check them
     from runtime.client import Client as Client, SyncClient as SyncClient, RunHandle as RunHandle

@@ -29,7 +29,7 @@ from typing import Any
 
 from runtime import events as ev
 from runtime.bundle import Bundle, load_bundle
-from runtime.loop import Answerer, Approver, OnEvent, RunOutcome, run_task
+from runtime.driver.local import Answerer, Approver, OnEvent, RunOutcome, run_task
 from runtime.model import ModelClient, ModelStep, get_adapter
 from runtime.model.limits import DailyBudget, LocalGate, LocalTokens
 from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
@@ -99,6 +99,7 @@ class Agent:
         self.client = client or model_client(bundle, model_url)
         self.data = workspace or _data_for(bundle)
         self.budget = _limit(bundle, self.client)
+        self.setups = {name: bundle.setup_for(name, lambda: self.client) for name in bundle.tools}
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, client: ModelClient | None = None, model_url: str | None = None,
@@ -116,7 +117,7 @@ class Agent:
         """Run one task to its end and return the outcome with its full event log. The deadline is
         `timeout_s`, else the task's, else the bundle's. `answerer(question, schema)` answers the
         questions the model asks (`ask_human`, a bundle with `questions:`); without one such a question
-        fails at once (`policy`), since nobody in this process can answer it (`runtime.loop`)."""
+        fails at once (`policy`), since nobody in this process can answer it (`runtime.driver.local`)."""
         if isinstance(task, str):
             task = ev.Task(agent=self.bundle.name, input=task)
         timeout = timeout_s if timeout_s is not None else task.timeout_s
@@ -129,7 +130,7 @@ class Agent:
                               tools=list(self.bundle.tools.values()), on_event=on_event,
                               constraint=self.constraint, approver=approver, run_id=run_id,
                               bundle_digest=self.bundle.digest, data=self.data, budget=self.budget,
-                              answerer=answerer)
+                              answerer=answerer, setups=self.setups)
 
     async def aclose(self) -> None:
         """Close the model client this agent made (one passed in is the caller's to close)."""

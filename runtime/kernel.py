@@ -828,16 +828,26 @@ def pending_questions(state: State) -> tuple[tuple[ToolCall, questions.Open], ..
                  if c.id in turn.questions and c.id not in turn.results)
 
 
+def approval_wake(state: State, call_id: str) -> float | None:
+    """When a run waiting for a verdict on `call_id` must wake without one: the approval rule's timeout or
+    the task's deadline, whichever is first; None if only a verdict can wake it."""
+    turn = state.turn
+    timeout = turn.approval_timeouts.get(call_id) if turn is not None else None
+    times = [t for t in (timeout[0] if timeout else None, state.deadline) if t is not None]
+    return min(times) if times else None
+
+
 def parked_until(state: State) -> float | None:
-    """If all the run waits for is timers and questions (no decision pending, no approval, every other call
-    answered): when it must wake by itself, the first timer, question timeout or the deadline while a
-    question waits; `inf` if only an answer can wake it. Else None."""
-    asks = pending_questions(state)
-    if not asks:
+    """If all the run waits for is timers, questions and approvals (no decision pending, every other call
+    answered): when it must wake by itself, the first timer, question or approval timeout, or the deadline
+    while a person is waited for; `inf` if only a person's answer or verdict can wake it. Else None."""
+    asks, approvals = pending_questions(state), pending_approvals(state)
+    if not asks and not approvals:
         return sleeping_until(state)
-    if decide(state) or pending_approvals(state):
+    if decide(state):
         return None  # a call still out is in `decide`'s CallTools until its result arrives
     times = [questions.wake_at(q, state.deadline) for _, q in asks]
+    times += [approval_wake(state, c.id) for c in approvals]
     times += [due for _, due in pending_timers(state)]
     return min((t for t in times if t is not None), default=float("inf"))
 
@@ -914,6 +924,7 @@ __all__ = [
     "KernelConfig",
     "State",
     "Turn",
+    "approval_wake",
     "decide",
     "evolve",
     "expire",

@@ -1,7 +1,7 @@
 """Support for the kernel tests (a helper module, not collected): a synchronous runner with scripted
 outcomes.
 
-It plays the role the NATS host and `runtime.loop` play for real (append what the kernel decided, or
+It plays the role the NATS host and `runtime.driver` plays for real (append what the kernel decided, or
 the intent event, perform, append the outcome), with a fake clock, a scripted model and scripted tools,
 and it records every `decide` so tests can check that replaying the log reproduces the same decisions.
 """

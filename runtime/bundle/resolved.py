@@ -8,6 +8,7 @@ what they need of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from runtime.approval_policy import ApprovalRule
 from runtime.bundle.schema import BundleSpec
 from runtime.externals import ExternalsFactory, Grants
+from runtime.externals.provide import ToolSetup
 from runtime.model import DecodingConstraint
 from runtime.model.limits import Budgets, EndpointLimits
 from runtime.scripts import Limits
@@ -25,6 +27,7 @@ from runtime.types import ToolSchema
 
 if TYPE_CHECKING:
     from runtime.kernel import KernelConfig
+    from runtime.model.client import ModelClient
     from runtime.policies import ToolPolicy
     from runtime.questions import QuestionsConfig
     from runtime.schedules import Schedule
@@ -78,6 +81,12 @@ class Bundle:
 
     def limits_for(self, tool: str) -> Limits:
         return self.tools[tool].limits if tool in self.tools else self.limits
+
+    def setup_for(self, tool: str, model: Callable[[], ModelClient] | None = None) -> ToolSetup:
+        """What the bundle gives `tool`'s externals at run time: its grants, the bundle's factory, the model
+        its `ask_llm` calls (`model`, made on first use). One answer for a worker and an in-process run."""
+        return ToolSetup(bundle=self.name, grants=self.grants.get(tool) or Grants(), factory=self.factory,
+                         model=model, sampling=dict(self.spec.model.sampling))
 
     def output_model_for(self, tool: str) -> Any:
         return self.tools[tool].output_model if tool in self.tools else None

@@ -49,9 +49,10 @@ class Provided:
 
 
 async def provide(script: Script, tool: str, setup: ToolSetup | None, worker_factory: ExternalsFactory | None,
-                  context: ExecutionContext, kv: Callable[[], Awaitable[KeyValue]], secrets: Secrets,
-                  printed: Callable[[str], None]) -> Provided | ToolError:
-    """The externals of one call of `tool` (`kv` is awaited for the record bucket only when needed)."""
+                  context: ExecutionContext, kv: Callable[[], Awaitable[KeyValue]] | None,
+                  secrets: Secrets, printed: Callable[[str], None]) -> Provided | ToolError:
+    """The externals of one call of `tool` (`kv` is awaited for the record bucket only when needed; None
+    in one process, where a call is never redelivered: each call still gets its idempotency key)."""
     declared = script.externals
     if not declared:
         return Provided({})
@@ -86,6 +87,6 @@ async def provide(script: Script, tool: str, setup: ToolSetup | None, worker_fac
                          line=spec.line)
     from runtime.externals.record import CallRecorder
 
-    recorder = CallRecorder(await kv(), context, unrecorded={"secret"})
+    recorder = CallRecorder(await kv() if kv is not None else None, context, unrecorded={"secret"})
     wrapped = {n: recorder.wrap(n, f) for n, f in impls.items()}
     return Provided(wrapped, recorder, secrets.values(setup.grants.secrets))

@@ -72,12 +72,11 @@ Where each part lives
 - `runtime.host.actors`      `Actors`: mailboxes, one task at a time per actor, the runs held (`drivers`)
 - `runtime.host.recovery`    `Recovery`: folding existing runs at a takeover or after a lost append race
 - `runtime.host.runs_index`  `RunsIndex`: the ``runs`` index and the ``active`` bucket
-- `runtime.host.driver`      `RunDriver`: one run's kernel loop
+- `runtime.host.driver`      `host_driver`: the one run driver (`runtime.driver`) with the fleet's ports
 - `runtime.host.unserved`    `Unserved`: tasks of agents no live host serves, failed after a wait
 - `runtime.host.scheduler`   `Scheduler`: the cluster's clock turned into tasks (schedules' fires) and wake
                              commands (sleeping runs' timers); a bundle's `schedules:` stored at start
 - `runtime.host.sleep`       a run asleep on a timer: its wake-ups scheduled, or deleted if it ends first
-- `runtime.host.answers`     a person's answer or verdict checked and recorded; a question's timeout
 """
 from __future__ import annotations
 
@@ -97,7 +96,7 @@ from runtime import kernel
 from runtime.commands import split_actor
 from runtime.host.actors import Actor, Actors, Task
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
-from runtime.host.driver import Inbound, RunDriver, ack_quietly, run_log_for
+from runtime.host.driver import Inbound, RunDriver, ack_quietly, host_driver, run_log_for
 from runtime.host.endpoint import Endpoints
 from runtime.host.leases import Leases, Slot, new_host_id
 from runtime.host.partitions import Partitions
@@ -301,7 +300,7 @@ class Host:
             self.stats.runs_started += 1
             if self.on_event is not None:
                 self.on_event(started)
-            driver = RunDriver(self.js, agent, actor, item.run_id, item.partition,
+            driver = host_driver(self.js, agent, actor, item.run_id, item.partition,
                                state=kernel.evolve(kernel.initial(agent.config, conv), started), last_seq=seq,
                                on_event=self.on_event, log=self.log)
             driver.thread = task.thread

@@ -43,7 +43,7 @@ from runtime import kernel
 from runtime.commands import split_actor
 from runtime.host.actors import Actors, slot_of
 from runtime.host.config import HostConfig, HostStats
-from runtime.host.driver import RunDriver
+from runtime.host.driver import RunDriver, host_driver
 from runtime.host.leases import Slot
 from runtime.host.runs_index import RunsIndex
 from runtime.host.served import AgentRuntime
@@ -176,7 +176,7 @@ class Recovery:
         except (kernel.EvolveError, LookupError) as e:
             log.error("run %s cannot be folded (%s): not resumed", run_id, e)
             return None
-        driver = RunDriver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
+        driver = host_driver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
                            on_event=self.on_event, log=self.log)
         started = history.events[0] if history.events else None
         if isinstance(started, ev.RunStarted):

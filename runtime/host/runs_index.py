@@ -7,7 +7,7 @@ partition over lists its keys only, not the whole index. An entry is written whe
 when it starts or stops waiting for an approver (``waiting for approval``, `RunDriver.on_status`), when it
 goes to sleep on a timer (``sleeping until <T>``: its driver let it go, and its ``active`` entry says when it
 wakes, so a takeover leaves it in its log until then; its wake-up is in SCHEDULES, `runtime.host.sleep`), when
-it is parked waiting for a person's answer (``waiting for an answer``, `runtime.host.answers`) and
+it is parked waiting for a person's answer (``waiting for an answer``, `runtime.driver.inputs`) and
 when it ends (its status; its ``active`` key is then purged).
 
 Index writes are retried until NATS answers (a leader election lasts a few seconds): an index that skipped
@@ -79,10 +79,10 @@ class RunsIndex:
         """The `runs` entry of the run, and its `active` key: set while it runs, purged once it ended."""
         state = driver.state
         status: str = state.status if state.status != "new" else "running"
+        until = kernel.parked_until(state) if driver.parked and status == "running" else None
         if status == "running" and kernel.pending_approvals(state):
             status = WAITING_FOR_APPROVAL
-        until = kernel.parked_until(state) if driver.parked and status == "running" else None
-        if until is not None:
+        elif until is not None:
             status = WAITING_FOR_ANSWER if kernel.pending_questions(state) else sleeping_status(until)
         written = await self.put(driver.run_id, RunIndex(
             actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,

@@ -15,7 +15,7 @@ recovered, which schedules the wake-up again: one Msg-Id per timer); a folded-ba
 awake before the wake is applied. A run that ends with a timer still pending (a cancel) has its wake-up
 deleted.
 
-A run waiting for a person's answer (`ask_human`, `runtime.host.answers`) is parked the same way, indexed as
+A run waiting for a person's answer (`ask_human`, `runtime.driver.inputs`) is parked the same way, indexed as
 ``waiting for an answer``: its wake-up is at its question's timeout or the task's deadline, whichever is
 first; with neither, its ``active`` entry says it wakes never (``inf``), and only the answer (or a cancel)
 folds it back.
@@ -28,20 +28,11 @@ from typing import Any
 
 from runtime import kernel
 from runtime.nats.retry import retrying
-from runtime.questions import wake_at
 from runtime.schedules import ScheduleError, WakeUp, cancel_wake, schedule_wake
 
 log = logging.getLogger("runtime.host")
 
 RETRY_S = 0.25
-
-
-def parked_wakes(state: kernel.State) -> tuple[tuple[str, float], ...]:
-    """The wake-ups a parked run needs, as (call id, instant): each pending timer's, and each waiting
-    question's timeout or the task's deadline, whichever is first (`runtime.questions.wake_at`; a question
-    with neither needs none: only its answer wakes the run)."""
-    asks = ((c.id, wake_at(q, state.deadline)) for c, q in kernel.pending_questions(state))
-    return (*kernel.pending_timers(state), *((c, at) for c, at in asks if at is not None))
 
 
 async def schedule_wakes(js: Any, actor: str, run_id: str, timers: tuple[tuple[str, float], ...],
@@ -72,4 +63,4 @@ async def forget_wakes(js: Any, run_id: str, state: kernel.State) -> None:
                        logger=log, give_up=30.0)
 
 
-__all__ = ["forget_wakes", "parked_wakes", "schedule_wakes"]
+__all__ = ["forget_wakes", "schedule_wakes"]

@@ -1,6 +1,6 @@
 """One model effect, performed: render the prompt, call the model, parse the reply into event fields.
 
-Shared by the in-process loop (`runtime.loop`) and the NATS host (`runtime.host`): both turn a
+Shared by the one run driver (`runtime.driver`) on a host and in one process: both turn a
 `kernel.CallModel` into the same `model.requested` / `model.responded | model.failed` events, so the two
 runners can never drift apart in what they record (and a run driven by either replays the same way).
 

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from runtime.commands import split_actor
-from runtime.externals import Grants
 from runtime.externals.provide import ToolSetup
 from runtime.jobs import ToolJob
 from runtime.tools import ScriptTool, discover_tools
@@ -181,9 +180,7 @@ class ToolRegistry:
             return client
 
         for t in bundle.tools.values():
-            self.add(t, bundle=bundle.name, setup=ToolSetup(
-                bundle=bundle.name, grants=bundle.grants.get(t.name) or Grants(), factory=bundle.factory,
-                model=model, sampling=dict(bundle.spec.model.sampling)))
+            self.add(t, bundle=bundle.name, setup=bundle.setup_for(t.name, model))
         dp = bundle.data_provider
         if dp.kind == "static":
             self.providers[bundle.name] = StaticDataProvider(dp.files, folder=dp.folder)

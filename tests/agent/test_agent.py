@@ -98,3 +98,60 @@ async def test_a_local_model_bundle_finds_the_model_of_a_running_sa_up(monkeypat
     state_file().write_text(json.dumps({"model_url": "http://127.0.0.1:9/v1", "pid": 2**22 + 12345}))
     with pytest.raises(ValueError, match="sa model serve"):  # a stale file (its `sa up` is gone) is ignored
         Agent.from_bundle(DEMO)
+
+
+STAMP_PYM = '''"""Stamp a line through the host's ledger; returns what the ledger said."""
+
+from grail import external, Input
+
+line: str = Input("line", description="the line to stamp")
+
+
+@external
+def stamp(line: str) -> dict:
+    """The ledger (the bundle's externals factory)."""
+    ...
+
+
+done = stamp(line)
+{"stamped": done["stamped"], "key": done["key"]}
+'''
+
+LEDGER_PY = '''from runtime.externals import ExecutionContext
+
+
+class Ledger:
+    def build(self, tool_name: str, context: ExecutionContext):
+        def stamp(line: str, *, idempotency_key: str) -> dict:
+            return {"stamped": line.upper(), "key": idempotency_key}
+
+        return {"stamp": stamp}
+'''
+
+
+async def test_a_bundle_s_externals_factory_binds_its_scripts_externals_in_process(tmp_path: Path):
+    """The bundle's `externals:` reaches its scripts in process as on a worker: the factory builds the
+    functions per call, and each external call gets its idempotency key (`<call id>#<n>`)."""
+    bundle = write_bundle(tmp_path, tools=(), extra="externals: ledger:Ledger\n")
+    folder = bundle.parent
+    (folder / "tools" / "stamp.pym").write_text(STAMP_PYM)
+    (folder / "ledger.py").write_text(LEDGER_PY)
+    text = bundle.read_text().replace("  - tools/submit.pym", "  - tools/submit.pym\n  - tools/stamp.pym")
+    bundle.write_text(text)
+
+    def model(body: dict[str, Any]) -> str:
+        last = last_message(body)
+        if "<tool_response>" in last:
+            return hermes_call("submit", {"answer": last.split("<tool_response>")[1].strip()[:60]})
+        return hermes_call("stamp", {"line": "hello"})
+
+    with ScriptedModelServer(responder=model) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            agent = Agent.from_bundle(bundle, client=client)
+            result = await agent.run("stamp it")
+    assert result.ok, (result.reason, result.events[-3:])
+    stamped = [e for e in result.events if isinstance(e, ev.ToolCompleted | ev.ToolFailed)]
+    assert [e.tool for e in stamped] == ["stamp", "submit"], stamped
+    done = stamped[0]
+    assert isinstance(done, ev.ToolCompleted), done
+    assert done.output == {"stamped": "HELLO", "key": f"{done.call_id}#1"}  # the call's first external call

@@ -11,7 +11,7 @@ import pytest
 
 from runtime import events as ev
 from runtime import kernel
-from runtime.loop import run_task
+from runtime.driver.local import run_task
 from runtime.model.adapters import get_adapter
 from runtime.model.client import ModelClient
 from runtime.model.constraints import DecodingConstraint

@@ -145,6 +145,32 @@ async def test_approvals_listed_approved_with_edited_arguments_and_denied_with_a
     assert none_left == []
 
 
+async def test_a_run_waiting_for_approval_is_parked_and_its_agent_takes_the_next_task(nats_server, topo,
+                                                                                     tmp_path):
+    """An approval with no timeout parks its run as a question does: the driver lets it go, the same actor
+    runs its next task meanwhile, the run is listed as waiting, and the verdict folds it back."""
+    async with fleet(nats_server.url, topo, tmp_path) as f:
+        held = await publish_task(topo, "ctl", "pay: 500 to acme", task_id="held")
+        await f.until(held, "approval.requested")
+        later = await publish_task(topo, "ctl", "compute: 6 * 7", task_id="later")  # same actor, behind it
+        later_events = await f.ended(later)
+        with anyio.fail_after(20):
+            while held in f.host.drivers:  # parked: nothing of it stays on the host
+                await anyio.sleep(0.05)
+        listed = (await sa(f.url, "approvals", "ctl", "--json")).json()
+        status = {r["run_id"]: r["status"] for r in (await sa(f.url, "runs", "--json")).json()}
+        approved = await sa(f.url, "approve", held, "1.0")
+        held_events = await f.ended(held)
+
+    assert kinds(later_events)[-1] == "run.completed"
+    assert [p["run_id"] for p in listed] == [held] and status[held] == "waiting for approval"
+    assert approved.code == 0, approved.err
+    assert kinds(held_events)[-1] == "run.completed" and '"sent": 500' in held_events[-1].output["answer"]
+    started_later = next(e for e in later_events if isinstance(e, ev.RunStarted))
+    granted = next(e for e in held_events if isinstance(e, ev.ApprovalGranted))
+    assert started_later.ts < granted.ts  # the later task did not wait for the person
+
+
 async def test_bad_input_is_refused_with_exit_1_and_nothing_appended(nats_server, topo, tmp_path):
     async with fleet(nats_server.url, topo, tmp_path, concurrency=1) as f:
         run = await publish_task(topo, "ctl", "pay: 900 to acme", task_id="bad-input")

@@ -1,7 +1,7 @@
 """Questions to a person in the pure kernel: `question.asked` decided from the log, the `ask_human` call
 waiting like a call for its result, `question.answered` giving it one, the timeout's default (or error)
 decided from timestamps, what a runner needs to park the run, and `verify` reproducing all of it; and the
-in-process runner (`runtime.loop`), where an `answerer` callback answers."""
+in-process runner (`runtime.driver.local`), where an `answerer` callback answers."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def test_a_forged_answer_in_a_log_fails_verification_only_when_it_claims_the_tim
 
 
 async def _in_process(answerer, timeout_s: float | None = None, **default):
-    from runtime.loop import run_task
+    from runtime.driver.local import run_task
     from runtime.model.adapters import get_adapter
     from runtime.model.client import ModelClient
     from runtime.testing import ScriptedModelServer

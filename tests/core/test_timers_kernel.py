@@ -1,6 +1,6 @@
 """Durable timers in the pure kernel: `timer.started` decided from the log, a timer call waiting like a call
 for its result, `timer.fired` giving it one, and everything a runner needs to park a sleeping run; and the
-in-process runner (`runtime.loop`), for which a timer is a plain wait."""
+in-process runner (`runtime.driver.local`), for which a timer is a plain wait."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def test_iso_and_parse_instant_agree_with_the_calendar():
 
 @pytest.mark.anyio
 async def test_in_one_process_a_timer_is_a_plain_wait():
-    from runtime.loop import run_task
+    from runtime.driver.local import run_task
     from runtime.model.adapters import get_adapter
     from runtime.model.client import ModelClient
     from runtime.testing import ScriptedModelServer

@@ -17,7 +17,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.commands import publish_task
 from runtime.host import load_agents
-from runtime.host.driver import Inbound, RunDriver
+from runtime.host.driver import Inbound, host_driver
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log import RunLog, Superseded, run_filter
 from runtime.log.payloads import Payloads
@@ -194,7 +194,7 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
         seq = await RunLog(js).append(started, expect=0)
         state = kernel.evolve(kernel.initial(agent.config), started)
         lossy = LostRecords(js)
-        first = RunDriver(lossy, agent, "calc", run_id, 0, state=state, last_seq=seq, log=RunLog(lossy))
+        first = host_driver(lossy, agent, "calc", run_id, 0, state=state, last_seq=seq, log=RunLog(lossy))
         async with anyio.create_task_group() as tg:
             tg.start_soon(first.run)
             with anyio.fail_after(30):
@@ -205,7 +205,7 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
         (job,) = lossy.jobs
         outcome = ToolOutcome.for_job(job, ToolResult(output=3), worker="w")
         spy = PublishLog(js)
-        second = RunDriver(spy, agent, "calc", run_id, 0, last_seq=before.last_seq,
+        second = host_driver(spy, agent, "calc", run_id, 0, last_seq=before.last_seq,
                            state=kernel.fold(agent.config, before.events), log=RunLog(spy))
         second.deliver(Inbound(outcome, AckLog(spy.log)))  # found before the driver dispatches the call again
         with anyio.fail_after(30):
@@ -240,8 +240,8 @@ async def test_a_stale_driver_stops_at_its_first_write_and_leaves_no_fork(nats_s
         assert await RunLog(js).append(started, expect=0) == seq  # a retried landed append: no-op
         assert await RunLog(js).create(started) is None  # the run exists: not created twice
         state = kernel.evolve(kernel.initial(agent.config), started)
-        first = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
-        stale = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
+        first = host_driver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
+        stale = host_driver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
         final = await first.run()
         with pytest.raises(Superseded):
             await stale.run()
@@ -364,7 +364,7 @@ async def test_an_event_the_log_can_never_take_ends_the_run_instead_of_wedging_i
         started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="go")
         seq = await RunLog(js).append(started, expect=0)
         state = kernel.evolve(kernel.initial(agent.config), started)
-        driver = RunDriver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
+        driver = host_driver(js, agent, "calc", run_id, 0, state=state, last_seq=seq)
         await driver.append(ev.ScriptStarted(run_id=run_id, call_id=f"{run_id}/1.0", tool="calculator",
                                              worker="w" * (2 << 20)))
         await driver._flush()

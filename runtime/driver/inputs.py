@@ -1,12 +1,15 @@
-"""What a person sends a run, checked and recorded: an answer to a question (`ask_human`,
-`runtime.questions`), an approver's verdict; and a question's timeout, recorded when the run wakes.
+"""Input from outside a run, checked and recorded: an answer to a question (`ask_human`,
+`runtime.questions`), an approver's verdict; and what time alone settles (a question's timeout), recorded
+when the run wakes. Used by the one run driver (`runtime.driver.run`) wherever it runs: on a host the input
+arrives as commands (`sa answer`, `sa approve`, the client, the inspector); in one process the caller's
+approver and answerer are asked and their replies arrive as the same commands (`runtime.driver.local`).
 
-A run whose only pending work is questions (and timers) is parked like a sleeping one (`runtime.host.sleep`):
-no driver, no memory, no slot. Two things fold it back (`Recovery.unpark`, through `runtime.host.routing`):
-an `Answer` command (`sa answer`, the client, the inspector), which `apply_answer` records as
-`question.answered` once it fits the question's schema; or the cluster's wake-up at the question's timeout
-(or the task's deadline, whichever is first), which `settle_due` turns into the kernel's verdict: the
-bundle's default, a `timeout` error, or the deadline's failure.
+On a host, a run whose only pending work is questions (and timers) is parked like a sleeping one
+(`runtime.host.sleep`): no driver, no memory, no slot. Two things fold it back (`Recovery.unpark`, through
+`runtime.host.routing`): an `Answer` command, which `apply_answer` records as `question.answered` once it
+fits the question's schema; or the cluster's wake-up at the question's timeout (or the task's deadline,
+whichever is first), which `settle_due` turns into the kernel's verdict: the bundle's default, a `timeout`
+error, or the deadline's failure. `parked_wakes` says which wake-ups a parked run needs.
 
 The answer is checked here as well as by the client (which refuses a bad answer before publishing, saying
 what is wrong): a command from any other publisher that does not fit is logged and dropped, so the log only
@@ -87,14 +90,28 @@ async def apply_answer(state: kernel.State, item: ev.Answer, append: Append) -> 
                                      by=item.by))
 
 
+def parked_wakes(state: kernel.State) -> tuple[tuple[str, float], ...]:
+    """The wake-ups a run waiting on time or on a person needs, as (call id, instant): each pending timer's,
+    each waiting question's and approval's timeout or the task's deadline, whichever is first (one waited
+    for with neither needs none: only a person's answer or verdict wakes the run)."""
+    return (*kernel.pending_timers(state), *((c, at) for c, at in _waiting(state) if at is not None))
+
+
+def _waiting(state: kernel.State) -> list[tuple[str, float | None]]:
+    """The calls that wait for a person (questions, then approvals), each with when time alone settles it."""
+    asks = [(c.id, wake_at(q, state.deadline)) for c, q in kernel.pending_questions(state)]
+    return asks + [(c.id, kernel.approval_wake(state, c.id)) for c in kernel.pending_approvals(state)]
+
+
 async def settle_due(state: kernel.State, now: float, append: Append,
                      deadline_passed: Callable[[], Awaitable[None]], *, call_id: str | None = None) -> bool:
-    """Record what time alone settles for the waiting questions (all, or only `call_id`'s, as a wake-up
-    names it): at `now`, or at the instant the wake-up was for if the host's clock is a little behind the
-    cluster's (the wake-up is the cluster's clock speaking). Past the task's deadline the run fails instead.
-    True if something was recorded."""
-    asks = [(c, q) for c, q in kernel.pending_questions(state) if call_id in (None, c.id)]
-    wakes = [at for _, q in asks if (at := wake_at(q, state.deadline)) is not None]
+    """Record what time alone settles for the calls waiting for a person (all, or only `call_id`, as a
+    wake-up names it): at `now`, or at the instant the wake-up was for if the host's clock is a little behind
+    the cluster's (the wake-up is the cluster's clock speaking). A question's timeout gives the bundle's
+    default or a `timeout` error, an approval's the rule's verdict. Past the task's deadline the run fails
+    instead. True if something was recorded."""
+    waiting = [(c, at) for c, at in _waiting(state) if call_id in (None, c)]
+    wakes = [at for _, at in waiting if at is not None]
     if not wakes:
         return False
     at = max(now, min(wakes)) if call_id is not None else now
@@ -102,17 +119,26 @@ async def settle_due(state: kernel.State, now: float, append: Append,
         if call_id is None:  # the driver's own check: every call still out fails with the deadline
             await deadline_passed()
             return True
-        for c, _ in kernel.pending_questions(state):  # a parked run woken at its deadline: only questions
-            failed = ev.ToolFailed(run_id=state.run_id, call_id=c.id, tool=c.name,  # wait (stamped then,
-                                   error=ToolError("timeout", "nobody answered before the task's deadline"))
-            await append(msgspec.structs.replace(failed, ts=at))  # so the kernel ends the run `deadline`)
+        await _at_deadline(state, at, append)
         return True
-    asked = {c.id for c, _ in asks}
-    verdicts = [v for v in kernel.expire(state, at)
-                if isinstance(v, ev.QuestionAnswered | ev.ToolFailed) and v.call_id in asked]
+    ids = {c for c, _ in waiting}
+    verdicts = [v for v in kernel.expire(state, at) if v.call_id in ids]
     for verdict in verdicts:  # stamped at the time the kernel judged them by, so `verify` agrees
         await append(msgspec.structs.replace(verdict, ts=at))
     return bool(verdicts)
 
 
-__all__ = ["apply_answer", "apply_verdict", "bad_answer", "bad_edit", "settle_due"]
+async def _at_deadline(state: kernel.State, at: float, append: Append) -> None:
+    """A parked run woken at its deadline (only people are waited for): each question fails with `timeout`
+    and each approval is denied, stamped then, so the kernel ends the run `deadline`."""
+    for c, _ in kernel.pending_questions(state):
+        failed = ev.ToolFailed(run_id=state.run_id, call_id=c.id, tool=c.name,
+                               error=ToolError("timeout", "nobody answered before the task's deadline"))
+        await append(msgspec.structs.replace(failed, ts=at))
+    for c in kernel.pending_approvals(state):
+        denied = ev.ApprovalDenied(run_id=state.run_id, call_id=c.id, reason="the task's deadline passed",
+                                   by="deadline")
+        await append(msgspec.structs.replace(denied, ts=at))
+
+
+__all__ = ["apply_answer", "apply_verdict", "bad_answer", "bad_edit", "parked_wakes", "settle_due"]

@@ -1,0 +1,96 @@
+"""The run log in memory: the second implementation of what the run driver writes to, for one process.
+
+Why it exists: the in-process `Agent` is the same run driver as a host's (`runtime.driver`), so it needs a log
+with the same contract as the JetStream one (`runtime.log.RunLog`): `create` appends a run's first event only
+if the run has none, `append` takes an expected last sequence and raises `Superseded` when another writer got
+there first, an unstamped event is a bug (`ValueError`), `read` gives the events back in order as the schema
+decodes them, `last` names the last event's sequence and id. Sequences count across all runs of the log, as
+a stream's do. Events are kept encoded, so an event the schema cannot round-trip fails here exactly as it
+would on the stream. `tests/log/test_log_conformance.py` holds both logs to these rules.
+
+Big values stay inline (a process's memory is the limit, not a message size): the payloads are the values
+themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime import events as ev
+from runtime.jobs import ToolOutcome
+from runtime.log.runlog import RunHistory, Superseded
+
+
+class InlinePayloads:
+    """Payloads for a log in memory: nothing is moved out, so every value is already resolved."""
+
+    async def offload(self, value: Any, *, run: str) -> Any:
+        return value
+
+    async def resolve(self, ref: Any) -> Any:
+        return ref
+
+    async def resolve_outcome(self, outcome: ToolOutcome) -> ToolOutcome:
+        return outcome
+
+
+class MemoryRunLog:
+    """Runs' events in this process's memory, under the run log's contract (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, list[tuple[int, bytes]]] = {}
+        self._seq = 0
+        self._payloads = InlinePayloads()
+
+    @property
+    def payloads(self) -> InlinePayloads:
+        return self._payloads
+
+    async def create(self, started: ev.RunStarted) -> int | None:
+        """Append a run's first event only if the run has none yet; its sequence, or None if it exists."""
+        if self._runs.get(started.run_id):
+            _stamped(started)
+            return None
+        return self._write(started)
+
+    async def append(self, event: ev.Event, *, expect: int) -> int:
+        """Append a stamped `event` expecting `expect` as the run's last sequence; return the event's own.
+        Raises `Superseded` if the run's last sequence is another."""
+        _stamped(event)
+        last = self._last_seq(event.run_id)
+        if last != expect:
+            raise Superseded(f"run {event.run_id}: another writer appended first (this one expected the "
+                             f"run's last sequence to be {expect}, it is {last})")
+        return self._write(event)
+
+    async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
+        """The sequence and id (`<run>/<seq>`) of the run's last event, or None if it has none."""
+        stored = self._runs.get(run_id)
+        if not stored:
+            return None
+        seq, data = stored[-1]
+        return seq, f"{run_id}/{ev.decode(data).seq}"
+
+    async def read(self, run_id: str, actor: str | None = None) -> RunHistory:
+        """Every event of `run_id` in order (an empty history if there is none)."""
+        stored = self._runs.get(run_id, [])
+        events = [ev.decode(data) for _, data in stored]
+        return RunHistory(run_id, actor or (events[0].actor if events else ""), events,
+                          [seq for seq, _ in stored])
+
+    def _last_seq(self, run_id: str) -> int:
+        stored = self._runs.get(run_id)
+        return stored[-1][0] if stored else 0
+
+    def _write(self, event: ev.Event) -> int:
+        self._seq += 1
+        self._runs.setdefault(event.run_id, []).append((self._seq, ev.encode(event)))
+        return self._seq
+
+
+def _stamped(event: ev.Event) -> None:
+    if event.seq < 0 or not event.actor:
+        raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
+
+
+__all__ = ["InlinePayloads", "MemoryRunLog"]
