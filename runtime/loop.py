@@ -260,7 +260,7 @@ class _Runner:
         """Ask the answerer, no longer than the question's timeout or the task's deadline (see the module
         docstring); record its answer, or what the timeout or the deadline gives."""
         from runtime.questions import wake_at
-        from runtime.scripts.validate import validate  # the sandbox layer loads only when a question is asked
+        from runtime.validate import validate
 
         fail: ToolError | None = ToolError("policy", "no answerer is configured for this in-process run: "
                                                      "nobody can answer")
