@@ -111,15 +111,14 @@ from runtime.host.unserved import Unserved
 from runtime.log import RunLog
 from runtime.log.payloads import PayloadError
 from runtime.log.threads import Conversations, Threads, conversation
+from runtime.logfields import log_context
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
 from runtime.nats.records import HostBeat, RunIndex
 from runtime.nats.retry import retrying
-from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
+from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, TRACEPARENT, TRACESTATE
 from runtime.nats.topology import attach_topology, ensure_schedules, ensure_transforms
-from runtime.observe.logs import log_context
-from runtime.observe.traces import TRACEPARENT, TRACESTATE
 from runtime.streaming import StreamPublisher
 
 log = logging.getLogger("runtime.host")
