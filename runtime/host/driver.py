@@ -70,6 +70,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.host.answers import apply_answer, apply_verdict, settle_due
 from runtime.host.jobs_out import job_acked, send_job
+from runtime.host.runs_index import Standing
 from runtime.host.served import AgentRuntime
 from runtime.host.sleep import forget_wakes, parked_wakes, schedule_wakes
 from runtime.jobs import ToolJob, ToolOutcome
@@ -145,6 +146,12 @@ class RunDriver:
             if self._model_scope is not None:
                 self._model_scope.cancel()  # a cancel must not wait for a slow model
         self._wake.set()
+
+    def standing(self) -> Standing:
+        """What the runs index records of this run now (`RunsIndex.record`)."""
+        return Standing(run_id=self.run_id, actor=self.actor, partition=self.partition,
+                        last_seq=self.last_seq, state=self.state, bundle=str(self.agent.bundle.path),
+                        task_id=self.task_id, forked=self.forked, parked=self.parked)
 
     # -- the loop ----------------------------------------------------------------------------------------
 

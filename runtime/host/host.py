@@ -318,7 +318,7 @@ class Host:
         if task.thread is not None:  # before the ack: a crash before it finds the run again, and adds it
             await self.threads.add(actor, task.thread, item.run_id)
         driver.task_id = task.task_id
-        await self.index.record(driver)
+        await self.index.record(driver.standing())
         if item.msg is not None:
             await ack_quietly(item.msg)
         if item.cancel is not None:
@@ -335,7 +335,7 @@ class Host:
 
     async def _drive(self, driver: RunDriver) -> None:
         self.drivers[driver.run_id] = driver
-        driver.on_status = self.index.record
+        driver.on_status = lambda d: self.index.record(d.standing())
         if driver.agent.bundle.spec.conversation.stream:
             driver.streamer = StreamPublisher(self.nc, driver.actor, driver.run_id)
         try:
@@ -350,7 +350,7 @@ class Host:
         self.stats.runs_ended[state.status] = self.stats.runs_ended.get(state.status, 0) + 1
         if driver.thread is not None or state.status == "cancelled":
             self.conversations.remember(state)  # the thread's next run starts from it, without a read
-        await self.index.record(driver)
+        await self.index.record(driver.standing())
 
     async def _run_awake(self, driver: RunDriver) -> kernel.State:
         """Drive until the run ends or sleeps (`runtime.host.sleep`). A run folded back from its sleep for a
@@ -359,11 +359,11 @@ class Host:
         while True:
             if driver.parked:
                 driver.parked = False
-                await self.index.record(driver)
+                await self.index.record(driver.standing())
             state = await driver.run()
             if not driver.parked:
                 return state
-            await self.index.record(driver)
+            await self.index.record(driver.standing())
             if not driver.inbox:  # checked with no await before the driver is let go: a later message
                 return state      # finds no driver and folds the run back (`Router`)
 

@@ -188,7 +188,7 @@ class Recovery:
             if not state.done and not self._may_resume(run_id, started, agent):
                 await driver.end("bundle_changed", _changed(started, agent))
         if driver.state.done:
-            await self.index.record(driver)
+            await self.index.record(driver.standing())
             return None
         return driver
 
