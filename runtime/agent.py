@@ -16,13 +16,12 @@ after the call succeeded, all or none; a malformed `writes` fails the call with 
 a worker. (A workspace shared between processes is what the NATS workspace is for: use `sa host`.)
 
 The model: the bundle's `model.base_url`; `local` means the embedded model server, found at
-`model_url`, else `SA_LOCAL_MODEL_URL`, else the one a running `sa up` started (`runtime.running`).
+`model_url`, else `SA_LOCAL_MODEL_URL`, else the one a running `sa up` started (`runtime.model.connect`).
 Pass `client` to use another (tests pass one for `runtime.testing.ScriptedModelServer`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from runtime import events as ev
 from runtime.bundle import Bundle, load_bundle
 from runtime.driver.local import Answerer, Approver, OnEvent, RunOutcome, run_task
 from runtime.model import ModelClient, ModelStep, get_adapter
+from runtime.model.connect import model_client
 from runtime.model.limits import DailyBudget, LocalGate, LocalTokens
 from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
 from runtime.types import ToolCall, ToolResult
@@ -144,30 +144,6 @@ class Agent:
         await self.aclose()
 
 
-def model_client(bundle: Bundle, model_url: str | None = None, *, api_key: str | None = None) -> ModelClient:
-    """The client for a bundle's model: `model.base_url`, or for `local` the embedded model server at
-    `model_url` (else `SA_LOCAL_MODEL_URL`). The key comes from `model.api_key_env` when the bundle names
-    one. Shared by `Agent` and the host, so both reach the same model the same way."""
-    from runtime.scripts import parse_duration
-
-    spec = bundle.spec.model
-    if bundle.uses_local_model:
-        from runtime.running import running_model_url
-
-        url = model_url or os.environ.get("SA_LOCAL_MODEL_URL") or running_model_url()
-        if not url:
-            raise ValueError(f"bundle {bundle.name} uses the local model, but no local model server was "
-                             "found: start `sa up` (it is found by itself) or `sa model serve`, and pass "
-                             "its URL as model_url=... (or set SA_LOCAL_MODEL_URL)")
-        base_url, model = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1"), "local"
-    else:
-        base_url, model = spec.base_url, spec.name
-    key = os.environ.get(spec.api_key_env) if spec.api_key_env else api_key
-    provider = spec.provider or ("structured-agents" if bundle.uses_local_model else None)
-    return ModelClient(base_url=base_url, model=model, api_key=key, provider=provider,
-                       timeout=parse_duration(spec.timeout, field="timeout") or 60.0)
-
-
 def _limit(bundle: Bundle, client: ModelClient) -> DailyBudget | None:
     """The bundle's `endpoint:` and `budgets:` in this process: its client's retry settings and a gate over
     `max_in_flight` local permits (shared by this agent's runs only: the fleet's share is the host's,
@@ -197,4 +173,4 @@ def _data_for(bundle: Bundle) -> LocalWorkspace | StaticFiles | None:
     return StaticFiles(static) if static else None
 
 
-__all__ = ["Agent", "LocalWorkspace", "StaticFiles", "model_client"]
+__all__ = ["Agent", "LocalWorkspace", "StaticFiles"]

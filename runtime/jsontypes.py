@@ -1,5 +1,5 @@
 """JSON Schema's type names for plain Python values: the one definition shared by the schema validator
-(`runtime.scripts.validate`, which checks tool arguments and outputs) and the argument coercer
+(`runtime.validate`, which checks tool arguments and outputs) and the argument coercer
 (`runtime.model.adapters.arguments`, which repairs what models send). Both must agree on what "integer" or
 "array" means, or a coerced argument could still fail validation. Dependency-free on purpose: the model
 adapters import it without pulling in the sandbox layer.

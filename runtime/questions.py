@@ -10,10 +10,10 @@ so the model reads a clear error instead of waiting forever. A runner parks a ru
 is questions and timers (the host holds nothing for it); the answer, or the cluster's wake-up at the
 timeout, folds it back.
 
-Why answers are not validated here: the schema check (`runtime.scripts.validate`) lives with the sandbox
-layer, which the pure core must not load; the client checks an answer before it publishes it (refusing a
-bad one with what is wrong, nothing recorded) and the host checks it again before recording it, so the
-log only ever holds answers that fit. Everything here is pure: the clock reaches it only as an event's `ts`.
+Why answers are not validated here: the fold takes the log as it is. The schema check is made where an
+answer enters (`runtime.validate`): the client checks an answer before it publishes it (refusing a bad one
+with what is wrong, nothing recorded) and the host checks it again before recording it, so the log only
+ever holds answers that fit. Everything here is pure: the clock reaches it only as an event's `ts`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from runtime.bundle.problems import Problem
 from runtime.bundle.schema import BudgetsSpec, EndpointSpec
 from runtime.events import MAX_PRIORITY, MIN_PRIORITY
 from runtime.model.limits import Budgets, EndpointLimits
-from runtime.scripts import LimitsError, parse_duration
+from runtime.quantities import LimitsError, parse_duration
 
 __all__ = ["budgets_section", "endpoint_section", "priority_section"]
 

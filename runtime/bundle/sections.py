@@ -27,7 +27,8 @@ from runtime.bundle.schema import (
 from runtime.bundle.values import limits_value, output_model_value
 from runtime.externals import ExternalsError, ExternalsFactory, load_factory
 from runtime.model import ADAPTERS
-from runtime.scripts import Limits, LimitsError, parse_duration
+from runtime.quantities import LimitsError, parse_duration
+from runtime.scripts import Limits
 
 if TYPE_CHECKING:
     from runtime.policies import ToolPolicy

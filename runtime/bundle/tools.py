@@ -22,7 +22,8 @@ from runtime.bundle.resolved import BundleTool
 from runtime.bundle.schema import ApprovalSpec, GrantsSpec, RetrySpec, ToolEntry
 from runtime.bundle.values import limits_value, output_model_value
 from runtime.externals import ExternalsError, Grants, import_object
-from runtime.scripts import Limits, LimitsError, parse_duration
+from runtime.quantities import LimitsError, parse_duration
+from runtime.scripts import Limits
 from runtime.tools import ScriptLoadError, ScriptTool, discover_tools
 from runtime.tools.agent_tool import DEFAULT_MAX_DEPTH, AgentTool
 from runtime.tools.hosted import HostedPythonTool, RetryPolicy

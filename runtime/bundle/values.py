@@ -65,7 +65,7 @@ def output_model_value(ref: Any, named: dict[str, Any], root: Path, path: str,
 
 def _schema(ref: dict[str, Any], path: str, problems: list[Problem]) -> dict[str, Any] | None:
     """An inline JSON Schema, if the result validator checks every keyword it uses."""
-    from runtime.scripts.validate import unsupported_keywords
+    from runtime.validate import unsupported_keywords
 
     bad = unsupported_keywords(ref)
     if bad:

@@ -48,7 +48,7 @@ from runtime.log import RunLog
 from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import WAITING_FOR_ANSWER, WAITING_FOR_APPROVAL, RunIndex
 from runtime.nats.subjects import check_token
-from runtime.scripts.validate import validate
+from runtime.validate import validate
 
 RECORD_WAIT_S = 30.0  # how long an operation waits for a host to record its verdict
 

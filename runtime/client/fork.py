@@ -248,7 +248,7 @@ def _reply(source: RunHistory, state: kernel.State, edit: ReplyEdit, at_seq: int
 
 
 def _check_calls(calls: Sequence[EditedCall], config: kernel.KernelConfig) -> None:
-    from runtime.scripts.validate import validate
+    from runtime.validate import validate
 
     tools = {t.name: t for t in config.tools}
     for i, call in enumerate(calls):

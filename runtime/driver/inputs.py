@@ -27,8 +27,8 @@ import msgspec
 from runtime import events as ev
 from runtime import kernel
 from runtime.questions import wake_at
-from runtime.scripts.validate import validate
 from runtime.types import ToolError
+from runtime.validate import validate
 
 log = logging.getLogger("runtime.host")
 

@@ -202,7 +202,7 @@ class LocalPorts:
         driver.deliver(Inbound(item))
 
     async def _answer(self, driver: Driven, asked: ev.QuestionAsked) -> None:
-        from runtime.scripts.validate import validate  # the sandbox layer loads only when a question is asked
+        from runtime.validate import validate
 
         assert self.answerer is not None
         answer = await _settled(self.answerer(asked.question, asked.schema))

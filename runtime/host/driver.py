@@ -26,6 +26,7 @@ from runtime.driver.inputs import parked_wakes
 from runtime.driver.ports import Driven, Inbound, ack_quietly
 from runtime.driver.run import RunDriver as Driver
 from runtime.host.jobs_out import job_acked, send_job
+from runtime.host.runs_index import Standing
 from runtime.host.served import AgentRuntime
 from runtime.host.sleep import forget_wakes, schedule_wakes
 from runtime.jobs import ToolJob
@@ -91,6 +92,13 @@ def host_driver(js: JetStreamContext, agent: AgentRuntime, actor: str, run_id: s
                      state=state, last_seq=last_seq, partition=partition, on_event=on_event, clock=clock)
 
 
+def standing(driver: RunDriver) -> Standing:
+    """What the runs index records of a run this host drives, now (`RunsIndex.record`)."""
+    return Standing(run_id=driver.run_id, actor=driver.actor, partition=driver.partition,
+                    last_seq=driver.last_seq, state=driver.state, bundle=str(driver.agent.bundle.path),
+                    task_id=driver.task_id, forked=driver.forked, parked=driver.parked)
+
+
 _LOGS: weakref.WeakKeyDictionary[JetStreamContext, RunLog] = weakref.WeakKeyDictionary()
 
 
@@ -102,4 +110,4 @@ def run_log_for(js: JetStreamContext) -> RunLog:
     return run_log
 
 
-__all__ = ["HostPorts", "Inbound", "RunDriver", "ack_quietly", "host_driver", "run_log_for"]
+__all__ = ["HostPorts", "Inbound", "RunDriver", "ack_quietly", "host_driver", "run_log_for", "standing"]

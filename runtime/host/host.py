@@ -96,7 +96,7 @@ from runtime import kernel
 from runtime.commands import split_actor
 from runtime.host.actors import Actor, Actors, Task
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
-from runtime.host.driver import Inbound, RunDriver, ack_quietly, host_driver, run_log_for
+from runtime.host.driver import Inbound, RunDriver, ack_quietly, host_driver, run_log_for, standing
 from runtime.host.endpoint import Endpoints
 from runtime.host.leases import Leases, Slot, new_host_id
 from runtime.host.partitions import Partitions
@@ -110,15 +110,14 @@ from runtime.host.unserved import Unserved
 from runtime.log import RunLog
 from runtime.log.payloads import PayloadError
 from runtime.log.threads import Conversations, Threads, conversation
+from runtime.logfields import log_context
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
 from runtime.nats.records import HostBeat, RunIndex
 from runtime.nats.retry import retrying
-from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET
+from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, TRACEPARENT, TRACESTATE
 from runtime.nats.topology import attach_topology, ensure_schedules, ensure_transforms
-from runtime.observe.logs import log_context
-from runtime.observe.traces import TRACEPARENT, TRACESTATE
 from runtime.streaming import StreamPublisher
 
 log = logging.getLogger("runtime.host")
@@ -318,7 +317,7 @@ class Host:
         if task.thread is not None:  # before the ack: a crash before it finds the run again, and adds it
             await self.threads.add(actor, task.thread, item.run_id)
         driver.task_id = task.task_id
-        await self.index.record(driver)
+        await self.index.record(standing(driver))
         if item.msg is not None:
             await ack_quietly(item.msg)
         if item.cancel is not None:
@@ -335,7 +334,7 @@ class Host:
 
     async def _drive(self, driver: RunDriver) -> None:
         self.drivers[driver.run_id] = driver
-        driver.on_status = self.index.record
+        driver.on_status = lambda d: self.index.record(standing(d))
         if driver.agent.bundle.spec.conversation.stream:
             driver.streamer = StreamPublisher(self.nc, driver.actor, driver.run_id)
         try:
@@ -350,7 +349,7 @@ class Host:
         self.stats.runs_ended[state.status] = self.stats.runs_ended.get(state.status, 0) + 1
         if driver.thread is not None or state.status == "cancelled":
             self.conversations.remember(state)  # the thread's next run starts from it, without a read
-        await self.index.record(driver)
+        await self.index.record(standing(driver))
 
     async def _run_awake(self, driver: RunDriver) -> kernel.State:
         """Drive until the run ends or sleeps (`runtime.host.sleep`). A run folded back from its sleep for a
@@ -359,11 +358,11 @@ class Host:
         while True:
             if driver.parked:
                 driver.parked = False
-                await self.index.record(driver)
+                await self.index.record(standing(driver))
             state = await driver.run()
             if not driver.parked:
                 return state
-            await self.index.record(driver)
+            await self.index.record(standing(driver))
             if not driver.inbox:  # checked with no await before the driver is let go: a later message
                 return state      # finds no driver and folds the run back (`Router`)
 

@@ -43,7 +43,7 @@ from runtime import kernel
 from runtime.commands import split_actor
 from runtime.host.actors import Actors, slot_of
 from runtime.host.config import HostConfig, HostStats
-from runtime.host.driver import RunDriver, host_driver
+from runtime.host.driver import RunDriver, host_driver, standing
 from runtime.host.leases import Slot
 from runtime.host.runs_index import RunsIndex
 from runtime.host.served import AgentRuntime
@@ -188,7 +188,7 @@ class Recovery:
             if not state.done and not self._may_resume(run_id, started, agent):
                 await driver.end("bundle_changed", _changed(started, agent))
         if driver.state.done:
-            await self.index.record(driver)
+            await self.index.record(standing(driver))
             return None
         return driver
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from runtime import kernel
-from runtime.host.driver import RunDriver
 from runtime.nats.kv import fleet_kv, latest, put_kv, runs_kv
 from runtime.nats.records import (
     WAITING_FOR_ANSWER,
@@ -54,6 +54,23 @@ log = logging.getLogger("runtime.host")
 WRITE_RETRY_S = 0.25
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What the index is told of a run: where it lives, how far its log goes, the state folded from it, and
+    whether its driver let it go to sleep. The run's driver makes one (`runtime.host.driver.standing`); a plain record,
+    so the index depends on nothing else of the driver and a test can write one by hand."""
+
+    run_id: str
+    actor: str
+    partition: int
+    last_seq: int
+    state: kernel.State
+    bundle: str  # the path of the bundle the run is served from
+    task_id: str | None = None
+    forked: tuple[str, int] | None = None  # a fork's source run and seq
+    parked: bool = False  # asleep on a timer or a question, and let go by its driver
 
 
 class RunsIndex:
@@ -75,30 +92,30 @@ class RunsIndex:
         self.runs = await runs_kv(self.js)
         self.active = await fleet_kv(self.js, ACTIVE_BUCKET)
 
-    async def record(self, driver: RunDriver) -> None:
+    async def record(self, run: Standing) -> None:
         """The `runs` entry of the run, and its `active` key: set while it runs, purged once it ended."""
-        state = driver.state
+        state = run.state
         status: str = state.status if state.status != "new" else "running"
-        until = kernel.parked_until(state) if driver.parked and status == "running" else None
+        until = kernel.parked_until(state) if run.parked and status == "running" else None
         if status == "running" and kernel.pending_approvals(state):
             status = WAITING_FOR_APPROVAL
         elif until is not None:
             status = WAITING_FOR_ANSWER if kernel.pending_questions(state) else sleeping_status(until)
-        written = await self.put(driver.run_id, RunIndex(
-            actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
-            updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path),
-            forked_from=driver.forked[0] if driver.forked else None,
-            forked_at=driver.forked[1] if driver.forked else None))
-        key = active_key(driver.partition, driver.run_id)
+        written = await self.put(run.run_id, RunIndex(
+            actor=run.actor, status=status, partition=run.partition, last_seq=run.last_seq,
+            updated=time.time(), task_id=run.task_id, bundle=run.bundle,
+            forked_from=run.forked[0] if run.forked else None,
+            forked_at=run.forked[1] if run.forked else None))
+        key = active_key(run.partition, run.run_id)
         if status in kernel.TERMINAL:
-            await _retrying(f"clearing the active entry of {driver.run_id}",
+            await _retrying(f"clearing the active entry of {run.run_id}",
                             lambda: self.active.purge(key, msg_ttl=ACTIVE_PURGE_TTL_S))
         elif written:
-            value = active_value(driver.actor, until)
-            await _retrying(f"the active entry of {driver.run_id}",
+            value = active_value(run.actor, until)
+            await _retrying(f"the active entry of {run.run_id}",
                             lambda: self._set(ACTIVE_BUCKET, key, value, keep=None))
         if status in kernel.TERMINAL or until is not None:  # over, or let go until it wakes: written no more
-            self._revisions.pop((RUNS_BUCKET, driver.run_id), None)  # here (its next owner reads them first)
+            self._revisions.pop((RUNS_BUCKET, run.run_id), None)  # here (its next owner reads them first)
             self._revisions.pop((ACTIVE_BUCKET, key), None)
 
     async def put(self, run_id: str, entry: RunIndex) -> bool:
@@ -150,4 +167,5 @@ async def _retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
     return await retrying(op, what=what, delay=WRITE_RETRY_S, logger=log)
 
 
-__all__ = ["WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "RunsIndex", "sleeping_status", "supersedes"]
+__all__ = ["WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "RunsIndex", "Standing", "sleeping_status",
+           "supersedes"]

@@ -50,7 +50,7 @@ def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: M
                 api_key: str | None = None) -> AgentRuntime:
     """The runtime of one bundle. `client` overrides the model client (tests, benches); otherwise a
     `ModelClient` for the bundle's `model.base_url` (`local`: `local_model_url`, the embedded server)."""
-    from runtime.agent import model_client
+    from runtime.model.connect import model_client
 
     config = bundle.kernel_config()
     step = ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, bundle.decoding_constraint())

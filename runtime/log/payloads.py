@@ -65,7 +65,7 @@ def threshold_from_env(env: dict[str, str] | None = None) -> int:
     raw = (env if env is not None else os.environ).get(ENV_THRESHOLD, "").strip()
     if not raw:
         return DEFAULT_THRESHOLD
-    from runtime.scripts.limits import parse_size
+    from runtime.quantities import parse_size
 
     return parse_size(raw, field=ENV_THRESHOLD)
 

@@ -9,6 +9,7 @@
 - `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every
                 function `"strict": true`) for the tools the server constrains itself
 - `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
+- `connect`     `model_client(bundle)`: the `ModelClient` of a bundle's model (its server, name and key)
 - `retries`     when a failed request is tried again and after how long (429/503: the server's Retry-After)
 - `limits`      sharing a scarce endpoint: a fair queue (priority, then round robin across agents) in front
                 of its permits, tokens per minute, an agent's daily token budget

@@ -139,6 +139,10 @@ WRONG_LAST_SEQUENCE = (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT
 HDR_BATCH_ID = "Nats-Batch-Id"
 HDR_BATCH_SEQ = "Nats-Batch-Sequence"
 HDR_BATCH_COMMIT = "Nats-Batch-Commit"
+# The W3C trace context a publisher may send with a task, as headers or in its metadata: the host records it
+# in `run.started`, and the run's trace becomes a child of the publisher's span (`runtime.observe.traces`).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 BATCH_MAX_MESSAGES = 1000  # the server's cap on messages in one atomic batch
 ERR_ATOMIC_DISABLED = 10174  # "atomic publish is disabled": the stream lacks `allow_atomic`
 ERR_BATCH_DUPLICATE_MSG_ID = 10201  # a batch message's Msg-Id is stored already: the batch landed before
@@ -479,8 +483,8 @@ __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET",
            "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
            "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET",
            "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "SCHEDULER_CONSUMER", "SCHEDULES", "SCHEDULE_FILTER",
-           "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS",
-           "THREADS_BUCKET", "TOOLS", "WORKERS_BUCKET", "WORKERS_CONSUMER", "WRONG_LAST_SEQUENCE",
+           "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS", "THREADS_BUCKET", "TOOLS",
+           "TRACEPARENT", "TRACESTATE", "WORKERS_BUCKET", "WORKERS_CONSUMER", "WRONG_LAST_SEQUENCE",
            "active_filter", "active_key",
            "agent_of_task_subject", "bundle_of_slug", "bundle_result_filters", "bundle_slug",
            "bundle_task_filters", "bundle_token", "check_token", "command_subject", "dlq_subject",

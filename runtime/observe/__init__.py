@@ -4,13 +4,14 @@
 - `exporter` — `sa otel`: follows EVENTS with a durable consumer and exports spans over OTLP/HTTP
 - `metrics`  — Prometheus metrics of hosts (from their events) and workers (from their counters)
 - `logs`     — `--log-format json`: one JSON object per line, with run id, agent, seq, call id as fields
+               (set by the host and the worker with `runtime.logfields.log_context`)
 
 Only `traces` and `logs` are imported here: the exporter and the metrics pull in the OpenTelemetry SDK and
 prometheus-client, which a process that does not use them need not load.
 """
 
-from runtime.observe.logs import LogFormat, log_context, setup_json_logging
+from runtime.observe.logs import LogFormat, setup_json_logging
 from runtime.observe.traces import Span, TraceBuilder, parent_context, render_tree, trace_of
 
-__all__ = ["LogFormat", "Span", "TraceBuilder", "log_context", "parent_context", "render_tree",
+__all__ = ["LogFormat", "Span", "TraceBuilder", "parent_context", "render_tree",
            "setup_json_logging", "trace_of"]

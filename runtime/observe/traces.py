@@ -42,6 +42,7 @@ from opentelemetry.trace import SpanContext, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime import events as ev
+from runtime.nats.subjects import TRACEPARENT, TRACESTATE
 
 AttrValue = str | bool | int | float | list[str]
 
@@ -52,8 +53,6 @@ _SAMPLING_ATTRS = {"temperature": "gen_ai.request.temperature", "top_p": "gen_ai
                    "frequency_penalty": "gen_ai.request.frequency_penalty",
                    "presence_penalty": "gen_ai.request.presence_penalty"}
 
-TRACEPARENT = "traceparent"  # the W3C header / metadata key
-TRACESTATE = "tracestate"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -379,5 +378,5 @@ def render_tree(spans: list[Span]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TRACEPARENT", "TRACESTATE", "Span", "SpanEvent", "TraceBuilder", "parent_context", "render_tree",
+__all__ = ["Span", "SpanEvent", "TraceBuilder", "parent_context", "render_tree",
            "span_id_for", "trace_id_for", "trace_of"]

@@ -13,8 +13,8 @@ script declares), `loaded` (`LoadedScript`: the loaded script as plain data), `s
 `externals` (host functions wrapped for Monty), `files` (the read-only virtual filesystem), `limits`,
 `pool` (the process-wide Monty pool), `inline` (short runs fed from the caller's thread), `output`
 (results as plain JSON, checked), `errors` (Monty's exceptions as `ToolError`s), `notes` (what observers
-see of a run). Asking Monty before a run: `diagnostics` (`diagnose`, `probe`, `typecheck`). `validate`
-checks values against JSON Schema.
+see of a run). Asking Monty before a run: `diagnostics` (`diagnose`, `probe`, `typecheck`). Values are
+checked against JSON Schema by `runtime.validate`, which is pure and lives below this package.
 
 Everything a caller needs is re-exported here; the modules' other names are implementation details.
 """
@@ -23,7 +23,7 @@ from runtime.scripts.declarations import docstring_params
 from runtime.scripts.diagnostics import diagnose, probe, typecheck
 from runtime.scripts.externals import to_sandbox
 from runtime.scripts.inputs import check_arguments, coerce
-from runtime.scripts.limits import PRESETS, Limits, LimitsError, parse_duration, parse_size
+from runtime.scripts.limits import PRESETS, Limits, LimitsError
 from runtime.scripts.loaded import LoadedScript, first_paragraph
 from runtime.scripts.loader import load, loads
 from runtime.scripts.notes import NoteCallback
@@ -62,8 +62,6 @@ __all__ = [
     "load",
     "loads",
     "parameters_schema",
-    "parse_duration",
-    "parse_size",
     "probe",
     "run_script",
     "schema_from_annotation",

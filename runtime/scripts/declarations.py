@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypeGuard
 
 from runtime.scripts.schema import AnnotationError, is_optional, schema_from_annotation
 from runtime.scripts.specs import MISSING, ExternalSpec, InputSpec, ParamSpec
-from runtime.scripts.validate import validate
+from runtime.validate import validate
 
 __all__ = ["docstring_params", "is_grail_name", "is_input_call", "read_external", "read_input"]
 

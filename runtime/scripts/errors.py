@@ -32,9 +32,9 @@ from pydantic_monty import (
     MontyTypingError,
 )
 
+from runtime.quantities import human_duration, human_size
 from runtime.scripts.check import MODULES
 from runtime.scripts.files import READ_ONLY_HINT, ReadOnlyFS
-from runtime.scripts.limits import human_duration, human_size
 from runtime.scripts.pool import get_pool
 from runtime.types import ToolError
 

@@ -15,8 +15,8 @@ import difflib
 import json
 from typing import TYPE_CHECKING, Any
 
-from runtime.scripts.validate import describe_value, validate
 from runtime.types import ToolError
+from runtime.validate import describe_value, validate
 
 if TYPE_CHECKING:
     from runtime.scripts.loaded import LoadedScript

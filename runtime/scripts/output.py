@@ -5,7 +5,7 @@ A tool's result travels in events and messages as JSON, so every sandbox value i
 becomes its attributes, and so on). Then the JSON size is checked against `max_output`, because a result
 too big for the model's context or for one message must be a clear `limit` error, not a failure later.
 Last, the `output_model` checks the shape: a pydantic model or any type (validated with pydantic, and the
-validated value is what the caller gets) or a JSON Schema dict (checked by `runtime.scripts.validate`).
+validated value is what the caller gets) or a JSON Schema dict (checked by `runtime.validate`).
 Every failure is a `ToolError` the model can act on.
 """
 
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from pydantic_monty import MontyClassProxy, MontyClassTypeProxy, MontyStdTypeProxy
 
-from runtime.scripts.limits import human_size
-from runtime.scripts.validate import describe_value, unsupported_keywords, validate
+from runtime.quantities import human_size
 from runtime.types import ToolError, ToolResult
+from runtime.validate import describe_value, unsupported_keywords, validate
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter

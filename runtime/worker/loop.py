@@ -73,6 +73,7 @@ from runtime.externals import ExternalsFactory, Secrets
 from runtime.jobs import JobDecodeError, ToolJob, ToolOutcome
 from runtime.log import RunLog
 from runtime.log.payloads import Payloads
+from runtime.logfields import log_context
 from runtime.nats.connection import close, connect
 from runtime.nats.jetstream import JetStream, jetstream_for
 from runtime.nats.pull import Budget, ConsumerGone, consume
@@ -85,7 +86,6 @@ from runtime.nats.subjects import (
     WORKERS_CONSUMER,
 )
 from runtime.nats.topology import attach_topology
-from runtime.observe.logs import log_context
 from runtime.scripts import get_pool
 from runtime.tools.data import (
     DataProvider,

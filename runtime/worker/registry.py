@@ -174,7 +174,7 @@ class ToolRegistry:
         def model() -> Any:  # the bundle's model client, shared by its tools' ask_llm calls
             client = self._clients.get(bundle.name)
             if client is None:
-                from runtime.agent import model_client
+                from runtime.model.connect import model_client
 
                 client = self._clients[bundle.name] = model_client(bundle)
             return client

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,11 @@ import pytest
 from host_helpers import Env, kinds, running_fleet, write_bundle
 from nats.js.errors import APIError, KeyNotFoundError
 
+from runtime import kernel
 from runtime import nats as bus
 from runtime.commands import publish_task
-from runtime.host.runs_index import RunsIndex, supersedes
-from runtime.nats.records import RunIndex
+from runtime.host.runs_index import RunsIndex, Standing, supersedes
+from runtime.nats.records import RunIndex, active_value
 from runtime.nats.subjects import ACTIVE_BUCKET, RUNS_BUCKET, active_key
 
 pytestmark = pytest.mark.anyio
@@ -118,3 +120,25 @@ async def test_a_retry_whose_first_try_landed_finds_its_own_entry(nats_server, j
     assert got is not None and (got.status, got.last_seq) == ("running", 1)
     with pytest.raises(KeyNotFoundError):
         await (await bus.fleet_kv(js, ACTIVE_BUCKET)).get(active_key(0, "r2"))  # `put` writes runs only
+
+
+async def test_the_index_records_a_run_from_a_standing_written_by_hand(nats_server, js):
+    """`record` reads a small `Standing` (who, where, how far, the folded state), never a whole driver."""
+    await bus.ensure_topology(js, partitions=2)
+    index = RunsIndex(js)
+    await index.open()
+    index.fresh("r3", 1)
+    running = Standing(run_id="r3", actor="calc:a", partition=1, last_seq=4, bundle="/b/calc", task_id="t-3",
+                       state=kernel.State(config=kernel.KernelConfig(), status="running"), forked=("r0", 2))
+    await index.record(running)
+    got = await index.get("r3")
+    assert got is not None
+    assert got == RunIndex(actor="calc:a", status="running", partition=1, last_seq=4, updated=got.updated,
+                           task_id="t-3", bundle="/b/calc", forked_from="r0", forked_at=2)
+    active = await bus.fleet_kv(js, ACTIVE_BUCKET)
+    assert (await active.get(active_key(1, "r3"))).value == active_value("calc:a")
+    await index.record(replace(running, last_seq=6, state=replace(running.state, status="completed")))
+    got = await index.get("r3")
+    assert got is not None and (got.status, got.last_seq) == ("completed", 6)
+    with pytest.raises(KeyNotFoundError):
+        await active.get(active_key(1, "r3"))  # an ended run leaves the active bucket

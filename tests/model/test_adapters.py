@@ -156,7 +156,7 @@ def test_type_names_that_are_not_json_schema_are_read_as_vllm_reads_them() -> No
     assert call.arguments == {
         "ratio": 0.5, "count": 3, "flag": True, "opts": {"a": 1}, "names": ["x"], "label": "7"}
     # the tool's own input check agrees on what those names mean
-    from runtime.scripts.validate import validate
+    from runtime.validate import validate
 
     assert validate(call.arguments, tool.parameters) == []
 

@@ -23,8 +23,9 @@ from runtime import nats as bus
 from runtime.commands import publish_task
 from runtime.host import Host, HostConfig, load_agents
 from runtime.log import RunLog
+from runtime.logfields import log_context
 from runtime.model.client import ModelClient
-from runtime.observe.logs import json_handler, log_context
+from runtime.observe.logs import json_handler
 from runtime.observe.metrics import UNKNOWN_AGENT, HostMetrics, WorkerMetrics, metric_names, serve_metrics
 from runtime.testing import ScriptedModelServer
 from runtime.types import ToolError

@@ -5,7 +5,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from runtime.scripts import Limits, LimitsError, parse_duration, parse_size
+from runtime.quantities import parse_duration, parse_size
+from runtime.scripts import Limits, LimitsError
 
 
 @pytest.mark.parametrize(

@@ -567,7 +567,7 @@ async def test_external_failures_of_any_exception_type_are_kind_external(exc, sh
 
 def test_items_of_several_types_are_checked_not_crashed_on():
     """`list[str | None]` gives `items: {type: [string, null]}`: a list of types, checked item by item."""
-    from runtime.scripts.validate import validate
+    from runtime.validate import validate
 
     schema = {"type": "array", "items": {"type": ["string", "null"]}}
     assert validate(["a", None], schema) == []

@@ -7,7 +7,6 @@ from typing import Any, Literal
 import pytest
 
 from runtime.scripts import Limits, loads, schema_from_annotation
-from runtime.scripts.validate import unsupported_keywords, validate
 from runtime.tools import (
     LoadFailure,
     PythonTool,
@@ -20,6 +19,7 @@ from runtime.tools import (
     tool_diagnostics,
 )
 from runtime.types import ToolSchema
+from runtime.validate import unsupported_keywords, validate
 
 # ---- the schema table: annotations -> JSON Schema ---------------------------------------------------
 

@@ -9,6 +9,10 @@ so an output schema that asks for something this validator would not check is re
 than silently passed.
 
 Errors read like `tags[1]: expected string, got integer 3`, with the path from the root.
+
+Why it sits in the pure core and not with the sandbox it was written for: a question's answer is checked
+against its schema by the client before it is sent, by the host before it is recorded and by the in-process
+loop, and none of them should load Monty (the sandbox package starts it on import) to check a dict.
 """
 
 from __future__ import annotations
