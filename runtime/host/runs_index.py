@@ -59,8 +59,8 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Standing:
     """What the index is told of a run: where it lives, how far its log goes, the state folded from it, and
-    whether its driver let it go to sleep. The run's driver makes one (`runtime.host.driver.standing`); a plain record,
-    so the index depends on nothing else of the driver and a test can write one by hand."""
+    whether its driver let it go to sleep. The host makes one (`runtime.host.driver.standing`); a plain
+    record, so the index depends on nothing else of the driver and a test can write one by hand."""
 
     run_id: str
     actor: str
