@@ -1,6 +1,8 @@
 """Docs that cannot drift: every `runtime.x.y` a docstring, comment or doc page names resolves to a module
-or an attribute of one, and every `runtime/...` file path they name exists. A rename that forgets a
-reference fails here, with the file and line of the stale name."""
+or an attribute of one, and every `runtime/...` file path they name exists; in README.md and docs/, every
+relative link and #anchor resolves, every `sa ...` command in their code names a real command and options it
+takes (by the real CLI's parser: nothing is run), and every `make TARGET` is a Makefile target. A rename that
+forgets a reference fails here, with the file and line of the stale name."""
 
 from __future__ import annotations
 
