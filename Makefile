@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance clean browser
+.PHONY: install test demo bench lint conformance clean browser docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,17 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	touch $(BENCH_STAMP)
 
 install: $(STAMP)
+
+# The documentation site (mkdocs.yml, the pages under docs/) built into site/, offline: MkDocs' built-in theme
+# with nothing fetched at build or view time. --strict turns every warning into a failure, a broken link or
+# #anchor between pages among them. The `docs` extra is MkDocs alone (the `dev` extra has it too).
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # The inspector's browser tests (tests/ui/test_ui_browser.py) drive Debian's chromium through Playwright;
 # Playwright's own browser download cannot work offline, so the browser comes from apt when it is missing.
@@ -72,4 +83,4 @@ conformance: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_vllm_conformance.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache site
