@@ -61,7 +61,7 @@ from runtime.nats.connection import close, connect  # noqa: E402
 from runtime.nats.server import EmbeddedNats  # noqa: E402
 from runtime.nats.topology import ensure_topology  # noqa: E402
 from runtime.testing import ScriptedModelServer, last_message  # noqa: E402
-from runtime.testing.scripts import ADD, SUBMIT  # noqa: E402
+from testbed.scripts import ADD, SUBMIT  # noqa: E402
 
 
 def call(name: str, arguments: dict[str, Any]) -> str:

@@ -63,7 +63,7 @@ from runtime.nats.subjects import (  # noqa: E402
     task_subject,
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
-from runtime.testing.scripts import SUBMIT  # noqa: E402
+from testbed.scripts import SUBMIT  # noqa: E402
 
 Row = tuple[str, str, str]  # label, figure, comparison
 

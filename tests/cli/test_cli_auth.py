@@ -17,7 +17,7 @@ from nats_fixtures import PASSWORDS
 from runtime import nats as bus
 from runtime.commands import run_id_for
 from runtime.nats.server import EmbeddedNats
-from runtime.testing.fleet import CLI
+from testbed.fleet import CLI
 
 pytestmark = pytest.mark.anyio
 

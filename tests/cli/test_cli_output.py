@@ -20,8 +20,8 @@ from rich.console import Console
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import CLI, hermes_call
+from runtime.testing import ScriptedModelServer, hermes_call
+from testbed.fleet import CLI
 
 pytestmark = pytest.mark.anyio
 

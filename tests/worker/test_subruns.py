@@ -29,8 +29,7 @@ from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.subjects import EVENTS
-from runtime.testing import Reply, ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
+from runtime.testing import Reply, ScriptedModelServer, hermes_call, last_message
 from tests.host_helpers import SUBMIT, hosts, running_host, running_worker, wait_until
 from tests.nats.test_auth import creds, secured_fleet
 
