@@ -172,8 +172,8 @@ ENV_VARS: dict[str, str] = {
     "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
     "OPENAI_API_KEY": "model client default API key",
     "OPENAI_MODEL": "model client default model name",
-    "SA_MODEL_HTTP": "how model calls travel: `direct` (default, runtime.model.wire), `aiohttp` (the "
-                     "openai SDK over runtime.model.transport) or `httpx` (the openai SDK's own)",
+    "SA_MODEL_HTTP": "how model calls travel: `direct` (default, runtime.model.wire) or `httpx` (the plain "
+                     "openai SDK, a fallback)",
 }
 
 
