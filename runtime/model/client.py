@@ -444,11 +444,8 @@ def http_mode() -> str:
     """How completions travel, from `SA_MODEL_HTTP` (see the module docstring)."""
     mode = os.environ.get("SA_MODEL_HTTP", "direct")
     if mode not in HTTP_MODES:
-        gone = ""
-        if mode == "aiohttp":
-            gone = " (the openai SDK over aiohttp's pool, a benchmark variant) was removed"
-        raise ValueError(f"SA_MODEL_HTTP={mode!r}{gone}: use 'direct' (the default: aiohttp's pool with the "
-                         "SDK's headers and errors) or 'httpx' (the plain openai SDK)")
+        why = "was removed (it was the openai SDK over aiohttp's pool)" if mode == "aiohttp" else "is unknown"
+        raise ValueError(f"SA_MODEL_HTTP={mode!r} {why}: use 'direct' (the default) or 'httpx' (the SDK)")
     return mode
 
 

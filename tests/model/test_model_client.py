@@ -185,10 +185,10 @@ def test_http_modes_are_direct_and_the_sdk(monkeypatch) -> None:
     """Two ways a completion travels; the removed third (the SDK over aiohttp's pool) and a typo each get an
     error naming both that remain."""
     assert HTTP_MODES == ("direct", "httpx")
-    for value, said in (("aiohttp", "'aiohttp' (the openai SDK over aiohttp's pool, a benchmark variant) "
-                                    "was removed: use 'direct'"), ("direkt", "'direkt': use 'direct'")):
+    for value, said in (("aiohttp", "'aiohttp' was removed (it was the openai SDK over aiohttp's pool)"),
+                        ("direkt", "'direkt' is unknown")):
         monkeypatch.setenv("SA_MODEL_HTTP", value)
-        with pytest.raises(ValueError, match="or 'httpx'") as refused:
+        with pytest.raises(ValueError, match="use 'direct' \\(the default\\) or 'httpx'") as refused:
             ModelClient(base_url="http://127.0.0.1:9/v1", model="m")
         assert said in str(refused.value)
 
