@@ -23,6 +23,7 @@ from nats.js.errors import APIError, KeyNotFoundError
 from runtime import nats as bus
 from runtime.commands import publish_task
 from runtime.host.runs_index import RunsIndex, supersedes
+from runtime.nats.kv import fleet_kv, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import ACTIVE_BUCKET, RUNS_BUCKET, active_key
 
@@ -69,7 +70,7 @@ async def test_the_hosts_own_writes_delivered_again_late_change_nothing(fleet: E
             await anyio.sleep(0.02)
     mine = [m for m in sent if m[0].endswith(f".{run_id}")]
     assert {m[0].split(".")[1] for m in mine} == {RUNS_BUCKET, ACTIVE_BUCKET}, mine
-    runs = await bus.runs_kv(fleet.js)
+    runs = await runs_kv(fleet.js)
     before = await runs.get(run_id)
     assert RunIndex.decode(before.value).status == "completed"
 
@@ -80,7 +81,7 @@ async def test_the_hosts_own_writes_delivered_again_late_change_nothing(fleet: E
     after = await runs.get(run_id)
     assert RunIndex.decode(after.value).status == "completed"
     assert after.revision == before.revision  # nothing landed over it
-    active = await bus.fleet_kv(fleet.js, ACTIVE_BUCKET)
+    active = await fleet_kv(fleet.js, ACTIVE_BUCKET)
     with pytest.raises(KeyNotFoundError):  # the ended run is not left looking unfinished to a takeover
         await active.get(active_key(partition_of_run(mine), run_id))
 
@@ -117,4 +118,4 @@ async def test_a_retry_whose_first_try_landed_finds_its_own_entry(nats_server, j
     got = await index.get("r2")
     assert got is not None and (got.status, got.last_seq) == ("running", 1)
     with pytest.raises(KeyNotFoundError):
-        await (await bus.fleet_kv(js, ACTIVE_BUCKET)).get(active_key(0, "r2"))  # `put` writes runs only
+        await (await fleet_kv(js, ACTIVE_BUCKET)).get(active_key(0, "r2"))  # `put` writes runs only
