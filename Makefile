@@ -59,7 +59,7 @@ bench: $(BENCH_STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 lint: $(STAMP)
-	$(BIN)/ruff check runtime tests bench
+	$(BIN)/ruff check runtime testbed tests bench
 	$(BIN)/mypy
 
 # Conformance with vLLM (tests/model/test_vllm_conformance.py): every request body the runtime sends, checked offline

@@ -61,8 +61,8 @@ from runtime.nats.subjects import (  # noqa: E402
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
 from runtime.testing import ScriptedModelServer  # noqa: E402
-from runtime.testing.fleet import SaProcess, StepModel, step_task  # noqa: E402
-from runtime.testing.scripts import APPEND_LINE, SUBMIT  # noqa: E402
+from testbed.fleet import SaProcess, StepModel, step_task  # noqa: E402
+from testbed.scripts import APPEND_LINE, SUBMIT  # noqa: E402
 
 WORKSPACE = "wsbench"
 HOST_STAMPED = (ev.ModelRequested, ev.ToolCalled, ev.TurnCompleted, ev.RunCompleted, ev.RunFailed)

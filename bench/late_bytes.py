@@ -4,7 +4,7 @@ back, after a newer write the client made through another node.
     sudo PYTHONPATH=. .venv/bin/python bench/late_bytes.py [--tries 5] [--cut 10 | --cut 8,9,10]
         [--heal fixed|before-retransmit] [--a leader|follower] [--mode plain|linger] [--server-ping 0]
 
-One bed (`runtime.testing.netbed`, network namespaces on a bridge): a 3-node NATS cluster from
+One bed (`testbed.netbed`, network namespaces on a bridge): a 3-node NATS cluster from
 deploy/nats/nats.conf and the `runs` KV bucket at replicas 3 (`runtime.nats.kv.runs_kv`: history 1,
 direct get). This process, in the root namespace, is the client. Each try:
 
@@ -56,7 +56,7 @@ connection, and the client's kernel answers that with a reset: A closes it, "Rea
 
 Each try prints one JSON line (ss lines before, during and after, connz, packets, the observer's and the
 leader's views) and the script a summary per mode. Needs root and `ip`; the namespaces go at exit
-(`runtime.testing.netns.sweep()` removes those of a killed run).
+(`testbed.netns.sweep()` removes those of a killed run).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.nats.connection import connect  # noqa: E402
 from runtime.nats.kv import runs_kv  # noqa: E402
-from runtime.testing import netbed  # noqa: E402
-from runtime.testing.netbed import CLIENT, MONITOR, Bed  # noqa: E402
-from runtime.testing.netns import unavailable  # noqa: E402
+from testbed import netbed  # noqa: E402
+from testbed.netbed import CLIENT, MONITOR, Bed  # noqa: E402
+from testbed.netns import unavailable  # noqa: E402
 
 STREAM = "KV_runs"
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/latency.py [--runs 15] [--rounds 2] [--rtts 0,1,5,20]
 
 One nats-server on loopback (no cluster: a client could learn a cluster's other servers and go around the
-proxy); in front of it `runtime.testing.latency.LatencyProxy` in its own process, adding RTT/2 each way; one
+proxy); in front of it `testbed.latency.LatencyProxy` in its own process, adding RTT/2 each way; one
 `sa host` and one `sa worker` that reach NATS only through the proxy (the host's lease thread too). The
 scripted model server answers at once, on loopback, without the proxy, from this process: it records when
 each request arrived and when it answered. This process publishes the tasks and reads the logs directly.
@@ -89,9 +89,9 @@ class TimedResponder:
 def start_proxy(target: str, rtt_ms: float, tmp: Path, tag: str) -> tuple[subprocess.Popen[bytes], str]:
     """The latency proxy in its own process (its timers then never wait on this process's work)."""
     port_file = tmp / f"proxy-{tag}.port"  # one per round: an earlier proxy's port is a dead one
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.testing.latency", "--target", target,
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.latency", "--target", target,
                              "--rtt-ms", str(rtt_ms), "--port-file", str(port_file)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)  # testbed/
     while not port_file.exists():
         if proc.poll() is not None:
             raise RuntimeError("the latency proxy did not start")

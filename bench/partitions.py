@@ -3,11 +3,11 @@ load, and a table of recovery times and anomaly counts.
 
     sudo .venv/bin/python bench/partitions.py [--runs 120] [--window 15] [--seed 28] [--only host,worker]
 
-One bed of machines (network namespaces on a bridge: `runtime.testing.netbed`): a 3-node NATS cluster (R3
+One bed of machines (network namespaces on a bridge: `testbed.netbed`): a 3-node NATS cluster (R3
 streams, deploy/nats/nats.conf), two `sa host` (16 partitions, lease TTL 2 s) and two `sa worker`, each on
 its own machine; this process is the load driver and the scripted model server. Each phase publishes
 `--runs` step tasks (2-4 workspace-writing tool steps each) over `--window` seconds and, a third of the way
-in, injects one fault (`runtime.testing.netfaults`):
+in, injects one fault (`testbed.netfaults`):
 
   host cut        h0's link down while it serves runs; healed after TTL + 3 s.
                   recovery: until every partition it held is held by h1 (bound: TTL + 1 s)
@@ -22,7 +22,7 @@ in, injects one fault (`runtime.testing.netfaults`):
 Every phase also reports the slowest start of one of its tasks (publish to `run.started`). `--join` runs
 instead the scenario of issue 28's idle host (a second host joins under load; see `join`).
 
-After each phase, once every run of it ended, `runtime.testing.checker` counts anomalies from the stores
+After each phase, once every run of it ended, `testbed.checker` counts anomalies from the stores
 (each must be 0). Needs root and `ip`; without them it says why and exits 0 (nothing measured).
 """
 
@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runtime.nats.subjects import partition_of  # noqa: E402
-from runtime.testing.checker import anomalies  # noqa: E402
-from runtime.testing.fleet import StepModel  # noqa: E402
-from runtime.testing.netbed import Bed  # noqa: E402
-from runtime.testing.netfaults import (  # noqa: E402
+from testbed.checker import anomalies  # noqa: E402
+from testbed.fleet import StepModel  # noqa: E402
+from testbed.netbed import Bed  # noqa: E402
+from testbed.netfaults import (  # noqa: E402
     Fault,
     Load,
     Result,
@@ -57,7 +57,7 @@ from runtime.testing.netfaults import (  # noqa: E402
     start_delays,
     wait_ended,
 )
-from runtime.testing.netns import unavailable  # noqa: E402
+from testbed.netns import unavailable  # noqa: E402
 
 
 def faults(flap: float) -> dict[str, tuple[str, Fault]]:

@@ -45,7 +45,7 @@ import anyio  # noqa: E402
 from runtime import Agent  # noqa: E402
 from runtime.model import ModelClient, get_adapter  # noqa: E402
 from runtime.testing import Reply, ScriptedModelServer  # noqa: E402
-from runtime.testing.scripts import ADD, SUBMIT  # noqa: E402
+from testbed.scripts import ADD, SUBMIT  # noqa: E402
 
 #: (adapter, strategy, parallel calls, tools sent to the API)
 CASES: list[tuple[str, str, bool, bool]] = [

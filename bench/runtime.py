@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import statistics
 import subprocess
@@ -61,11 +60,8 @@ from runtime.nats.connection import close, connect  # noqa: E402
 from runtime.nats.server import EmbeddedNats  # noqa: E402
 from runtime.nats.topology import ensure_topology  # noqa: E402
 from runtime.testing import ScriptedModelServer, last_message  # noqa: E402
-from runtime.testing.scripts import ADD, SUBMIT  # noqa: E402
-
-
-def call(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+from runtime.testing import hermes_call as call  # noqa: E402
+from testbed.scripts import ADD, SUBMIT  # noqa: E402
 
 
 def responder(body: dict[str, Any]) -> str:
@@ -103,9 +99,10 @@ def bundle(root: Path, model_url: str) -> Path:
     return path
 
 
-def start_host(url: str, path: Path, log: Path, *extra: str, env: dict[str, str] | None = None
-               ) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "host", str(path), *extra]
+def start_host(url: str, path: Path, log: Path, *extra: str, env: dict[str, str] | None = None,
+               before: str = "") -> subprocess.Popen[bytes]:
+    """`sa host` in its own process; `before`: Python it runs first (e.g. `bench/sdk_aiohttp.py`'s hook)."""
+    cmd = [sys.executable, "-c", f"{before}from runtime.cli import main; main()", "host", str(path), *extra]
     proc = subprocess.Popen(cmd, env={**os.environ, "NATS_URL": url, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     while b"serving" not in log.read_bytes():
@@ -342,19 +339,27 @@ async def streaming_cost(js: Any, url: str, path: Path, tmp: Path, worker_bench:
 
 async def in_flight(js: Any, url: str, path: Path, tmp: Path, worker_bench: Any, args: Any) -> None:
     """Turns/s and the host's CPU per turn with N agents in flight, for each way the model call travels
-    (`SA_MODEL_HTTP`: the openai SDK over its default httpx2/httpcore2 pool, the SDK over aiohttp's pool,
-    then `direct`, the default: aiohttp without the SDK's request machinery), alternating in rounds in the
+    (`SA_MODEL_HTTP`: the openai SDK over its default httpx2/httpcore2 pool, the SDK over aiohttp's pool
+    (`bench/sdk_aiohttp.py`, a variant the runtime no longer ships), then `direct`, the default: aiohttp
+    without the SDK's request machinery), alternating in rounds in the
     same run. Workload: the issue's agent turn, one model call plus one trivial `add` tool call in
     the sandbox of a worker process (2 workers); each agent runs `--flight-turns` such turns then submits."""
     levels = [int(n) for n in args.flight.split(",")]
     modes = ("httpx", "aiohttp", "direct")
+    ways: dict[str, dict[str, Any]] = {  # `aiohttp`: the SDK (httpx mode) over bench/sdk_aiohttp.py
+        "httpx": {"env": {"SA_MODEL_HTTP": "httpx"}},
+        "aiohttp": {"env": {"SA_MODEL_HTTP": "httpx"},
+                    "before": f"import sys; sys.path.append({str(ROOT / 'bench')!r}); "
+                              "import sdk_aiohttp; sdk_aiohttp.install(); "},
+        "direct": {"env": {"SA_MODEL_HTTP": "direct"}},
+    }
     rate: dict[tuple[str, int], list[float]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}
     procs = worker_bench.start_workers(url, path.parent, 2, 16, tmp)
     try:
         for r in range(args.flight_rounds):
             for mode in modes:
-                host = start_host(url, path, tmp / f"host-{mode}-{r}.log", env={"SA_MODEL_HTTP": mode})
+                host = start_host(url, path, tmp / f"host-{mode}-{r}.log", **ways[mode])
                 try:
                     warm = [(f"bench:f{mode}{r}-{i}", "fan: 2x1 add") for i in range(20)]
                     await run_tasks(js, warm)

@@ -63,7 +63,7 @@ from runtime.nats.subjects import (  # noqa: E402
     task_subject,
 )
 from runtime.nats.topology import ensure_topology  # noqa: E402
-from runtime.testing.scripts import SUBMIT  # noqa: E402
+from testbed.scripts import SUBMIT  # noqa: E402
 
 Row = tuple[str, str, str]  # label, figure, comparison
 
@@ -219,17 +219,14 @@ def fleet_bundle(root: Path, base_url: str) -> Path:
 
 def responder(delay: float = 0.0):
     """`steps N` tasks: N noop calls, one per turn, then submit; anything else submits at once."""
-    import json as _json
-
-    from runtime.testing import Reply
+    from runtime.testing import Reply, hermes_call
 
     def reply(body):
         task = next(m["content"] for m in body["messages"] if m["role"] == "user")
         done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
         steps = int(task.split()[1]) if task.startswith("steps ") else 0
         name, args = ("noop", {"n": done}) if done < steps else ("submit", {"answer": str(done)})
-        call = "<tool_call>\n" + _json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
-        return Reply.of_text(call, delay=delay)
+        return Reply.of_text(hermes_call(name, args), delay=delay)
 
     return reply
 

@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 from host_helpers import SUBMIT
 
-from runtime.testing import last_message
-from runtime.testing.fleet import CLI, hermes_call
-from runtime.testing.scripts import SPIN
+from runtime.testing import hermes_call, last_message
+from testbed.fleet import CLI
+from testbed.scripts import SPIN
 
 TRANSFER = '''"""Send money to an account."""
 from grail import Input

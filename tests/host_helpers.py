@@ -19,10 +19,9 @@ from runtime.host import Host, HostConfig, load_agents
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
 from runtime.model.client import ModelClient
-from runtime.testing import Reply, Responder, ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
-from runtime.testing.scripts import APPEND_LINE
+from runtime.testing import Reply, Responder, ScriptedModelServer, hermes_call, last_message
 from runtime.worker import Worker, build_registry
+from testbed.scripts import APPEND_LINE
 
 AGENTS = Path(__file__).parents[1] / "agents"
 

@@ -21,8 +21,7 @@ from runtime import nats as bus
 from runtime.client import Client
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.topology import ensure_topology
-from runtime.testing import Reply, last_message
-from runtime.testing.fleet import hermes_call
+from runtime.testing import Reply, hermes_call, last_message
 from runtime.ui.app import create_app
 
 T = TypeVar("T")

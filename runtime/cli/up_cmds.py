@@ -141,6 +141,7 @@ class _Local:
     def start_nats(self, store: Path | None, secure: bool) -> str:
         """NATS_URL's servers, else an embedded server (with authentication if `secure`); its URL."""
         from runtime import nats as bus
+        from runtime.nats.server import default_store_dir
 
         env_url = bus.servers_from_env()
         if env_url:
@@ -150,7 +151,7 @@ class _Local:
         extra: list[str] = []
         if secure:
             self.worker_env = _secure_setup(self.console, extra)
-        self.server = bus.EmbeddedNats(store or bus.default_store_dir(), extra_args=extra).start()
+        self.server = bus.EmbeddedNats(store or default_store_dir(), extra_args=extra).start()
         _line(self.console, "nats", f"{self.server.url}  (embedded, store {self.server.store_dir}"
                                     f"{', authentication on' if secure else ''})")
         return self.server.url

@@ -271,14 +271,17 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
     and tell the host serving it. `bundle` (a loaded bundle of the source's agent) checks edits against
     its tools; without it the bundle the runs index names is loaded if it can be, else edits are checked
     for their place only. Raises `ForkError` (nothing written) when the fork cannot be made as asked."""
-    from runtime import nats as bus
     from runtime.commands import publish_command
+    from runtime.nats.kv import fleet_kv, runs_kv
+    from runtime.nats.records import RunIndex
+    from runtime.nats.subjects import ACTIVE_BUCKET, active_key, partition_of
+    from runtime.nats.topology import read_topology
 
     runs = RunLog(js)
     source = source or await runs.read(run_id)
     if not source.events:
         raise ForkError(f"no run {run_id!r} (no events): see `sa runs` for the run ids")
-    index_kv = await bus.runs_kv(js)
+    index_kv = await runs_kv(js)
     if isinstance(edit, BundleEdit):
         bundle = _edited_bundle(edit, source.actor)  # the edit is checked against what the fork goes on with
     elif bundle is None:
@@ -300,15 +303,15 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
         written = await runs.write_run(events)
     except LogRejected as e:  # e.g. a user whose role may not write events
         raise ForkError(f"the fork could not be written: {e}") from None
-    partitions = (await bus.read_topology(js)).partitions
-    partition = bus.partition_of(source.actor, partitions)
+    partitions = (await read_topology(js)).partitions
+    partition = partition_of(source.actor, partitions)
     path = edit.path if isinstance(edit, BundleEdit) and edit.path else \
         (str(bundle.path) if bundle is not None else None)
-    await index_kv.put(new_run, bus.RunIndex(
+    await index_kv.put(new_run, RunIndex(
         actor=source.actor, status="running", partition=partition, last_seq=written.last_seq,
         updated=time.time(), bundle=path, forked_from=run_id, forked_at=at_seq).encode())
-    active = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
-    await active.put(bus.active_key(partition, new_run), source.actor.encode())
+    active = await fleet_kv(js, ACTIVE_BUCKET)
+    await active.put(active_key(partition, new_run), source.actor.encode())
     await publish_command(js, source.actor, ev.Resume(run_id=new_run))
     return Forked(new_run, run_id, at_seq, source.actor, partition, len(events))
 
@@ -347,14 +350,14 @@ def _edited_bundle(edit: BundleEdit, actor: str) -> Any:
 
 async def _indexed_bundle(index_kv: Any, run_id: str) -> Any:
     """The loaded bundle the runs index names for `run_id`, or None if it cannot be loaded from here."""
-    from runtime import nats as bus
     from runtime.bundle import BundleError, load_bundle
+    from runtime.nats.records import RunIndex
 
     try:
         entry = await index_kv.get(run_id)
     except (KeyNotFoundError, NotFoundError):
         return None
-    ix = bus.RunIndex.decode(entry.value) if entry.value else None
+    ix = RunIndex.decode(entry.value) if entry.value else None
     if ix is None or not ix.bundle:
         return None
     try:

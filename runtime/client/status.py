@@ -32,26 +32,41 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from runtime import nats as bus
+from runtime.nats.kv import fleet_kv, kv_entries
+from runtime.nats.records import HostBeat, WorkerBeat
+from runtime.nats.subjects import (
+    ACTIVE_BUCKET,
+    DLQ,
+    HOSTS_BUCKET,
+    LEASES_BUCKET,
+    RESULTS,
+    TASKS,
+    TOOLS,
+    WORKERS_BUCKET,
+    WORKERS_CONSUMER,
+    parse_lease_key,
+    stored_bundle,
+)
+from runtime.nats.topology import consumer_infos, read_topology
 
 
 async def gather(js: JetStreamContext) -> dict[str, Any]:
     """One consistent-enough picture of the fleet (each part is read once, in sequence)."""
     now = time.time()
-    topo = await bus.read_topology(js)
+    topo = await read_topology(js)
     n = topo.partitions
-    buckets = {name: await bus.fleet_kv(js, name) for name in
-               (bus.LEASES_BUCKET, bus.HOSTS_BUCKET, bus.WORKERS_BUCKET, bus.ACTIVE_BUCKET)}
+    buckets = {name: await fleet_kv(js, name) for name in
+               (LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ACTIVE_BUCKET)}
 
     holders: dict[tuple[str, int], str] = {}  # (bundle, partition) -> the host holding its lease
-    for key, entry in (await bus.kv_entries(buckets[bus.LEASES_BUCKET])).items():
-        slot = bus.parse_lease_key(key)
+    for key, entry in (await kv_entries(buckets[LEASES_BUCKET])).items():
+        slot = parse_lease_key(key)
         if slot is not None and slot[1] < n:
             holders[slot] = entry.value.decode()
     hosts = []
     served: set[str] = set()
-    for key, entry in sorted((await bus.kv_entries(buckets[bus.HOSTS_BUCKET])).items()):
-        beat = bus.HostBeat.decode(entry.value)
+    for key, entry in sorted((await kv_entries(buckets[HOSTS_BUCKET])).items()):
+        beat = HostBeat.decode(entry.value)
         served.update(beat.agents)
         leases: dict[str, list[int]] = {}  # the leases, not the beat's copy
         for (bundle, p), holder in sorted(holders.items()):
@@ -63,14 +78,14 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
                       "beat_age_s": _age(now, entry)})
     bundles = sorted(served | {bundle for bundle, _ in holders})
     in_flight = [0] * n
-    for key in await bus.kv_entries(buckets[bus.ACTIVE_BUCKET]):
+    for key in await kv_entries(buckets[ACTIVE_BUCKET]):
         digits = key.split(".", 1)[0][1:]
         if digits.isdigit() and int(digits) < n:
             in_flight[int(digits)] += 1
 
     partitions = []
-    task_queues = await _partition_queues(js, bus.TASKS, n)
-    result_queues = await _partition_queues(js, bus.RESULTS, n)
+    task_queues = await _partition_queues(js, TASKS, n)
+    result_queues = await _partition_queues(js, RESULTS, n)
     for p, (tasks, results) in enumerate(zip(task_queues, result_queues, strict=True)):
         by_bundle = {bundle: holders.get((bundle, p)) for bundle in bundles}
         held_by = sorted({h for h in by_bundle.values() if h is not None})
@@ -80,14 +95,14 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
                            "results_pending": results["pending"], "results_held": results["ack_pending"]})
 
     workers = []
-    for _, entry in sorted((await bus.kv_entries(buckets[bus.WORKERS_BUCKET])).items()):
-        wbeat = bus.WorkerBeat.decode(entry.value)
+    for _, entry in sorted((await kv_entries(buckets[WORKERS_BUCKET])).items()):
+        wbeat = WorkerBeat.decode(entry.value)
         workers.append({"name": wbeat.name, "concurrency": wbeat.concurrency, "running": wbeat.running,
                         "completed": wbeat.completed, "failed": wbeat.failed, "tools": wbeat.tools,
                         "up_s": round(now - wbeat.started, 1), "beat_age_s": _age(now, entry)})
 
-    streams = {name: await _messages(js, name) for name in (bus.TASKS, bus.TOOLS, bus.RESULTS, bus.DLQ)}
-    tools = await _consumer(js, bus.TOOLS, bus.WORKERS_CONSUMER) or {"pending": streams[bus.TOOLS],
+    streams = {name: await _messages(js, name) for name in (TASKS, TOOLS, RESULTS, DLQ)}
+    tools = await _consumer(js, TOOLS, WORKERS_CONSUMER) or {"pending": streams[TOOLS],
                                                                      "ack_pending": 0}
     return {
         "partitions_total": n,
@@ -105,7 +120,7 @@ async def gather(js: JetStreamContext) -> dict[str, Any]:
             "results_held": sum(p["results_held"] for p in partitions),
             "tool_jobs_pending": tools["pending"],
             "tool_jobs_held": tools["ack_pending"],
-            "dlq": streams[bus.DLQ],
+            "dlq": streams[DLQ],
             "stream_messages": streams,
         },
         "runs_in_flight": sum(in_flight),
@@ -136,7 +151,7 @@ async def _partition_queues(js: JetStreamContext, stream: str, n: int) -> list[d
     in_stream = await _messages_by_partition(js, stream, n)
     held = [0] * n
     try:
-        consumers = await bus.consumer_infos(js, stream)
+        consumers = await consumer_infos(js, stream)
     except NotFoundError:
         consumers = []
     for info in consumers:
@@ -158,11 +173,11 @@ async def _unserved_agents(js: JetStreamContext, served: set[str]) -> dict[str, 
     """Bundle -> tasks and commands waiting in TASKS for it while no live host serves it."""
     out: dict[str, int] = {}
     try:
-        info = await js.stream_info(bus.TASKS, subjects_filter="tasks.>")
+        info = await js.stream_info(TASKS, subjects_filter="tasks.>")
     except NotFoundError:
         return out
     for subject, count in (info.state.subjects or {}).items():
-        bundle = bus.stored_bundle(subject)
+        bundle = stored_bundle(subject)
         if bundle is not None and bundle not in served:
             out[bundle] = out.get(bundle, 0) + count
     return dict(sorted(out.items()))
@@ -172,7 +187,7 @@ async def _messages_by_partition(js: JetStreamContext, stream: str, n: int) -> l
     """Messages stored in TASKS or RESULTS per partition (their subjects are `<prefix>.<partition>.…`),
     from the stream's per-subject counts."""
     counts = [0] * n
-    prefix = "tasks" if stream == bus.TASKS else "results"
+    prefix = "tasks" if stream == TASKS else "results"
     try:
         info = await js.stream_info(stream, subjects_filter=f"{prefix}.>")
     except NotFoundError:

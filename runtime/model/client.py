@@ -23,8 +23,9 @@ lists at `/v1/models` is used (a vLLM server serves exactly one).
 
 How a completion travels (`SA_MODEL_HTTP`): `direct` (the default) posts it over aiohttp with the SDK's
 headers and raises the SDK's errors, without the SDK's per-request machinery (`runtime.model.wire` says
-why); `aiohttp` goes through the SDK over aiohttp's pool (`runtime.model.transport`); `httpx` through the
-SDK alone. The body on the wire is the same bytes in all three.
+why); `httpx` sends it through the plain openai SDK with its own httpx transport, the fallback should a
+server or proxy need something only the SDK does. The body on the wire is the same bytes in both. Listing
+models (`resolve_model`) always goes through the SDK.
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from runtime.model.limits import RETRY_AFTER_MAX_S, OnThrottle, Throttle, Ticket, notify
 from runtime.model.reply import NotACompletion, StreamCut, StreamEnd, completion_chunk, is_json
 from runtime.model.retries import RETRY_STATUS, THROTTLE_STATUS, RetryPolicy, describe
-from runtime.model.transport import AiohttpTransport, Pool
 from runtime.model.wire import ChatReply, ChatWire
 from runtime.types import Usage
 
 if TYPE_CHECKING:
     from runtime.model.limits import Gate
 
-HTTP_MODES = ("direct", "aiohttp", "httpx")
+HTTP_MODES = ("direct", "httpx")
 
 # `complete(**extras)` keys that are request options of the SDK, not fields of the JSON body
 _REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
@@ -157,19 +157,21 @@ class ModelClient:
                                  throttle_retries)
         self.limiter: Gate | None = None  # the endpoint's share (set by the host, or `Agent`)
         mode = http_mode()
-        pool = Pool(max_connections=max_connections)
         # retries are ours (we count and log them); the openai client must not retry underneath
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
             timeout=timeout,
             max_retries=0,
-            http_client=http_client(timeout, max_connections, mode=mode, pool=pool),
+            http_client=http_client(timeout, max_connections),
         )
-        self._wire = ChatWire(self._client, pool, timeout=timeout) if mode == "direct" else None
+        self._wire = (ChatWire(self._client, timeout=timeout, max_connections=max_connections)
+                      if mode == "direct" else None)
 
     async def aclose(self) -> None:
         await self._client.close()
+        if self._wire is not None:
+            await self._wire.aclose()
 
     async def __aenter__(self) -> ModelClient:
         return self
@@ -308,7 +310,7 @@ class ModelClient:
         return msgspec.json.encode(body), options
 
     async def _post(self, params: dict[str, Any], *, stream: bool, raw_chunks: bool = False) -> Any:
-        """POST /chat/completions through the SDK (`SA_MODEL_HTTP` aiohttp or httpx): its transport, auth,
+        """POST /chat/completions through the SDK (`SA_MODEL_HTTP=httpx`): its transport, auth,
         timeouts, errors and SSE, with the body of `_request` sent as it is. With `raw_chunks` a stream
         yields each SSE chunk as the decoded JSON dict, not a `ChatCompletionChunk` model (building the
         models cost ~250 us of CPU per chunk here, more than everything else a streamed token costs)."""
@@ -442,20 +444,16 @@ def http_mode() -> str:
     """How completions travel, from `SA_MODEL_HTTP` (see the module docstring)."""
     mode = os.environ.get("SA_MODEL_HTTP", "direct")
     if mode not in HTTP_MODES:
-        raise ValueError(f"SA_MODEL_HTTP={mode!r}: use 'direct' (the default), 'aiohttp' or 'httpx'")
+        why = "was removed (it was the openai SDK over aiohttp's pool)" if mode == "aiohttp" else "is unknown"
+        raise ValueError(f"SA_MODEL_HTTP={mode!r} {why}: use 'direct' (the default) or 'httpx' (the SDK)")
     return mode
 
 
-def http_client(timeout: float, max_connections: int = 1000, *, mode: str = "direct",
-                pool: Pool | None = None) -> httpx2.AsyncClient:
-    """The HTTP client under the openai SDK: httpx2's client (what the SDK expects) over aiohttp's bounded
-    connection pool (`runtime.model.transport` says why), with the SDK's own defaults otherwise; the SDK's
-    default transport in mode `httpx` (a fallback, and the baseline `bench/runtime.py` compares with)."""
-    if mode == "httpx":
-        limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=100)
-        return openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
-    transport = AiohttpTransport(pool=pool or Pool(max_connections=max_connections))
-    return httpx2.AsyncClient(timeout=timeout, follow_redirects=True, transport=transport)
+def http_client(timeout: float, max_connections: int = 1000) -> httpx2.AsyncClient:
+    """The openai SDK's own HTTP client (httpx2 over httpcore2), bounded to `max_connections`: what the SDK
+    sends everything but `direct` mode's completions with (`bench/runtime.py` measures the difference)."""
+    limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=100)
+    return openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
 
 
 def _from_wire(reply: ChatReply) -> _Reply:

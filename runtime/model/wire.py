@@ -12,12 +12,14 @@ response and its `Retry-After`), a timeout `openai.APITimeoutError`, anything el
 `openai.APIConnectionError`, an SSE `error` event `openai.APIError`, and a 2xx body that is not a chat
 completion `openai.APIResponseValidationError`.
 
-`SA_MODEL_HTTP=aiohttp` (the SDK over `runtime.model.transport`) or `httpx` (the SDK alone) bypass this
-module; `bench/runtime.py` compares the three in one run.
+`SA_MODEL_HTTP=httpx` (the openai SDK alone, with its own httpx transport: the fallback) bypasses this
+module; `bench/runtime.py` compares the ways in one run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -28,7 +30,6 @@ import openai
 from openai._models import FinalRequestOptions
 
 from runtime.model.reply import NotACompletion, StreamEnd, completion_chunk, is_json
-from runtime.model.transport import Pool
 
 # headers of the SDK's request that describe one attempt, or that aiohttp sets itself
 _PER_REQUEST = frozenset({"content-length", "host", "connection", "accept-encoding",
@@ -69,12 +70,61 @@ _reply = msgspec.json.Decoder(ChatReply)
 _any = msgspec.json.Decoder()
 
 
-class ChatWire:
-    """Chat completions for one `AsyncOpenAI` client's base URL and credentials, over `pool`."""
+class Pool:
+    """One aiohttp session with a bounded connection pool, made on first use (it belongs to the running
+    event loop; a new one if a later request comes from another loop), and the proxy of each scheme and
+    host read once from the environment.
 
-    def __init__(self, sdk: openai.AsyncOpenAI, pool: Pool, *, timeout: float) -> None:
+    Why aiohttp's pool rather than httpx2/httpcore2's (the SDK's): on every request, acquiring and releasing
+    a pooled connection there probes each idle keep-alive connection (`has_expired()`, one `getpeername`
+    system call each), so a host with 100 model calls in flight pays O(idle connections) per request: about
+    a fifth of its CPU went there. aiohttp's connector hands out the most recently released connection to
+    the host in O(1) and expires idle ones on a timer."""
+
+    def __init__(self, *, max_connections: int = 1000, keepalive_expiry: float = 30.0) -> None:
+        self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY / NO_PROXY, as httpx honours them
+        self._proxy: dict[tuple[str, str], str | None] = {}
+
+    def proxy_for(self, scheme: str, host: str) -> str | None:
+        """The proxy for this scheme and host from the environment read at start (None: connect directly)."""
+        if not self._proxies:
+            return None
+        key = (scheme, host)
+        if key not in self._proxy:
+            proxy = self._proxies.get(scheme) or self._proxies.get("all")
+            bypass = proxy is not None and urllib.request.proxy_bypass(host)
+            self._proxy[key] = None if bypass else proxy
+        return self._proxy[key]
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                             keepalive_timeout=self.keepalive_expiry)
+            # no decompression (`ChatWire` asks for none: `Accept-Encoding: identity`), no cookies
+            # (nothing here sends any), and no `trust_env`: with it aiohttp reads ~/.netrc and the
+            # proxy variables in a thread on every request; the proxies are read once instead (`proxy_for`)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
+            self._loop = loop
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+class ChatWire:
+    """Chat completions for one `AsyncOpenAI` client's base URL and credentials, over a `Pool` of its own."""
+
+    def __init__(self, sdk: openai.AsyncOpenAI, *, timeout: float, max_connections: int = 1000) -> None:
         self._sdk = sdk
-        self._pool = pool
+        self._pool = pool = Pool(max_connections=max_connections)
         self._timeout = timeout
         probe = sdk._build_request(FinalRequestOptions.construct(  # the SDK's own headers, auth included
             method="post", url="/chat/completions", json_data={}, security={"bearer_auth": True}))
@@ -160,6 +210,9 @@ class ChatWire:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise self._connection_error(exc) from exc
 
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
     # -- the SDK's errors ------------------------------------------------------------------------------
 
     def _request(self) -> httpx2.Request:
@@ -183,4 +236,4 @@ class ChatWire:
                                request=self._request(), body=error)
 
 
-__all__ = ["ChatReply", "ChatWire"]
+__all__ = ["ChatReply", "ChatWire", "Pool"]

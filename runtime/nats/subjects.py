@@ -81,7 +81,6 @@ Tokens. Agent ids, run ids and tool names are single subject tokens: `check_toke
 ``>`` and whitespace with a message that says so. One bundle serving many instances can address them as
 ``<bundle>:<instance>`` (``:`` is a legal token character) if instances need their own subject.
 
-`ENV_VARS` lists every environment variable the runtime reads.
 """
 
 from __future__ import annotations
@@ -118,7 +117,6 @@ HANDOFFS_PREFIX = "handoffs"  # tool-job deliveries offered to one worker, core 
 ANONYMOUS = "anonymous"  # the operator name of a connection that authenticated as nobody
 
 DEFAULT_PARTITIONS = 16
-ENV_REPLICAS = "SA_REPLICAS"
 DUPLICATE_WINDOW_S = 300.0  # ≥ 2 min: covers a restarted publisher retrying with the same Msg-Id
 DEFAULT_TOOL_ACK_WAIT_S = 3.0  # workers heartbeat held jobs every AckWait/4 (`runtime.worker.attempts`)
 DEFAULT_TOOL_MAX_DELIVER = 5
@@ -148,38 +146,6 @@ ERR_ATOMIC_DISABLED = 10174  # "atomic publish is disabled": the stream lacks `a
 ERR_BATCH_DUPLICATE_MSG_ID = 10201  # a batch message's Msg-Id is stored already: the batch landed before
 
 _BAD_TOKEN_CHARS = frozenset(".*> \t\r\n")
-
-# Every environment variable the runtime reads, with what it is for: the one list deploy files are
-# checked against (tests/system/test_deploy.py), so a manifest never sets a name nothing reads.
-ENV_VARS: dict[str, str] = {
-    "NATS_URL": "NATS server URL(s), comma-separated (every `sa` command; unset: `sa up` starts one)",
-    ENV_REPLICAS: "stream and bucket replicas when the topology is created or updated (3 on a 3-node "
-                  "cluster); unset: keep what the streams have, 1 for new ones",
-    "SA_PAYLOAD_THRESHOLD": "size above which tool outputs, model responses and task inputs go to the "
-                            "object store (default 256kb; runtime.log.payloads)",
-    "SA_EVENTS_MAX_AGE": "`sa host`/`sa up`: how long EVENTS keeps an event (default 90d; 0: no bound; "
-                         "runtime.nats.retention)",
-    "SA_EVENTS_MAX_BYTES": "`sa host`/`sa up`: EVENTS size bound, oldest events dropped first "
-                           "(default: none)",
-    "SA_PAYLOADS_MAX_AGE": "`sa host`/`sa up`: how long the payloads object store keeps an object "
-                           "(default 90d)",
-    "SA_PAYLOADS_MAX_BYTES": "`sa host`/`sa up`: payloads object store size bound (default: none)",
-    "SA_LOCAL_MODEL_URL": "`sa host`: the model server for bundles whose model is `local`",
-    "SA_SANDBOX_WORKERS": "sandbox processes per `sa worker`/host (default: the CPU count, at least 2)",
-    "NATS_CREDS": "NATS credentials file (user JWT + seed) for every `sa` command (--creds; "
-                  "runtime.nats.credentials)",
-    "NATS_USER": "NATS user name, a role of deploy/nats/auth.conf or `sa up --secure` (--user)",
-    "NATS_PASSWORD": "password of NATS_USER (--password)",
-    "NATS_CA": "CA certificate (PEM) that verifies the NATS server's TLS certificate (--tls-ca)",
-    "NATS_CERT": "client TLS certificate (PEM) for servers that verify clients (--tls-cert)",
-    "NATS_KEY": "key of NATS_CERT (--tls-key)",
-    "OPENAI_BASE_URL": "model client default base URL when a bundle names none",
-    "OPENAI_API_KEY": "model client default API key",
-    "OPENAI_MODEL": "model client default model name",
-    "SA_MODEL_HTTP": "how model calls travel: `direct` (default, runtime.model.wire), `aiohttp` (the "
-                     "openai SDK over runtime.model.transport) or `httpx` (the openai SDK's own)",
-}
-
 
 def check_token(value: str, what: str = "name") -> str:
     """Return `value` if it is one NATS subject token; raise ValueError saying what is wrong otherwise.
@@ -477,7 +443,7 @@ def result_consumer_name(partition: int, bundle: str) -> str:
 __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET", "APPLIED_TTL_S",
            "ATTEMPTS_BUCKET", "BATCH_MAX_MESSAGES", "COMMANDS_PREFIX", "DEFAULT_PARTITIONS",
            "DEFAULT_TOOL_ACK_WAIT_S", "DEFAULT_TOOL_MAX_ACK_PENDING", "DEFAULT_TOOL_MAX_DELIVER", "DLQ",
-           "DUPLICATE_WINDOW_S", "ENV_REPLICAS", "ENV_VARS", "ERR_ATOMIC_DISABLED",
+           "DUPLICATE_WINDOW_S", "ERR_ATOMIC_DISABLED",
            "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "ERR_WRONG_LAST_SEQUENCE_CONSTANT",
            "EVENTS", "FIRE_FILTERS", "HANDOFFS_PREFIX",
            "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",

@@ -72,7 +72,6 @@ from runtime.nats.subjects import (
     DEFAULT_TOOL_MAX_DELIVER,
     DLQ,
     DUPLICATE_WINDOW_S,
-    ENV_REPLICAS,
     EVENTS,
     FIRE_FILTERS,
     HOSTS_BUCKET,
@@ -90,6 +89,8 @@ from runtime.nats.subjects import (
     result_consumer_name,
     task_consumer_name,
 )
+
+ENV_REPLICAS = "SA_REPLICAS"  # replicas of new or updated streams and buckets (`topology_replicas`)
 
 log = logging.getLogger("runtime.nats")
 
@@ -386,7 +387,7 @@ async def ensure_partition_consumers(js: JetStreamContext, partition: int, bundl
     return names
 
 
-__all__ = ["TASK_SUBJECTS", "Topology", "attach_topology", "consumer_infos", "ensure_consumer",
-           "ensure_partition_consumers", "ensure_schedules", "ensure_topology", "ensure_transforms",
-           "read_partitions", "read_topology", "scheduler_consumer_config", "schedules_config",
-           "stream_configs", "topology_replicas", "workers_consumer_config"]
+__all__ = ["ENV_REPLICAS", "TASK_SUBJECTS", "Topology", "attach_topology", "consumer_infos",
+           "ensure_consumer", "ensure_partition_consumers", "ensure_schedules", "ensure_topology",
+           "ensure_transforms", "read_partitions", "read_topology", "scheduler_consumer_config",
+           "schedules_config", "stream_configs", "topology_replicas", "workers_consumer_config"]

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runtime.testing.capacity import Capacity
 
-__all__ = ["Reply", "Responder", "ScriptedModelServer", "last_message"]
+__all__ = ["Reply", "Responder", "ScriptedModelServer", "hermes_call", "last_message"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,12 @@ def last_message(body: dict[str, Any], role: str | None = None) -> str:
                 return "".join(p.get("text", "") for p in content if isinstance(p, dict))
             return content or ""
     return ""
+
+
+def hermes_call(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call written as a text-family model writes it, the way the `hermes` adapter parses it: the text
+    of a reply (`Reply.of_text(hermes_call(...))`, or a plain `str`) for bundles whose model speaks hermes."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def _estimate_tokens(text: str) -> int:

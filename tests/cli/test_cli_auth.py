@@ -17,7 +17,8 @@ from nats_fixtures import PASSWORDS
 from runtime import nats as bus
 from runtime.commands import run_id_for
 from runtime.nats.server import EmbeddedNats
-from runtime.testing.fleet import CLI
+from runtime.nats.subjects import TASKS
+from testbed.fleet import CLI
 
 pytestmark = pytest.mark.anyio
 
@@ -49,7 +50,7 @@ async def stored(url: str, agent: str) -> int:
     """How many tasks TASKS holds for `agent` (read as the admin)."""
     nc = await bus.connect(url, user="admin", password=PASSWORDS["admin"])
     try:
-        info = await nc.jetstream().stream_info(bus.TASKS, subjects_filter=f"tasks.*.{agent}.>")
+        info = await nc.jetstream().stream_info(TASKS, subjects_filter=f"tasks.*.{agent}.>")
         return sum((info.state.subjects or {}).values())
     finally:
         await bus.close(nc)

@@ -20,8 +20,10 @@ from rich.console import Console
 
 from runtime import events as ev
 from runtime import nats as bus
-from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import CLI, hermes_call
+from runtime.nats.kv import runs_kv
+from runtime.nats.records import RunIndex
+from runtime.testing import ScriptedModelServer, hermes_call
+from testbed.fleet import CLI
 
 pytestmark = pytest.mark.anyio
 
@@ -103,10 +105,10 @@ def test_every_renderer_shows_data_with_brackets_verbatim():
 
 async def test_piped_runs_print_every_id_whole_one_run_per_line(nats_server, topo):
     """`sa runs | grep` once got run ids and task ids cut to fit 80 columns with an ellipsis."""
-    kv = await bus.runs_kv(topo)
+    kv = await runs_kv(topo)
     runs = {f"r{i:016x}": (f"task-{i}-" + "x" * 40, "calc:" + "instance" * 4) for i in range(3)}
     for i, (run_id, (task_id, actor)) in enumerate(runs.items()):
-        await kv.put(run_id, bus.RunIndex(status="completed", actor=actor, partition=0, last_seq=7,
+        await kv.put(run_id, RunIndex(status="completed", actor=actor, partition=0, last_seq=7,
                                           updated=1000.0 + i, task_id=task_id).encode())
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["NATS_URL"] = nats_server.url

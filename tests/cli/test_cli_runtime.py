@@ -19,6 +19,7 @@ from host_helpers import calc_responder, write_bundle
 
 from runtime import nats as bus
 from runtime.nats.server import EmbeddedNats
+from runtime.nats.subjects import TASKS
 from runtime.testing import ScriptedModelServer
 
 CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
@@ -120,7 +121,7 @@ async def _make_topology(url: str) -> None:
 async def _tasks_stored(url: str) -> int:
     nc = await bus.connect(url, name="test-tasks")
     try:
-        return (await nc.jetstream().stream_info(bus.TASKS)).state.messages
+        return (await nc.jetstream().stream_info(TASKS)).state.messages
     finally:
         await nc.close()
 

@@ -19,8 +19,8 @@ from host_helpers import running_host, running_worker, write_bundle
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.client import Client
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import CLI, hermes_call
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
+from testbed.fleet import CLI
 
 pytestmark = pytest.mark.anyio
 

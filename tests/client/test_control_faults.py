@@ -17,7 +17,7 @@ from runtime.client.verify import verify
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import SaProcess, start_all
+from testbed.fleet import SaProcess, start_all
 
 pytestmark = pytest.mark.anyio
 

@@ -15,13 +15,15 @@ from host_helpers import Env, calc_responder, kinds, running_host, running_worke
 
 from runtime import events as ev
 from runtime import kernel
-from runtime import nats as bus
 from runtime.bundle import load_bundle
 from runtime.client.diff import diverge
 from runtime.client.fork import ForkError, fork, fork_points, plan, ranges
 from runtime.client.verify import verify
 from runtime.commands import publish_task
 from runtime.log import RunHistory, RunLog
+from runtime.nats.kv import runs_kv
+from runtime.nats.records import RunIndex
+from runtime.nats.subjects import EVENTS
 from runtime.nats.topology import ensure_topology
 from runtime.observe.traces import trace_of
 from runtime.testing import ScriptedModelServer
@@ -71,10 +73,10 @@ async def test_a_fork_at_every_point_of_a_3_turn_run_reuses_its_prefix_and_verif
                 report = verify(config, events)
                 assert report.ok, (at, report.problems)
                 assert report.final is not None and report.final.output == {"answer": "chained 2"}
-            runs = await bus.runs_kv(js)
+            runs = await runs_kv(js)
 
-            async def indexed() -> bus.RunIndex:
-                return bus.RunIndex.decode((await runs.get(forked.run_id)).value)
+            async def indexed() -> RunIndex:
+                return RunIndex.decode((await runs.get(forked.run_id)).value)
 
             with anyio.fail_after(20):
                 while (ix := await indexed()).status != "completed":  # the host records it after the end
@@ -159,7 +161,7 @@ async def test_a_fork_goes_on_with_another_bundle_version_on_a_host_that_has_it(
 
 
 async def _stream_messages(js) -> int:
-    return (await js.stream_info(bus.EVENTS)).state.messages
+    return (await js.stream_info(EVENTS)).state.messages
 
 
 async def test_bad_forks_are_refused_saying_why_and_write_nothing(nats_server, js, tmp_path: Path):

@@ -15,6 +15,8 @@ from rich.console import Console
 from runtime import nats as bus
 from runtime.client.status import gather, render
 from runtime.commands import publish_task
+from runtime.nats.subjects import TASKS, partition_of
+from runtime.nats.topology import ensure_partition_consumers
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -78,18 +80,18 @@ async def test_status_marks_unserved_partitions_and_counts_waiting_tasks(nats_se
     agents = [f"calc:w{i}" for i in range(5)]
     for agent in agents:
         await publish_task(js, agent, "compute: 1")  # no host: they wait in the stream
-    per_partition = [sum(bus.partition_of(a, 4) == p for a in agents) for p in range(4)]
+    per_partition = [sum(partition_of(a, 4) == p for a in agents) for p in range(4)]
     status = await gather(js)
     assert status["hosts"] == [] and status["unserved_partitions"] == [0, 1, 2, 3]
-    assert status["queues"]["stream_messages"][bus.TASKS] == 5 and status["runs_in_flight"] == 0
+    assert status["queues"]["stream_messages"][TASKS] == 5 and status["runs_in_flight"] == 0
     # no partition has a consumer yet: every task in the stream is waiting, none is held
     assert status["queues"]["tasks_pending"] == 5 and status["queues"]["tasks_held"] == 0
     assert [p["tasks_pending"] for p in status["partitions"]] == per_partition
 
     # a consumer on one partition that delivered one task (not acknowledged): that one is held, not waiting
     busy = next(p for p in range(4) if per_partition[p] >= 1)
-    name, _ = await bus.ensure_partition_consumers(js, busy, "calc")
-    sub = await js.pull_subscribe_bind(name, stream=bus.TASKS)
+    name, _ = await ensure_partition_consumers(js, busy, "calc")
+    sub = await js.pull_subscribe_bind(name, stream=TASKS)
     (msg,) = await sub.fetch(1, timeout=5)
     status = await gather(js)
     row = status["partitions"][busy]
@@ -117,7 +119,7 @@ async def test_status_shows_each_hosts_bundles_and_the_tasks_no_host_serves(nats
     assert status["unserved_partitions"] == []
     assert [p["hosts"] for p in status["partitions"]] == [{"adder": a.host.id, "xss": x.host.id}] * 4
     assert status["unserved_agents"] == {"ghost": 1}
-    ghost = bus.partition_of("ghost:1", 4)
+    ghost = partition_of("ghost:1", 4)
     assert [p["tasks_pending"] for p in status["partitions"]] == [int(p == ghost) for p in range(4)]
     console = Console(record=True, width=200)
     console.print(render(status))

@@ -19,7 +19,8 @@ DOTTED = re.compile(r"(?<![\w./-])runtime(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./-])runtime/[\w./-]*\w")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md")),
         *sorted((ROOT / "deploy").glob("**/*.md")), ROOT / "bench" / "README.md"]
-SOURCES = sorted((ROOT / "runtime").rglob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
+SOURCES = [*sorted((ROOT / "runtime").rglob("*.py")), *sorted((ROOT / "testbed").glob("*.py")),
+           *sorted((ROOT / "bench").glob("*.py"))]
 
 
 def _resolves(dotted: str) -> bool:

@@ -231,7 +231,7 @@ def test_the_checks_see_an_import_up_a_floor_and_across_processes():
 
 def test_the_pure_core_and_the_task_format_import_no_io():
     core = ["runtime.types", "runtime.jsontypes", "runtime.events", "runtime.kernel", "runtime.policies",
-            "runtime.approval_policy", "runtime.history", "runtime.commands", "runtime.jobs"]
+            "runtime.approval_policy", "runtime.history", "runtime.commands", "runtime.jobs", "runtime.env"]
     code = ("import importlib, sys\n"
             f"for m in {core!r}: importlib.import_module(m)\n"
             "io = ('nats', 'aiohttp', 'openai', 'httpx', 'pydantic_monty', 'anyio', 'torch')\n"

@@ -21,8 +21,7 @@ from host_helpers import running_host, running_worker, write_bundle
 from runtime import nats as bus
 from runtime.client import Client, RunFailedError
 from runtime.commands import BadCommand, decode
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
 
 pytestmark = pytest.mark.anyio
 

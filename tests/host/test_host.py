@@ -18,6 +18,9 @@ from runtime import nats as bus
 from runtime.commands import publish_command, publish_task, run_id_for
 from runtime.host import HostConfig
 from runtime.log import RunLog
+from runtime.nats.kv import runs_kv
+from runtime.nats.records import RunIndex
+from runtime.nats.subjects import TASKS, partition_of, task_consumer_name
 from runtime.testing import Reply
 
 pytestmark = pytest.mark.anyio
@@ -64,9 +67,9 @@ async def test_a_task_runs_end_to_end_with_a_sandboxed_tool(fleet: Env):
     started = events[0]
     assert started.bundle_digest and started.task_id == "t-1" and started.actor == "calc"
     # the index and the log agree (the host writes the index once the run's last event is in the log)
-    kv = await bus.runs_kv(js)
+    kv = await runs_kv(js)
     with anyio.fail_after(30):
-        while (ix := bus.RunIndex.decode((await kv.get(run_id)).value)).status == "running":
+        while (ix := RunIndex.decode((await kv.get(run_id)).value)).status == "running":
             await anyio.sleep(0.05)
     assert ix.status == "completed" and ix.actor == "calc" and ix.task_id == "t-1"
     log = await RunLog(js).read(run_id)
@@ -133,9 +136,9 @@ async def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(nats_serv
     assert good[-1].output == {"answer": "3"}
     text = caplog.text
     assert "not valid JSON" in text and "neither msgpack, JSON nor UTF-8" in text and "$.input" in text
-    info = await js.consumer_info(bus.TASKS, bus.task_consumer_name(bus.partition_of("calc", 4), "calc"))
+    info = await js.consumer_info(TASKS, task_consumer_name(partition_of("calc", 4), "calc"))
     assert info.num_pending == 0 and info.num_ack_pending == 0  # nothing left to be redelivered forever
-    assert (await js.stream_info(bus.TASKS)).state.messages == 0  # the unknown agent's task too
+    assert (await js.stream_info(TASKS)).state.messages == 0  # the unknown agent's task too
 
 
 async def test_plain_text_and_json_tasks_from_any_client(fleet: Env):

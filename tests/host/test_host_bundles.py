@@ -21,6 +21,8 @@ from runtime import nats as bus
 from runtime.commands import publish_command, publish_task
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
+from runtime.nats.kv import fleet_kv, kv_entries
+from runtime.nats.subjects import LEASES_BUCKET, TASKS, parse_lease_key, partition_of
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -40,7 +42,7 @@ def instances(bundle: str, count: int) -> list[str]:
     seen: set[int] = set()
     for i in range(1000):
         actor = f"{bundle}:u{i}"
-        p = bus.partition_of(actor, N)
+        p = partition_of(actor, N)
         if p not in seen or len(seen) == N:
             out.append(actor)
             seen.add(p)
@@ -51,10 +53,10 @@ def instances(bundle: str, count: int) -> list[str]:
 
 async def lease_holders(js) -> dict[tuple[str, int], str]:
     """(bundle, partition) -> the host holding its lease, from the `leases` bucket."""
-    kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
+    kv = await fleet_kv(js, LEASES_BUCKET)
     out = {}
-    for key, entry in (await bus.kv_entries(kv)).items():
-        slot = bus.parse_lease_key(key)
+    for key, entry in (await kv_entries(kv)).items():
+        slot = parse_lease_key(key)
         if slot is not None:
             out[slot] = entry.value.decode()
     return out
@@ -99,7 +101,7 @@ async def test_a_task_for_an_agent_no_host_serves_waits_until_a_host_serving_it_
             for run in later:
                 assert kinds(await env.wait_run(run))[-1] == "run.completed"
             untouched = [await RunLog(js).last(run) for run in early]
-            waiting = (await js.stream_info(bus.TASKS)).state.messages
+            waiting = (await js.stream_info(TASKS)).state.messages
             async with hosts(nats_server.url, [xss], server, 1, lease=FAST):
                 results = [await env.wait_run(run) for run in early]
     assert untouched == [None] * N  # no run was started (nor failed) for them while nobody served xss
@@ -158,7 +160,7 @@ async def test_a_crashed_host_is_replaced_by_a_host_of_its_bundle_and_commands_r
             results = {r: await env.wait_run(r, timeout=60) for r in runs}
             # a cancel sent on the bundle's subject, for a run of an instance in another partition
             target = next(actor for actor in instances("xss", N)
-                          if bus.partition_of(actor, N) != bus.partition_of("xss", N))
+                          if partition_of(actor, N) != partition_of("xss", N))
             held = await publish_task(js, target, "chain: 50")
             with anyio.fail_after(30):
                 while held not in x.host.drivers:
@@ -192,7 +194,7 @@ async def test_a_task_for_an_agent_nobody_serves_fails_unknown_agent_after_the_c
             failed = await env.wait_run(unknown)
             good = await env.wait_run(ok)
             with anyio.move_on_after(10):  # each task is acked once its run is indexed, just after its events
-                while (left := (await js.stream_info(bus.TASKS)).state.messages) > 0:
+                while (left := (await js.stream_info(TASKS)).state.messages) > 0:
                     await anyio.sleep(0.05)
     assert kinds(failed) == ["run.started", "run.failed"]
     assert failed[-1].reason == "unknown_agent"

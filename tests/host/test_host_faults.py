@@ -21,12 +21,18 @@ import pytest
 from host_helpers import Env, calc_responder, hermes_call, kinds, running_host, running_worker, write_bundle
 
 from runtime import events as ev
-from runtime import nats as bus
 from runtime.client.replay import describe
 from runtime.commands import publish_task
 from runtime.log import RunLog
-from runtime.nats.kv import workspace_kv
-from runtime.nats.subjects import DEFAULT_TOOL_ACK_WAIT_S, TOOLS, WORKERS_CONSUMER
+from runtime.nats.kv import fleet_kv, kv_entries, workspace_kv
+from runtime.nats.subjects import (
+    DEFAULT_TOOL_ACK_WAIT_S,
+    LEASES_BUCKET,
+    TOOLS,
+    WORKERS_CONSUMER,
+    parse_lease_key,
+    partition_of,
+)
 from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer
 
@@ -124,20 +130,20 @@ async def test_kill_9_of_a_host_beside_hosts_of_another_bundle_its_bundles_other
                     process(["host", str(adder), *args], url, logs["a2"], ready), \
                     process(["host", str(xss), *args], url, logs["x"], ready):
                 ids = {name: served_as(log) for name, log in logs.items()}
-                kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
+                kv = await fleet_kv(js, LEASES_BUCKET)
 
                 async def holders() -> dict[tuple[str, int], str]:
-                    entries = await bus.kv_entries(kv)
+                    entries = await kv_entries(kv)
                     return {slot: e.value.decode() for k, e in entries.items()
-                            if (slot := bus.parse_lease_key(k)) is not None}
+                            if (slot := parse_lease_key(k)) is not None}
 
                 with anyio.fail_after(30):  # both adder hosts hold their share
                     while sorted((await holders()).values()).count(ids["a1"]) != 2:
                         await anyio.sleep(0.05)
                 theirs = {p for (b, p), h in (await holders()).items() if h == ids["a1"]}
                 actors = [f"adder:k{i}" for i in range(40)]
-                victims = [a for a in actors if bus.partition_of(a, 4) in theirs][:4]
-                others = [a for a in actors if bus.partition_of(a, 4) not in theirs][:4]
+                victims = [a for a in actors if partition_of(a, 4) in theirs][:4]
+                others = [a for a in actors if partition_of(a, 4) not in theirs][:4]
                 runs = [await publish_task(js, a, "chain: 3") for a in victims + others]
                 xss_run = await publish_task(js, "xss:k0", "compute: 2 + 2")
                 with anyio.fail_after(60):

@@ -30,7 +30,11 @@ from nats.js.errors import KeyNotFoundError
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.commands import publish_command, publish_task
+from runtime.host import leases as leases_module
 from runtime.host.leases import LeaseConfig, Leases, Slot
+from runtime.nats.kv import fleet_kv, kv_entries
+from runtime.nats.records import HostBeat
+from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, RESULTS, TASKS, lease_key, partition_of
 from runtime.testing import Reply, ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -52,7 +56,7 @@ async def lease_changes(js) -> AsyncIterator[list[Change]]:
     """Every change of the `leases` bucket while open, in stream order, starting with each key's current
     value: a put (operation None) names its holder; "DEL" is a host releasing its own lease; "PURGE" is
     the server's marker of an expired one."""
-    kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
+    kv = await fleet_kv(js, LEASES_BUCKET)
     watcher = await kv.watchall()
     changes: list[Change] = []
 
@@ -71,7 +75,7 @@ async def lease_changes(js) -> AsyncIterator[list[Change]]:
 
 def after_last_put_of(changes: list[Change], partition: int, holder: str) -> list[Op]:
     """The changes of `partition`'s lease after `holder`'s last put of it."""
-    ops = [(op, who) for key, op, who in changes if key == bus.lease_key(partition, "calc")]
+    ops = [(op, who) for key, op, who in changes if key == lease_key(partition, "calc")]
     last = max(i for i, (op, who) in enumerate(ops) if op is None and who == holder)
     return ops[last + 1:]
 
@@ -90,11 +94,11 @@ async def test_hosts_share_the_partitions_fairly_and_a_stopping_host_hands_over_
             async with hosts(nats_server.url, [bundle], server, 1, lease=FAST) as (b,):
                 await wait_until(lambda: sorted([len(a.host.partitions), len(b.host.partitions)]) == [2, 3])
                 assert_disjoint_cover([a, b], 5)  # ceil(5/2) = 3: one host has 3, the other 2
-                kv = await bus.fleet_kv(topo, bus.LEASES_BUCKET)
-                holders = {k: e.value.decode() for k, e in (await bus.kv_entries(kv)).items()}
-                assert holders == {bus.lease_key(p, "calc"): h.host.id
+                kv = await fleet_kv(topo, LEASES_BUCKET)
+                holders = {k: e.value.decode() for k, e in (await kv_entries(kv)).items()}
+                assert holders == {lease_key(p, "calc"): h.host.id
                                    for h in (a, b) for p in h.host.partitions}
-                beats = await bus.kv_entries(await bus.fleet_kv(topo, bus.HOSTS_BUCKET))
+                beats = await kv_entries(await fleet_kv(topo, HOSTS_BUCKET))
                 assert set(beats) == {a.host.id, b.host.id}
                 assert a.host.stats.lost == 5 - len(a.host.partitions)  # a let go of exactly its excess
                 handed = list(b.host.partitions)
@@ -128,7 +132,7 @@ async def test_a_crashed_hosts_partitions_are_taken_over_and_its_runs_finish_onc
             served = set(b.host.partitions)
             env = Env(nats_server.url, js, b.host, server, [])
             results = {r: await env.wait_run(r, timeout=60) for r in runs}
-            consumers = {s: (await js.stream_info(s)).state.consumer_count for s in (bus.TASKS, bus.RESULTS)}
+            consumers = {s: (await js.stream_info(s)).state.consumer_count for s in (TASKS, RESULTS)}
     for p in crashed:  # nobody deleted the dead host's lease: it expired, then b acquired the partition
         after = after_last_put_of(changes, p, a.host.id)
         assert ("DEL", None) not in after and {who for op, who in after if op is None} == {b.host.id}, after
@@ -139,7 +143,7 @@ async def test_a_crashed_hosts_partitions_are_taken_over_and_its_runs_finish_onc
         assert [e.seq for e in events] == list(range(len(events)))  # no gap, no fork
         assert kinds(events).count("run.started") == 1
     assert in_flight <= set(results)
-    assert consumers == {bus.TASKS: 5, bus.RESULTS: 5}  # 16 agents, 2 hosts: one pair per partition
+    assert consumers == {TASKS: 5, RESULTS: 5}  # 16 agents, 2 hosts: one pair per partition
 
 
 async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_server, topo, tmp_path):
@@ -149,7 +153,7 @@ async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_serve
         async with hosts(nats_server.url, [bundle], server, 1, lease=FAST):
             n = 5
             instance = next(f"x{i}" for i in range(100)
-                            if bus.partition_of(f"calc:x{i}", n) != bus.partition_of("calc", n))
+                            if partition_of(f"calc:x{i}", n) != partition_of("calc", n))
             run_id = await publish_task(js, f"calc:{instance}", "compute: 1")
             with anyio.fail_after(10):
                 while server.served < 1:
@@ -163,7 +167,7 @@ async def test_a_command_on_another_subject_than_its_run_is_forwarded(nats_serve
 async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_lost(nats_server, topo,
                                                                                   monkeypatch):
     js = topo
-    kv = await bus.fleet_kv(js, bus.LEASES_BUCKET)
+    kv = await fleet_kv(js, LEASES_BUCKET)
     log: list[tuple[str, int]] = []
     at_fence: dict[int, tuple[str, int, int]] = {}  # partition -> (holder in KV, its revision, revision held)
 
@@ -174,14 +178,14 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
         p = slot[1]
         if why == "fenced":  # what the lease says at the moment this host stops serving
             try:
-                entry = await kv.get(bus.lease_key(p, "calc"))
+                entry = await kv.get(lease_key(p, "calc"))
                 at_fence[p] = (entry.value.decode(), entry.revision, leases.held[slot].revision)
             except KeyNotFoundError:  # too late: it expired first
                 at_fence[p] = ("(expired)", 0, leases.held[slot].revision)
         log.append((why, p))
 
-    def beat() -> bus.HostBeat:
-        return bus.HostBeat(name="h1", started=0.0, ttl=FAST.ttl)
+    def beat() -> HostBeat:
+        return HostBeat(name="h1", started=0.0, ttl=FAST.ttl)
 
     leases = Leases(js, "h1", 2, bundles=["calc"], on_gain=gain, on_loss=loss, beat=beat, config=FAST)
     both = [("calc", 0), ("calc", 1)]
@@ -189,7 +193,7 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
     assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == both
     log.clear()
 
-    real_put = bus.put_kv
+    real_put = leases_module.put_kv
 
     async def unreachable(*args, **kwargs):
         raise TimeoutError("nats is away")
@@ -197,7 +201,7 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(leases._fence_watch, stop)
-        monkeypatch.setattr(bus, "put_kv", unreachable)
+        monkeypatch.setattr(leases_module, "put_kv", unreachable)
         await leases.tick()  # renewals fail: still held, still served until the fence
         assert leases.serving == both
         await wait_until(lambda: len(log) == 2, timeout=5)
@@ -206,15 +210,15 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
         for holder, revision, held in at_fence.values():
             assert holder == "h1" and revision == held, at_fence
         assert sorted(log) == [("fenced", 0), ("fenced", 1)] and leases.serving == []
-        monkeypatch.setattr(bus, "put_kv", real_put)
+        monkeypatch.setattr(leases_module, "put_kv", real_put)
         log.clear()
         await leases.tick()  # NATS is back: renewed (or, had the key expired, re-acquired) and served again
         assert sorted(log) == [("gain", 0), ("gain", 1)] and leases.serving == both
         # a lease that vanished (by protocol only expiry does that): lost at the next renewal
-        await kv.delete(bus.lease_key(0, "calc"))
+        await kv.delete(lease_key(0, "calc"))
         log.clear()
         await leases._renew(("calc", 0))
         assert log == [("lost", 0)] and leases.serving == [("calc", 1)]
         stop.set()
     await leases.release_all()
-    assert await bus.kv_entries(kv) == {}
+    assert await kv_entries(kv) == {}

@@ -22,9 +22,9 @@ from runtime.commands import publish_task
 from runtime.host import HostConfig
 from runtime.log import RunLog
 from runtime.nats import kv as kv_module
-from runtime.nats.kv import IncompleteListing, kv_entries
+from runtime.nats.kv import IncompleteListing, fleet_kv, kv_entries
 from runtime.nats.records import active_value
-from runtime.nats.subjects import active_key, partition_of
+from runtime.nats.subjects import ACTIVE_BUCKET, active_key, partition_of
 from runtime.observe.metrics import HostMetrics
 
 pytestmark = pytest.mark.anyio
@@ -84,7 +84,7 @@ async def test_a_driver_stopped_in_a_slot_served_again_is_folded_back(nats_serve
 
 async def test_a_complete_listing_lists_again_until_it_has_every_key_the_leader_has(nats_server, js,
                                                                                       monkeypatch):
-    kv = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
+    kv = await fleet_kv(js, ACTIVE_BUCKET)
     for i in range(5):
         await kv.put(f"p0.r{i}", b"calc")
     real = kv_module.last_per_subject
@@ -104,7 +104,7 @@ async def test_a_complete_listing_lists_again_until_it_has_every_key_the_leader_
 
 
 async def test_a_listing_that_stays_incomplete_says_so(nats_server, js, monkeypatch):
-    kv = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
+    kv = await fleet_kv(js, ACTIVE_BUCKET)
     await kv.put("p1.r0", b"calc")
 
     async def empty(*args: Any, **kw: Any) -> list[Any]:
@@ -122,7 +122,7 @@ async def _orphan(js: Any, run_id: str, *, until: float | None = None) -> None:
     it back."""
     started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="compute: 6 * 7")
     assert await RunLog(js).create(started) is not None
-    kv = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
+    kv = await fleet_kv(js, ACTIVE_BUCKET)
     await kv.put(active_key(partition_of("calc", 2), run_id), active_value("calc", until))
 
 
@@ -149,7 +149,7 @@ async def test_a_run_nothing_holds_is_adopted_by_the_host_serving_its_slot_and_o
     assert (stats.runs_adopted, stats.runs_recovered) == (1, 0)  # the orphan only; not the others
     assert adopted == 1  # what an operator's alert reads
     assert kinds(asleep) == ["run.started"]
-    idle = await bus.fleet_kv(js, bus.ACTIVE_BUCKET)
+    idle = await fleet_kv(js, ACTIVE_BUCKET)
     assert sorted(await kv_entries(idle, ">")) == [active_key(partition_of("calc", 2), "r-asleep")]
 
 

@@ -23,8 +23,8 @@ from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv, kv_entries
 from runtime.nats.records import WAITING_FOR_ANSWER, parse_active
 from runtime.nats.subjects import ACTIVE_BUCKET, SCHEDULES, timer_subject
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import SaProcess, hermes_call, start_all
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
+from testbed.fleet import SaProcess, start_all
 
 pytestmark = pytest.mark.anyio
 YES_NO = {"type": "string", "enum": ["yes", "no"]}

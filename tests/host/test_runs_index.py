@@ -25,6 +25,7 @@ from runtime import kernel
 from runtime import nats as bus
 from runtime.commands import publish_task
 from runtime.host.runs_index import RunsIndex, Standing, supersedes
+from runtime.nats.kv import fleet_kv, runs_kv
 from runtime.nats.records import RunIndex, active_value
 from runtime.nats.subjects import ACTIVE_BUCKET, RUNS_BUCKET, active_key
 
@@ -71,7 +72,7 @@ async def test_the_hosts_own_writes_delivered_again_late_change_nothing(fleet: E
             await anyio.sleep(0.02)
     mine = [m for m in sent if m[0].endswith(f".{run_id}")]
     assert {m[0].split(".")[1] for m in mine} == {RUNS_BUCKET, ACTIVE_BUCKET}, mine
-    runs = await bus.runs_kv(fleet.js)
+    runs = await runs_kv(fleet.js)
     before = await runs.get(run_id)
     assert RunIndex.decode(before.value).status == "completed"
 
@@ -82,7 +83,7 @@ async def test_the_hosts_own_writes_delivered_again_late_change_nothing(fleet: E
     after = await runs.get(run_id)
     assert RunIndex.decode(after.value).status == "completed"
     assert after.revision == before.revision  # nothing landed over it
-    active = await bus.fleet_kv(fleet.js, ACTIVE_BUCKET)
+    active = await fleet_kv(fleet.js, ACTIVE_BUCKET)
     with pytest.raises(KeyNotFoundError):  # the ended run is not left looking unfinished to a takeover
         await active.get(active_key(partition_of_run(mine), run_id))
 
@@ -119,7 +120,7 @@ async def test_a_retry_whose_first_try_landed_finds_its_own_entry(nats_server, j
     got = await index.get("r2")
     assert got is not None and (got.status, got.last_seq) == ("running", 1)
     with pytest.raises(KeyNotFoundError):
-        await (await bus.fleet_kv(js, ACTIVE_BUCKET)).get(active_key(0, "r2"))  # `put` writes runs only
+        await (await fleet_kv(js, ACTIVE_BUCKET)).get(active_key(0, "r2"))  # `put` writes runs only
 
 
 async def test_the_index_records_a_run_from_a_standing_written_by_hand(nats_server, js):
@@ -135,7 +136,7 @@ async def test_the_index_records_a_run_from_a_standing_written_by_hand(nats_serv
     assert got is not None
     assert got == RunIndex(actor="calc:a", status="running", partition=1, last_seq=4, updated=got.updated,
                            task_id="t-3", bundle="/b/calc", forked_from="r0", forked_at=2)
-    active = await bus.fleet_kv(js, ACTIVE_BUCKET)
+    active = await fleet_kv(js, ACTIVE_BUCKET)
     assert (await active.get(active_key(1, "r3"))).value == active_value("calc:a")
     await index.record(replace(running, last_seq=6, state=replace(running.state, status="completed")))
     got = await index.get("r3")

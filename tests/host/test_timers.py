@@ -25,9 +25,9 @@ from runtime.nats.kv import kv_entries
 from runtime.nats.records import SLEEPING, parse_active
 from runtime.nats.subjects import SCHEDULES, timer_subject, wake_subject
 from runtime.schedules import cancel_wake
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import SaProcess, hermes_call, start_all
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
 from runtime.timers import iso
+from testbed.fleet import SaProcess, start_all
 
 pytestmark = pytest.mark.anyio
 FAST = LeaseConfig(ttl=2.0, renew=0.5)

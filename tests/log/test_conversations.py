@@ -31,11 +31,10 @@ from runtime.host import Host
 from runtime.log import RunLog
 from runtime.log.threads import Conversations, Threads, conversation, conversation_for, fold_run
 from runtime.streaming import Delta, subscribe
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
-from runtime.testing.scripts import SPIN
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
 from runtime.types import Message, ToolCall
 from runtime.worker import Worker
+from testbed.scripts import SPIN
 
 # ── the kernel alone (pure) ───────────────────────────────────────────────────────────────────────────
 

@@ -181,6 +181,18 @@ async def test_environment_configures_the_client(monkeypatch) -> None:
         assert server.requests[0]["model"] == "env-model"
 
 
+def test_http_modes_are_direct_and_the_sdk(monkeypatch) -> None:
+    """Two ways a completion travels; the removed third (the SDK over aiohttp's pool) and a typo each get an
+    error naming both that remain."""
+    assert HTTP_MODES == ("direct", "httpx")
+    for value, said in (("aiohttp", "'aiohttp' was removed (it was the openai SDK over aiohttp's pool)"),
+                        ("direkt", "'direkt' is unknown")):
+        monkeypatch.setenv("SA_MODEL_HTTP", value)
+        with pytest.raises(ValueError, match="use 'direct' \\(the default\\) or 'httpx'") as refused:
+            ModelClient(base_url="http://127.0.0.1:9/v1", model="m")
+        assert said in str(refused.value)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_body_on_the_wire_is_what_the_sdk_create_sends(stream: bool) -> None:
     """`complete` posts the plain body itself (no SDK param transform): same keys, values and order."""

@@ -27,7 +27,7 @@ from runtime.log import RunLog
 from runtime.model.adapters import get_adapter
 from runtime.model.client import HTTP_MODES, ModelClient, ModelError
 from runtime.nats.topology import ensure_topology
-from runtime.testing.fleet import hermes_call
+from runtime.testing import hermes_call
 from runtime.types import ToolSchema
 
 pytestmark = pytest.mark.anyio

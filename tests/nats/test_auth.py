@@ -30,6 +30,7 @@ from runtime.model.client import ModelClient
 from runtime.nats.auth import ROLES, default_users, server_config
 from runtime.nats.connection import explain_refusal
 from runtime.nats.credentials import Credentials
+from runtime.nats.kv import runs_kv
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.subjects import (
     EVENTS,
@@ -39,11 +40,13 @@ from runtime.nats.subjects import (
     WORKERS_CONSUMER,
     command_subject,
     event_subject,
+    partition_of,
     result_subject,
     stream_subject,
     task_subject,
     tool_subject,
 )
+from runtime.nats.topology import ensure_partition_consumers
 from runtime.schedules import list_schedules, make_schedule, put_schedule
 from runtime.testing import Reply, ScriptedModelServer
 from runtime.worker import Worker, build_registry
@@ -167,7 +170,7 @@ async def op_write_threads(js: Any, role: str) -> None:
 
 
 async def op_steal_partition_consumer(js: Any, role: str) -> None:
-    await bus.ensure_partition_consumers(js, 0, AGENT)
+    await ensure_partition_consumers(js, 0, AGENT)
 
 
 async def op_purge_events(js: Any, role: str) -> None:
@@ -228,7 +231,7 @@ async def seeded(secured: EmbeddedNats) -> AsyncIterator[EmbeddedNats]:
     await bus.ensure_topology(js, partitions=4)
     started = ev.RunStarted(run_id=RUN, seq=0, ts=1.0, input="t", actor=AGENT)
     await RunLog(js).create(started)
-    await (await bus.runs_kv(js)).put(RUN, b"indexed")
+    await (await runs_kv(js)).put(RUN, b"indexed")
     await (await js.key_value("threads")).put(thread_key(AGENT, "seeded"), b"thread")
     await put_schedule(js, make_schedule("seeded", AGENT, "x", every="1h", paused=True))
     for i in range(len(ROLES) + 2):
@@ -354,7 +357,7 @@ async def test_tasks_and_commands_share_the_agent_partition(seeded: EmbeddedNats
         subjects = (await js.stream_info(TASKS, subjects_filter="tasks.*.zeta.>")).state.subjects
     finally:
         await bus.close(nc)
-    p = bus.partition_of("zeta", 4)
+    p = partition_of("zeta", 4)
     assert subjects == {f"tasks.{p}.zeta.agents.tasks.zeta": 1, f"tasks.{p}.zeta.ops.operator.zeta": 1}
 
 
@@ -370,19 +373,19 @@ async def test_a_fork_by_a_role_that_may_not_write_events_is_refused(secured: Em
     try:
         js = admin.jetstream()
         await ensure_topology(js, partitions=2, tool_ack_wait=2.0)
-        await bus.runs_kv(js)
+        await runs_kv(js)
         started = ev.RunStarted(run_id="rauthfork", seq=0, ts=1.0, actor="calc", input="x")
         requested = ev.ModelRequested(run_id="rauthfork", seq=1, ts=2.0, actor="calc",
                                       request_id="rauthfork/1", turn=1)
         await RunLog(js).write_run([started, requested])
-        before = (await js.stream_info(bus.EVENTS)).state.messages
+        before = (await js.stream_info(EVENTS)).state.messages
         operator = await as_role(secured.url, "operator", [])
         try:
             with pytest.raises(ForkError, match=r"(?i)could not be written.*permissions violation"):
                 await fork(operator.jetstream(), "rauthfork", 2)
         finally:
             await bus.close(operator)
-        assert (await js.stream_info(bus.EVENTS)).state.messages == before
+        assert (await js.stream_info(EVENTS)).state.messages == before
     finally:
         await bus.close(admin)
 

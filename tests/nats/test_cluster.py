@@ -16,7 +16,6 @@ from runtime.nats.cluster import CONFIG_ENV, CONFIG_TEMPLATE, LocalCluster
 from runtime.nats.connection import close, connect
 from runtime.nats.subjects import (
     DLQ,
-    ENV_REPLICAS,
     EVENTS,
     HDR_MSG_ID,
     PAYLOADS_BUCKET,
@@ -26,7 +25,7 @@ from runtime.nats.subjects import (
     TOOLS,
     WORKERS_CONSUMER,
 )
-from runtime.nats.topology import ensure_topology, read_topology
+from runtime.nats.topology import ENV_REPLICAS, ensure_topology, read_topology
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The latency proxy (`runtime.testing.latency`) that `bench/latency.py` puts between every process and NATS:
+"""The latency proxy (`testbed.latency`) that `bench/latency.py` puts between every process and NATS:
 it must pass bytes intact and in order (a NATS connection through it works), and it must really delay them.
 The delay is proved by order, never by a clock threshold: a reply sent through the proxy at the same moment
 as one sent directly comes back after it."""
@@ -13,7 +13,7 @@ from nats_fixtures import nats_server  # noqa: F401
 
 from runtime.nats.connection import connect
 from runtime.nats.server import EmbeddedNats
-from runtime.testing.latency import LatencyProxy
+from testbed.latency import LatencyProxy
 
 pytestmark = pytest.mark.anyio
 

@@ -78,6 +78,10 @@ def test_the_package_exports_every_public_name() -> None:
     for name in package.__all__:
         assert getattr(package, name) is not None, name
     assert package.attach_topology.__module__ == "runtime.nats.topology"
+    # the package's face is what a program needs to get onto NATS; every other name is its module's
+    assert sorted(package.__all__) == ["EmbeddedNats", "LocalCluster", "attach_topology", "close", "connect",
+                                       "ensure_topology", "jetstream_for", "servers_from_env"]
+    assert not hasattr(package, "TASKS") and not hasattr(package, "ENV_VARS")
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         package.nope  # noqa: B018
 

@@ -14,8 +14,9 @@ import typer.main
 import yaml
 
 from runtime.cli import app
+from runtime.env import ENV_VARS
 from runtime.nats.cluster import CLUSTER_NAME, CONFIG_ENV
-from runtime.nats.subjects import ENV_VARS, TOOLS, WORKERS_CONSUMER
+from runtime.nats.subjects import TOOLS, WORKERS_CONSUMER
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -47,8 +47,8 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import SaProcess, StepModel, start_all, step_task
-from runtime.testing.scripts import APPEND_LINE, SUBMIT
+from testbed.fleet import SaProcess, StepModel, start_all, step_task
+from testbed.scripts import APPEND_LINE, SUBMIT
 
 pytestmark = pytest.mark.anyio
 PARTITIONS = 8

@@ -23,7 +23,7 @@ from runtime import events as ev
 from runtime import nats as bus
 from runtime.log import RunLog
 from runtime.testing import ScriptedModelServer
-from runtime.testing.fleet import CLI, SaProcess, start_all
+from testbed.fleet import CLI, SaProcess, start_all
 
 pytestmark = pytest.mark.anyio
 

@@ -1,9 +1,9 @@
 """Network partitions under load, on machines of their own: the short version of `bench/partitions.py`.
 
-A bed of network namespaces on a bridge (`runtime.testing.netns`, `runtime.testing.netbed`) runs a 3-node NATS
+A bed of network namespaces on a bridge (`testbed.netns`, `testbed.netbed`) runs a 3-node NATS
 cluster (R3 streams, the deploy config), two `sa host` and two `sa worker` processes, each on its own machine
 and address; the test process is the load driver and the scripted model server. While a batch of runs (a few
-workspace-writing tool steps each) is published, one fault at a time (`runtime.testing.netfaults`):
+workspace-writing tool steps each) is published, one fault at a time (`testbed.netfaults`):
 
 * a host's link goes down while it serves runs: its partitions move to the other host, it stops serving by
   itself while still cut off (seen on its own loopback: no slot, no run, no task left), and once healed it
@@ -12,7 +12,7 @@ workspace-writing tool steps each) is published, one fault at a time (`runtime.t
   outcomes (it reconnects after two AckWaits) change nothing;
 * the NATS node leading EVENTS is cut off: the other two elect a leader and the runs go on.
 
-After each phase the checker (`runtime.testing.checker`) counts, from the stores: runs lost or not completed,
+After each phase the checker (`testbed.checker`) counts, from the stores: runs lost or not completed,
 logs with a gap or a fork, logs `verify` does not re-fold, recorded model calls made again, workspace writes
 applied other than once, failed tools, anything left in flight. Every count must be 0. No timing is asserted:
 the recovery times are measured by the benchmark (`bench/partitions.py`) and written in the README.
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.testing.checker import anomalies
-from runtime.testing.fleet import StepModel
-from runtime.testing.netbed import Bed
-from runtime.testing.netfaults import Load, cut_host, cut_nats, cut_worker, phase
-from runtime.testing.netns import unavailable
+from testbed.checker import anomalies
+from testbed.fleet import StepModel
+from testbed.netbed import Bed
+from testbed.netfaults import Load, cut_host, cut_nats, cut_worker, phase
+from testbed.netns import unavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.partitions]
 

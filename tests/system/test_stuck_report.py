@@ -1,5 +1,5 @@
 """What a partition phase whose runs do not end prints beside the stuck runs' last events
-(`runtime.testing.netfaults.stuck_report`): the log lines of every process naming each stuck run, and where
+(`testbed.netfaults.stuck_report`): the log lines of every process naming each stuck run, and where
 the work queues stand. It is the only evidence a CI machine leaves, so it is checked here on a real server,
 with a job left in TOOLS and held by nobody."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from runtime.nats.subjects import TOOLS, WORKERS_CONSUMER
 from runtime.nats.topology import ensure_topology
-from runtime.testing.netfaults import stuck_report
+from testbed.netfaults import stuck_report
 
 pytestmark = pytest.mark.anyio
 
@@ -63,7 +63,7 @@ async def test_waiting_for_runs_to_end_outlasts_a_cluster_that_does_not_answer_y
 
     from runtime.nats.kv import runs_kv
     from runtime.nats.records import RunIndex
-    from runtime.testing import netfaults
+    from testbed import netfaults
 
     bucket = await runs_kv(js)
     for run_id in ("r1", "r2"):

@@ -33,8 +33,7 @@ from runtime.jobs import ToolJob
 from runtime.log import RunLog
 from runtime.nats.subjects import EVENTS, TOOLS
 from runtime.nats.topology import ensure_topology
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
 from runtime.tools import ScriptTool
 from runtime.tools.hosted import HostedPythonTool, RetryPolicy
 from runtime.worker import build_registry

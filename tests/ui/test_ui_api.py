@@ -25,6 +25,7 @@ from runtime import nats as bus
 from runtime.client import Client
 from runtime.commands import publish_task
 from runtime.log import RunLog
+from runtime.nats.subjects import EVENTS
 from runtime.nats.topology import ensure_topology
 from runtime.ui.app import create_app
 from runtime.ui.export import embed_json
@@ -40,7 +41,7 @@ async def _runs(client: httpx.AsyncClient, **params: str) -> list[dict[str, Any]
 
 async def _consumers_of(js: Any, run_id: str) -> list[str]:
     """The EVENTS consumers whose filter names this run (the live views' ordered consumers)."""
-    return [c.name for c in await js.consumers_info(bus.EVENTS)
+    return [c.name for c in await js.consumers_info(EVENTS)
             if run_id in (c.config.filter_subject or "")]
 
 

@@ -27,10 +27,11 @@ from runtime.commands import (
 )
 from runtime.host.leases import LeaseConfig
 from runtime.log import RunLog
+from runtime.nats.kv import kv_entries, runs_kv
+from runtime.nats.records import RunIndex
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.subjects import EVENTS
-from runtime.testing import Reply, ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
+from runtime.testing import Reply, ScriptedModelServer, hermes_call, last_message
 from tests.host_helpers import SUBMIT, hosts, running_host, running_worker, wait_until
 from tests.nats.test_auth import creds, secured_fleet
 
@@ -133,8 +134,8 @@ async def test_the_parent_completes_with_the_child_output_and_the_child_names_it
     from runtime.log import RunLog
     from runtime.ui.views import subruns
 
-    entries = await bus.kv_entries(await bus.runs_kv(js))
-    index = {key: bus.RunIndex.decode(e.value) for key, e in entries.items() if e.value}
+    entries = await kv_entries(await runs_kv(js))
+    index = {key: RunIndex.decode(e.value) for key, e in entries.items() if e.value}
     assert subruns(parent, events, index)["children"] == [
         {"run_id": child.run_id, "call_id": done.call_id.rsplit("/", 1)[-1], "agent": "helper",
          "status": index[child.run_id].status}]

@@ -22,8 +22,7 @@ from runtime.log import RunLog
 from runtime.nats.pull import fetch_batch
 from runtime.nats.subjects import TOOLS, WORKERS_CONSUMER
 from runtime.nats.topology import ensure_topology
-from runtime.testing import ScriptedModelServer, last_message
-from runtime.testing.fleet import hermes_call
+from runtime.testing import ScriptedModelServer, hermes_call, last_message
 from runtime.worker import Worker, build_registry
 from runtime.worker.registry import ToolVersion
 from runtime.worker.stats import Beat, WorkerStats

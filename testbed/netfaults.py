@@ -1,5 +1,5 @@
-"""Faults under load on a `runtime.testing.netbed.Bed`: each phase publishes a batch of step tasks while one
-fault happens, waits until every run of the batch ended, and counts anomalies (`runtime.testing.checker`).
+"""Faults under load on a `testbed.netbed.Bed`: each phase publishes a batch of step tasks while one
+fault happens, waits until every run of the batch ended, and counts anomalies (`testbed.checker`).
 
     bed = await Bed(root, responder=model).astart()
     result = await phase(bed, model, "host cut", cut_host, runs=40, window=6.0)
@@ -40,9 +40,9 @@ from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv, kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 from runtime.nats.subjects import EVENTS, LEASES_BUCKET, RESULTS, TOOLS, WORKERS_CONSUMER, parse_lease_key
-from runtime.testing.checker import check, read_stores
-from runtime.testing.fleet import StepModel, step_task
-from runtime.testing.netbed import Bed
+from testbed.checker import check, read_stores
+from testbed.fleet import StepModel, step_task
+from testbed.netbed import Bed
 
 Fault = Callable[[Bed], Awaitable[tuple[float | None, dict[str, Any]]]]
 POLL_S = 0.1
@@ -55,7 +55,7 @@ class Result:
     notes: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     ended_s: float = 0.0  # from the phase's first publish until every run of it ended
-    details: list[str] = field(default_factory=list)  # each anomaly described (`runtime.testing.checker`)
+    details: list[str] = field(default_factory=list)  # each anomaly described (`testbed.checker`)
 
 
 class Load:

@@ -3,7 +3,7 @@
     counts = await check(js, runs, model, bundle=path, workspace="wsnet")
     assert not anomalies(counts), counts
 
-`runs` maps a `runtime.testing.fleet.step_task` index to (run id, steps). What is counted, from the stores
+`runs` maps a `testbed.fleet.step_task` index to (run id, steps). What is counted, from the stores
 themselves (never from a process's word):
 
 * ``lost``: a run with no events or no terminal event; ``not_completed``: one that ended otherwise;
@@ -40,7 +40,7 @@ from runtime.log import RunLog
 from runtime.nats.kv import fleet_kv, kv_entries, workspace_kv
 from runtime.nats.retry import retrying
 from runtime.nats.subjects import ACTIVE_BUCKET, TOOLS, WORKERS_CONSUMER, workspace_bucket
-from runtime.testing.fleet import StepModel
+from testbed.fleet import StepModel
 
 ANOMALIES = ("lost", "not_completed", "terminals", "gaps", "unverified", "model_repeats", "turns",
              "duplicate_effects", "tool_failures", "in_flight")
@@ -48,7 +48,7 @@ TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 CHECK_PATIENCE_S = 60.0  # how long a read of the stores may keep failing before the check itself fails
 IN_FLIGHT_PATIENCE_S = 30.0  # how long what is in flight when the runs ended may take to settle
 
-log = logging.getLogger("runtime.testing")
+log = logging.getLogger("testbed")
 T = TypeVar("T")
 
 

@@ -2,7 +2,7 @@
 
     async with LatencyProxy("127.0.0.1", 4222, rtt_ms=5) as proxy:   # proxy.url: nats://127.0.0.1:<port>
         ...                                                          # connect through it
-    python -m runtime.testing.latency --target 127.0.0.1:4222 --rtt-ms 5 [--port-file F]   # its own process
+    python -m testbed.latency --target 127.0.0.1:4222 --rtt-ms 5 [--port-file F]   # its own process
 
 Why: a tool turn's cost in round trips to NATS is invisible on loopback (a round trip there is ~0.1 ms, lost
 in the CPU time around it). With every process talking to NATS through this proxy, each sequential round trip

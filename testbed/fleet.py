@@ -7,14 +7,13 @@ same thing.
     host = SaProcess("host0", ["host", bundle], url, log, ready="sa host: serving")
     host.start(); host.wait_ready(); ...; host.kill9(); host.start(); host.wait_ready(); host.stop()
 
-A `step_task` run makes `steps` calls of the `step` tool (`runtime.testing.scripts.APPEND_LINE`, one
+A `step_task` run makes `steps` calls of the `step` tool (`testbed.scripts.APPEND_LINE`, one
 workspace write each), then calls `submit`; every model request is recorded with its arrival time, the
 run's index and how many steps it had done, so a test can tell a repeated request for a recorded step.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -26,15 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.testing.scripted_model import Reply
+from runtime.testing import Reply, hermes_call
 
 CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 _TASK = re.compile(r"fault (\d+) steps (\d+) spin (\d+) delay (\d+)")
-
-
-def hermes_call(name: str, arguments: dict[str, Any]) -> str:
-    """A tool call written the way the hermes adapter parses it."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def step_task(index: int, *, steps: int, spin: int, delay_ms: int) -> str:
@@ -71,7 +65,7 @@ class SaProcess:
     def __init__(self, name: str, args: list[str], url: str, log: Path, ready: str,
                  prefix: list[str] | None = None) -> None:
         self.name, self.args, self.url, self.log, self.ready = name, args, url, log, ready
-        self.prefix = prefix or []  # e.g. `ip netns exec NS`: run it on a machine of `runtime.testing.netns`
+        self.prefix = prefix or []  # e.g. `ip netns exec NS`: run it on a machine of `testbed.netns`
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0
         self.id = ""  # a host's lease id, from its ready line
@@ -125,4 +119,4 @@ def start_all(procs: list[SaProcess], timeout: float = 90.0) -> None:
         p.wait_ready(timeout)
 
 
-__all__ = ["CLI", "SaProcess", "StepModel", "hermes_call", "start_all", "step_task"]
+__all__ = ["CLI", "SaProcess", "StepModel", "start_all", "step_task"]

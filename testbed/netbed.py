@@ -1,5 +1,5 @@
 """A fleet on machines of its own: a 3-node NATS cluster (R3 streams), `sa host`s and `sa worker`s, each on
-its own network namespace (`runtime.testing.netns`), so a test can cut one off while it stays alive.
+its own network namespace (`testbed.netns`), so a test can cut one off while it stays alive.
 
     bed = Bed(tmp_path, responder=StepModel(), hosts=2, workers=2, partitions=8)
     await bed.astart()                 # machines, cluster, topology, scripted model, hosts, workers
@@ -31,9 +31,9 @@ from runtime.nats.connection import close, connect
 from runtime.nats.retry import retrying, wait_until
 from runtime.nats.server import find_nats_server, monitor_get
 from runtime.nats.topology import ensure_topology
-from runtime.testing.fleet import SaProcess
-from runtime.testing.netns import Machine, Network
-from runtime.testing.scripted_model import Responder, ScriptedModelServer
+from runtime.testing import Responder, ScriptedModelServer
+from testbed.fleet import SaProcess
+from testbed.netns import Machine, Network
 
 CLIENT, ROUTE, MONITOR, METRICS = 4222, 6222, 8222, 9464
 
@@ -166,7 +166,7 @@ class Bed:
     def write_bundle(self, base_url: str) -> Path:
         folder = self.root / "bundle"
         (folder / "tools").mkdir(parents=True, exist_ok=True)
-        from runtime.testing.scripts import APPEND_LINE, SUBMIT
+        from testbed.scripts import APPEND_LINE, SUBMIT
 
         (folder / "tools" / "step.pym").write_text(APPEND_LINE)
         (folder / "tools" / "submit.pym").write_text(SUBMIT)
