@@ -205,7 +205,8 @@ def test_an_invalid_output_schema_is_refused_at_load_naming_the_file_the_field_a
     assert any(path == "tools[1].output_model" and "pattern: not a regular expression" in msg
                for path, msg in found)
     named = [msg for path, msg in found if path == "output_models.Report"]
-    assert any("properties.answer.type: 'strin' is not a JSON type (did you mean 'string'?)" in m for m in named)
+    assert any("properties.answer.type: 'strin' is not a JSON type (did you mean 'string'?)" in m
+               for m in named)
     assert any("required: expected array" in m for m in named)
 
 
