@@ -41,11 +41,22 @@ run stores only the new task: a thread's storage grows with its new messages, ne
 A run that starts a long thread from a summary has it in `run.started` (`summary` replaces the first
 `summarised` earlier messages).
 
-A run ends on: a successful call of the configured terminal tool (its output is the run's output), a
-model reply with no tool calls (its text is the output), `max_turns` turns, the task's deadline (the
-latest event's `ts` is past `run.started.ts + timeout_s`), `max_consecutive_errors` errors in a row
-(a failed model call, an unparseable reply, or a turn whose calls all failed), a token budget spent
+A run ends on: a successful call of the configured terminal tool (its output is the run's output); for
+a run without a terminal tool, a model reply with no tool calls (its text is the output); `max_turns`
+turns, the task's deadline (the latest event's `ts` is past `run.started.ts + timeout_s`),
+`max_consecutive_errors` errors in a row (a failed model call, an unparseable reply, a turn whose calls
+all failed, or a reply in text where a terminal call was required), a token budget spent
 (`budget_exceeded`), or `run.cancelled`.
+
+A reply in text where a terminal tool is configured: the run must end with what the terminal tool
+returns (its output is checked against the tool's output model), so a reply without calls is not an
+ending but a model error, handled as an unparseable reply is: recorded as the model gave it, the model
+is told that a call of the terminal tool is required (a user message, recorded in the next
+`model.requested`), and the turn counts as an error. A model that keeps answering in text runs into
+`max_consecutive_errors` or `max_turns`, and the run then fails `no_terminal_call`, naming the tool. Why
+in the kernel: any server that ignores the decoding constraint (a `structural_tag` strategy, a server
+without structured outputs) can answer in text, and no runner may complete such a run with a string
+where a typed answer was promised. Logs of runs without a terminal tool fold exactly as before.
 
 Budgets: the run's own (`KernelConfig.token_budget`: the tokens its model replies counted) is checked
 before each model call, from the folded usage. A budget the kernel cannot see (an agent's tokens per day,
@@ -299,6 +310,7 @@ def tool_calls(run_id: str, turn: int, parsed: Iterable[tuple[str, dict[str, Any
 # ── state ─────────────────────────────────────────────────────────────────────────────────────────────
 
 BUDGET_EXCEEDED = "budget_exceeded"  # a run's ending, and the `model.failed` kind that reports a spent budget
+NO_TERMINAL_CALL = "no_terminal_call"  # a run's ending: text where its terminal tool had to be called
 
 Status = Literal["new", "running", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})  # the statuses of a run that ended
@@ -339,6 +351,8 @@ class Turn:
     content: str = ""
     calls: tuple[ToolCall, ...] = ()
     parse_error: str | None = None
+    # a reply with no calls where the run ends only through the terminal tool: a model error, not an ending
+    missed_terminal: bool = False
     called: frozenset[str] = frozenset()
     results: Mapping[str, ToolResult] = field(default_factory=dict)  # call id -> result (copy on write)
     approvals_requested: frozenset[str] = frozenset()
@@ -609,6 +623,10 @@ def _responded(state: State, ev: ModelResponded) -> State:
         )
         turn = replace(turn, responded=True, content=ev.text, parse_error=ev.parse_error)
         messages = (*state.messages, said, told)
+    elif not ev.calls and state.config.terminal_tool is not None:
+        text = ev.content or ev.text
+        turn = replace(turn, responded=True, content=text, missed_terminal=True)
+        messages = (*state.messages, Message("assistant", text), _terminal_required(state.config))
     else:
         turn = replace(
             turn, responded=True, content=ev.content, calls=ev.calls, policy_snapshot=state.policy_states
@@ -619,6 +637,15 @@ def _responded(state: State, ev: ModelResponded) -> State:
         state.usage.completion_tokens + ev.usage.completion_tokens,
     )
     return replace(state, turn=turn, messages=messages, usage=usage)
+
+
+def _terminal_required(cfg: KernelConfig) -> Message:
+    """What the model is told after a reply in text when the run ends only through the terminal tool."""
+    return Message(
+        "user",
+        f"Error [{NO_TERMINAL_CALL}]: a reply without a tool call does not finish this task. Call the tool "
+        f"{cfg.terminal_tool} with your answer.",
+    )
 
 
 def _result(state: State, call_id: str, result: ToolResult) -> State:
@@ -640,7 +667,8 @@ def _turn_completed(state: State, ev: TurnCompleted) -> State:
         Message("tool", turn.results[c.id].for_model(), tool_call_id=c.id, name=c.name) for c in turn.calls
     )
     errors = state.consecutive_errors
-    if turn.parse_error is not None or (turn.calls and not any(turn.results[c.id].ok for c in turn.calls)):
+    if turn.parse_error is not None or turn.missed_terminal or \
+            (turn.calls and not any(turn.results[c.id].ok for c in turn.calls)):
         errors += 1
     elif turn.calls:
         errors = 0
@@ -678,6 +706,9 @@ def decide(state: State) -> list[Decision]:
             return [RunFailed(run_id=run, reason=BUDGET_EXCEEDED,
                               detail=f"the run's token budget of {cfg.token_budget:,} is spent ({spent:,} "
                                      "tokens used)")]
+        if (state.consecutive_errors >= cfg.max_consecutive_errors or state.turns >= cfg.max_turns) and \
+                state.last is not None and state.last.missed_terminal:
+            return [_no_terminal_call(state, state.last)]
         if state.consecutive_errors >= cfg.max_consecutive_errors:
             return [RunFailed(
                 run_id=run, reason="consecutive_errors",
@@ -689,8 +720,9 @@ def decide(state: State) -> list[Decision]:
 
 
 def _finished(cfg: KernelConfig, last: Turn) -> tuple[Any] | None:
-    """(output,) when the completed turn ends the run: a successful terminal call or a plain answer."""
-    if last.parse_error is not None:
+    """(output,) when the completed turn ends the run: a successful terminal call, or a plain answer when
+    there is no terminal tool."""
+    if last.parse_error is not None or last.missed_terminal:
         return None
     if not last.calls:
         return (last.content,)
@@ -698,6 +730,20 @@ def _finished(cfg: KernelConfig, last: Turn) -> tuple[Any] | None:
         if call.name == cfg.terminal_tool and last.results[call.id].ok:
             return (last.results[call.id].output,)
     return None
+
+
+def _no_terminal_call(state: State, last: Turn) -> RunFailed:
+    """The ending of a run whose budget of errors or turns ran out on a reply in text where a call of the
+    terminal tool was required: it names the tool, the budget and what the model said last."""
+    cfg = state.config
+    if state.consecutive_errors >= cfg.max_consecutive_errors:
+        spent = f"{state.consecutive_errors} errors in a row (limit {cfg.max_consecutive_errors})"
+    else:
+        spent = f"{state.turns} turns (limit {cfg.max_turns})"
+    said = last.content if len(last.content) <= 200 else last.content[:197] + "..."
+    return RunFailed(run_id=state.run_id, reason=NO_TERMINAL_CALL,
+                     detail=f"the model replied in text instead of calling the terminal tool "
+                            f"{cfg.terminal_tool!r}, {spent}; its last reply: {said!r}")
 
 
 def _call_model(state: State, turn: Turn) -> CallModel:
@@ -913,6 +959,7 @@ def _denial(cfg: KernelConfig, turn: Turn, policy_states: Sequence[Any], call: T
 __all__ = [
     "BUDGET_EXCEEDED",
     "DECIDED_TYPES",
+    "NO_TERMINAL_CALL",
     "TERMINAL",
     "CallModel",
     "CallTools",

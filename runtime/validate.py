@@ -6,7 +6,9 @@ pattern, minimum / maximum / exclusiveMinimum / exclusiveMaximum / multipleOf, a
 not, and local `$ref`s (`#/$defs/...`, `#/definitions/...`). Annotations (title, description, default,
 examples, format, ...) are accepted and ignored. `unsupported_keywords(schema)` names any other keyword,
 so an output schema that asks for something this validator would not check is refused up front rather
-than silently passed.
+than silently passed; `schema_problems(schema)` checks the keywords' values (a `type` that is no JSON
+type, a `required` that is not a list of names, a `pattern` that does not compile, a `$ref` that does
+not resolve), so a schema that would fail every value is refused where it is written, not on every call.
 
 Errors read like `tags[1]: expected string, got integer 3`, with the path from the root.
 
@@ -17,6 +19,7 @@ loop, and none of them should load Monty (the sandbox package starts it on impor
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import operator
@@ -26,7 +29,7 @@ from typing import Any
 
 from runtime.jsontypes import is_type, json_type
 
-__all__ = ["describe_value", "unsupported_keywords", "validate"]
+__all__ = ["describe_value", "schema_problems", "unsupported_keywords", "validate"]
 
 _CHECKED = {
     "type",
@@ -98,6 +101,85 @@ def unsupported_keywords(schema: Any, path: str = "#") -> list[str]:
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
             for name, sub in value.items():
                 found += unsupported_keywords(sub, f"{path}/{key}/{name}")
+    return found
+
+
+JSON_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+_COUNT = {"type": "integer", "minimum": 0}
+_SCHEMAS = {"type": "array", "items": {"$ref": "#"}, "minItems": 1}
+_NAMED_SCHEMAS = {"type": "object", "additionalProperties": {"$ref": "#"}}
+_TEXT = {"type": "string"}
+_FLAG = {"type": "boolean"}
+_NUMBER = {"type": "number"}
+# The metaschema of the keywords this validator checks (JSON Schema 2020-12's rules for their values), itself
+# checked by `validate`: why not the `jsonschema` package's metaschema check, this validator is the one that
+# runs the schemas (tool arguments, results, answers), so a schema is valid exactly when it can run it.
+METASCHEMA: dict[str, Any] = {
+    "type": ["object", "boolean"],
+    "properties": {
+        # which names are JSON types is `schema_problems`'s to say, with the close one
+        "type": {"type": ["string", "array"], "items": _TEXT, "minItems": 1, "uniqueItems": True},
+        "enum": {"type": "array"},
+        "properties": _NAMED_SCHEMAS, "$defs": _NAMED_SCHEMAS, "definitions": _NAMED_SCHEMAS,
+        "required": {"type": "array", "items": _TEXT, "uniqueItems": True},
+        "additionalProperties": {"$ref": "#"}, "items": {"$ref": "#"}, "not": {"$ref": "#"},
+        "prefixItems": _SCHEMAS, "anyOf": _SCHEMAS, "oneOf": _SCHEMAS, "allOf": _SCHEMAS,
+        "minItems": _COUNT, "maxItems": _COUNT, "minLength": _COUNT, "maxLength": _COUNT,
+        "minProperties": _COUNT, "maxProperties": _COUNT, "uniqueItems": _FLAG,
+        "minimum": _NUMBER, "maximum": _NUMBER, "exclusiveMinimum": _NUMBER, "exclusiveMaximum": _NUMBER,
+        "multipleOf": {"type": "number", "exclusiveMinimum": 0},
+        "pattern": _TEXT, "$ref": _TEXT, "title": _TEXT, "description": _TEXT, "format": _TEXT,
+        "$schema": _TEXT, "$id": _TEXT, "$comment": _TEXT,
+        "deprecated": _FLAG, "readOnly": _FLAG, "writeOnly": _FLAG,
+    },
+}
+
+
+def schema_problems(schema: Any) -> list[str]:
+    """Why `schema` is not a JSON Schema this validator can run, as `path: problem` strings ([] if it is):
+    a keyword whose value breaks `METASCHEMA`, a `type` that names no JSON type (with the close one), a
+    `pattern` that is no regular expression, a `$ref` that does not resolve. Keywords it does not check at
+    all are `unsupported_keywords`'s to name."""
+    problems = validate(schema, METASCHEMA, max_errors=20)
+    for path, node in _subschemas(schema, ""):
+        kinds = node.get("type") if isinstance(node, dict) else None
+        for kind in kinds if isinstance(kinds, list) else [kinds]:
+            if isinstance(kind, str) and kind not in JSON_TYPES:
+                close = difflib.get_close_matches(kind, JSON_TYPES, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(f"{_where(_keyword(path, 'type'))}{kind!r} is not a JSON type{hint}; the "
+                                f"types are {', '.join(JSON_TYPES)}")
+        if isinstance(node, dict) and isinstance(node.get("pattern"), str):
+            try:
+                re.compile(node["pattern"])
+            except re.error as e:
+                problems.append(f"{_where(_keyword(path, 'pattern'))}not a regular expression: {e}")
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            try:
+                _resolve_ref(node["$ref"], schema)
+            except ValueError as e:
+                problems.append(f"{_where(_keyword(path, '$ref'))}{e}")
+    return problems
+
+
+def _keyword(path: str, keyword: str) -> str:
+    return f"{path}.{keyword}" if path else keyword
+
+
+def _subschemas(schema: Any, path: str) -> list[tuple[str, Any]]:
+    """`schema` and every schema inside it, each with its path (as `validate` writes paths)."""
+    found = [(path, schema)]
+    if not isinstance(schema, dict):
+        return found
+    for key, value in schema.items():
+        if key in _SCHEMA_VALUED and isinstance(value, dict):
+            found += _subschemas(value, _join(path, key))
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                found += _subschemas(sub, _join(_join(path, key), i))
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                found += _subschemas(sub, _join(_join(path, key), str(name)))
     return found
 
 

@@ -38,9 +38,11 @@ NOTE = APPEND_LINE  # as `note.pym`: a line appended to /data/log.txt
 
 
 def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("calculator",),
-                 extra: str = "", base_url: str = "http://127.0.0.1:9/v1") -> Path:
+                 extra: str = "", base_url: str = "http://127.0.0.1:9/v1",
+                 terminal: str | None = "submit") -> Path:
     """A bundle using the hermes adapter with `agents/calculator.pym` (and/or a workspace `note` tool)
-    plus a `submit` terminal tool; returns the bundle file."""
+    plus a `submit` tool, its terminal tool unless `terminal` says otherwise (None: a run ends on a reply in
+    text, as a bundle without a terminal tool does); returns the bundle file."""
     folder = root / name
     (folder / "tools").mkdir(parents=True, exist_ok=True)
     (folder / "tools" / "submit.pym").write_text(SUBMIT)
@@ -50,11 +52,12 @@ def write_bundle(root: Path, name: str = "calc", *, tools: tuple[str, ...] = ("c
     if "note" in tools:
         (folder / "tools" / "note.pym").write_text(NOTE)
         entries.append("  - tools/note.pym")
+    ending = f"terminal_tool: {terminal}, " if terminal else ""
     text = (f"name: {name}\nsystem_prompt: You compute things with tools.\n"
             f"model: {{adapter: hermes, base_url: '{base_url}', name: scripted}}\n"
             "constraint: {strategy: ebnf}\n"
             "tools:\n" + "\n".join(entries) + "\n"
-            "termination: {terminal_tool: submit, max_turns: 6}\n" + extra)
+            f"termination: {{{ending}max_turns: 6}}\n" + extra)
     path = folder / "bundle.yaml"
     path.write_text(text)
     return path

@@ -165,6 +165,8 @@ class _Found:
             message = e.error.message.replace("the description (the docstring's first paragraph)",
                                               "the description")
             self.problems.append((f"{where}.description", message))
+            return
+        self._parameters(tool.name, where)
 
     def python(self, where: str, entry: ToolEntry) -> None:
         """A `python:` entry."""
@@ -176,6 +178,7 @@ class _Found:
             return
         self._approval(hosted.name, entry, where)
         self.tools[hosted.name] = hosted
+        self._parameters(hosted.name, where)
 
     def agent(self, where: str, entry: ToolEntry) -> None:
         """An `agent:` entry."""
@@ -186,6 +189,18 @@ class _Found:
             self.problems.append((where, f"two tools are named {delegate.name!r}"))
             return
         self.tools[delegate.name] = delegate
+        self._parameters(delegate.name, where)
+
+    def _parameters(self, name: str, where: str) -> None:
+        """The tool's parameter schema (derived from its inputs or type hints) must be one the argument
+        check and the decoding constraint can use: a bad one would refuse every call, so it is refused
+        here."""
+        from runtime.validate import schema_problems
+
+        tool = self.tools[name]
+        for p in schema_problems(tool.schema.parameters):
+            self.problems.append((where, f"the parameter schema of tool {name!r} is not a valid JSON "
+                                         f"Schema: {p}"))
 
     def _own_limits(self, entry: ToolEntry, where: str) -> Limits | None:
         """The entry's `limits:` (None when it has none, or after recording why they are invalid)."""

@@ -64,14 +64,16 @@ def output_model_value(ref: Any, named: dict[str, Any], root: Path, path: str,
 
 
 def _schema(ref: dict[str, Any], path: str, problems: list[Problem]) -> dict[str, Any] | None:
-    """An inline JSON Schema, if the result validator checks every keyword it uses."""
-    from runtime.validate import unsupported_keywords
+    """An inline JSON Schema, if it is one (`schema_problems`) and the result validator checks every
+    keyword it uses: a schema no result could pass is refused here, not on every call of the tool."""
+    from runtime.validate import schema_problems, unsupported_keywords
 
     bad = unsupported_keywords(ref)
     if bad:
         problems.append((path, f"JSON Schema keywords not supported: {', '.join(bad)}"))
-        return None
-    return ref
+    invalid = schema_problems(ref)
+    problems.extend((path, f"not a valid JSON Schema: {p}") for p in invalid)
+    return None if bad or invalid else ref
 
 
 def _model_class(ref: str, root: Path, path: str, problems: list[Problem]) -> type[BaseModel] | None:

@@ -12,7 +12,8 @@ Three strategies, named by what the model may write:
   tool such as `submit_result`.
 - `structural_tag`: free prose, and whenever the model starts a call (the family's trigger, e.g.
   `<tool_call>`), that call must be complete and valid. Sent as `{"structural_tag": "<json text>"}`.
-  A reply with no call is a final answer.
+  A reply with no call is a final answer for an agent without a terminal tool; with one, the kernel
+  tells the model to call it and asks again (`runtime.kernel`, `no_terminal_call`).
 - `json_schema`: one JSON document `{"name": ..., "arguments": {...}}` (an array of them with
   `allow_parallel_calls`). Sent as `{"json": <schema>}`. Every adapter parses this form.
 

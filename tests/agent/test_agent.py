@@ -155,3 +155,57 @@ async def test_a_bundle_s_externals_factory_binds_its_scripts_externals_in_proce
     done = stamped[0]
     assert isinstance(done, ev.ToolCompleted), done
     assert done.output == {"stamped": "HELLO", "key": f"{done.call_id}#1"}  # the call's first external call
+
+
+TEXT = "I am not a tool call at all }}}{{"
+REPORT = '''\
+"""Report the answer."""
+from grail import Input
+
+answer: str = Input("answer", description="the answer")
+
+{"answer": answer, "length": len(answer)}
+'''
+
+
+def typed_bundle(root: Path) -> Path:
+    """Issue 36's bundle: a run must end through the terminal tool `report`, whose output model types it."""
+    (root / "tools").mkdir(parents=True)
+    (root / "tools" / "report.pym").write_text(REPORT)
+    (root / "bundle.yaml").write_text(
+        "name: typed\nsystem_prompt: Answer with report.\n"
+        "model: {adapter: hermes, base_url: 'http://127.0.0.1:9/v1', name: scripted}\n"
+        "constraint: {strategy: structural_tag}\n"
+        "tools:\n  - path: tools/report.pym\n"
+        "    output_model: {type: object, properties: {answer: {type: string}, length: {type: integer}},\n"
+        "                   required: [answer, length]}\n"
+        "termination: {terminal_tool: report, max_turns: 6, max_consecutive_errors: 3}\n")
+    return root
+
+
+async def test_a_server_that_answers_in_text_fails_a_run_that_must_end_with_a_typed_answer(tmp_path: Path):
+    """Issue 36: the model server ignores the decoding constraint and writes text. The run is told, asked
+    again, and fails `no_terminal_call`: it never completes with the text as its output."""
+    with ScriptedModelServer(responder=lambda body: TEXT) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            agent = Agent.from_bundle(typed_bundle(tmp_path), client=client)
+            result = await agent.run("What is the answer?")
+        requests = server.requests
+    assert result.status == "failed" and not result.ok and result.output is None
+    assert result.reason is not None and result.reason.startswith("no_terminal_call")
+    assert "'report'" in result.reason
+    assert not any(isinstance(e, ev.RunCompleted) for e in result.events)
+    assert len(requests) == 3  # asked again up to max_consecutive_errors
+    told = requests[1]["messages"][-1]
+    assert told["role"] == "user" and "Call the tool report" in told["content"]
+    report = verify(agent.config, result.events)
+    assert report.ok, report.problems
+
+
+async def test_a_model_told_after_a_text_reply_ends_with_the_typed_answer(tmp_path: Path):
+    replies = [TEXT, hermes_call("report", {"answer": "forty-two"})]
+    with ScriptedModelServer(replies) as server:
+        async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
+            agent = Agent.from_bundle(typed_bundle(tmp_path), client=client)
+            result = await agent.run("What is the answer?")
+    assert result.ok and result.output == {"answer": "forty-two", "length": 9}

@@ -176,7 +176,8 @@ async def test_calls_run_concurrently_up_to_the_limit():
 
     tools = [PythonTool(slow)]
     openai = get_adapter("openai")
-    replies = [Reply.tool_calls_of([("slow", {"n": i}) for i in range(5)]), "done"]
+    replies = [Reply.tool_calls_of([("slow", {"n": i}) for i in range(5)]),
+               Reply.tool_call("submit_result", {"answer": "done"})]
     with ScriptedModelServer(replies) as server:
         async with client_for(server) as client:
             cfg = make_config(tools, max_concurrent_tools=2)
@@ -184,7 +185,7 @@ async def test_calls_run_concurrently_up_to_the_limit():
                 ev.Task(agent="a", input="go"), cfg, client=client, adapter=openai, tools=tools
             )
     assert outcome.ok and peak == 2
-    completed = [e for e in outcome.events if isinstance(e, ev.ToolCompleted)]
+    completed = [e for e in outcome.events if isinstance(e, ev.ToolCompleted) and e.tool == "slow"]
     assert sorted(e.output for e in completed) == [0, 1, 2, 3, 4]
     tool_msgs = [m for m in outcome.events if isinstance(m, ev.ModelRequested)][1].messages[1:]
     assert [m.content for m in tool_msgs] == ["0", "1", "2", "3", "4"]  # call order, not finish order

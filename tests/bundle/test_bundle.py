@@ -180,6 +180,47 @@ def test_an_output_model_that_does_not_import_says_which_module_and_why(tmp_path
     assert "has no 'NoSuchModel'" in got["tools[1].output_model"]
 
 
+def test_an_invalid_output_schema_is_refused_at_load_naming_the_file_the_field_and_the_fix(tmp_path: Path
+                                                                                         ) -> None:
+    """Issue 36 #7: `type: objekt` was accepted, and then every call of the tool failed its output check."""
+    body = """\
+        name: typed
+        output_models:
+          Report: {type: object, properties: {answer: {type: strin}}, required: answer}
+        tools:
+          - path: tools/echo.pym
+            output_model: {type: objekt}
+          - path: tools/echo2.pym
+            output_model: {type: string, pattern: "("}
+          - path: tools/echo3.pym
+            output_model: Report
+    """
+    with pytest.raises(BundleError) as err:
+        load_bundle(write_bundle(tmp_path, body, {"echo.pym": ECHO, "echo2.pym": ECHO, "echo3.pym": ECHO}))
+    found = err.value.problems
+    text = str(err.value)
+    assert str(tmp_path / "bundle.yaml") in text
+    assert ("tools[0].output_model", "not a valid JSON Schema: type: 'objekt' is not a JSON type (did you "
+            "mean 'object'?); the types are array, boolean, integer, null, number, object, string") in found
+    assert any(path == "tools[1].output_model" and "pattern: not a regular expression" in msg
+               for path, msg in found)
+    named = [msg for path, msg in found if path == "output_models.Report"]
+    assert any("properties.answer.type: 'strin' is not a JSON type (did you mean 'string'?)" in m
+               for m in named)
+    assert any("required: expected array" in m for m in named)
+
+
+def test_a_valid_output_schema_still_loads_and_checks_results(tmp_path: Path) -> None:
+    b = load_bundle(write_bundle(tmp_path, """\
+        name: typed
+        tools:
+          - path: tools/echo.pym
+            output_model: {type: object, properties: {echo: {type: string, pattern: "^a"}}, required: [echo],
+                           $defs: {x: {type: [string, "null"]}}, additionalProperties: {$ref: "#/$defs/x"}}
+    """, {"echo.pym": ECHO}))
+    assert b.output_model_for("echo")["required"] == ["echo"]
+
+
 def test_a_data_provider_type_that_is_not_a_name_is_a_bundle_error(tmp_path: Path) -> None:
     got = problems(tmp_path, """\
         name: ok

@@ -7,10 +7,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from kernel_sim import Reply, Sim, echo_tool, schema, script
+from kernel_sim import Reply, Sim, echo_tool, schema, script, submit
 
 from runtime import events as ev
 from runtime import kernel as k
+from runtime.client.verify import verify
 from runtime.policies import ReadBeforeWritePolicy, SequentialDependencyPolicy
 from runtime.types import ToolCall, ToolResult
 
@@ -94,8 +95,8 @@ def test_kernel_and_everything_it_imports_do_no_io():
 # ── termination ───────────────────────────────────────────────────────────────────────────────────────
 
 
-def test_a_reply_without_calls_is_the_final_answer():
-    sim = Sim(config()).start().run(script(Reply("Paris")))
+def test_a_reply_without_calls_is_the_final_answer_of_a_run_without_a_terminal_tool():
+    sim = Sim(config(terminal_tool=None)).start().run(script(Reply("Paris")))
     assert sim.kinds() == [
         "run.started",
         "model.requested",
@@ -108,6 +109,65 @@ def test_a_reply_without_calls_is_the_final_answer():
     assert [m.role for m in first_request.messages] == ["system", "user"]
     assert first_request.messages[1].content == "do the task"
     assert sim.state.usage.prompt_tokens == 10
+
+
+TEXT = "I am not a tool call at all }}}{{"
+
+
+def test_a_reply_in_text_does_not_end_a_run_that_must_end_through_its_terminal_tool():
+    """Issue 36: with a terminal tool, text is a model error the model is told about, then may retry."""
+    sim = Sim(config()).start().run(script(Reply(TEXT), submit("42")))
+    assert sim.state.status == "completed" and sim.state.output == {"tool": "submit_result", "answer": "42"}
+    assert not any(isinstance(e, ev.RunCompleted) and e.output == TEXT for e in sim.events)
+    retry = [e for e in sim.events if isinstance(e, ev.ModelRequested)][1]
+    said, told = retry.messages  # recorded in the log: what the model wrote, then what it was told
+    assert (said.role, said.content) == ("assistant", TEXT)
+    assert told.role == "user" and "Error [no_terminal_call]" in told.content
+    assert "Call the tool submit_result" in told.content
+    first_turn = next(e for e in sim.events if isinstance(e, ev.TurnCompleted))
+    assert (first_turn.calls_ok, first_turn.calls_failed) == (0, 0)
+    assert verify(sim.config, sim.events).ok
+
+
+def test_a_model_that_only_answers_in_text_fails_the_run_naming_the_terminal_tool():
+    sim = Sim(config(max_consecutive_errors=3)).start().run(script(Reply(TEXT)))
+    assert sim.state.status == "failed" and not any(isinstance(e, ev.RunCompleted) for e in sim.events)
+    end = sim.events[-1]
+    assert isinstance(end, ev.RunFailed) and end.reason == k.NO_TERMINAL_CALL == "no_terminal_call"
+    assert "'submit_result'" in end.detail and "3 errors in a row (limit 3)" in end.detail
+    assert TEXT in end.detail  # what the model said last, to debug it
+    assert sim.state.turns == 3 and sim.state.reason.startswith("no_terminal_call: ")
+    report = verify(sim.config, sim.events)
+    assert report.ok and report.checked >= 4, report.problems
+
+
+def test_text_on_the_forced_last_turn_fails_no_terminal_call_after_max_turns():
+    model = script(Reply("", (call("search", q="x"),)), Reply(TEXT))
+    sim = Sim(config(max_turns=2, max_consecutive_errors=5)).start().run(model)
+    assert _offered_per_turn(sim)[-1] == (2, ("submit_result",))
+    end = sim.events[-1]
+    assert end.reason == "no_terminal_call" and "2 turns (limit 2)" in end.detail
+
+
+def test_text_between_tool_calls_counts_as_an_error_and_a_success_resets_it():
+    model = script(Reply(TEXT), Reply("", (call("search", q="x"),)), Reply(TEXT), Reply(TEXT), submit("y"))
+    sim = Sim(config(max_turns=10, max_consecutive_errors=3)).start().run(model)
+    assert sim.state.status == "completed" and sim.state.turns == 5
+    failing = Sim(config(max_turns=10, max_consecutive_errors=2)).start().run(
+        script(Reply("", (call("rm_rf"),)), Reply(TEXT)))
+    assert failing.events[-1].reason == "no_terminal_call"  # an unknown tool, then text: 2 errors in a row
+
+
+def test_a_log_that_completed_on_text_under_a_terminal_tool_no_longer_verifies():
+    """What the old kernel wrote for a text reply (run.completed with the text): the log still folds, but
+    `verify` shows the kernel decides otherwise; without a terminal tool the same log verifies as before."""
+    plain = Sim(config(terminal_tool=None)).start().run(script(Reply(TEXT)))
+    assert plain.events[-1] == ev.stamp(ev.RunCompleted(run_id="run1", output=TEXT), seq=plain.events[-1].seq,
+                                        ts=plain.events[-1].ts, actor="tester")
+    assert verify(plain.config, plain.events).ok
+    assert k.fold(config(), plain.events).status == "completed"
+    report = verify(config(), plain.events)
+    assert not report.ok and any("run.completed" in p for p in report.problems), report.problems
 
 
 def test_tool_results_join_the_conversation_in_call_order_and_the_terminal_tool_ends_the_run():
@@ -209,24 +269,25 @@ def test_consecutive_model_failures_fail_the_run_and_retries_get_new_ids():
 
 def test_a_turn_with_a_success_resets_the_error_count():
     def tool(c: ToolCall) -> ToolResult:
-        return echo_tool(c) if c.arguments.get("q") == "ok" else ToolResult.failure("execution", "boom")
+        ok = c.name == "submit_result" or c.arguments.get("q") == "ok"
+        return echo_tool(c) if ok else ToolResult.failure("execution", "boom")
 
     def replies():
         bad, good = (
             Reply("", (call("search", q="no"),)),
             Reply("", (call("search", q="ok"), call("search", q="no"))),
         )
-        return script(bad, bad, good, bad, bad, Reply("done"))
+        return script(bad, bad, good, bad, bad, submit("done"))
 
     sim = Sim(config(max_turns=10, max_consecutive_errors=3)).start().run(replies(), tool)
-    assert sim.state.status == "completed" and sim.state.output == "done"
+    assert sim.state.status == "completed" and sim.state.output == {"tool": "submit_result", "answer": "done"}
     sim = Sim(config(max_turns=10, max_consecutive_errors=2)).start().run(replies(), tool)
     assert sim.state.status == "failed" and sim.state.turns == 2
 
 
 def test_an_unparseable_reply_is_shown_to_the_model_and_counts_as_an_error():
-    sim = Sim(config()).start().run(script(Reply(garbled="<tool_call>{oops"), Reply("fine")))
-    assert sim.state.output == "fine"
+    sim = Sim(config()).start().run(script(Reply(garbled="<tool_call>{oops"), submit("fine")))
+    assert sim.state.output == {"tool": "submit_result", "answer": "fine"}
     told = [e for e in sim.events if isinstance(e, ev.ModelRequested)][1].messages
     assert told[0].role == "assistant" and told[0].content == "<tool_call>{oops"
     assert told[1].role == "user" and "no closing tag" in told[1].content
@@ -242,12 +303,12 @@ def test_the_deadline_compares_against_event_timestamps():
     )
     assert sim.events[-1].reason == "deadline"
     assert sim.events[-2].ts >= sim.events[0].ts + 45 > sim.events[-3].ts
-    fast = Sim(config(), tick=1.0).start(timeout_s=45).run(script(Reply("ok")))
+    fast = Sim(config(), tick=1.0).start(timeout_s=45).run(script(submit("ok")))
     assert fast.state.status == "completed"
 
 
 def test_a_final_answer_wins_over_a_deadline_that_passed_while_ending_the_turn():
-    sim = Sim(config(), tick=10.0).start(timeout_s=25)
+    sim = Sim(config(terminal_tool=None), tick=10.0).start(timeout_s=25)
     sim.step(script(Reply("the answer")))  # requested (t+10), responded (t+20)
     sim.step(script(Reply("unused")))  # turn.completed at t+30: past the deadline
     assert k.decide(sim.state) == [ev.RunCompleted(run_id="run1", output="the answer")]
@@ -328,11 +389,12 @@ def test_evolve_leaves_its_input_untouched():
 
 
 def test_an_unknown_tool_becomes_an_input_error_the_model_reads():
-    sim = Sim(config()).start().run(script(Reply("", (call("rm_rf", path="/"),)), Reply("sorry")))
+    sim = Sim(config()).start().run(script(Reply("", (call("rm_rf", path="/"),)), submit("sorry")))
     failed = [e for e in sim.events if isinstance(e, ev.ToolFailed)]
     assert failed[0].error.kind == "input" and "unknown tool 'rm_rf'" in failed[0].error.message
-    assert not any(isinstance(e, ev.ToolCalled) for e in sim.events)
-    assert "available tools: build, deploy, search, submit_result" in sim.state.messages[-2].content
+    assert [e.call.name for e in sim.events if isinstance(e, ev.ToolCalled)] == ["submit_result"]
+    told = next(m for m in sim.state.messages if m.role == "tool")
+    assert "available tools: build, deploy, search, submit_result" in told.content
 
 
 def test_sequential_dependency_in_sequential_mode_sees_earlier_results_of_the_same_turn():
@@ -455,12 +517,12 @@ def test_approval_waits_then_runs_or_fails_with_a_policy_error():
     denied = (
         Sim(cfg)
         .start()
-        .run(script(Reply("", (call("deploy"),)), Reply("ok")), approver=lambda c: "not today")
+        .run(script(Reply("", (call("deploy"),)), submit("ok")), approver=lambda c: "not today")
     )
     failure = next(e for e in denied.events if isinstance(e, ev.ToolFailed))
     assert failure.error.kind == "policy" and failure.error.detail == "approval"
     assert "not today" in failure.error.message
-    assert denied.state.output == "ok"
+    assert denied.state.output == {"tool": "submit_result", "answer": "ok"}
 
 
 # ── events stay small ─────────────────────────────────────────────────────────────────────────────────

@@ -6,7 +6,7 @@ in-process runner (`runtime.driver.local`), where an `answerer` callback answers
 from __future__ import annotations
 
 import pytest
-from kernel_sim import Reply, Sim, schema, script
+from kernel_sim import Reply, Sim, schema, script, submit
 
 from runtime import events as ev
 from runtime import kernel as k
@@ -68,7 +68,7 @@ def test_the_timeout_gives_the_default_decided_from_timestamps():
     sim.append(verdict)
     result = sim.state.turn.results["run1/1.0"]
     assert result.output["answer"] == "no" and "default" in result.output["note"]
-    sim.run(script(Reply("gave up waiting")))
+    sim.run(script(submit("gave up waiting")))
     report = verify(sim.config, sim.events)
     assert report.ok, report.problems
 
@@ -81,7 +81,7 @@ def test_a_timeout_without_a_default_fails_the_call_clearly():
     assert "nobody answered within 30 s" in verdict.error.message
     sim.clock = asked.due + 5
     sim.append(verdict)
-    sim.run(script(Reply("no answer came")))
+    sim.run(script(submit("no answer came")))
     assert sim.state.status == "completed"
     report = verify(sim.config, sim.events)
     assert report.ok, report.problems
@@ -112,7 +112,7 @@ def test_the_deadline_bounds_the_wait_for_an_answer():
 ])
 def test_bad_question_arguments_are_the_calls_error(args, message):
     sim = Sim(config()).start()
-    sim.run(script(Reply("", (("ask_human", args),)), Reply("done")))
+    sim.run(script(Reply("", (("ask_human", args),)), submit("done")))
     failed = next(e for e in sim.events if isinstance(e, ev.ToolFailed))
     assert failed.tool == "ask_human" and failed.error.kind == "input" and message in failed.error.message
     assert not any(isinstance(e, ev.QuestionAsked) for e in sim.events)

@@ -5,7 +5,7 @@ in-process runner (`runtime.driver.local`), for which a timer is a plain wait.""
 from __future__ import annotations
 
 import pytest
-from kernel_sim import Reply, Sim, schema, script
+from kernel_sim import Reply, Sim, schema, script, submit
 
 from runtime import events as ev
 from runtime import kernel as k
@@ -25,7 +25,7 @@ def config(**kw) -> k.KernelConfig:
 def sleeping(sim: Sim, *calls: tuple[str, dict]) -> Sim:
     """A run whose first reply made `calls`, stepped until nothing is pending."""
     sim.start()
-    sim.run(script(Reply("", calls), Reply("done")))
+    sim.run(script(Reply("", calls), submit("done")))
     return sim
 
 
@@ -47,8 +47,8 @@ def test_a_sleep_is_decided_from_the_log_and_waits_like_a_call_for_its_result():
     assert k.pending_timers(sim.state) == () and k.sleeping_until(sim.state) is None
     result = sim.state.turn.results["run1/1.0"]
     assert result.ok and result.output == {"due": timers.iso(started.due), "woke": timers.iso(fired.ts)}
-    sim.run(script(Reply("done")))
-    assert sim.state.status == "completed" and sim.state.output == "done"
+    sim.run(script(submit("done")))
+    assert sim.state.status == "completed" and sim.state.output == {"tool": "submit_result", "answer": "done"}
     tool_msg = next(m for m in sim.state.messages if m.role == "tool")
     assert '"woke"' in tool_msg.content and tool_msg.name == "sleep"
 
@@ -87,7 +87,7 @@ def test_bad_timer_arguments_are_the_calls_error(name, args, message):
 
 def test_a_timer_past_the_deadline_is_refused_saying_how_long_is_left():
     sim = Sim(config()).start(timeout_s=60)
-    sim.run(script(Reply("", (("sleep", {"seconds": 3600}),)), Reply("gave up")))
+    sim.run(script(Reply("", (("sleep", {"seconds": 3600}),)), submit("gave up")))
     failed = next(e for e in sim.events if isinstance(e, ev.ToolFailed))
     assert "would pass the task's deadline" in failed.error.message and "wait at most" in failed.error.message
 

@@ -180,7 +180,7 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
     reply holds the call and no `tool.called`. The next driver of the run, handed the job's outcome first,
     records `tool.called` before the outcome's events: the log reads as if the record had landed."""
     js = topo
-    bundle = write_bundle(tmp_path)
+    bundle = write_bundle(tmp_path, terminal=None)  # the run ends on the model's reply in text
 
     def responder(body: dict[str, Any]) -> str:
         return "three" if "<tool_response>" in last_message(body) else hermes_call("calculator",
@@ -230,7 +230,7 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
 
 async def test_a_stale_driver_stops_at_its_first_write_and_leaves_no_fork(nats_server, topo, tmp_path: Path):
     js = topo
-    bundle = write_bundle(tmp_path)
+    bundle = write_bundle(tmp_path, terminal=None)  # the run ends on the model's reply in text
     with ScriptedModelServer(responder=lambda body: "plain answer") as server:
         client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
         agent = load_agents([bundle], client=client)["calc"]

@@ -43,7 +43,8 @@ async def topo(js):
 
 
 def text_reply(delay: float = 0.0):
-    """A plain answer, the same for every request: a run is one model call."""
+    """A plain answer, the same for every request: a run is one model call (its bundle has no terminal
+    tool: `write_bundle(..., terminal=None)`)."""
     def reply(body):
         return Reply.of_text(f"done: {last_message(body, 'user')}", delay=delay)
     return reply
@@ -73,7 +74,7 @@ async def waiting_pulls(js, server: ScriptedModelServer) -> int:
 
 
 async def test_the_endpoint_limit_holds_across_two_hosts(nats_server, topo, tmp_path: Path):
-    bundle = write_bundle(tmp_path, extra="endpoint: {max_in_flight: 3}\n")
+    bundle = write_bundle(tmp_path, extra="endpoint: {max_in_flight: 3}\n", terminal=None)
     capacity = Capacity(3, retry_after=0.2)
     with ScriptedModelServer(responder=text_reply(delay=0.05), capacity=capacity) as server:
         async with hosts(nats_server.url, [bundle], server, 2, lease=FAST) as (a, b):
@@ -89,7 +90,7 @@ async def test_the_endpoint_limit_holds_across_two_hosts(nats_server, topo, tmp_
 async def test_a_dead_hosts_permit_comes_back(nats_server, topo, tmp_path: Path):
     """The host holding the only permit dies mid-call (its connection cut: nothing handed back); the other
     host takes the run over, gets the permit once the dead host's lease on it lapses, and completes it."""
-    bundle = write_bundle(tmp_path, extra="endpoint: {max_in_flight: 1}\n")
+    bundle = write_bundle(tmp_path, extra="endpoint: {max_in_flight: 1}\n", terminal=None)
     hold = threading.Event()
 
     def reply(body):
@@ -115,7 +116,7 @@ async def test_a_dead_hosts_permit_comes_back(nats_server, topo, tmp_path: Path)
 async def test_a_high_priority_call_overtakes_the_queued_low_ones(nats_server, topo, tmp_path: Path):
     """One permit, held by a first low-priority call; three more low ones queue, then one high: when the
     permit comes back the high one's request is the next the server sees, then the low ones."""
-    bundle = write_bundle(tmp_path, extra="endpoint: {max_in_flight: 1}\n")
+    bundle = write_bundle(tmp_path, extra="endpoint: {max_in_flight: 1}\n", terminal=None)
     hold = threading.Event()
 
     def reply(body):
@@ -148,7 +149,7 @@ async def test_a_high_priority_call_overtakes_the_queued_low_ones(nats_server, t
 
 
 async def test_retry_after_is_honoured_and_recorded(nats_server, topo, tmp_path: Path):
-    bundle = write_bundle(tmp_path, extra="endpoint: {retry_after_max: 5s}\n")
+    bundle = write_bundle(tmp_path, extra="endpoint: {retry_after_max: 5s}\n", terminal=None)
     replies = [Reply.error(429, "full", retry_after=0.3)]
     async with running_fleet(nats_server.url, topo, bundle, replies=replies, responder=text_reply(),
                              worker=False) as env:

@@ -198,3 +198,23 @@ async def test_a_deadline_from_the_task_fails_the_run(nats_server, topo, tmp_pat
     timed_out = next(e for e in events if isinstance(e, ev.ToolFailed))
     assert timed_out.error.kind == "timeout" and timed_out.tool == "calculator"
     assert events[0].timeout_s == 1.0
+
+
+async def test_a_model_that_answers_in_text_fails_a_run_with_a_terminal_tool(nats_server, topo, tmp_path):
+    """Issue 36 through a host: a server that ignores the decoding constraint and answers in text. The run
+    must end through its terminal tool `submit`, so `handle.result()` raises `no_terminal_call`: it never
+    returns the text as the run's output."""
+    from runtime.client import Client, RunFailedError
+
+    text = "I am not a tool call at all }}}{{"
+    async with running_fleet(nats_server.url, topo, write_bundle(tmp_path), responder=lambda body: text,
+                             worker=False) as env, await Client.connect(nats_server.url) as client:
+        handle = await client.start("calc", "compute: 1 + 1")
+        with pytest.raises(RunFailedError) as caught:
+            await handle.result(timeout=60)
+        events = await handle.replay()
+        requests = env.server.requests
+    assert caught.value.reason == "no_terminal_call" and "'submit'" in str(caught.value)
+    assert kinds(events)[-1] == "run.failed" and "run.completed" not in kinds(events)
+    assert len(requests) == 3  # the bundle's max_consecutive_errors (default 3): told, asked again, twice
+    assert "Call the tool submit" in requests[-1]["messages"][-1]["content"]

@@ -45,7 +45,8 @@ async def topo(js):
 
 
 def asking_bundle(root: Path, questions: str = "{}", **kw: Any) -> Path:
-    return write_bundle(root, "asker", tools=(), extra=f"questions: {questions}\n", **kw)
+    """The asker's runs end on the model's reply in text, so its bundle has no terminal tool."""
+    return write_bundle(root, "asker", tools=(), extra=f"questions: {questions}\n", terminal=None, **kw)
 
 
 async def waiting(client: Client, run_id: str, timeout: float = 60.0) -> None:

@@ -186,7 +186,7 @@ def answer(body: dict[str, Any]) -> str:
 async def test_every_tick_is_one_run_across_a_host_restart_and_a_fire_delivered_twice(nc, topo, tmp_path):
     client, url = Client(nc), nc.connected_url.geturl()
     with ScriptedModelServer(responder=answer) as server:
-        bundle = write_bundle(tmp_path, "calc", tools=())
+        bundle = write_bundle(tmp_path, "calc", tools=(), terminal=None)
         async with hosts(url, [bundle], server, 1, lease=FAST) as (first,):
             await client.schedules.add("tick", "calc", "tick tock", every="1s", catch_up="all")
             await until(lambda: _runs_at_least(client, "tick", 2))
@@ -235,7 +235,8 @@ async def test_fires_missed_while_no_host_ran_follow_catch_up(nc, topo, tmp_path
     newest = await topo.get_last_msg(SCHEDULES, fire_subject("missed-latest"))
     newest_key = fire_of(newest.data, newest.headers, 0, 0).key
     with ScriptedModelServer(responder=answer) as server:
-        async with hosts(url, [write_bundle(tmp_path, "calc", tools=())], server, 1, lease=FAST) as (host,):
+        bundle = write_bundle(tmp_path, "calc", tools=(), terminal=None)
+        async with hosts(url, [bundle], server, 1, lease=FAST) as (host,):
             await until(lambda: fires_taken(topo))  # each fire taken: made a task, or skipped
             await until(lambda: _runs_at_least(client, "missed-all", made["all"]))
             await until(lambda: _runs_at_least(client, "missed-latest", 1))
@@ -255,7 +256,7 @@ async def test_a_bundles_schedules_are_stored_by_its_hosts_once(nc, topo, tmp_pa
     extra = ("schedules:\n"
              "  - {name: nightly, cron: '0 0 3 * * *', tz: Europe/Paris, input: tidy up, catch_up: none}\n"
              "  - {name: ping, every: 1h, input: are you there, instance: probe, grace: 5m}\n")
-    bundle = write_bundle(tmp_path, "calc", tools=(), extra=extra)
+    bundle = write_bundle(tmp_path, "calc", tools=(), extra=extra, terminal=None)
     with ScriptedModelServer(responder=answer) as server:
         async with hosts(url, [bundle], server, 2, lease=FAST):  # two hosts start: each stores them
             listed = {x.schedule.name: x.schedule for x in await client.schedules.list()}
@@ -279,7 +280,7 @@ async def test_a_bundles_schedules_are_stored_by_its_hosts_once(nc, topo, tmp_pa
 def test_a_bundles_bad_schedule_is_an_error_at_its_yaml_path(tmp_path):
     extra = ("schedules:\n  - {name: a, cron: '*/5 * * * *', input: x}\n  - {name: a, every: 1s, input: y}\n"
              "timers: [sleep]\n")
-    bundle = write_bundle(tmp_path, "calc", tools=(), extra=extra)
+    bundle = write_bundle(tmp_path, "calc", tools=(), extra=extra, terminal=None)
     with pytest.raises(BundleError) as err:
         load_bundle(bundle)
     text = str(err.value)

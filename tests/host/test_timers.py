@@ -49,7 +49,8 @@ async def topo(js):
 
 
 def timer_bundle(root: Path) -> Path:
-    return write_bundle(root, "napper", tools=(), extra="timers: [sleep, wait_until]\n")
+    return write_bundle(root, "napper", tools=(), extra="timers: [sleep, wait_until]\n",
+                        terminal=None)  # a run ends on the model's reply in text
 
 
 async def stored(js: Any, subject: str) -> int:
@@ -118,7 +119,7 @@ async def test_cancel_ends_a_sleeping_run_at_once_and_deletes_its_wake_up(nats_s
 async def test_a_run_sleeping_across_kill_9_of_every_host_wakes_and_completes(nats_server, topo, tmp_path):
     with ScriptedModelServer(responder=sleeper) as server:
         bundle = write_bundle(tmp_path, "napper", tools=(), extra="timers: [sleep]\n",
-                              base_url=server.base_url)
+                              base_url=server.base_url, terminal=None)
         hosts = [SaProcess(f"host{i}", ["host", str(bundle), "--task-ack-wait", "3"], nats_server.url,
                            tmp_path / f"host{i}.log", "sa host: serving") for i in range(2)]
         try:

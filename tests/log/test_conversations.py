@@ -148,7 +148,7 @@ async def _ended(js: Any, run_id: str, timeout: float = 60.0) -> list[ev.Event]:
 @pytest.mark.anyio
 async def test_a_three_run_thread_continues_its_conversation_and_stores_it_once(nats_server, topo,
                                                                                 tmp_path: Path):
-    bundle = write_bundle(tmp_path, "chat", tools=())
+    bundle = write_bundle(tmp_path, "chat", tools=(), terminal=None)  # a chat: runs end on text
     big = "alpha " * 4000  # 24 KB: if a later run re-stored the history, EVENTS would grow by this again
     async with running_fleet(nats_server.url, topo, bundle, responder=chat_model, worker=False) as env:
         js = env.js
@@ -211,7 +211,7 @@ def streaming_model(body: dict[str, Any]) -> str:
 @pytest.mark.anyio
 async def test_a_follower_receives_deltas_whose_concatenation_is_the_recorded_reply(nats_server, topo,
                                                                                     tmp_path: Path):
-    bundle = write_bundle(tmp_path, "calc")
+    bundle = write_bundle(tmp_path, "calc", terminal=None)  # the run ends on text
     async with running_fleet(nats_server.url, topo, bundle, responder=streaming_model) as env:
         js = env.js
         run_id = run_id_for("calc", "stream-1")
@@ -376,7 +376,7 @@ async def test_interrupt_cancels_the_active_run_and_the_new_one_continues_its_co
 async def test_a_fork_of_a_thread_run_continues_the_same_conversation(nats_server, topo, tmp_path: Path):
     from runtime.client.fork import fork
 
-    bundle = write_bundle(tmp_path, "chat", tools=())
+    bundle = write_bundle(tmp_path, "chat", tools=(), terminal=None)  # a chat: runs end on text
     async with running_fleet(nats_server.url, topo, bundle, responder=chat_model, worker=False) as env:
         js = env.js
         first = await publish_task(js, "chat", "name a colour", task_id="f-1", thread="fk")
@@ -417,7 +417,7 @@ async def test_a_long_thread_starts_from_the_models_summary_and_a_failed_summary
         return chat_model(body)
 
     extra = f"conversation: {{summarise: {{after: 4, keep: 2, prompt: {SUMMARY_PROMPT}}}}}\n"
-    bundle = write_bundle(tmp_path, "chat", tools=(), extra=extra)
+    bundle = write_bundle(tmp_path, "chat", tools=(), extra=extra, terminal=None)
     async with running_fleet(nats_server.url, topo, bundle, responder=model, worker=False) as env:
         js = env.js
         runs = []

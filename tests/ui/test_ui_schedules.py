@@ -109,7 +109,7 @@ async def test_the_schedules_page_links_each_schedule_to_the_runs_it_started(nc,
     client, url = Client(nc), nc.connected_url.geturl()
     app_client = Client(nc)
     with ScriptedModelServer(responder=answer) as server:
-        bundle = write_bundle(tmp_path, "calc", tools=())
+        bundle = write_bundle(tmp_path, "calc", tools=(), terminal=None)  # runs end on text
         async with hosts(url, [bundle], server, 1, lease=LeaseConfig(ttl=2.0, renew=0.5)), \
                 serving(create_app(client=app_client)) as base, \
                 httpx.AsyncClient(base_url=base, timeout=30) as http:
