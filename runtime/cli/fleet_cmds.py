@@ -166,9 +166,7 @@ def worker(
 
     if not json_logs(log_format, logging.INFO):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not nats_url:
-        typer.echo("sa worker: no NATS server; set NATS_URL or pass --nats nats://host:4222", err=True)
-        raise typer.Exit(2)
+    url = resolve_nats(nats_url, "worker")
     if not tools and not bundle:
         typer.echo("sa worker: nothing to serve; pass --tools 'agents/*.pym' and/or --bundle PATH", err=True)
         raise typer.Exit(2)
@@ -211,9 +209,9 @@ def worker(
         async with anyio.create_task_group() as tg:
             tg.start_soon(serving.stop_on_signal, stop)
             if metrics is not None:
-                tg.start_soon(serving.poll_queues, nats_url, metrics, stop)
+                tg.start_soon(serving.poll_queues, url, metrics, stop)
             on_outcome = metrics.on_outcome if metrics is not None else None
-            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
+            stats = await serve(url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
                                 ack_wait=ack_wait, on_outcome=on_outcome, externals=factory,
                                 secrets=secret_store)
             tg.cancel_scope.cancel()

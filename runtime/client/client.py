@@ -19,7 +19,6 @@ commands hosts apply: every answer comes from the log.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -101,15 +100,18 @@ class Client:
     async def connect(cls, servers: str | Sequence[str] | None = None, *,
                       credentials: Credentials | None = None, name: str = "sa-client",
                       **options: Any) -> Client:
-        """Connect to `servers` (default: `NATS_URL`, else the `sa up` running on this machine; a
-        comma-separated list for a cluster). Credentials
+        """Connect to `servers` (default: `NATS_URL`, else the `sa up` running on this machine, found as
+        every `sa` command finds it, `runtime.running.find_nats`, and logged at INFO; a comma-separated
+        list for a cluster). Credentials
         and TLS come from `credentials`, else from the environment as `sa` reads them (NATS_CREDS,
         NATS_USER / NATS_PASSWORD, NATS_CA / NATS_CERT / NATS_KEY). `options` go to nats-py's `connect`
         (a client gives up after a few reconnect attempts unless told otherwise)."""
-        if servers is None and not os.environ.get("NATS_URL"):
-            from runtime.running import running_nats_url
+        if servers is None:
+            import logging
 
-            servers = running_nats_url()
+            from runtime.running import find_nats
+
+            servers = find_nats(note=logging.getLogger("runtime.client").info)
             if servers is None:
                 raise ConnectionError("no NATS server: pass its URL, set NATS_URL, or start `sa up` (a "
                                       "running `sa up` is found by itself)")
