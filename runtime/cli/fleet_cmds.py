@@ -31,9 +31,9 @@ from runtime.cli.observe_cmds import (
     announce,
     start_metrics,
 )
-from runtime.cli.output import console
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
 from runtime.cli.where import bundle_paths, expand_bundles, resolve_nats
+from runtime.client.terminal import console
 from runtime.observe.logs import LogFormat
 from runtime.running import read_state
 

@@ -34,8 +34,8 @@ from typer.core import TyperGroup
 
 from runtime.cli.app import PLAIN, app
 from runtime.cli.connect import client_for, with_client
-from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+from runtime.client.terminal import console, printable, shown
 
 if TYPE_CHECKING:
     from runtime.client import Client, RunInfo
@@ -220,7 +220,7 @@ def runs(
     elif not sys.stdout.isatty():
         print("\t".join(RUN_COLUMNS))
         for r in rows:
-            print("\t".join(_run_cells(r)))
+            print("\t".join(printable(c) for c in _run_cells(r)))
     else:
         _runs_table(rows)
 
@@ -244,7 +244,7 @@ def _runs_table(rows: list[RunInfo]) -> None:
     table.add_column("task id", overflow="ellipsis", max_width=14, no_wrap=True)
     table.add_column("last seq", justify="right")
     for r in rows:
-        cells = [cell(c) for c in _run_cells(r)]
+        cells = [shown(c) for c in _run_cells(r)]
         cells[2].stylize(STATUS_STYLE.get(r.status, ""))
         table.add_row(*cells)
     console().print(table)

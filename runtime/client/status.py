@@ -33,6 +33,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from runtime import nats as bus
+from runtime.client.terminal import shown
 
 
 async def gather(js: JetStreamContext) -> dict[str, Any]:
@@ -193,13 +194,13 @@ async def _messages(js: JetStreamContext, stream: str) -> int:
 
 def render(status: dict[str, Any]) -> Any:
     """Rich tables: hosts, partitions, workers, queues. Names read from NATS (hosts, workers, agents) are
-    `Text` cells, shown as they are, never read as rich markup."""
+    `shown` cells: as they are, never read as rich markup nor obeyed by the terminal."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     def row(table: Table, *cells: Any) -> None:
-        table.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in cells))
+        table.add_row(*(c if isinstance(c, Text) else shown(c) for c in cells))
 
     q = status["queues"]
     head = Table.grid(padding=(0, 2))
