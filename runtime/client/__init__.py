@@ -5,7 +5,7 @@
         print(await handle.result(timeout=60))
 
 - `client`  — `Client`: connect, `start` (idempotent by task id) -> `RunHandle`, `run`, runs, threads, status
-- `handle`  — `RunHandle`: `result` (or `RunFailedError` / `RunCancelledError`), `events`, `tokens`, `cancel`,
+- `handle`  — `RunHandle`: `result` (or `RunFailedError`; a cancel: `RunCancelledError`), `events`, `tokens`,
               `approve` / `deny`, `questions` / `answer`, `fork`, `replay`, `verify`
 - `sync`    — `SyncClient`: the same, blocking, for code that is not async
 - `submit`  — a task stored exactly once, or `NotSent` saying why
