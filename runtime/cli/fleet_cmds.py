@@ -231,14 +231,20 @@ def status(
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """The fleet: hosts and their partitions, workers, queue depths, runs in flight."""
+    from nats.js.errors import NotFoundError
+
     from runtime.client.status import render
 
     url = resolve_nats(nats_url, "status")
     try:
         report = with_client(url, "status", lambda c: c.status())
-    except Exception as e:  # no topology yet, or NATS unreachable
-        typer.echo(f"sa status: {type(e).__name__}: {e} (is anything running? `sa up` creates the streams)",
-                   err=True)
+    except NotFoundError:  # the server answers, but no host has made the topology
+        typer.echo(f"sa status: no structured-agents streams on {url}: start a host (`sa host BUNDLE` or "
+                   "`sa up`)", err=True)
+        raise typer.Exit(2) from None
+    except Exception as e:  # NATS unreachable, or it refused these credentials
+        typer.echo(f"sa status: cannot read the fleet on {url}: {type(e).__name__}: {e} (is NATS running? "
+                   "`sa up` starts one)", err=True)
         raise typer.Exit(2) from None
     if as_json:
         print(json.dumps(report, indent=2))

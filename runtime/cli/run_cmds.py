@@ -229,7 +229,8 @@ def _run_cells(r: RunInfo) -> list[str]:
     import datetime
 
     when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S") if r.updated else ""
-    return [r.run_id, r.actor, r.status, when, r.task_id or "", str(r.last_seq)]
+    # the run's seq, which `sa replay` shows and `sa fork --at` takes (not the stream's sequence)
+    return [r.run_id, r.actor, r.status, when, r.task_id or "", "" if r.seq is None else str(r.seq)]
 
 
 def _runs_table(rows: list[RunInfo]) -> None:

@@ -59,16 +59,17 @@ class RunInfo:
     status: str
     updated: float
     task_id: str | None
-    last_seq: int
+    last_seq: int  # the stream sequence of its last event (EVENTS'): see `seq` for the run's own
     bundle: str | None
     forked_from: str | None
     partition: int | None = None  # the task partition whose host drives the run
     forked_at: int | None = None  # a fork: the seq of `forked_from` it was forked at
+    seq: int | None = None  # the run's seq of its last event, as `sa replay` shows it (None: not recorded)
 
     @classmethod
     def of(cls, run_id: str, ix: RunIndex) -> RunInfo:
         return cls(run_id, ix.actor, ix.status, ix.updated, ix.task_id, ix.last_seq, ix.bundle,
-                   ix.forked_from, ix.partition, ix.forked_at)
+                   ix.forked_from, ix.partition, ix.forked_at, ix.seq)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as a JSON object (`sa runs --json`)."""

@@ -86,6 +86,7 @@ class RunsIndex:
             status = WAITING_FOR_ANSWER if kernel.pending_questions(state) else sleeping_status(until)
         written = await self.put(driver.run_id, RunIndex(
             actor=driver.actor, status=status, partition=driver.partition, last_seq=driver.last_seq,
+            seq=state.seq - 1,
             updated=time.time(), task_id=driver.task_id, bundle=str(driver.agent.bundle.path),
             forked_from=driver.forked[0] if driver.forked else None,
             forked_at=driver.forked[1] if driver.forked else None))

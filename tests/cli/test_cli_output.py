@@ -106,8 +106,8 @@ async def test_piped_runs_print_every_id_whole_one_run_per_line(nats_server, top
     kv = await bus.runs_kv(topo)
     runs = {f"r{i:016x}": (f"task-{i}-" + "x" * 40, "calc:" + "instance" * 4) for i in range(3)}
     for i, (run_id, (task_id, actor)) in enumerate(runs.items()):
-        await kv.put(run_id, bus.RunIndex(status="completed", actor=actor, partition=0, last_seq=7,
-                                          updated=1000.0 + i, task_id=task_id).encode())
+        await kv.put(run_id, bus.RunIndex(status="completed", actor=actor, partition=0, last_seq=700 + i,
+                                          seq=6, updated=1000.0 + i, task_id=task_id).encode())
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["NATS_URL"] = nats_server.url
     piped = await anyio.run_process([*CLI, "runs"], env=env, check=False)  # stdout is a pipe
@@ -117,7 +117,8 @@ async def test_piped_runs_print_every_id_whole_one_run_per_line(nats_server, top
     rows = [line.split("\t") for line in lines[1:]]
     assert [(r[0], r[4], r[1]) for r in rows] == [(run_id, task_id, actor) for run_id, (task_id, actor)
                                                   in reversed(runs.items())]  # newest first, all whole
-    assert all(r[2] == "completed" and r[5] == "7" for r in rows)
+    # `last seq` is the run's seq, the one `sa replay` shows and `sa fork --at` takes, not the stream's
+    assert all(r[2] == "completed" and r[5] == "6" for r in rows)
 
 
 # an OSC that retitles the terminal, an SGR that recolours it, a C1 CSI that clears it (8-bit terminals)
