@@ -239,11 +239,24 @@ def _addressed(subject_agent: str, cmd: ev.Task) -> Addressed:
         agent = actor_key(bundle, cmd.instance or instance)
         if cmd.thread is not None:
             check_thread(cmd.thread)
+        check_input(cmd.input)
     except ValueError as e:
         raise BadCommand(str(e)) from None
     if cmd.timeout_s is not None and cmd.timeout_s <= 0:
         raise BadCommand(f"timeout_s must be positive, got {cmd.timeout_s}")
     return Addressed(agent, cmd)
+
+
+def check_input(text: str) -> None:
+    """ValueError if a task's input holds NUL. Any other character is the publisher's text (an escape
+    sequence is shown escaped, never obeyed: `runtime.client.terminal`), but NUL is not text: model servers,
+    C libraries and terminals cut a string there, so the run would act on less than was sent. A text task
+    refuses every control character but newline, tab and CR (`TEXT_CONTROLS`); a JSON or msgpack task, and
+    `sa send`, refuse NUL the same way."""
+    at = text.find("\x00")
+    if at >= 0:
+        raise ValueError(f"the task's input holds a NUL character (0x00) at character {at}: a task is text; "
+                         "send binary data encoded (base64) or as a file a tool reads")
 
 
 def refused_task(subject_agent: str, data: bytes, msg_id: str | None) -> ev.Task:
@@ -304,5 +317,5 @@ async def publish_command(js: Any, agent: str, command: ev.Command, *, operator:
 
 
 __all__ = ["DEPTH", "PARENT_ACTOR", "PARENT_CALL", "PARENT_PARTITION", "PARENT_RUN", "PARENT_TOOL",
-           "Addressed", "BadCommand", "actor_key", "decode", "publish_command", "publish_task",
+           "Addressed", "BadCommand", "actor_key", "check_input", "decode", "publish_command", "publish_task",
            "refused_task", "run_id_for", "split_actor"]

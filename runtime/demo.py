@@ -28,10 +28,25 @@ import anyio
 from rich.console import Console
 from rich.rule import Rule
 
+from runtime.client.terminal import console as terminal_console
+
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "bundles" / "demo"
 TASK = "What is 17 * 23 + 4?"
 EXPECTED = "395"  # what the default task's answer must contain
+RULE_WIDTH = 100  # a rule's width into a pipe or a file (the console there is as wide as its longest line)
+
+
+def make_console() -> Console:
+    """The demo's console: the terminal's width, or, into a pipe or a file (`make demo > log`, CI), as wide
+    as the longest line (`runtime.client.terminal.console`), so no line is wrapped at 80 columns and
+    `sa replay RUN` stays one line a person can copy."""
+    return terminal_console()
+
+
+def rule(console: Console, title: str) -> None:
+    """A section rule: the terminal's width, or `RULE_WIDTH` where the console is a pipe's."""
+    console.print(Rule(title), width=None if console.is_terminal else RULE_WIDTH)
 
 
 async def _run(console: Console, task: str, url: str, model_url: str) -> int:
@@ -62,13 +77,13 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
             await host.ready.wait()
             console.print(f"[bold]host[/]    serving agents.demo.tasks · [bold]worker[/] {worker.name} "
                           f"(tools: {', '.join(sorted(worker.registry.tools))})")
-            console.print(Rule("the run, live"))
+            rule(console, "the run, live")
             console.print(f"task: {task}")
             run_id = await publish_task(js, "demo", task)
             console.print(f"run [bold]{run_id}[/]  (published to agents.demo.tasks)")
             with anyio.fail_after(600):
                 last = await watch(Client(nc).get(run_id, "demo"), console)
-            console.print(Rule("its replay, read back from the event stream"))
+            rule(console, "its replay, read back from the event stream")
             runlog = await RunLog(js).read(run_id)
             console.print(timeline(runlog.events, title=f"sa replay {run_id}"))
             report = verify(agents["demo"].config, runlog.events)
@@ -77,7 +92,7 @@ async def _run(console: Console, task: str, url: str, model_url: str) -> int:
                           + ("" if report.ok else "\n  " + "\n  ".join(report.problems)))
             from runtime.observe.traces import render_tree, trace_of
 
-            console.print(Rule("its trace, derived from the log (what `sa otel` exports)"))
+            rule(console, "its trace, derived from the log (what `sa otel` exports)")
             console.print(render_tree(trace_of(runlog.events)), highlight=False, markup=False)
             executed = [e for e in ev.expand_all(runlog.events)  # script runs ride in their outcomes
                         if isinstance(e, ev.ScriptCompleted | ev.ScriptFailed)]
@@ -128,9 +143,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Run the structured-agents demo end to end.")
     ap.add_argument("--task", default=TASK)
     args = ap.parse_args()
-    console = Console()
+    console = make_console()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    console.print(Rule("structured-agents demo"))
+    rule(console, "structured-agents demo")
     from runtime.modelserver import start_model_server
     from runtime.nats.server import EmbeddedNats
 

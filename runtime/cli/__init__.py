@@ -20,7 +20,6 @@
 - `signals`         — how the long-running commands stop on SIGINT / SIGTERM
 - `where`           — finding the NATS server (flag, NATS_URL, a running `sa up`) and the bundles
 - `connect`         — how a command reaches runs: one `runtime.client.Client`, and nothing else
-- `output`          — how data is printed: never as rich markup, and in full into a pipe
 """
 
 from runtime.cli import (  # noqa: F401, I001  (importing registers the commands: `sa --help` lists them in this order)

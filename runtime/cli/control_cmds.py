@@ -24,8 +24,8 @@ import typer
 
 from runtime.cli.app import app
 from runtime.cli.connect import with_client
-from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+from runtime.client.terminal import console, printable, shown
 
 if TYPE_CHECKING:
     from runtime.client import Client
@@ -70,7 +70,7 @@ def waiting_table(command: str, nats_url: str | None, fetch: Callable[[Client], 
     for col in columns:
         table.add_column(col, overflow="fold" if col in wide else "ellipsis", no_wrap=col not in wide)
     for item in items:
-        table.add_row(*(cell(c) for c in row(item, now)))
+        table.add_row(*(shown(c) for c in row(item, now)))
     console().print(table)
 
 
@@ -177,7 +177,7 @@ def deny(
     url = resolve_nats(nats_url, "deny")
     event = _run("deny", url, lambda c: c.get(run).deny(call, reason))
     if isinstance(event, ev.ApprovalDenied) and event.by != "timeout":
-        typer.echo(f"denied {event.call_id} by {event.by}: {event.reason}")
+        typer.echo(f"denied {event.call_id} by {event.by}: {printable(event.reason)}")
         return
     typer.echo(f"sa deny: {event.call_id} was decided otherwise first: {ev.to_json(event)}", err=True)
     raise typer.Exit(1)

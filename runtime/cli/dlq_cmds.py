@@ -54,6 +54,7 @@ def dlq(
         return
     import anyio
 
+    from runtime.client.terminal import printable
     from runtime.worker import dlq as dead
 
     letters = anyio.run(_with_js, _servers(nats_url), dead.list_dead_letters, backend="asyncio")
@@ -68,7 +69,7 @@ def dlq(
             job = d.job
             call = job.call_id if job else "(not a tool job)"
             typer.echo(f"{d.seq:>6}  {_when(d.dead_at):<19}  {d.deliveries:>5}  {d.subject:<24}  "
-                       f"{call:<28}  {d.reason}")
+                       f"{call:<28}  {printable(d.reason)}")
         typer.echo(f"{len(letters)} dead letter(s); `sa dlq replay SEQ` (or --all) sends them back to the "
                    "workers")
 

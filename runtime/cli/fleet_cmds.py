@@ -31,9 +31,9 @@ from runtime.cli.observe_cmds import (
     announce,
     start_metrics,
 )
-from runtime.cli.output import console
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
 from runtime.cli.where import bundle_paths, expand_bundles, resolve_nats
+from runtime.client.terminal import console
 from runtime.observe.logs import LogFormat
 from runtime.running import read_state
 
@@ -166,9 +166,7 @@ def worker(
 
     if not json_logs(log_format, logging.INFO):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not nats_url:
-        typer.echo("sa worker: no NATS server; set NATS_URL or pass --nats nats://host:4222", err=True)
-        raise typer.Exit(2)
+    url = resolve_nats(nats_url, "worker")
     if not tools and not bundle:
         typer.echo("sa worker: nothing to serve; pass --tools 'agents/*.pym' and/or --bundle PATH", err=True)
         raise typer.Exit(2)
@@ -211,9 +209,9 @@ def worker(
         async with anyio.create_task_group() as tg:
             tg.start_soon(serving.stop_on_signal, stop)
             if metrics is not None:
-                tg.start_soon(serving.poll_queues, nats_url, metrics, stop)
+                tg.start_soon(serving.poll_queues, url, metrics, stop)
             on_outcome = metrics.on_outcome if metrics is not None else None
-            stats = await serve(nats_url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
+            stats = await serve(url, registry, concurrency=concurrency, stop=stop, on_ready=ready,
                                 ack_wait=ack_wait, on_outcome=on_outcome, externals=factory,
                                 secrets=secret_store)
             tg.cancel_scope.cancel()
@@ -233,14 +231,20 @@ def status(
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """The fleet: hosts and their partitions, workers, queue depths, runs in flight."""
+    from nats.js.errors import NotFoundError
+
     from runtime.client.status import render
 
     url = resolve_nats(nats_url, "status")
     try:
         report = with_client(url, "status", lambda c: c.status())
-    except Exception as e:  # no topology yet, or NATS unreachable
-        typer.echo(f"sa status: {type(e).__name__}: {e} (is anything running? `sa up` creates the streams)",
-                   err=True)
+    except NotFoundError:  # the server answers, but no host has made the topology
+        typer.echo(f"sa status: no structured-agents streams on {url}: start a host (`sa host BUNDLE` or "
+                   "`sa up`)", err=True)
+        raise typer.Exit(2) from None
+    except Exception as e:  # NATS unreachable, or it refused these credentials
+        typer.echo(f"sa status: cannot read the fleet on {url}: {type(e).__name__}: {e} (is NATS running? "
+                   "`sa up` starts one)", err=True)
         raise typer.Exit(2) from None
     if as_json:
         print(json.dumps(report, indent=2))

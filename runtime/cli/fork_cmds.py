@@ -25,8 +25,8 @@ import typer
 
 from runtime.cli.app import app
 from runtime.cli.connect import client_for
-from runtime.cli.output import console
 from runtime.cli.where import resolve_nats
+from runtime.client.terminal import console
 
 
 @app.command()

@@ -21,8 +21,8 @@ import typer
 
 from runtime.cli.app import app
 from runtime.cli.connect import with_client
-from runtime.cli.output import console
 from runtime.cli.where import resolve_nats
+from runtime.client.terminal import console, printable
 
 if TYPE_CHECKING:
     from runtime import events as ev
@@ -130,7 +130,7 @@ async def _verify(client: Client, handle: RunHandle, started: ev.Event, bundle: 
         typer.echo(f"verified: the kernel reproduces all {report.checked} recorded effects "
                    f"({report.inputs} inputs folded)")
     else:
-        typer.echo("NOT verified:\n  " + "\n  ".join(report.problems))
+        typer.echo("NOT verified:\n  " + "\n  ".join(printable(p) for p in report.problems))
     return 0 if report.ok else 1
 
 

@@ -34,8 +34,8 @@ from typer.core import TyperGroup
 
 from runtime.cli.app import PLAIN, app
 from runtime.cli.connect import client_for, with_client
-from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+from runtime.client.terminal import console, printable, shown
 
 if TYPE_CHECKING:
     from runtime.client import Client, RunInfo
@@ -220,7 +220,7 @@ def runs(
     elif not sys.stdout.isatty():
         print("\t".join(RUN_COLUMNS))
         for r in rows:
-            print("\t".join(_run_cells(r)))
+            print("\t".join(printable(c) for c in _run_cells(r)))
     else:
         _runs_table(rows)
 
@@ -229,7 +229,8 @@ def _run_cells(r: RunInfo) -> list[str]:
     import datetime
 
     when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S") if r.updated else ""
-    return [r.run_id, r.actor, r.status, when, r.task_id or "", str(r.last_seq)]
+    # the run's seq, which `sa replay` shows and `sa fork --at` takes (not the stream's sequence)
+    return [r.run_id, r.actor, r.status, when, r.task_id or "", "" if r.seq is None else str(r.seq)]
 
 
 def _runs_table(rows: list[RunInfo]) -> None:
@@ -244,7 +245,7 @@ def _runs_table(rows: list[RunInfo]) -> None:
     table.add_column("task id", overflow="ellipsis", max_width=14, no_wrap=True)
     table.add_column("last seq", justify="right")
     for r in rows:
-        cells = [cell(c) for c in _run_cells(r)]
+        cells = [shown(c) for c in _run_cells(r)]
         cells[2].stylize(STATUS_STYLE.get(r.status, ""))
         table.add_row(*cells)
     console().print(table)

@@ -109,7 +109,7 @@ def list_(
         return
     from rich.table import Table
 
-    from runtime.cli.output import cell, console
+    from runtime.client.terminal import console, shown
 
     table = Table(header_style="bold")
     for column in ("schedule", "agent", "when", "state", "catch-up", "waiting"):
@@ -117,9 +117,9 @@ def list_(
     table.add_column("input", overflow="ellipsis", max_width=40, no_wrap=True)
     for x in listed:
         s = x.schedule
-        table.add_row(cell(s.name), cell(s.actor), cell(s.when),
-                      cell("paused" if s.paused else "active", "yellow" if s.paused else "green"),
-                      cell(s.catch_up), cell(str(x.waiting)), cell(s.input))
+        table.add_row(shown(s.name), shown(s.actor), shown(s.when),
+                      shown("paused" if s.paused else "active", "yellow" if s.paused else "green"),
+                      shown(s.catch_up), shown(str(x.waiting)), shown(s.input))
     console().print(table)
 
 

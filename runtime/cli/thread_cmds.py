@@ -17,8 +17,8 @@ import typer
 
 from runtime.cli.app import app
 from runtime.cli.connect import with_client
-from runtime.cli.output import cell, console
 from runtime.cli.where import resolve_nats
+from runtime.client.terminal import console, shown
 
 if TYPE_CHECKING:
     from runtime.client import Client
@@ -62,7 +62,7 @@ async def _all(client: Client, agent: str | None, as_json: bool) -> int:
     for r in records:
         when = datetime.datetime.fromtimestamp(r.updated).strftime("%Y-%m-%d %H:%M:%S")
         latest = r.runs[-1] if r.runs else ""
-        table.add_row(*(cell(c) for c in (r.thread, r.actor, len(r.runs), latest, when)))
+        table.add_row(*(shown(c) for c in (r.thread, r.actor, len(r.runs), latest, when)))
     console().print(table)
     return 0
 
@@ -80,11 +80,11 @@ async def _one(client: Client, agent: str, thread: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"actor": record.actor, "thread": record.thread, "runs": rows}, indent=2))
         return 0
-    table = Table(title=cell(f"thread {thread!r} · {record.actor}"), header_style="bold")
+    table = Table(title=shown(f"thread {thread!r} · {record.actor}"), header_style="bold")
     for column in ("#", "run", "status", "task"):
         table.add_column(column)
     for i, row in enumerate(rows, 1):
-        table.add_row(*(cell(c) for c in (i, row["run_id"], row["status"], row["input"])))
+        table.add_row(*(shown(c) for c in (i, row["run_id"], row["status"], row["input"])))
     console().print(table)
     return 0
 

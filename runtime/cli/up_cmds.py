@@ -2,20 +2,26 @@
 
     sa up [BUNDLES...] [--workers N]      embedded NATS (unless NATS_URL), the local model if a bundle uses
                                           it, a host (in this process) and N worker processes
+    sa up --store DIR                     JetStream kept in DIR (default: in the user data dir)
     sa up --secure                        the embedded NATS with authentication: fresh credentials per role
 
 Start-up prints one line per process (nats, model, workers, state, host) and then `ready:`; a host's
 per-partition log lines start once it is ready (all of them with --verbose). While it runs, the state file
-(`runtime.running.state_file`) holds the NATS and model URLs, so the other commands find them. Exit codes:
-0 stopped by Ctrl-C / SIGTERM; 1 a bundle needs the `model` extra that is not installed; 2 bad usage (an
-invalid bundle, --secure with NATS_URL set). The host, workers and agents are the same as `sa host` and
-`sa worker` run (`runtime.cli.serving`).
+(`runtime.running.state_file`) holds the NATS and model URLs, so the other commands find them.
+
+One live `sa up` per store: an `sa up` claims its store folder for its life (`runtime.running.claim_store`),
+and a second one on the same store is refused, naming the one running (two nats-servers on one store fight
+over its files). On another store (`--store DIR`) it runs; the state file stays the first one's (this one's
+URL is printed, for NATS_URL), and neither removes a state file it did not write.
+
+Exit codes: 0 stopped by Ctrl-C / SIGTERM; 1 a bundle needs the `model` extra that is not installed, or
+another `sa up` runs on the store; 2 bad usage (an invalid bundle, --secure with NATS_URL set). The host,
+workers and agents are the same as `sa host` and `sa worker` run (`runtime.cli.serving`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -32,7 +38,16 @@ from runtime.cli.observe_cmds import LogFormatOption, MetricsAddrOption, Metrics
 from runtime.cli.serving import VERBOSE_HELP, EventsMaxAge, EventsMaxBytes, PayloadsMaxAge, PayloadsMaxBytes
 from runtime.cli.where import bundle_paths
 from runtime.observe.logs import LogFormat
-from runtime.running import read_state, state_file
+from runtime.running import (
+    StoreClaim,
+    StoreTaken,
+    claim_store,
+    describe,
+    new_state,
+    remove_state,
+    state_file,
+    write_state,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -72,6 +87,7 @@ def up(
     from rich.console import Console
 
     from runtime import nats as bus
+    from runtime.nats.server import default_store_dir
 
     bounds = serving.retention(events_max_age, events_max_bytes, payloads_max_age, payloads_max_bytes)
     paths = bundle_paths(bundles)
@@ -83,16 +99,18 @@ def up(
                    "server: unset NATS_URL, or secure that server with deploy/nats/auth.conf", err=True)
         raise typer.Exit(2)
     console = Console(stderr=True, soft_wrap=True)  # one line per process, whatever the width
-    fleet = _Local(console)
+    state = new_state()
+    claim = None if bus.servers_from_env() else _claim(store or default_store_dir(), state)
+    fleet = _Local(console, state, claim)
     try:
-        url = fleet.start_nats(store, secure)
+        url = fleet.start_nats(secure)
         model_url = fleet.start_model() if local_model else None
         # this fleet's host owns the topology: made before the workers start, which wait for it
         import anyio
 
         anyio.run(serving.apply_retention, url, bounds, partitions, backend="asyncio")
         fleet.start_workers(workers, concurrency, paths, url, log_format)
-        _write_state(console, url, model_url, paths)
+        fleet.write_state(url, model_url, paths)
         agents = serving.load_agents(paths, model_url)
         _serve(console, url, agents, partitions, bounds, metrics, verbose)
     finally:
@@ -121,6 +139,18 @@ def _needs_local_model(paths: list[Path]) -> bool:
     return True
 
 
+def _claim(store: Path, state: dict[str, Any]) -> StoreClaim:
+    """This `sa up`'s claim on its store; exit 1 naming the `sa up` that holds it, and how to go on."""
+    try:
+        return claim_store(store, state)
+    except StoreTaken as e:
+        url = e.holder.get("nats_url")
+        typer.echo(f"error: {e}.\n  Use it (`sa send ...` finds it{f'; NATS_URL={url}' if url else ''}), "
+                   f"stop it (kill {e.holder.get('pid', '<its pid>')}, or Ctrl-C where it runs), or start "
+                   "another sa up on a store of its own: sa up --store DIR", err=True)
+        raise typer.Exit(1) from None
+
+
 def _line(console: Console, name: str, text: str) -> None:
     """One start-up line: the process's name in bold, then what it is (escaped: paths and URLs are data)."""
     from rich.markup import escape
@@ -133,25 +163,29 @@ class _Local:
     """What `sa up` started, so that everything is stopped, in order, however it ends."""
 
     console: Console
+    state: dict[str, Any]  # what the state file says of this `sa up` (`runtime.running.new_state`)
+    claim: StoreClaim | None  # its store, claimed (None: NATS_URL names the server, no store here)
     server: EmbeddedNats | None = None
     model: ServerProcess | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     worker_env: dict[str, str] = field(default_factory=dict)
+    wrote_state: bool = False
 
-    def start_nats(self, store: Path | None, secure: bool) -> str:
-        """NATS_URL's servers, else an embedded server (with authentication if `secure`); its URL."""
+    def start_nats(self, secure: bool) -> str:
+        """NATS_URL's servers, else an embedded server on the claimed store (with authentication if
+        `secure`); its URL."""
         from runtime import nats as bus
-        from runtime.nats.server import default_store_dir
 
-        env_url = bus.servers_from_env()
-        if env_url:
-            url = ",".join(env_url)
+        if self.claim is None:
+            url = ",".join(bus.servers_from_env() or [])
             _line(self.console, "nats", f"{url} (NATS_URL)")
             return url
         extra: list[str] = []
         if secure:
-            self.worker_env = _secure_setup(self.console, extra)
-        self.server = bus.EmbeddedNats(store or default_store_dir(), extra_args=extra).start()
+            self.worker_env = _secure_setup(self.console, self.claim.store, extra)
+        self.server = bus.EmbeddedNats(self.claim.store, extra_args=extra).start()
+        self.state.update(nats_url=self.server.url, store=str(self.claim.store))
+        self.claim.record(self.state)  # a refused `sa up` on this store names this one
         _line(self.console, "nats", f"{self.server.url}  (embedded, store {self.server.store_dir}"
                                     f"{', authentication on' if secure else ''})")
         return self.server.url
@@ -191,18 +225,24 @@ class _Local:
             self.model.stop()
         if self.server is not None:
             self.server.stop()
-        with contextlib.suppress(OSError):
-            if read_state().get("pid") in (os.getpid(), None):
-                state_file().unlink()
+        if self.wrote_state:
+            with contextlib.suppress(OSError):
+                remove_state(self.state["token"])  # only if it is still this one's
+        if self.claim is not None:
+            self.claim.release()
         self.console.print("stopped")
 
-
-def _write_state(console: Console, url: str, model_url: str | None, paths: list[Path]) -> None:
-    """The state file the other commands read to find this `sa up` (removed when it stops)."""
-    state_file().parent.mkdir(parents=True, exist_ok=True)
-    state_file().write_text(json.dumps({"nats_url": url, "model_url": model_url, "pid": os.getpid(),
-                                        "bundles": [str(p.resolve()) for p in paths]}, indent=2))
-    _line(console, "state", str(state_file()))
+    def write_state(self, url: str, model_url: str | None, paths: list[Path]) -> None:
+        """The state file the other commands read to find this `sa up` (removed when it stops), unless
+        another live `sa up` holds it: then it stays that one's, and this one says how to reach it."""
+        self.state.update(nats_url=url, model_url=model_url, bundles=[str(p.resolve()) for p in paths])
+        other = write_state(self.state)
+        if other is None:
+            self.wrote_state = True
+            _line(self.console, "state", str(state_file()))
+            return
+        _line(self.console, "state", f"{state_file()} is kept for {describe(other)}: commands find that "
+                                     f"one by themselves; reach this one with NATS_URL={url}")
 
 
 def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any, metrics: Any,
@@ -236,17 +276,18 @@ def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any
     anyio.run(main, backend="asyncio")
 
 
-def secure_dir() -> Path:
-    """Where `sa up --secure` writes the server's users and each role's credentials."""
-    return state_file().parent / "secure"
+def secure_dir(store: Path) -> Path:
+    """Where `sa up --secure` writes the server's users and each role's credentials: in the store it
+    claimed, so an `sa up` on another store never rewrites the credentials of the one running."""
+    return store / "secure"
 
 
-def _secure_setup(console: Console, server_args: list[str]) -> dict[str, str]:
+def _secure_setup(console: Console, store: Path, server_args: list[str]) -> dict[str, str]:
     """Fresh credentials for every role (`runtime.nats.auth.write_secure_dir`); the server is told to use
     them (`server_args`), this process becomes the host, and the workers' environment is returned."""
     from runtime.nats.auth import read_env_file, write_secure_dir
 
-    folder = secure_dir()
+    folder = secure_dir(store)
     files = write_secure_dir(folder)
     server_args += ["-c", str(folder / "auth.conf")]
     os.environ.update(read_env_file(files["host"]))  # the in-process host (and its lease thread)

@@ -1,8 +1,10 @@
 """Where things are, for every `sa` command that talks to NATS or loads bundles.
 
-The NATS server: `--nats`, else `NATS_URL`, else the state file a running `sa up` writes
-(`runtime.running`: it holds the NATS URL, the local model URL, the bundles and the pid, and is removed
-when `sa up` stops; a file whose `sa up` was killed is ignored).
+The NATS server: `--nats`, else `NATS_URL`, else the state file a running `sa up` writes (`runtime.running`,
+the one function `Client.connect()` uses too: it holds the NATS URL, the local model URL, the bundles and the
+pid, and is removed when `sa up` stops; a file whose `sa up` was killed is ignored, with a note). A command
+that found NATS through the state file says which `sa up` it talks to, in one line on stderr (stdout stays
+the command's own, for pipes).
 
 Bundles: a bundle.yaml file, a folder holding one, or a folder of such folders (`sa up bundles`); with no
 argument, `bundles/demo` of the current directory.
@@ -14,20 +16,24 @@ from pathlib import Path
 
 import typer
 
-from runtime.running import read_state
+from runtime.running import find_nats
 
 BUNDLE_FILE = "bundle.yaml"
 DEFAULT_BUNDLE = Path("bundles/demo")
 
 
 def resolve_nats(explicit: str | None, command: str) -> str:
-    """`--nats`/NATS_URL, else the running `sa up`; exit 2 with what to do if there is neither."""
-    url = explicit or read_state().get("nats_url")
+    """`--nats`/NATS_URL, else the running `sa up` (named on stderr); exit 2 with what to do if there is
+    neither."""
+    def note(message: str) -> None:
+        typer.echo(f"sa {command}: {message}", err=True)
+
+    url = find_nats(explicit, note=note)
     if not url:
         typer.echo(f"sa {command}: no NATS server: start one with `sa up`, or set NATS_URL "
                    "(or pass --nats nats://host:4222)", err=True)
         raise typer.Exit(2)
-    return str(url)
+    return url
 
 
 def bundle_paths(bundles: list[Path]) -> list[Path]:

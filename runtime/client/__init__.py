@@ -5,7 +5,7 @@
         print(await handle.result(timeout=60))
 
 - `client`  — `Client`: connect, `start` (idempotent by task id) -> `RunHandle`, `run`, runs, threads, status
-- `handle`  — `RunHandle`: `result` (or `RunFailedError` / `RunCancelledError`), `events`, `tokens`, `cancel`,
+- `handle`  — `RunHandle`: `result` (or `RunFailedError`; a cancel: `RunCancelledError`), `events`, `tokens`,
               `approve` / `deny`, `questions` / `answer`, `fork`, `replay`, `verify`
 - `sync`    — `SyncClient`: the same, blocking, for code that is not async
 - `submit`  — a task stored exactly once, or `NotSent` saying why
@@ -15,6 +15,8 @@
 - `replay`  — a run's timeline and live view, `verify` (the kernel re-decides the log)
 - `diff`    — where two runs (a fork and its source) diverge
 - `status`  — hosts, partitions, workers, queue depths, runs in flight
+- `terminal` — run content as a terminal shows it: control characters made visible, never markup; a
+              console as wide as its lines when it prints into a pipe
 - `work`    — tool jobs not done yet (and why earlier deliveries ended), dead letters and their replay
 - `schedules` — `Schedules` (`client.schedules`): add, list, pause, resume, delete the cluster's schedules
 

@@ -19,7 +19,6 @@ commands hosts apply: every answer comes from the log.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -60,16 +59,17 @@ class RunInfo:
     status: str
     updated: float
     task_id: str | None
-    last_seq: int
+    last_seq: int  # the stream sequence of its last event (EVENTS'): see `seq` for the run's own
     bundle: str | None
     forked_from: str | None
     partition: int | None = None  # the task partition whose host drives the run
     forked_at: int | None = None  # a fork: the seq of `forked_from` it was forked at
+    seq: int | None = None  # the run's seq of its last event, as `sa replay` shows it (None: not recorded)
 
     @classmethod
     def of(cls, run_id: str, ix: RunIndex) -> RunInfo:
         return cls(run_id, ix.actor, ix.status, ix.updated, ix.task_id, ix.last_seq, ix.bundle,
-                   ix.forked_from, ix.partition, ix.forked_at)
+                   ix.forked_from, ix.partition, ix.forked_at, ix.seq)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as a JSON object (`sa runs --json`)."""
@@ -101,15 +101,18 @@ class Client:
     async def connect(cls, servers: str | Sequence[str] | None = None, *,
                       credentials: Credentials | None = None, name: str = "sa-client",
                       **options: Any) -> Client:
-        """Connect to `servers` (default: `NATS_URL`, else the `sa up` running on this machine; a
-        comma-separated list for a cluster). Credentials
+        """Connect to `servers` (default: `NATS_URL`, else the `sa up` running on this machine, found as
+        every `sa` command finds it, `runtime.running.find_nats`, and logged at INFO; a comma-separated
+        list for a cluster). Credentials
         and TLS come from `credentials`, else from the environment as `sa` reads them (NATS_CREDS,
         NATS_USER / NATS_PASSWORD, NATS_CA / NATS_CERT / NATS_KEY). `options` go to nats-py's `connect`
         (a client gives up after a few reconnect attempts unless told otherwise)."""
-        if servers is None and not os.environ.get("NATS_URL"):
-            from runtime.running import running_nats_url
+        if servers is None:
+            import logging
 
-            servers = running_nats_url()
+            from runtime.running import find_nats
+
+            servers = find_nats(note=logging.getLogger("runtime.client").info)
             if servers is None:
                 raise ConnectionError("no NATS server: pass its URL, set NATS_URL, or start `sa up` (a "
                                       "running `sa up` is found by itself)")

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from runtime import events as ev
+from runtime.client.terminal import shown
 from runtime.log import rebased
 
 # Fields that say where, when or how fast a fact was recorded, not what it is.
@@ -143,8 +144,8 @@ def render(d: Divergence) -> Any:
     for pair in _aligned(d.a_detail, d.b_detail):
         cells: list[Text] = []
         for e in pair:
-            # Text, not str: a recorded value with square brackets is data, never rich markup
-            cells += [Text(str(e.seq)), Text(ev.kind_of(e)), Text(describe(e))] if e is not None else \
+            # shown, not str: a recorded value is data, never rich markup nor a terminal's command
+            cells += [Text(str(e.seq)), Text(ev.kind_of(e)), shown(describe(e))] if e is not None else \
                 [Text(), Text(), Text()]
         table.add_row(*cells)
     ends = []
@@ -154,7 +155,7 @@ def render(d: Divergence) -> Any:
         ends.append(f"{run}: {len(rest)} more event(s)" + (f", {s.model_calls} model call(s), "
                                                            f"{s.tool_calls} tool call(s); last: {last}"
                                                            if s else ""))
-    return Group(head, table, Text("\n".join(ends)))
+    return Group(head, table, shown("\n".join(ends)))
 
 
 __all__ = ["Divergence", "diverge", "fact", "render"]

@@ -309,6 +309,7 @@ async def fork(js: JetStreamContext, run_id: str, at_seq: int, edit: ForkEdit | 
         (str(bundle.path) if bundle is not None else None)
     await index_kv.put(new_run, RunIndex(
         actor=source.actor, status="running", partition=partition, last_seq=written.last_seq,
+        seq=written.events[-1].seq,
         updated=time.time(), bundle=path, forked_from=run_id, forked_at=at_seq).encode())
     active = await fleet_kv(js, ACTIVE_BUCKET)
     await active.put(active_key(partition, new_run), source.actor.encode())

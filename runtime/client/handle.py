@@ -3,7 +3,7 @@
     handle = await client.start("planner", "summarise the inbox")
     async for event in handle.events():          # every event, live, from any seq
         ...
-    output = await handle.result(timeout=60)     # or RunFailedError / RunCancelledError, with the reason
+    output = await handle.result(timeout=60)     # or RunFailedError (a cancel: RunCancelledError), and why
 
 A handle is a run id and a client, nothing more: it holds no subscription between calls, so handles are
 free to make (`client.get(run_id)`) and a handle made in another process, or after a crash, works the same.
@@ -55,34 +55,41 @@ class Fleet(Protocol):
     async def fork(self, run_id: str, at: int, edit: Any = None, *, bundle: Any = None) -> Any: ...
 
 
-class RunError(Exception):
-    """A run that ended without an output: `ending` is its terminal event (failed or cancelled)."""
+CANCELLED = "cancelled"  # `RunFailedError.reason` of a cancelled run
 
-    def __init__(self, run_id: str, ending: ev.Event, message: str) -> None:
-        super().__init__(message)
+
+class RunFailedError(Exception):
+    """A run that ended without an output: it failed, or was cancelled (`RunCancelledError`, a subclass),
+    so one `except RunFailedError as e` catches every run that did not complete.
+
+    `reason` is the kind of ending, a word a program can branch on: the failure kind the kernel recorded
+    (`max_turns`, `deadline`, `model_failed`, `bad_task`, ...) or `cancelled`; `detail` is what the log says
+    about it (for a cancel, the reason the operator gave); `ending` is the terminal event itself."""
+
+    def __init__(self, run_id: str, ending: ev.RunFailed | ev.RunCancelled,
+                 message: str | None = None) -> None:
+        if isinstance(ending, ev.RunFailed):
+            reason, detail = ending.reason, ending.detail
+        else:
+            reason, detail = CANCELLED, ending.reason
+        super().__init__(message or f"run {run_id} failed ({reason}){f': {detail}' if detail else ''}")
         self.run_id = run_id
         self.ending = ending
+        self.reason = reason
+        self.detail = detail
 
 
-class RunFailedError(RunError):
-    """The run failed: `reason` is the failure kind the kernel recorded (`max_turns`, `deadline`,
-    `model_failed`, ...), `detail` what the log says about it."""
-
-    def __init__(self, run_id: str, ending: ev.RunFailed) -> None:
-        detail = f": {ending.detail}" if ending.detail else ""
-        super().__init__(run_id, ending, f"run {run_id} failed ({ending.reason}){detail}")
-        self.reason = ending.reason
-        self.detail = ending.detail
+RunError = RunFailedError  # its former name, when a cancel was not a failure: for code that catches it
 
 
-class RunCancelledError(RunError):
-    """The run was cancelled: `reason` as the operator gave it, `by` the operator the host recorded."""
+class RunCancelledError(RunFailedError):
+    """The run was cancelled: `reason` is `cancelled`, `detail` the reason the operator gave, `by` the
+    operator the host recorded."""
 
     def __init__(self, run_id: str, ending: ev.RunCancelled) -> None:
         said = f": {ending.reason}" if ending.reason else ""
         by = f" by {ending.by}" if ending.by else ""
         super().__init__(run_id, ending, f"run {run_id} was cancelled{by}{said}")
-        self.reason = ending.reason
         self.by = ending.by
 
 
@@ -124,8 +131,9 @@ class RunHandle:
             return await self.client.log.resolve(last)
 
     async def result(self, timeout: float | None = None) -> Any:
-        """The run's output once it completes; `RunFailedError` / `RunCancelledError` (with the reason the
-        log recorded) if it ends otherwise; `TimeoutError` if it has not ended within `timeout` seconds."""
+        """The run's output once it completes; `RunFailedError` (`RunCancelledError` for a cancel), with the
+        reason and detail the log recorded, if it ends otherwise; `TimeoutError` if it has not ended within
+        `timeout` seconds."""
         return outcome(self.run_id, await self.ending(timeout))
 
     # -- reading ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import msgspec
 
 from runtime import events as ev
 from runtime.client.describe import describe
+from runtime.client.terminal import printable, shown
 from runtime.streaming import Delta
 
 if TYPE_CHECKING:
@@ -82,14 +83,14 @@ def _style(kind: str) -> str:
 def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     """A rich Table: one row per event (seq, time since start, kind, what happened) + a totals caption
     (counting log entries: a script run carried by its call's outcome is its rows, under the outcome's seq).
-    Every cell is a `Text`: what a run recorded (a task, a reply holding `[/INST]`) is shown as written,
-    never read as rich markup."""
+    Every cell is `shown`: what a run recorded (a task, a reply holding `[/INST]` or an escape sequence)
+    is shown as written, never read as rich markup nor obeyed by the terminal."""
     from rich.table import Table
     from rich.text import Text
 
     t0 = _t0(events)
     s = summarize(events)
-    table = Table(title=Text(title) if title else None, show_lines=False, header_style="bold", expand=False,
+    table = Table(title=shown(title) if title else None, show_lines=False, header_style="bold", expand=False,
                   caption=Text(f"{s.status} · {s.events} events · {s.turns} turn(s) · "
                                f"{s.model_calls} model call(s) "
                                f"{s.model_ms:.0f} ms · {s.tool_calls} tool call(s) {s.tool_ms:.0f} ms · "
@@ -101,7 +102,7 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
     ended = False
     for e in ev.expand_all(events):
         kind = ev.kind_of(e)
-        detail = Text(describe(e))
+        detail = shown(describe(e))
         if ended:  # a stopped job's own account, appended after the run ended: it explains, changes nothing
             detail.append("  (reported after the run ended)", style="dim")
         table.add_row(str(e.seq), f"{(e.ts - t0) * 1000:.0f}", Text(kind, style=_style(kind)), detail)
@@ -110,12 +111,13 @@ def timeline(events: Sequence[ev.Event], *, title: str = "") -> Any:
 
 
 def event_line(event: ev.Event) -> Any:
-    """One event as `sa send --follow` prints it: seq, kind, what happened (a `Text`: data is not markup)."""
+    """One event as `sa send --follow` prints it: seq, kind, what happened (`shown`: data is neither markup
+    nor terminal commands)."""
     from rich.text import Text
 
     kind = ev.kind_of(event)
     line = Text.assemble((f"{event.seq:>3}", "dim"), " ", (f"{kind:<17}", _style(kind)), " ")
-    line.append(describe(event))
+    line.append(printable(describe(event)))
     return line
 
 
@@ -130,7 +132,7 @@ class _Live:
         self.call: tuple[str, int] | None = None  # the (request, index) of the call whose `(` is open
 
     def _out(self, text: str) -> None:
-        self.console.out(text, end="", highlight=False)
+        self.console.out(printable(text), end="", highlight=False)
         self.line_open = True
 
     def close_call(self) -> None:

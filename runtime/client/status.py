@@ -32,6 +32,7 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from runtime.client.terminal import shown
 from runtime.nats.kv import fleet_kv, kv_entries
 from runtime.nats.records import HostBeat, WorkerBeat
 from runtime.nats.subjects import (
@@ -208,13 +209,13 @@ async def _messages(js: JetStreamContext, stream: str) -> int:
 
 def render(status: dict[str, Any]) -> Any:
     """Rich tables: hosts, partitions, workers, queues. Names read from NATS (hosts, workers, agents) are
-    `Text` cells, shown as they are, never read as rich markup."""
+    `shown` cells: as they are, never read as rich markup nor obeyed by the terminal."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     def row(table: Table, *cells: Any) -> None:
-        table.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in cells))
+        table.add_row(*(c if isinstance(c, Text) else shown(c) for c in cells))
 
     q = status["queues"]
     head = Table.grid(padding=(0, 2))

@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
 from runtime import events as ev
-from runtime.commands import actor_key, publish_task, run_id_for, split_actor
+from runtime.commands import actor_key, check_input, publish_task, run_id_for, split_actor
 from runtime.log.payloads import Payloads
 from runtime.nats.connection import explain_refusal, refused_publish
 from runtime.nats.subjects import TASKS, task_subject
@@ -60,7 +60,8 @@ async def submit(js: Any, agent: str, input: str, *, task_id: str | None = None,
     No TASKS stream: wait up to `wait` seconds for a host to create it (`on_waiting` is told once). A
     stream that exists but does not answer is retried for `RETRY_UNANSWERED_S` (or `wait`, if longer).
     Raises `NotSent` when the task is not stored, `ValueError` for a task that can never be (a bad agent,
-    instance or thread name)."""
+    instance or thread name, an input holding NUL)."""
+    check_input(input)
     task_id = task_id or uuid.uuid4().hex
     bundle, named = split_actor(agent)
     actor = actor_key(bundle, instance or named)

@@ -390,7 +390,7 @@ class Host:
                 if self.on_event is not None:
                     self.on_event(e)
             await self.index.put(item.run_id, RunIndex(actor=actor, status="failed", partition=item.partition,
-                                                       last_seq=seq, updated=time.time(),
+                                                       last_seq=seq, seq=failed.seq, updated=time.time(),
                                                        task_id=item.task.task_id))
         self.stats.runs_ended["failed"] = self.stats.runs_ended.get("failed", 0) + 1
         if item.msg is not None:

@@ -47,7 +47,8 @@ class RunIndex(msgspec.Struct, omit_defaults=True, kw_only=True):
     status: str
     actor: str = ""  # e.g. "running" | "completed" | "failed" | "cancelled"
     partition: int
-    last_seq: int = 0  # stream sequence of the run's last appended event
+    last_seq: int = 0  # stream sequence of the run's last appended event (what the next append expects)
+    seq: int | None = None  # the run's own seq of that event (`sa replay`, `sa fork --at`; None: not kept)
     updated: float = 0.0  # unix time of the last update
     task_id: str | None = None
     bundle: str | None = None

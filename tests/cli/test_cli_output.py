@@ -108,8 +108,8 @@ async def test_piped_runs_print_every_id_whole_one_run_per_line(nats_server, top
     kv = await runs_kv(topo)
     runs = {f"r{i:016x}": (f"task-{i}-" + "x" * 40, "calc:" + "instance" * 4) for i in range(3)}
     for i, (run_id, (task_id, actor)) in enumerate(runs.items()):
-        await kv.put(run_id, RunIndex(status="completed", actor=actor, partition=0, last_seq=7,
-                                          updated=1000.0 + i, task_id=task_id).encode())
+        await kv.put(run_id, RunIndex(status="completed", actor=actor, partition=0, last_seq=700 + i,
+                                      seq=6, updated=1000.0 + i, task_id=task_id).encode())
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["NATS_URL"] = nats_server.url
     piped = await anyio.run_process([*CLI, "runs"], env=env, check=False)  # stdout is a pipe
@@ -119,4 +119,72 @@ async def test_piped_runs_print_every_id_whole_one_run_per_line(nats_server, top
     rows = [line.split("\t") for line in lines[1:]]
     assert [(r[0], r[4], r[1]) for r in rows] == [(run_id, task_id, actor) for run_id, (task_id, actor)
                                                   in reversed(runs.items())]  # newest first, all whole
-    assert all(r[2] == "completed" and r[5] == "7" for r in rows)
+    # `last seq` is the run's seq, the one `sa replay` shows and `sa fork --at` takes, not the stream's
+    assert all(r[2] == "completed" and r[5] == "6" for r in rows)
+
+
+# an OSC that retitles the terminal, an SGR that recolours it, a C1 CSI that clears it (8-bit terminals)
+ESCAPES = "title \x1b]0;pwned\x07 red \x1b[31m csi \x9b2J end"
+ESCAPED = "title \\x1b]0;pwned\\x07 red \\x1b[31m csi \\x9b2J end"
+RAW = ("\x1b", "\x07", "\x9b")
+
+
+def _clean(text: str) -> None:
+    assert not any(c in text for c in RAW), repr(text)
+
+
+async def test_escape_sequences_in_a_run_reach_no_terminal(nats_server, topo, tmp_path: Path):
+    """A publisher's task with terminal escapes once retitled and recoloured the operator's terminal through
+    `sa replay` and `sa send -f`: every human view shows them escaped; --json keeps them, JSON-escaped."""
+    import json
+
+    url = nats_server.url
+    bundle = write_bundle(tmp_path, "calc", tools=())
+    with ScriptedModelServer(responder=bracket_model) as model:
+        async with running_host(url, [bundle], model), running_worker(url, [bundle]):
+            sent = await sa(url, "send", "calc", ESCAPES, "--follow")
+            run_id = sent.out.split()[1]
+            replayed = await sa(url, "replay", run_id)
+            as_json = await sa(url, "replay", run_id, "--json")
+    for result in (sent, replayed):
+        assert result.code == 0, (result.out, result.err)
+        _clean(result.out)
+        assert ESCAPED in result.out and "echo title " in result.out, result.out  # the task, its answer
+    assert "\x1b" not in as_json.out and "\x07" not in as_json.out  # JSON escapes C0 controls itself
+    assert json.loads(as_json.out.splitlines()[0])["input"] == ESCAPES
+
+
+def test_every_renderer_escapes_control_characters():
+    from runtime.client.diff import diverge, render
+    from runtime.client.replay import _Live, event_line, timeline
+    from runtime.client.status import render as render_status
+    from runtime.client.terminal import printable, shown
+    from runtime.streaming import Delta
+
+    assert printable("a\nb\tc\rd\x00e\x7f") == "a\nb\tc\\x0dd\\x00e\\x7f"  # lines and tabs stay
+    started = ev.RunStarted(run_id="r1", seq=0, ts=1.0, actor="calc", input=ESCAPES)
+    replied = ev.ModelResponded(run_id="r1", seq=1, ts=2.0, actor="calc", request_id="r1/1", turn=1,
+                                content=ESCAPES)
+    other = ev.ModelResponded(run_id="r2", seq=1, ts=2.0, actor="calc", request_id="r2/1", turn=1,
+                              content="elsewhere " + ESCAPES)
+    status = {"partitions_total": 1, "replicas": 1, "runs_in_flight": 0, "unserved_partitions": 0,
+              "queues": {k: 0 for k in ("dlq", "tasks_pending", "tasks_held", "tool_jobs_pending",
+                                        "tool_jobs_held", "results_pending", "results_held")},
+              "hosts": [{"id": "h\x1b[2J", "partitions": [0], "runs": 0, "queued": 0, "max_runs": 1,
+                         "agents": ["calc"], "up_s": 1.0, "beat_age_s": 0.1}],
+              "partitions": [{"partition": 0, "host": "h\x1b[2J", "runs_in_flight": 0, "tasks_pending": 0,
+                              "tasks_held": 0, "results_pending": 0, "results_held": 0}],
+              "workers": []}
+    shown_out = io.StringIO()
+    console = Console(file=shown_out, width=300)
+    console.print(timeline([started, replied], title="run r1"))
+    console.print(event_line(replied))
+    console.print(render(diverge("r1", [started, replied], "r2", [started, other])))
+    console.print(render_status(status))
+    console.print(shown(ESCAPES))  # what every CLI table's cells are (runs, threads, questions, approvals)
+    live = _Live(console)  # the model's tokens as `sa send -f` streams them
+    live.show(Delta(run_id="r1", request_id="r1/1", turn=1, n=0, text=ESCAPES))
+    live.end_line()
+    text = shown_out.getvalue()
+    _clean(text)
+    assert text.count(ESCAPED) >= 6 and "h\\x1b[2J" in text, text

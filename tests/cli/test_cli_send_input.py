@@ -74,10 +74,13 @@ async def test_a_task_from_a_file_or_stdin_and_one_bigger_than_a_message(nats_se
 async def test_no_task_text_or_two_of_them_is_bad_usage(nats_server, topo, tmp_path: Path):
     (tmp_path / "t.txt").write_text("x")
     (tmp_path / "binary").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "nul.txt").write_bytes(b"text\x00cut here")  # UTF-8, but NUL is not text
     for args, says in ((["send", "calc"], "give the task as text"),
                        (["send", "calc", "text", "--file", str(tmp_path / "t.txt")], "one of them"),
                        (["send", "calc", "--file", str(tmp_path / "missing.txt")], "cannot read the task"),
                        (["send", "calc", "--file", str(tmp_path / "binary")], "not UTF-8 text"),
+                       (["send", "calc", "--file", str(tmp_path / "nul.txt")], "NUL character (0x00) at "
+                                                                               "character 4"),
                        (["send", "calc", "-"], "the task is empty")):
         code, out, err = await sa(nats_server.url, *args, stdin=b"")
         assert code == 2 and says in err and out == "", (args, err)

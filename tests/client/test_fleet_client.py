@@ -65,10 +65,31 @@ async def test_cancel_gives_a_typed_error_with_the_reason(nats_server, topo, tmp
                 break
         ending = await handle.cancel("runaway loop")
         assert isinstance(ending, ev.RunCancelled) and ending.reason == "runaway loop"
-        with pytest.raises(RunCancelledError) as caught:
+        with pytest.raises(RunFailedError) as caught:  # what the README snippet catches: a cancel too
             await handle.result(timeout=30)
-        assert caught.value.reason == "runaway loop" and caught.value.run_id == handle.run_id
+        assert isinstance(caught.value, RunCancelledError) and caught.value.run_id == handle.run_id
+        assert (caught.value.reason, caught.value.detail) == ("cancelled", "runaway loop")
         assert "cancelled" in str(caught.value) and "runaway loop" in str(caught.value)
+
+
+def test_except_run_failed_error_catches_every_run_that_did_not_complete():
+    """`RunCancelledError` was not a `RunFailedError` and had no `.detail`: the README's `except
+    RunFailedError as e: print(e.reason, e.detail)` let a cancel through."""
+    from runtime.client.handle import RunError, outcome
+
+    ids = {"run_id": "r1", "seq": 5, "ts": 1.0, "actor": "calc"}
+    caught = []
+    for ending in (ev.RunFailed(**ids, reason="deadline", detail="past 60 s"),
+                   ev.RunCancelled(**ids, reason="runaway loop", by="alice"), ev.RunCancelled(**ids)):
+        try:
+            outcome("r1", ending)
+        except RunFailedError as e:
+            caught.append((type(e).__name__, e.reason, e.detail, e.ending is ending))
+    assert caught == [("RunFailedError", "deadline", "past 60 s", True),
+                      ("RunCancelledError", "cancelled", "runaway loop", True),
+                      ("RunCancelledError", "cancelled", "", True)]
+    assert RunError is RunFailedError  # the former base's name still catches both
+    assert outcome("r1", ev.RunCompleted(**ids, output={"answer": 42})) == {"answer": 42}
 
 
 async def test_a_failed_run_raises_with_the_kernels_reason(nats_server, topo, tmp_path):

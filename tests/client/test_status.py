@@ -132,3 +132,19 @@ def test_status_without_a_server_says_what_to_do(tmp_path):
     env["XDG_DATA_HOME"] = str(tmp_path)  # no `sa up` state file either
     out = subprocess.run([*CLI, "status"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "NATS_URL" in out.stderr
+
+
+def test_status_on_a_server_without_streams_says_to_start_a_host(tmp_path):
+    """It printed the raw `NotFoundError: ... stream not found`."""
+    from runtime.nats.server import EmbeddedNats
+
+    server = EmbeddedNats().start()  # a server of its own: no streams at all
+    url = server.url
+    try:
+        env = {**os.environ, "NATS_URL": url, "XDG_DATA_HOME": str(tmp_path)}
+        out = subprocess.run([*CLI, "status"], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        server.stop()
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip() == (f"sa status: no structured-agents streams on {url}: start a host "
+                                  "(`sa host BUNDLE` or `sa up`)")

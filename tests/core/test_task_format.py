@@ -18,6 +18,7 @@ import pytest
 from control_helpers import sa
 from host_helpers import running_host, running_worker, write_bundle
 
+from runtime import events as ev
 from runtime import nats as bus
 from runtime.client import Client, RunFailedError
 from runtime.commands import BadCommand, decode
@@ -90,6 +91,16 @@ async def test_tasks_from_a_plain_client_run_where_the_readme_says_and_bad_ones_
     assert replayed.code == 0 and "bad_task" in replayed.out and "unknown key 'thred'" in replayed.out
     assert '{"input": "x", "thred": "t1"}' in replayed.out  # the message as published: its task
     assert still == {"answer": "did add 1 and 1"}
+
+
+def test_a_json_or_msgpack_task_may_hold_escapes_but_not_nul():
+    """The text form refused NUL while a JSON or msgpack task (what `sa send` publishes) carried it."""
+    escaped = decode("calc", json.dumps({"input": "red \x1b[31m text"}).encode()).command
+    assert escaped.input == "red \x1b[31m text"  # type: ignore[union-attr]  # shown escaped, not refused
+    for body in (json.dumps({"input": "cut\x00here"}).encode(),
+                 ev.encode_command(ev.Task(agent="calc", input="cut\x00here", task_id="t1"))):
+        with pytest.raises(BadCommand, match="NUL character \\(0x00\\) at character 3"):
+            decode("calc", body)
 
 
 def test_what_a_task_subject_accepts():

@@ -74,6 +74,7 @@ async def test_a_task_runs_end_to_end_with_a_sandboxed_tool(fleet: Env):
     assert ix.status == "completed" and ix.actor == "calc" and ix.task_id == "t-1"
     log = await RunLog(js).read(run_id)
     assert kinds(log.events) == k and ix.last_seq == log.last_seq
+    assert ix.seq == log.events[-1].seq == len(k) - 1  # the run's seq (what `sa fork --at` takes) as well
     assert host.stats.runs_started == 1
 
 

@@ -142,6 +142,18 @@ def test_the_dockerfile_installs_the_package_and_ships_the_bundles() -> None:
         assert f"{pkg}=={version}" in text
 
 
+def test_the_package_license_is_an_spdx_expression_its_setuptools_reads() -> None:
+    """The `{text = ...}` table is deprecated by setuptools (a build warning now, an error from 2027): the
+    license is an SPDX expression, which setuptools reads from 77 on, so the build requires that."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert config["project"]["license"] == "Apache-2.0"
+    (setuptools,) = (r for r in config["build-system"]["requires"] if r.startswith("setuptools"))
+    floor = re.fullmatch(r"setuptools>=(\d+)(\.[\d.]+)?", setuptools)
+    assert floor is not None and int(floor.group(1)) >= 77, setuptools
+
+
 # ---------------------------------------------------------------------------------------------------------
 # kubernetes
 # ---------------------------------------------------------------------------------------------------------
