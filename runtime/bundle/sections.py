@@ -118,13 +118,17 @@ def externals_section(ref: str | None, root: Path) -> tuple[ExternalsFactory | N
         return None, [("externals", str(e))]
 
 
-def termination_section(term: TerminationSpec, tools: Collection[str]) -> tuple[float | None, list[Problem]]:
+def termination_section(term: TerminationSpec, tools: Collection[str], complete: bool = True
+                        ) -> tuple[float | None, list[Problem]]:
     """`termination:`: a terminal tool the bundle has, at least one turn, a deadline that parses (the
-    deadline in seconds is the value)."""
+    deadline in seconds is the value). `complete`: every tool entry loaded; when none did, a missing
+    terminal tool is likely one of those entries' problems, already named."""
     problems: list[Problem] = []
-    if term.terminal_tool is not None and tools and term.terminal_tool not in tools:
-        problems.append(("termination.terminal_tool", f"{term.terminal_tool!r} is not a tool of this bundle; "
-                                                      f"tools: {', '.join(sorted(tools))}"))
+    if term.terminal_tool is not None and (tools or complete) and term.terminal_tool not in tools:
+        names = ", ".join(sorted(tools)) or "none"
+        hint = did_you_mean(term.terminal_tool, tools)
+        problems.append(("termination.terminal_tool",
+                         f"{term.terminal_tool!r} is not a tool of this bundle{hint}; tools: {names}"))
     if term.max_turns < 1:
         problems.append(("termination.max_turns", "must be at least 1"))
     deadline_s = None
