@@ -52,6 +52,11 @@ def name_section(name: str) -> list[Problem]:
         check_token(name, "name")
     except ValueError as e:
         return [("name", str(e))]
+    if ":" in name:
+        bundle, _, instance = name.partition(":")
+        return [("name", f"{name!r} holds ':', which separates an agent from its instance (tasks for "
+                         f"'{bundle}:{instance}' go to instance {instance!r} of bundle {bundle!r}): name the "
+                         f"bundle without ':' (say {bundle!r}) and send to {name!r} for that instance")]
     return []
 
 
