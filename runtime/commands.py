@@ -290,7 +290,7 @@ async def publish_task(js: Any, agent: str, input: str, *, task_id: str | None =
     if thread is not None:
         check_thread(thread)
     if priority is not None and not ev.MIN_PRIORITY <= priority <= ev.MAX_PRIORITY:
-        raise ValueError(f"a priority is from {ev.MIN_PRIORITY} to {ev.MAX_PRIORITY}, got {priority}")
+        raise ValueError(f"{ev.PRIORITY_RULE}; got {priority}")
     bundle, inst = split_actor(agent)
     instance = instance or inst
     task_id = task_id or uuid.uuid4().hex

@@ -70,6 +70,9 @@ UNSTAMPED = -1  # the `seq` of an event not yet appended to a log
 # `priority:`, else the default.
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 9, 5
 Priority = Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+PRIORITY_RULE = (f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}: {MAX_PRIORITY} is the "
+                 f"most urgent (served first), {MIN_PRIORITY} the least; left out, the agent's bundle's "
+                 f"`priority:`, else {DEFAULT_PRIORITY}")
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -713,6 +716,23 @@ class _Peek(msgspec.Struct):
     v: Any = None
 
 
+# What a field's value must be, said in words where msgspec's own message (`Expected int <= 9`) does not
+# say what the number means.
+_FIELD_RULES = {"priority": PRIORITY_RULE}
+
+
+def _field_value(data: bytes | str, name: str) -> Any:
+    """The value a message gives field `name` (JSON or msgpack), to show it in an error; None if unread."""
+    try:
+        if isinstance(data, str) or data.lstrip()[:1] == b"{":
+            obj = msgspec.json.decode(data)
+        else:
+            obj = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return obj.get(name) if isinstance(obj, dict) else None
+
+
 def _decode(data: bytes | str, decoder: Any, peek: Any, known: dict[str, Any], what: str) -> Any:
     try:
         return decoder.decode(data)
@@ -730,6 +750,11 @@ def _decode(data: bytes | str, decoder: Any, peek: Any, known: dict[str, Any], w
             raise EventDecodeError(
                 f"unknown {what} kind {head.kind!r}{newer}; known kinds: {', '.join(sorted(known))}"
             ) from exc
+        field = next((name for name in _FIELD_RULES if str(exc).endswith(f"- at `$.{name}`")), None)
+        if field is not None:
+            got = _field_value(data, field)
+            raise EventDecodeError(f"invalid {what} {head.kind!r}: {_FIELD_RULES[field]}; got {got!r}"
+                                   ) from exc
         raise EventDecodeError(f"invalid {what} {head.kind!r}: {exc}") from exc
 
 
@@ -893,6 +918,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "PAYLOAD_FIELDS",
+    "PRIORITY_RULE",
     "SCHEMA_VERSION",
     "UNSTAMPED",
     "Answer",

@@ -8,9 +8,11 @@ top-level section: what its values mean, and its own problems), `capacity` (the 
 model: `endpoint:`, `budgets:`, `priority:`), `tools` (the `tools:` section: scripts,
 Python functions and other agents as configured tools), `values` (limits and output models, which several
 sections hold), `problems` (`BundleError`, pydantic errors as YAML paths), `resolved` (the `Bundle`),
-`load` (`load_bundle`: read, check every section, resolve).
+`load` (`load_bundle`: read, check every section, resolve), `check` (`check_bundle`: what a host builds
+from it at start, offline: `sa check`).
 """
 
+from runtime.bundle.check import check_bundle
 from runtime.bundle.load import load_bundle
 from runtime.bundle.problems import BundleError
 from runtime.bundle.resolved import Bundle, BundleTool, DataProviderSpec
@@ -21,4 +23,4 @@ from runtime.bundle.sections import SAMPLING_KEYS
 _SAMPLING_KEYS = SAMPLING_KEYS
 
 __all__ = ["SAMPLING_KEYS", "Bundle", "BundleError", "BundleSpec", "BundleTool", "DataProviderSpec",
-           "load_bundle"]
+           "check_bundle", "load_bundle"]

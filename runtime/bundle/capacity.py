@@ -54,6 +54,6 @@ def budgets_section(spec: BudgetsSpec) -> tuple[Budgets, list[Problem]]:
 def priority_section(priority: int | None) -> list[Problem]:
     """`priority:`: the default priority of the agent's tasks, from 0 to 9 (higher first)."""
     if priority is not None and not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        return [("priority", f"must be from {MIN_PRIORITY} (lowest) to {MAX_PRIORITY} (most urgent), got "
-                             f"{priority}")]
+        return [("priority", f"must be from {MIN_PRIORITY} (least urgent) to {MAX_PRIORITY} (most urgent, "
+                             f"served first), got {priority}")]
     return []

@@ -67,9 +67,10 @@ def load_bundle(path: str | Path) -> Bundle:
     system_prompt = keep(system_prompt_section(spec, root))
     global_limits = keep(limits_section(spec.limits))
     named = keep(output_models_section(spec.output_models, root))
-    found = keep(tools_section(spec.tools, root, global_limits, named))
+    found, tool_problems = tools_section(spec.tools, root, global_limits, named)
+    problems += tool_problems
     factory = keep(externals_section(spec.externals, root))
-    deadline_s = keep(termination_section(spec.termination, found.tools))
+    deadline_s = keep(termination_section(spec.termination, found.tools, complete=not tool_problems))
     problems += max_concurrent_tools_section(spec.max_concurrent_tools)
     problems += conversation_section(spec.conversation)
     policies = keep(policies_section(spec.policies))

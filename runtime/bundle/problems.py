@@ -62,6 +62,27 @@ def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(current, "model_fields", {})) if current is not None else []
 
 
+def _belongs_elsewhere(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """` (did you mean 'termination.max_turns'?)` for an unknown key that is (close to) a key of a section
+    nested below where it was written, or "": `max_turn:` at the top of a bundle belongs in `termination:`."""
+    current: Any = model
+    for part in loc[:-1]:  # the model the key was written in
+        if isinstance(part, int) or current is None:
+            continue
+        info = getattr(current, "model_fields", {}).get(part)
+        ann = getattr(info, "annotation", None)
+        current = next((a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)),
+                       None)
+    nested: dict[str, str] = {}  # key -> its dotted path, one level down
+    for name, info in getattr(current, "model_fields", {}).items():
+        ann = info.annotation
+        for sub in (a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)):
+            for key in sub.model_fields:
+                nested.setdefault(key, f"{name}.{key}")
+    close = difflib.get_close_matches(str(loc[-1]), list(nested), n=1, cutoff=0.8)
+    return f" (did you mean {nested[close[0]]!r}?)" if close else ""
+
+
 def pydantic_problems(err: ValidationError, model: type[BaseModel], base: str) -> list[Problem]:
     """Each of pydantic's errors as a problem at its YAML path under `base`."""
     problems = []
@@ -70,7 +91,7 @@ def pydantic_problems(err: ValidationError, model: type[BaseModel], base: str) -
         path = _path_str(loc, base)
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(model, loc[:-1])
-            hint = did_you_mean(str(loc[-1]), allowed)
+            hint = did_you_mean(str(loc[-1]), allowed) or _belongs_elsewhere(model, loc)
             problems.append((path, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"))
         elif e["type"] == "missing":
             problems.append((path, "required key is missing"))

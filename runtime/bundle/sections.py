@@ -53,6 +53,11 @@ def name_section(name: str) -> list[Problem]:
         check_token(name, "name")
     except ValueError as e:
         return [("name", str(e))]
+    if ":" in name:
+        bundle, _, instance = name.partition(":")
+        return [("name", f"{name!r} holds ':', which separates an agent from its instance (tasks for "
+                         f"'{bundle}:{instance}' go to instance {instance!r} of bundle {bundle!r}): name the "
+                         f"bundle without ':' (say {bundle!r}) and send to {name!r} for that instance")]
     return []
 
 
@@ -119,13 +124,17 @@ def externals_section(ref: str | None, root: Path) -> tuple[ExternalsFactory | N
         return None, [("externals", str(e))]
 
 
-def termination_section(term: TerminationSpec, tools: Collection[str]) -> tuple[float | None, list[Problem]]:
+def termination_section(term: TerminationSpec, tools: Collection[str], complete: bool = True
+                        ) -> tuple[float | None, list[Problem]]:
     """`termination:`: a terminal tool the bundle has, at least one turn, a deadline that parses (the
-    deadline in seconds is the value)."""
+    deadline in seconds is the value). `complete`: every tool entry loaded; when none did, a missing
+    terminal tool is likely one of those entries' problems, already named."""
     problems: list[Problem] = []
-    if term.terminal_tool is not None and tools and term.terminal_tool not in tools:
-        problems.append(("termination.terminal_tool", f"{term.terminal_tool!r} is not a tool of this bundle; "
-                                                      f"tools: {', '.join(sorted(tools))}"))
+    if term.terminal_tool is not None and (tools or complete) and term.terminal_tool not in tools:
+        names = ", ".join(sorted(tools)) or "none"
+        hint = did_you_mean(term.terminal_tool, tools)
+        problems.append(("termination.terminal_tool",
+                         f"{term.terminal_tool!r} is not a tool of this bundle{hint}; tools: {names}"))
     if term.max_turns < 1:
         problems.append(("termination.max_turns", "must be at least 1"))
     deadline_s = None

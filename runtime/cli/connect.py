@@ -35,6 +35,18 @@ async def client_for(url: str, command: str) -> AsyncIterator[Client]:
         await client.close()
 
 
+async def unserved(client: Client, agent: str) -> str | None:
+    """When no live host serves `agent`'s bundle: the bundles served now, for a warning (an agent's tasks
+    and fires wait in the stream until a host serving it starts, which otherwise looks like a hang, and a
+    misspelt agent looks the same); None when one does, or when this role may not read the hosts' beats."""
+    bundle = agent.split(":")[0]
+    try:
+        served = await client.served()
+    except Exception:  # a role that may not read the hosts' beats: nothing to say
+        return None
+    return None if bundle in served else ", ".join(sorted(served)) or "none"
+
+
 def with_client(url: str, command: str, op: Callable[[Client], Awaitable[T]]) -> T:
     """Run `op(client)` to its end on a client of its own (`client_for`); its result."""
     import anyio
@@ -46,4 +58,4 @@ def with_client(url: str, command: str, op: Callable[[Client], Awaitable[T]]) ->
     return anyio.run(main, backend="asyncio")
 
 
-__all__ = ["client_for", "with_client"]
+__all__ = ["client_for", "unserved", "with_client"]

@@ -107,16 +107,13 @@ def task_text(task: str | None, file: Path | None) -> str:
 async def _warn_if_unserved(client: Any, agent: str) -> None:
     """Say so when no live host serves the task's agent: the task is stored and waits for one (and fails
     `unknown_agent` once none has served it for a while), which looks like a hang otherwise."""
-    bundle = agent.split(":")[0]
-    try:
-        served = await client.served()
-    except Exception:  # a role that may not read the hosts' beats: nothing to say
-        return
-    if bundle not in served:
-        hosts = ", ".join(sorted(served)) or "none"
-        typer.echo(f"sa send: no live host serves agent {bundle!r} (served now: {hosts}): the task waits in "
-                   "TASKS until a host serving it starts, and fails unknown_agent if none does in time",
-                   err=True)
+    from runtime.cli.connect import unserved
+
+    hosts = await unserved(client, agent)
+    if hosts is not None:
+        typer.echo(f"sa send: no live host serves agent {agent.split(':')[0]!r} (served now: {hosts}): the "
+                   "task waits in TASKS until a host serving it starts, and fails unknown_agent if none does "
+                   "in time", err=True)
 
 
 def _usage(message: str) -> NoReturn:

@@ -31,13 +31,13 @@ NatsOption = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")]
 
 
 def _run(command: str, url: str, op: Callable[[Any], Awaitable[Any]]) -> Any:
-    """`op(client.schedules)` on a client of its own; a schedule that cannot be, or an unknown name, exits 1
-    with the message."""
+    """`op(client)` on a client of its own; a schedule that cannot be, or an unknown name, exits 1 with the
+    message."""
     from runtime.cli.connect import with_client
     from runtime.schedules import ScheduleError
 
     try:
-        return with_client(url, f"schedule-{command}", lambda client: op(client.schedules))
+        return with_client(url, f"schedule-{command}", op)
     except (ScheduleError, LookupError) as e:
         typer.echo(f"sa schedule {command}: {str(e).strip(chr(39))}", err=True)
         raise typer.Exit(1) from None
@@ -80,14 +80,28 @@ def add(
     nats_url: NatsOption = None,
 ) -> None:
     """Add a schedule: the agent gets the task at each instant, one run per fire."""
+    from runtime.cli.connect import unserved
+
     url = resolve_nats(nats_url, "schedule add")
     seconds = _grace(grace)
-    schedule = _run("add", url, lambda s: s.add(name, agent, input, cron=cron, every=every, at=at, tz=tz,
-                                                instance=instance, thread=thread, catch_up=catch_up,
-                                                grace=seconds, replace=replace, paused=paused))
+    hosts: list[str | None] = []
+
+    async def add_and_look(client: Any) -> Any:
+        added = await client.schedules.add(name, agent, input, cron=cron, every=every, at=at, tz=tz,
+                                           instance=instance, thread=thread, catch_up=catch_up, grace=seconds,
+                                           replace=replace, paused=paused)
+        hosts.append(await unserved(client, agent))
+        return added
+
+    schedule = _run("add", url, add_and_look)
     state = "paused" if schedule.paused else "active"
     typer.echo(f"schedule {schedule.name}: {schedule.actor} {schedule.when} ({state}, catch-up "
                f"{schedule.catch_up})")
+    if hosts and hosts[0] is not None:
+        typer.echo(f"sa schedule add: warning: no live host serves agent {agent.split(':')[0]!r} (served "
+                   f"now: {hosts[0]}): each fire waits until a host serving it starts; if the name is "
+                   f"misspelt, delete the schedule (sa schedule delete {schedule.name}) and add it again",
+                   err=True)
 
 
 @schedule_app.command("list")
@@ -99,7 +113,7 @@ def list_(
     import msgspec
 
     url = resolve_nats(nats_url, "schedule list")
-    listed = _run("list", url, lambda s: s.list())
+    listed = _run("list", url, lambda c: c.schedules.list())
     if as_json:
         print(json.dumps([{**msgspec.to_builtins(x.schedule), "waiting": x.waiting} for x in listed],
                          indent=2))
@@ -126,21 +140,21 @@ def list_(
 @schedule_app.command("pause")
 def pause(name: Annotated[str, typer.Argument(help="The schedule.")], nats_url: NatsOption = None) -> None:
     """Pause a schedule: no fire until it is resumed (fires already made still run)."""
-    _run("pause", resolve_nats(nats_url, "schedule pause"), lambda s: s.pause(name))
+    _run("pause", resolve_nats(nats_url, "schedule pause"), lambda c: c.schedules.pause(name))
     typer.echo(f"schedule {name}: paused")
 
 
 @schedule_app.command("resume")
 def resume(name: Annotated[str, typer.Argument(help="The schedule.")], nats_url: NatsOption = None) -> None:
     """Resume a paused schedule (an interval counts from now)."""
-    _run("resume", resolve_nats(nats_url, "schedule resume"), lambda s: s.resume(name))
+    _run("resume", resolve_nats(nats_url, "schedule resume"), lambda c: c.schedules.resume(name))
     typer.echo(f"schedule {name}: active")
 
 
 @schedule_app.command("delete")
 def delete(name: Annotated[str, typer.Argument(help="The schedule.")], nats_url: NatsOption = None) -> None:
     """Delete a schedule and its fires not yet taken by a host."""
-    if not _run("delete", resolve_nats(nats_url, "schedule delete"), lambda s: s.delete(name)):
+    if not _run("delete", resolve_nats(nats_url, "schedule delete"), lambda c: c.schedules.delete(name)):
         typer.echo(f"sa schedule delete: no schedule {name!r} (see `sa schedule list`)", err=True)
         raise typer.Exit(1)
     typer.echo(f"schedule {name}: deleted")

@@ -1,4 +1,5 @@
-"""`sa tools`, `sa check`, `sa run`: discover, check and run sandboxed `.pym` scripts.
+"""`sa tools`, `sa check`, `sa run`: discover, check and run sandboxed `.pym` scripts; `sa check` also checks
+bundles (a folder holding bundle.yaml, or the .yaml file) as a host does before serving them, offline.
 
 Exit codes: 0 success; 1 load problems (`tools`, `check`) or a bad command line (`run`: missing script,
 malformed --input/--file/--env/--limits); 2 the script ran and returned a tool error (`run`). Warnings (a
@@ -78,22 +79,51 @@ def tools_cmd(
     raise typer.Exit(1 if failures else 0)
 
 
+def _is_bundle(path: str) -> bool:
+    """A bundle folder (it holds bundle.yaml) or a YAML file: checked as a bundle, never as a script."""
+    p = Path(path)
+    return (p.is_dir() and (p / "bundle.yaml").is_file()) or p.suffix in (".yaml", ".yml")
+
+
+def _check_bundles(paths: list[str]) -> list[dict[str, Any]]:
+    """Each bundle as a host would build it (`runtime.bundle.check_bundle`): its problems and warnings."""
+    from runtime.bundle import BundleError, check_bundle
+
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            _, warnings = check_bundle(path)
+        except BundleError as e:
+            out.append({"bundle": e.source, "problems": [{"path": where, "message": message}
+                                                         for where, message in e.problems], "warnings": []})
+            continue
+        source = str(Path(path) / "bundle.yaml" if Path(path).is_dir() else Path(path))
+        out.append({"bundle": source, "problems": [], "warnings": warnings})
+    return out
+
+
 @app.command("check")
 def check_cmd(
-    paths: Annotated[list[str], typer.Argument(help="Scripts, directories (searched recursively) or globs.")],
+    paths: Annotated[list[str], typer.Argument(
+        help="Scripts, directories (searched recursively) or globs; a bundle folder or bundle.yaml is "
+             "checked as a host would load it (every section, tool and schema, the kernel config, the "
+             "decoding constraint).")],
     as_json: _JSON = False,
     monty: Annotated[bool, typer.Option(help="Also feed each script to Monty's parser (not run).")] = True,
     types: Annotated[
         bool, typer.Option("--types", help="Also run Monty's type checker (ty) on each script.")
     ] = False,
 ) -> None:
-    """Check scripts without running them: file:line diagnostics; exit 0 when all are clean, else 1."""
+    """Check scripts and bundles without running them: file:line diagnostics for scripts, file: yaml path:
+    problem for bundles; exit 0 when all are clean, else 1."""
     import asyncio
 
     from runtime.scripts import diagnose, load, shutdown
     from runtime.tools import expand_paths, script_tool_diagnostics, script_tool_warnings
 
-    files, missing = expand_paths(paths)
+    bundles = _check_bundles([p for p in paths if _is_bundle(p)])
+    paths = [p for p in paths if not _is_bundle(p)]
+    files, missing = expand_paths(paths) if paths else ([], [])
     warned: list[dict[str, Any]] = []
 
     async def check_all() -> list[dict[str, Any]]:
@@ -126,10 +156,19 @@ def check_cmd(
         {"kind": m.error.kind, "message": m.error.message, "line": None, "file": m.path, "column": None}
         for m in missing
     ]
-    problems += asyncio.run(check_all())
+    if files:
+        problems += asyncio.run(check_all())
+    bad_bundles = [b for b in bundles if b["problems"]]
     if as_json:
-        _dump({"checked": [str(f) for f in files], "diagnostics": problems, "warnings": warned})
+        _dump({"checked": [str(f) for f in files], "diagnostics": problems, "warnings": warned,
+               "bundles": bundles})
     else:
+        for b in bundles:
+            for w in b["warnings"]:
+                typer.echo(f"warning: {w}")
+            for p in b["problems"]:
+                typer.echo(f"{b['bundle']}: {p['path']}: {p['message']}" if p["path"] else
+                           f"{b['bundle']}: {p['message']}")
         for w in warned:
             typer.echo(f"{w['file']}" + (f":{w['line']}" if w["line"] else "") + f": warning: {w['message']}")
         for d in problems:
@@ -139,15 +178,17 @@ def check_cmd(
                 + (f":{d['column']}" if d["column"] else "")
             )
             typer.echo(f"{where}: {d['kind']} error: {d['message']}")
-        bad = len({d["file"] for d in problems})
+        bad = len({d["file"] for d in problems}) + len(bad_bundles)
+        checked = f"{len(files)} script(s)" + (f" and {len(bundles)} bundle(s)" if bundles else "")
+        warnings = len(warned) + sum(len(b["warnings"]) for b in bundles)
         typer.echo(
-            f"{len(files)} script(s) checked, {bad} with problems"
-            if problems
-            else f"{len(files)} script(s) checked, all clean"
-            + (f" ({len(warned)} warning(s))" if warned else ""),
+            f"{checked} checked, {bad} with problems"
+            if problems or bad_bundles
+            else f"{checked} checked, all clean"
+            + (f" ({warnings} warning(s))" if warnings else ""),
             err=True,
         )
-    raise typer.Exit(1 if problems else 0)
+    raise typer.Exit(1 if problems or bad_bundles else 0)
 
 
 def _pairs(values: list[str], option: str) -> list[tuple[str, str]]:

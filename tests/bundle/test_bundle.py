@@ -221,6 +221,13 @@ def test_a_valid_output_schema_still_loads_and_checks_results(tmp_path: Path) ->
     assert b.output_model_for("echo")["required"] == ["echo"]
 
 
+def test_a_bundle_name_holding_the_instance_separator_is_refused_saying_why(tmp_path: Path) -> None:
+    """Issue 36 #15: a bundle named `inv:x` was served, though `inv:x` is instance x of bundle inv."""
+    got = problems(tmp_path, "name: inv:x\n")
+    assert "holds ':', which separates an agent from its instance" in got["name"]
+    assert "name the bundle without ':' (say 'inv') and send to 'inv:x'" in got["name"]
+
+
 def test_a_data_provider_type_that_is_not_a_name_is_a_bundle_error(tmp_path: Path) -> None:
     got = problems(tmp_path, """\
         name: ok

@@ -31,10 +31,11 @@ REPLY = "[/INST] the answer is [run:x1] [bold]"
 
 
 def bracket_model(body: dict[str, Any]) -> str:
-    """`say: ...` gets a plain text reply full of brackets; any other task is submitted as its answer."""
+    """`say: ...` gets a reply full of brackets, in text and in the submitted answer (the bundle's runs end
+    through its terminal tool); any other task is submitted as its answer."""
     task = next(m["content"] for m in body["messages"] if m["role"] == "user")
     if task.startswith("say:"):
-        return REPLY
+        return REPLY + "\n" + hermes_call("submit", {"answer": REPLY})
     return hermes_call("submit", {"answer": f"echo {task}"})
 
 

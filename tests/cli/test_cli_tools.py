@@ -84,6 +84,41 @@ def test_check_exit_codes_and_file_line(scripts):
     assert proc.returncode == 1 and proc.stdout.startswith(f"{scripts / 'typed.pym'}:4:")
 
 
+def test_check_validates_a_bundle_offline_as_a_host_would(tmp_path: Path):
+    """Issue 36 #6: `sa check` said "all clean" (exit 0) for a bundle folder with misspelt keys and a
+    terminal tool that does not exist, and read a bundle.yaml as Python."""
+    bundle = tmp_path / "typo"
+    (bundle / "tools").mkdir(parents=True)
+    (bundle / "tools" / "echo.pym").write_text('"""Echo."""\nfrom grail import Input\n'
+                                               't: str = Input("t")\nt\n')
+    (bundle / "bundle.yaml").write_text(
+        "name: typo\nsytem_prompt: hi\nmax_turn: 3\n"
+        "model: {adapter: hermes, base_url: 'http://127.0.0.1:9/v1'}\n"
+        "constraint: {strategy: json_schema}\ntools: [tools/echo.pym]\n"
+        "termination: {terminal_tool: ecko}\n"
+        "output_models: {R: {type: objekt}}\n")
+    for target in (bundle, bundle / "bundle.yaml"):
+        proc = sa("check", str(target))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        lines = proc.stdout.splitlines()
+        where = str(bundle / "bundle.yaml")
+        assert f"{where}: sytem_prompt: unknown key (did you mean 'system_prompt'?)" in proc.stdout
+        assert f"{where}: max_turn: unknown key (did you mean 'termination.max_turns'?)" in proc.stdout
+        assert (f"{where}: termination.terminal_tool: 'ecko' is not a tool of this bundle (did you mean "
+                "'echo'?); tools: echo") in lines
+        assert f"{where}: output_models.R: not a valid JSON Schema: type: 'objekt'" in proc.stdout
+        assert "with problems" in proc.stderr and "parse error" not in proc.stdout
+    (bundle / "bundle.yaml").write_text(
+        "name: typo\nsystem_prompt: hi\nmodel: {adapter: hermes, base_url: 'http://127.0.0.1:9/v1'}\n"
+        "constraint: {strategy: json_schema}\ntools: [tools/echo.pym]\n"
+        "termination: {terminal_tool: echo}\n")
+    proc = sa("check", str(bundle), str(AGENTS / "calculator.pym"), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["bundles"] == [{"bundle": str(bundle / "bundle.yaml"), "problems": [], "warnings": []}]
+    assert report["checked"] == [str(AGENTS / "calculator.pym")]
+
+
 def test_run_prints_the_result():
     proc = sa("run", str(AGENTS / "calculator.pym"), "--input", "expression=2 * (3 + 4)")
     assert proc.returncode == 0, proc.stderr

@@ -295,6 +295,9 @@ async def test_sa_schedule_adds_lists_pauses_resumes_and_deletes(nats_server, to
                      "--catch-up", "all")
     assert added.code == 0, added.err
     assert added.out.strip() == "schedule tick: calc:eu every 3600s (active, catch-up all)"
+    # no host serves calc here: stored, but the agent may be misspelt, and the command says so (issue 36)
+    assert "warning: no live host serves agent 'calc' (served now: none)" in added.err
+    assert "sa schedule delete tick" in added.err
     listed = await sa(url, "schedule", "list", "--json")
     [row] = listed.json()
     assert (row["name"], row["agent"], row["instance"], row["every"]) == ("tick", "calc", "eu", "3600s")

@@ -292,8 +292,15 @@ def test_bad_settings_name_their_path(tmp_path: Path):
 
 def test_a_task_priority_outside_0_to_9_is_refused():
     assert decode("a", b'{"input": "x", "priority": 9}').command.priority == 9  # type: ignore[union-attr]
-    with pytest.raises(BadCommand, match="priority"):
+    with pytest.raises(BadCommand, match="priority") as refused:
         decode("a", b'{"input": "x", "priority": 12}')
+    # issue 36: it read "invalid command 'task': Expected `int` <= 9": the field, its range and its meaning
+    assert str(refused.value) == ("invalid command 'task': priority must be an integer from 0 to 9: 9 is the "
+                                  "most urgent (served first), 0 the least; left out, the agent's bundle's "
+                                  "`priority:`, else 5; got 12")
+    packed = msgspec.msgpack.encode({"kind": "task", "agent": "a", "input": "x", "priority": "high"})
+    with pytest.raises(BadCommand, match=r"priority must be an integer from 0 to 9.*; got 'high'"):
+        decode("a", packed)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"kind": "task", "agent": "a", "input": "x", "priority": -1}', type=ev.Task)
 
