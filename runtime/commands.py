@@ -24,9 +24,12 @@ constant set of consumers:
 Publish a task with ``Nats-Msg-Id`` = the task id so a re-sent task is stored once. An agent may be addressed
 as ``<bundle>:<instance>`` in the subject or with ``instance`` in the task: each instance is its own actor.
 The subject decides the partition, hence the host: `publish_task` and `publish_command` use the actor's own
-subject, so instances spread over partitions and a run's commands reach the host serving it. (A command
-that lands in another partition than its run, say one published for the bundle of a run of
-``bundle:instance``, is forwarded by the host that reads it, keeping its operator.)
+subject, so instances spread over partitions and a run's commands reach the host serving it. A task with
+``instance`` in its body published on the bundle's subject is moved by the host that reads it to the
+instance's subject (same run id, stored once: `runtime.host.routing`), so it runs where the same task
+published on the instance's subject would. (A command that lands in another partition than its run, say
+one published for the bundle of a run of ``bundle:instance``, is forwarded by the host that reads it,
+keeping its operator.)
 
 Run ids are derived, never random: `run_id_for(agent, task_id)` hashes the actor and the task id (a task
 without one takes its message's ``Nats-Msg-Id``, and only a task with neither uses the TASKS stream

@@ -6,7 +6,9 @@ bundle's messages, so every message here is for an agent this host serves.
 A task-subject message (`runtime.commands`) is one of:
 * a task: queued in its actor's mailbox, its run id derived from it (`commands.run_id_for`); it keeps its
   unit of the back-pressure budget while it waits. First the host admits it (`admit`): when its actor or
-  thread is busy, the bundle's `conversation.double_texting` may refuse it or interrupt the active run;
+  thread is busy, the bundle's `conversation.double_texting` may refuse it or interrupt the active run.
+  A task on its bundle's subject whose body names an instance is not run here: it is published again on the
+  instance's subject, which stores it in the instance's partition, and acked (`Router._to_instance`);
 * a resume for a run written by a client (a fork): folded from its log and queued in its actor's mailbox
   at once (a run with no events is logged and terminated);
 * a cancel / approve / deny / answer for a run (only from a command subject, ``ops.<agent>.<operator>``,
@@ -52,10 +54,13 @@ from runtime.nats.records import RunIndex
 from runtime.nats.subjects import (
     ANONYMOUS,
     HDR_MSG_ID,
+    HDR_TASK_SEQ,
     command_subject,
     is_subtask_subject,
     parse_task_subject,
     partition_of,
+    subtask_subject,
+    task_subject,
 )
 
 log = logging.getLogger("runtime.host")
@@ -93,10 +98,12 @@ class Router:
 
     async def route_command(self, p: int, msg: Guarded) -> bool:
         """Route one task-subject message; True if it now waits in a mailbox (keeping its budget unit)."""
-        msg_id = (msg.headers or {}).get(HDR_MSG_ID)
+        headers = msg.headers or {}
+        msg_id = headers.get(HDR_MSG_ID)
+        first_seq = _first_seq(headers)  # a task moved here from its bundle's subject, that had no id
         try:
             subject_agent, operator = parse_task_subject(msg.subject)
-            addressed = decode(subject_agent, msg.data, operator, msg_id=msg_id)
+            addressed = decode(subject_agent, msg.data, operator, msg_id=None if first_seq else msg_id)
         except (BadCommand, ValueError) as e:
             self.stats.rejected += 1
             log.error("rejected a message on %s: %s", msg.subject, e)
@@ -111,9 +118,12 @@ class Router:
                       "run (%s); publish other tasks on agents.<agent>.tasks", msg.subject, PARENT_RUN)
             await _term(msg)
             return False
+        if isinstance(cmd, ev.Task) and addressed.agent != subject_agent:
+            await self._to_instance(addressed.agent, cmd, msg)  # its instance was named in the body only
+            return False
         if isinstance(cmd, ev.Task):
             self.stats.tasks += 1
-            run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=md.sequence.stream)
+            run_id = run_id_for(addressed.agent, cmd.task_id, stream_seq=first_seq or md.sequence.stream)
             task = Task(cmd, msg, run_id, p, md.sequence.stream)
             if self.admit is not None and not await self.admit(addressed.agent, task):
                 return False  # refused by the bundle's double_texting (and acked)
@@ -196,6 +206,37 @@ class Router:
         await self.refuse(subject_agent, Task(task, msg, run_id, p, seq), "bad_task", reason)
         return True
 
+    async def _to_instance(self, actor: str, task: ev.Task, msg: Guarded) -> None:
+        """A task published on its bundle's subject whose body names an instance: publish it on the
+        instance's own subject, which the stream stores in the instance's partition (the subject alone
+        decides the partition, so this is the only way the body can), then ack this one. So instances
+        spread over partitions, hence hosts, whichever way a publisher names them, and a task reaches the
+        same host as one `sa send --instance` publishes.
+
+        Nothing is lost or run twice: the copy is stored before the original is acked, and a redelivered
+        original publishes the same copy again, which the stream drops as a duplicate: its Msg-Id is the
+        run id, the same on every delivery (not the original's Msg-Id: the stream remembers that one and
+        would drop the copy). The copy carries the task id the run id derives from (one taken from the
+        original's Msg-Id is written into the task), or for a task with neither, the original's stream
+        sequence (`HDR_TASK_SEQ`), so the run id is the one the publisher can compute either way. Headers
+        other than the server's own (a `traceparent`) go with it."""
+        seq = _first_seq(msg.headers or {}) or msg.metadata.sequence.stream
+        run_id = run_id_for(actor, task.task_id, stream_seq=seq)
+        headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
+        headers[HDR_MSG_ID] = run_id
+        if task.task_id is None:
+            headers[HDR_TASK_SEQ] = str(seq)
+        subject = (subtask_subject if is_subtask_subject(msg.subject) else task_subject)(actor)
+        try:
+            await self.js.publish(subject, ev.encode_command(task), headers=headers)
+        except Exception as e:  # NATS trouble: the original comes back and is moved then
+            log.warning("task of run %s: cannot move it to %s (%s); will retry", run_id, subject, e)
+            await msg.nak(delay=OUTCOME_RETRY_S)
+            return
+        log.info("task of run %s moved from %s to %s (its instance's partition)", run_id, msg.subject,
+                 subject)
+        await ack_quietly(msg)
+
     async def _forward(self, cmd: ev.Cancel | ev.Approve | ev.Deny | ev.Answer, ix: RunIndex,
                        msg: Guarded) -> bool:
         """A command published on another subject than its run's task (say the bundle's, for a run of
@@ -238,6 +279,13 @@ class Router:
             await _term(msg)
             return
         await msg.nak(delay=OUTCOME_RETRY_S)  # the run is starting or being resumed: try again soon
+
+
+def _first_seq(headers: dict[str, str]) -> int | None:
+    """The stream sequence a task without any id was first stored at, if a host moved it to its
+    instance's subject (`Router._to_instance`); None otherwise (or for a header that is not a number)."""
+    value = headers.get(HDR_TASK_SEQ, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 async def _term(msg: Any) -> None:

@@ -125,6 +125,9 @@ DEFAULT_TOOL_MAX_ACK_PENDING = 1024
 # -- headers and error codes ------------------------------------------------------------------------------
 
 HDR_MSG_ID = "Nats-Msg-Id"
+# The TASKS sequence a task with neither a task id nor a Msg-Id was first stored at, on the copy a host
+# publishes on its instance's subject (`runtime.host.routing`): that task's run id derives from it.
+HDR_TASK_SEQ = "Sa-Task-Seq"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
@@ -447,7 +450,7 @@ __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET",
            "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "ERR_WRONG_LAST_SEQUENCE_CONSTANT",
            "EVENTS", "FIRE_FILTERS", "HANDOFFS_PREFIX",
            "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
-           "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HOSTS_BUCKET", "LEASES_BUCKET",
+           "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HDR_TASK_SEQ", "HOSTS_BUCKET", "LEASES_BUCKET",
            "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "SCHEDULER_CONSUMER", "SCHEDULES", "SCHEDULE_FILTER",
            "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS", "THREADS_BUCKET", "TOOLS",
            "TRACEPARENT", "TRACESTATE", "WORKERS_BUCKET", "WORKERS_CONSUMER", "WRONG_LAST_SEQUENCE",

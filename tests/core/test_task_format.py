@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from control_helpers import sa
 from host_helpers import running_host, running_worker, write_bundle
@@ -22,6 +23,7 @@ from runtime import events as ev
 from runtime import nats as bus
 from runtime.client import Client, RunFailedError
 from runtime.commands import BadCommand, decode
+from runtime.nats.subjects import partition_of
 from runtime.testing import ScriptedModelServer, hermes_call, last_message
 
 pytestmark = pytest.mark.anyio
@@ -101,6 +103,43 @@ def test_a_json_or_msgpack_task_may_hold_escapes_but_not_nul():
                  ev.encode_command(ev.Task(agent="calc", input="cut\x00here", task_id="t1"))):
         with pytest.raises(BadCommand, match="NUL character \\(0x00\\) at character 3"):
             decode("calc", body)
+
+
+async def test_an_instance_named_in_the_body_runs_in_the_instances_partition(nats_server, topo,
+                                                                             tmp_path: Path):
+    """A task on ``agents.calc.tasks`` whose body names an instance runs in that instance's partition, as the
+    same task published on ``agents.calc:<instance>.tasks`` does, under the run id the README gives for the
+    actor ``calc:<instance>``: with a task id in the body, with only a Msg-Id, and with neither (its run id
+    from the stream sequence of the message as published). It used to be stored, and run, in the partition
+    of ``calc``: every instance on one host."""
+    url, js = nats_server.url, topo
+    bundle = write_bundle(tmp_path, "calc", tools=())
+    home = partition_of("calc", 2)
+    away = [i for i in (f"i{n}" for n in range(20)) if partition_of(f"calc:{i}", 2) != home]
+    body_id, header_id, no_id = away[:3]
+
+    def task(text: str, instance: str, **more: str) -> bytes:
+        return json.dumps({"input": text, "instance": instance, **more}).encode()
+
+    with ScriptedModelServer(responder=echo_model) as model:
+        async with running_host(url, [bundle], model), running_worker(url, [bundle]), \
+                await Client.connect(url) as client:
+            await js.publish("agents.calc.tasks", task("one", body_id, task_id="t-i1"))
+            await js.publish("agents.calc.tasks", task("two", header_id), headers={"Nats-Msg-Id": "t-i2"})
+            unnamed = await js.publish("agents.calc.tasks", task("three", no_id))
+            runs = {readme_run_id(f"calc:{body_id}", "t-i1"): (body_id, "one"),
+                    readme_run_id(f"calc:{header_id}", "t-i2"): (header_id, "two"),
+                    readme_seq_run_id(f"calc:{no_id}", unnamed.seq): (no_id, "three")}
+            outputs = {run_id: await client.get(run_id).result(timeout=30) for run_id in runs}
+            index = {run_id: await client.run_info(run_id) for run_id in runs}
+            with anyio.fail_after(20):  # the originals were acked once moved: none is left for a second run
+                while (await js.stream_info("TASKS")).state.messages:
+                    await anyio.sleep(0.05)
+    for run_id, (instance, text) in runs.items():
+        assert outputs[run_id] == {"answer": f"did {text}"}
+        info = index[run_id]
+        assert info is not None and info.actor == f"calc:{instance}", info
+        assert info.partition == partition_of(f"calc:{instance}", 2) != home, info
 
 
 def test_what_a_task_subject_accepts():
