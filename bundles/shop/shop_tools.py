@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -41,8 +42,11 @@ class Externals:
             req = urllib.request.Request(_url("/refunds"), data=body, method="POST",
                                          headers={"Idempotency-Key": idempotency_key,
                                                   "content-type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                result: dict[str, Any] = json.loads(r.read())
-                return result
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    result: dict[str, Any] = json.loads(r.read())
+                    return result
+            except urllib.error.HTTPError as e:  # the shop said no: its reason is what the model reads
+                raise ValueError(json.loads(e.read() or b"{}").get("error") or f"the shop refused: {e}") from None
 
         return {"refund": refund}
