@@ -47,6 +47,7 @@ class Externals:
                     result: dict[str, Any] = json.loads(r.read())
                     return result
             except urllib.error.HTTPError as e:  # the shop said no: its reason is what the model reads
-                raise ValueError(json.loads(e.read() or b"{}").get("error") or f"the shop refused: {e}") from None
+                said = json.loads(e.read() or b"{}").get("error")
+                raise ValueError(said or f"the shop refused: {e}") from None
 
         return {"refund": refund}

@@ -80,7 +80,8 @@ async def test_a_refund_over_20_waits_for_the_support_role(service: Any) -> None
 
     with ScriptedModelServer(responder=model) as server:
         async with ModelClient(base_url=server.base_url, model="scripted", max_retries=0) as client:
-            result = await Agent.from_bundle(SHOP, client=client).run("Refund A17 in full.", approver=approver)
+            agent = Agent.from_bundle(SHOP, client=client)
+            result = await agent.run("Refund A17 in full.", approver=approver)
     requested = next(e for e in result.events if isinstance(e, ev.ApprovalRequested))
     assert requested.call.name == "refund" and requested.role == "support" and asked == ["refund"]
     assert any(isinstance(e, ev.ApprovalDenied) for e in result.events)
