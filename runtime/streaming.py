@@ -16,7 +16,9 @@ One JSON object per message (any NATS client can subscribe: ``nats sub 'stream.d
 `n` counts the messages of one request from 0, so a subscriber can tell it missed one; `tool_call`
 fragments carry the call's `name` (and `id`) once, then `arguments` piece by piece; `done` closes the
 request (its `model.responded` or `model.failed` follows in the log). If the client retries a failed
-attempt, the fragments of the new attempt follow those of the old one: the log says what was kept.
+attempt, a message with `attempt` (2, 3, ...) says the reply starts again, and the fragments of the new
+attempt follow it: a viewer starts a new line there rather than run two attempts together; the log says what
+was kept.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Delta(msgspec.Struct, frozen=True, omit_defaults=True):
     text: str = ""
     tool_call: ToolCallDelta | None = None
     done: bool = False
+    attempt: int = 0  # set on the message that says a retried attempt starts the reply again
 
     def encode(self) -> bytes:
         return msgspec.json.encode(self)
@@ -84,6 +87,9 @@ class RequestStream:
 
     async def on_tool_call(self, index: int, call_id: str, name: str, arguments: str) -> None:
         await self._publish(tool_call=ToolCallDelta(index, call_id, name, arguments))
+
+    async def retrying(self, attempt: int) -> None:
+        await self._publish(attempt=attempt)
 
     async def done(self) -> None:
         await self._publish(done=True)

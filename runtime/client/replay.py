@@ -150,6 +150,10 @@ class _Live:
         if delta.done:
             self.end_line()
             return
+        if delta.attempt:  # a retried attempt writes the reply again: on a line of its own
+            self.end_line()
+            self.console.out(f"(attempt {delta.attempt}: the model server is asked again)", highlight=False)
+            return
         if delta.tool_call is not None:
             call = (delta.request_id, delta.tool_call.index)
             if self.call != call:

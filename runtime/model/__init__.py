@@ -9,13 +9,14 @@
 - `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every
                 function `"strict": true`) for the tools the server constrains itself
 - `client`      `ModelClient`: one chat completion against any OpenAI-compatible server, with retries
+- `sdk`         the openai SDK as the fallback transport (`SA_MODEL_HTTP=httpx`) and its HTTP client
 - `connect`     `model_client(bundle)`: the `ModelClient` of a bundle's model (its server, name and key)
 - `retries`     when a failed request is tried again and after how long (429/503: the server's Retry-After)
 - `limits`      sharing a scarce endpoint: a fair queue (priority, then round robin across agents) in front
                 of its permits, tokens per minute, an agent's daily token budget
 - `reply`       what ends a streamed reply (a finish_reason or `[DONE]`; anything else was cut short), and a
                 JSON completion sent for a streamed request read as the whole reply it is
-- `step`        `ModelStep`: render, call, parse; the one model step the host and the in-process loop share
+- `step`        `ModelStep`: render, call, parse; the one model step of the run driver
 
     step = ModelStep(get_adapter("qwen3"), tools, DecodingConstraint("ebnf"))
     event = await step.call(ModelClient(base_url=url), effect, run_id)   # model.responded | .failed

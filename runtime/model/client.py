@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -41,19 +41,22 @@ import httpx2
 import msgspec
 import openai
 from openai import AsyncStream
-from openai._streaming import ServerSentEvent
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from runtime.model.limits import RETRY_AFTER_MAX_S, OnThrottle, Throttle, Ticket, notify
-from runtime.model.reply import NotACompletion, StreamCut, StreamEnd, completion_chunk, is_json
+from runtime.model.reply import (
+    StreamCut,
+    StreamEnd,
+    TooSlow,
+)
 from runtime.model.retries import RETRY_STATUS, THROTTLE_STATUS, RetryPolicy, describe
+from runtime.model.sdk import RawChunks, http_client, http_mode
 from runtime.model.wire import ChatReply, ChatWire
 from runtime.types import Usage
 
 if TYPE_CHECKING:
     from runtime.model.limits import Gate
 
-HTTP_MODES = ("direct", "httpx")
 
 # `complete(**extras)` keys that are request options of the SDK, not fields of the JSON body
 _REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
@@ -148,6 +151,7 @@ class ModelClient:
         retry_after_max: float = RETRY_AFTER_MAX_S,
         throttle_retries: int | None = None,
     ) -> None:
+        self.timeout = timeout  # one attempt, whole: a read timeout alone lets a trickling server go on
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1"
         self.model = model or os.environ.get("OPENAI_MODEL") or None
         self.provider = provider or provider_of(self.base_url)
@@ -208,6 +212,7 @@ class ModelClient:
         on_tool_call: ToolCallCallback | None = None,
         ticket: Ticket | None = None,
         on_throttle: OnThrottle | None = None,
+        on_attempt: Callable[[int], Awaitable[None] | None] | None = None,
         **extras: Any,
     ) -> Completion:
         """One completion. `extras` are passed through (`extra_body`, `tools`, `tool_choice`, ...).
@@ -224,7 +229,8 @@ class ModelClient:
         a stream is read as that whole reply (`runtime.model.reply`).
 
         `ticket` is the call's place in the limiter's queue (its flow and priority); `on_throttle` hears of
-        every wait after a 429/503 (see the module docstring).
+        every wait after a 429/503 (see the module docstring); `on_attempt` (sync or async) hears the number
+        of each attempt after the first as it starts, so a viewer of streamed fragments knows they restart.
         """
         _refuse_guided(extras)
         started = time.monotonic()
@@ -242,6 +248,10 @@ class ModelClient:
         queued = 0.0
         while True:
             attempt += 1
+            if attempt > 1 and on_attempt is not None:
+                started_again = on_attempt(attempt)
+                if started_again is not None:
+                    await started_again
             try:
                 if self.limiter is None:
                     reply = await self._attempt(params, stream, on_text, on_tool_call)
@@ -251,7 +261,7 @@ class ModelClient:
                         queued += time.monotonic() - asked
                         reply = await self._attempt(params, stream, on_text, on_tool_call)
                     self.limiter.spent(reply.usage)
-            except (openai.APIStatusError, openai.APIConnectionError, StreamCut) as exc:
+            except (openai.APIStatusError, openai.APIConnectionError, StreamCut, TooSlow) as exc:
                 status = getattr(exc, "status_code", None)
                 throttled += status in THROTTLE_STATUS
                 if self.retry.gives_up(status, attempt, throttled):
@@ -285,9 +295,12 @@ class ModelClient:
 
     async def _attempt(self, params: dict[str, Any], stream: bool, on_text: TextCallback | None,
                        on_tool_call: ToolCallCallback | None) -> _Reply:
-        if stream:
-            return await self._stream(params, on_text, on_tool_call)
-        return await self._once(params)
+        """One request, bounded as a whole by `timeout` (`TooSlow`, retried like a cut stream)."""
+        with anyio.move_on_after(self.timeout):
+            if stream:
+                return await self._stream(params, on_text, on_tool_call)
+            return await self._once(params)
+        raise TooSlow(self.timeout)
 
     def _request(self, params: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         """The body `chat.completions.create` would send for `params`, and the request options kept out
@@ -320,7 +333,7 @@ class ModelClient:
         return await self._client.post(
             "/chat/completions", content=body, cast_to=ChatCompletion,
             options=options,  # type: ignore[call-overload]
-            stream=stream, stream_cls=_RawChunks if raw_chunks else AsyncStream[ChatCompletionChunk],
+            stream=stream, stream_cls=RawChunks if raw_chunks else AsyncStream[ChatCompletionChunk],
         )
 
     async def _once(self, params: dict[str, Any]) -> _Reply:
@@ -394,66 +407,6 @@ class ModelClient:
         finish = end.finish(finish, count)  # StreamCut if the body ended before the reply did
         ordered = [calls[i] for i in sorted(calls)] or None
         return _Reply("".join(parts), ordered, usage, finish, served, reply_id)
-
-
-class _RawChunks(AsyncStream[object]):
-    """The SDK's stream of raw chunks (see `_post`), which also records how the body ended (`end`), as
-    `ChatWire.stream` does on the direct path: `data: [DONE]` seen, or a JSON body read whole. The SDK's SSE
-    decoder finds no event in a JSON body (a server that ignored `"stream": true`) and would yield nothing:
-    such a body is read here as the one chunk that carries the whole completion.
-
-    The SDK stops at `[DONE]` without saying so, and a body that just ends looks the same to its caller;
-    `_iter_events` (private, like the other SDK internals this client leans on) is where the events pass by.
-    If a new SDK renamed it, `[DONE]` would go unseen and a reply without a finish_reason would read as cut:
-    tests/model/test_model_replies.py checks that case in every mode."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.end = StreamEnd(content_type=self.response.headers.get("content-type", ""))
-
-    async def __stream__(self) -> AsyncIterator[object]:
-        if not is_json(self.end.content_type or ""):
-            async for chunk in super().__stream__():
-                yield chunk
-            return
-        try:
-            whole = await self.response.aread()
-        except httpx2.TimeoutException as exc:  # mapped as the SDK maps them while reading a stream
-            raise openai.APITimeoutError(request=self.response.request) from exc
-        except httpx2.RequestError as exc:
-            raise openai.APIConnectionError(message=f"{type(exc).__name__}: {exc}",
-                                            request=self.response.request) from exc
-        finally:
-            await self.response.aclose()
-        try:
-            chunk = completion_chunk(whole)
-        except NotACompletion as exc:
-            raise openai.APIResponseValidationError(
-                response=self.response, body=whole.decode(errors="replace"), message=str(exc)) from exc
-        self.end.done = True
-        yield chunk
-
-    async def _iter_events(self) -> AsyncIterator[ServerSentEvent]:
-        async for event in super()._iter_events():
-            if event.data.startswith("[DONE]"):
-                self.end.done = True
-            yield event
-
-
-def http_mode() -> str:
-    """How completions travel, from `SA_MODEL_HTTP` (see the module docstring)."""
-    mode = os.environ.get("SA_MODEL_HTTP", "direct")
-    if mode not in HTTP_MODES:
-        why = "was removed (it was the openai SDK over aiohttp's pool)" if mode == "aiohttp" else "is unknown"
-        raise ValueError(f"SA_MODEL_HTTP={mode!r} {why}: use 'direct' (the default) or 'httpx' (the SDK)")
-    return mode
-
-
-def http_client(timeout: float, max_connections: int = 1000) -> httpx2.AsyncClient:
-    """The openai SDK's own HTTP client (httpx2 over httpcore2), bounded to `max_connections`: what the SDK
-    sends everything but `direct` mode's completions with (`bench/runtime.py` measures the difference)."""
-    limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=100)
-    return openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
 
 
 def _from_wire(reply: ChatReply) -> _Reply:

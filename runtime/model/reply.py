@@ -34,6 +34,20 @@ class StreamCut(Exception):
     connection dropped in the middle of the body. Retryable: the next attempt may well arrive whole."""
 
 
+class BrokenStream(StreamCut):
+    """A server-sent event whose data is not JSON: the stream cannot be read on, so the attempt failed.
+    Retryable as a stream cut short is (a proxy that garbled one response may not garble the next)."""
+
+
+class TooSlow(Exception):
+    """An attempt that did not finish within the client's timeout (`model.timeout`) as a whole: a server
+    that trickles a token now and then never trips a read timeout, so the whole reply is bounded too."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the whole reply did not arrive within model.timeout ({seconds:g} s)")
+        self.seconds = seconds
+
+
 class NotACompletion(ValueError):
     """A JSON body, sent for a streamed request, that is not a chat completion."""
 
@@ -141,4 +155,5 @@ def _excerpt(body: bytes, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(body)} bytes)"
 
 
-__all__ = ["NotACompletion", "StreamCut", "StreamEnd", "completion_chunk", "is_event_stream", "is_json"]
+__all__ = ["BrokenStream", "NotACompletion", "StreamCut", "StreamEnd", "TooSlow", "completion_chunk",
+           "is_event_stream", "is_json"]

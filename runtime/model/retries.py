@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import openai
 
-from runtime.model.reply import StreamCut
+from runtime.model.reply import BrokenStream, StreamCut, TooSlow
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 THROTTLE_STATUS = frozenset({429, 503})  # the server is full: wait as it asks (`Retry-After`), then retry
@@ -88,6 +88,10 @@ def describe(exc: Exception, base_url: str, attempts: int) -> str:
         return f"cannot reach the model server at {base_url}{tries}: {exc.__cause__ or exc}"
     if isinstance(exc, openai.APIStatusError):
         return f"model server answered HTTP {exc.status_code}{tries}: {exc.message}"
+    if isinstance(exc, TooSlow):
+        return f"model request to {base_url} timed out{tries}: {exc}"
+    if isinstance(exc, BrokenStream):
+        return f"the model server at {base_url} sent a streamed reply that cannot be read{tries}: {exc}"
     if isinstance(exc, StreamCut):
         return f"the model server at {base_url} cut its streamed reply short{tries}: {exc}"
     return f"model request failed{tries}: {exc}"

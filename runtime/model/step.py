@@ -158,7 +158,7 @@ class ModelStep:
                     try:
                         completion = await client.complete(
                             messages, stream=True, on_text=stream.on_text, on_tool_call=stream.on_tool_call,
-                            **effect.sampling, **extras)
+                            on_attempt=stream.retrying, **effect.sampling, **extras)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await stream.done()

@@ -29,7 +29,7 @@ import msgspec
 import openai
 from openai._models import FinalRequestOptions
 
-from runtime.model.reply import NotACompletion, StreamEnd, completion_chunk, is_json
+from runtime.model.reply import BrokenStream, NotACompletion, StreamEnd, completion_chunk, is_json
 
 # headers of the SDK's request that describe one attempt, or that aiohttp sets itself
 _PER_REQUEST = frozenset({"content-length", "host", "connection", "accept-encoding",
@@ -203,7 +203,10 @@ class ChatWire:
                     if payload.startswith(b"[DONE]"):
                         end.done = True
                         return
-                    chunk = _any.decode(payload)
+                    try:
+                        chunk = _any.decode(payload)
+                    except msgspec.DecodeError as exc:
+                        raise BrokenStream(f"an event's data is not JSON ({exc}): {payload[:160]!r}") from exc
                     if isinstance(chunk, dict) and chunk.get("error"):
                         raise self._stream_error(chunk["error"], kind)
                     yield chunk

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from runtime.model.adapters import get_adapter
-from runtime.model.client import HTTP_MODES, Completion, ModelClient, ModelError
+from runtime.model.client import Completion, ModelClient, ModelError
 from runtime.model.constraints import DecodingConstraint, build_constraint
+from runtime.model.sdk import HTTP_MODES
 from runtime.testing import Reply, ScriptedModelServer
 from runtime.types import Message, ToolSchema, Usage
 
@@ -240,3 +241,91 @@ async def test_every_mode_sends_the_sdks_headers_and_raises_the_sdks_errors(http
     assert "no such model" in str(missing.value)
     assert isinstance(limited.value.__cause__, openai.RateLimitError) and limited.value.retryable
 
+
+
+class _Sse:
+    """A server that speaks SSE its own way: `trickle` sends a content chunk every 0.1 s for 3 s (each
+    within any read timeout, the whole far past the client's), `garbled` an event whose data is not JSON."""
+
+    def __init__(self, mode: str) -> None:
+        import http.server
+        import threading
+        import time
+
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                server.requests += 1
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                         "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+                try:
+                    if mode == "garbled":
+                        self.wfile.write(b"data: {\"id\": \"c\", \"choices\": [{\n\n")
+                        self.wfile.flush()
+                        return
+                    for _ in range(30):
+                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.requests = 0
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self.base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> _Sse:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+
+
+async def test_a_server_that_trickles_is_bounded_by_the_timeout_as_a_whole() -> None:
+    """A token every 0.1 s never trips a read timeout of 0.5 s; the whole reply is bounded by it too."""
+    with _Sse("trickle") as server:
+        async with ModelClient(base_url=server.base_url, model="m", timeout=0.5, max_retries=1,
+                               backoff_base=0.001, backoff_max=0.01) as client:
+            slow = r"timed out after 2 attempts: the whole reply did not arrive within model.timeout \(0.5 s"
+            with pytest.raises(ModelError, match=slow) as caught:
+                await client.complete(USER, stream=True)
+    assert caught.value.retryable and server.requests == 2
+
+
+async def test_a_stream_that_is_not_json_is_a_model_error_naming_the_server_and_retried() -> None:
+    with _Sse("garbled") as server:
+        async with ModelClient(base_url=server.base_url, model="m", max_retries=1, backoff_base=0.001,
+                               backoff_max=0.01) as client:
+            garbled = "sent a streamed reply that cannot be read after 2 attempts: an event's data is not"
+            attempts: list[int] = []
+            with pytest.raises(ModelError, match=garbled) as caught:
+                await client.complete(USER, stream=True, on_attempt=attempts.append)
+    assert server.base_url in str(caught.value) and server.requests == 2
+    assert attempts == [2]  # a viewer of the fragments hears that the reply starts again
+
+
+def test_the_live_view_puts_a_retried_attempt_on_a_line_of_its_own() -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.client.replay import _Live
+    from runtime.streaming import Delta
+
+    out = io.StringIO()
+    live = _Live(Console(file=out, width=200))
+    for delta in (Delta("r", "r/1", 1, 0, text="The ans"), Delta("r", "r/1", 1, 1, attempt=2),
+                  Delta("r", "r/1", 1, 2, text="The answer"), Delta("r", "r/1", 1, 3, done=True)):
+        live.show(delta)
+    assert out.getvalue().splitlines() == [
+        "The ans", "(attempt 2: the model server is asked again)", "The answer"]

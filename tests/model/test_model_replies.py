@@ -25,7 +25,8 @@ from runtime import events as ev
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.model.adapters import get_adapter
-from runtime.model.client import HTTP_MODES, ModelClient, ModelError
+from runtime.model.client import ModelClient, ModelError
+from runtime.model.sdk import HTTP_MODES
 from runtime.nats.topology import ensure_topology
 from runtime.testing import hermes_call
 from runtime.types import ToolSchema
