@@ -202,3 +202,22 @@ def test_script_prints_go_to_stderr(tmp_path):
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["output"] == 7
     assert "hello from the sandbox" in proc.stderr
+
+
+def test_tools_of_a_bundle_are_every_tool_it_offers_its_model() -> None:
+    """`sa tools BUNDLE_DIR` lists what a host offers the model, Python and agent tools included (it used to
+    list only the folder's .pym scripts), and a broken bundle is an error naming it."""
+    shop = Path(__file__).parents[2] / "bundles" / "shop"
+    out = sa("tools", str(shop), "--json")
+    assert out.returncode == 0, out.stderr
+    listed = {t["function"]["name"]: t["kind"] for t in json.loads(out.stdout)["tools"]}
+    assert listed == {"final_answer": "script", "refund": "script", "summarize": "script",
+                      "lookup_order": "python", "researcher": "agent"}
+    table = sa("tools", str(shop))
+    assert table.returncode == 0 and "lookup_order" in table.stdout and "agent" in table.stdout
+
+
+def test_tools_of_a_broken_bundle_is_an_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "bundle.yaml").write_text("name: b\nsytem_prompt: x\n")
+    out = sa("tools", str(tmp_path))
+    assert out.returncode == 1 and "bundle.yaml" in out.stderr and "system_prompt" in out.stderr
