@@ -192,7 +192,8 @@ app.add_typer(runs_app, name="runs")
 
 RUN_COLUMNS = ("run", "agent", "status", "updated", "task id", "last seq")
 STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
-                "waiting for approval": "magenta"}  # `sa approvals` lists what such a run waits for
+                "waiting for approval": "magenta",  # `sa approvals` lists what such a run waits for
+                "queued": "dim"}  # a task waiting behind its actor's run
 
 
 @runs_app.callback(invoke_without_command=True)

@@ -108,6 +108,14 @@ class Actors:
             self.spawn(self._loop, actor)
         return True
 
+    def behind(self, key: str, run_id: str) -> bool:
+        """Whether the task of `run_id` waits behind other work of actor `key` (a run in hand, or items
+        before it in the mailbox), rather than being the next thing the actor does."""
+        actor = self.by_key.get(key)
+        if actor is None or run_id not in self.waiting:
+            return False
+        return actor.current is not None or (bool(actor.mailbox) and run_of_item(actor.mailbox[0]) != run_id)
+
     def resume(self, driver: RunDriver) -> None:
         """Hold a run folded from its log and queue it first in its actor's mailbox (it takes one unit of
         the budget without waiting: it is already started)."""

@@ -33,6 +33,7 @@ deliveries.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,7 +51,7 @@ from runtime.host.partitions import Guarded
 from runtime.host.runs_index import RunsIndex
 from runtime.jobs import JobDecodeError, ToolOutcome
 from runtime.nats.pull import Budget
-from runtime.nats.records import RunIndex
+from runtime.nats.records import QUEUED, RunIndex
 from runtime.nats.subjects import (
     ANONYMOUS,
     HDR_MSG_ID,
@@ -127,7 +128,10 @@ class Router:
             task = Task(cmd, msg, run_id, p, md.sequence.stream)
             if self.admit is not None and not await self.admit(addressed.agent, task):
                 return False  # refused by the bundle's double_texting (and acked)
-            return self.actors.enqueue(addressed.agent, task)
+            queued = self.actors.enqueue(addressed.agent, task)
+            if queued and self.actors.behind(addressed.agent, run_id):
+                self.actors.spawn(self._index_queued, addressed.agent, task)
+            return queued
         if isinstance(cmd, ev.Resume):
             if await self.resume(cmd.run_id, addressed.agent, p):
                 await ack_quietly(msg)
@@ -168,6 +172,15 @@ class Router:
         log.error("%s for unknown run %s (published on %s): dropped", cmd.__struct_config__.tag, cmd.run_id,
                   msg.subject)
         await _term(msg)
+
+    async def _index_queued(self, actor: str, task: Task) -> None:
+        """List a task that waits behind its actor's run as ``queued`` (`sa runs`, the client), so a task
+        behind a long run is visible. Written once and only for a task that waits: an idle actor's task
+        costs no write; the run's own entry replaces it when it starts (an entry further along its log is
+        never overwritten by this one, `supersedes`)."""
+        await self.index.put(task.run_id, RunIndex(actor=actor, status=QUEUED, partition=task.partition,
+                                                   last_seq=0, updated=time.time(),
+                                                   task_id=task.task.task_id))
 
     async def _unparked(self, item: RunCommand | ToolOutcome, ix: RunIndex, msg: Guarded) -> bool:
         """A command or outcome for an unfinished run of this partition that no driver holds: the run folded

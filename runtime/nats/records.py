@@ -14,6 +14,8 @@ import msgspec
 WAITING_FOR_APPROVAL = "waiting for approval"
 # a running run parked until a person answers its question (`ask_human`; `sa questions` lists them)
 WAITING_FOR_ANSWER = "waiting for an answer"
+# a task stored and held by a host, waiting in its actor's mailbox behind the run the actor works on
+QUEUED = "queued"
 SLEEPING = "sleeping until "  # + the RFC 3339 instant: a run parked on a timer (`runtime.host.sleep`)
 
 
@@ -131,5 +133,5 @@ class WorkerBeat(msgspec.Struct, omit_defaults=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
-__all__ = ["SLEEPING", "WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex", "WorkerBeat",
-           "active_value", "parse_active", "sleeping_status"]
+__all__ = ["QUEUED", "SLEEPING", "WAITING_FOR_ANSWER", "WAITING_FOR_APPROVAL", "HostBeat", "RunIndex",
+           "WorkerBeat", "active_value", "parse_active", "sleeping_status"]

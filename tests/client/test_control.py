@@ -171,6 +171,23 @@ async def test_a_run_waiting_for_approval_is_parked_and_its_agent_takes_the_next
     assert started_later.ts < granted.ts  # the later task did not wait for the person
 
 
+async def test_a_task_behind_a_busy_run_is_listed_as_queued(nats_server, topo, tmp_path):
+    """A task that waits in its actor's mailbox behind a long run is in `sa runs` as `queued` (it appeared in
+    no listing), and runs once the run before it ends."""
+    async with fleet(nats_server.url, topo, tmp_path) as f:
+        busy = await publish_task(topo, "ctl", "spin forever", task_id="busy")
+        await wait_until(lambda: busy in f.worker.running_runs, timeout=30)
+        behind = await publish_task(topo, "ctl", "compute: 2", task_id="behind")
+        with anyio.fail_after(20):
+            while {r["run_id"]: r["status"] for r in (await sa(f.url, "runs", "--json")).json()
+                   }.get(behind) != "queued":
+                await anyio.sleep(0.2)
+        assert (await sa(f.url, "cancel", busy)).code == 0
+        behind_events = await f.ended(behind)
+        status = {r["run_id"]: r["status"] for r in (await sa(f.url, "runs", "--json")).json()}
+    assert kinds(behind_events)[-1] == "run.completed" and status[behind] == "completed"
+
+
 async def test_bad_input_is_refused_with_exit_1_and_nothing_appended(nats_server, topo, tmp_path):
     async with fleet(nats_server.url, topo, tmp_path, concurrency=1) as f:
         run = await publish_task(topo, "ctl", "pay: 900 to acme", task_id="bad-input")
