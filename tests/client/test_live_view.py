@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from control_helpers import control_model, sa
 from host_helpers import SUBMIT, running_host, running_worker
@@ -32,9 +33,11 @@ from runtime.client import Client
 from runtime.client.replay import watch
 from runtime.commands import run_id_for
 from runtime.log import RunLog
+from runtime.nats.subjects import script_subject
 from runtime.streaming import Delta, ScriptRunning, StreamPublisher
 from runtime.testing import ScriptedModelServer
 from runtime.testing.scripts import SPIN
+from runtime.types import ToolCall, ToolError
 from runtime.ui.follow import Following
 
 pytestmark = pytest.mark.anyio
@@ -102,6 +105,61 @@ async def test_fragments_come_after_their_request_and_a_streamed_call_is_closed(
     assert kinds == ["run.started", "model.requested", "output", "model.responded", "run.completed"], text
     assert lines[2] == 'Let me add. add({"a": 1, "b": 2}) mul({"c": 3})', text
     assert "STALE" not in text and watched and isinstance(watched[0], ev.RunCompleted)
+
+
+async def test_a_job_notice_is_shown_after_its_call_once_and_never_after_its_outcome(nats_server, topo):
+    """Notices travel beside the log: one can overtake its call's `tool.called` (held until it is shown),
+    come again (a worker repeats it for late followers: shown once per delivery) or come after the outcome
+    (dropped: the log said how the call ended)."""
+    run = "rlive0000000002"
+    call = f"{run}/1.0"
+    log = RunLog(topo)
+    seq = await log.create(ev.RunStarted(run_id=run, seq=0, ts=1.0, actor=ACTOR, input="spin"))
+    worker = await bus.connect(nats_server.url, name="test-worker-notices")
+    follower = await bus.connect(nats_server.url, name="test-follower")
+    shown = io.StringIO()
+    notice = ScriptRunning(run_id=run, call_id=call, tool="spin", worker="box:7", started=2.0)
+
+    async def tell(n: ScriptRunning) -> None:  # and wait until the follower's connection has it
+        await worker.publish(script_subject(ACTOR, run), n.encode())
+        await worker.flush()
+        await follower.flush()
+
+    async def until_shown(text: str) -> None:
+        with anyio.fail_after(20):
+            while text not in shown.getvalue():
+                await anyio.sleep(0.01)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            async def follow() -> None:
+                await watch(Client(follower).get(run, ACTOR), Console(file=shown, width=200), tokens=True)
+
+            tg.start_soon(follow)
+            await until_shown("run.started")
+            await tell(notice)  # before its call is in the log
+            seq = await log.append(ev.ToolCalled(run_id=run, seq=1, ts=2.0, actor=ACTOR,
+                                                 call=ToolCall(call, "spin", {})), expect=seq)
+            await until_shown("script.started")
+            await tell(notice)  # the worker says it again
+            await tell(msgspec.structs.replace(notice, worker="box:8", attempt=2))  # a second delivery
+            await until_shown("box:8")
+            seq = await log.append(ev.ToolFailed(run_id=run, seq=2, ts=9.0, actor=ACTOR, call_id=call,
+                                                 tool="spin", error=ToolError("cancelled", "stopped")),
+                                   expect=seq)
+            await until_shown("tool.failed")
+            await tell(msgspec.structs.replace(notice, attempt=3))  # late: the outcome is read already
+            await log.append(ev.RunCompleted(run_id=run, seq=3, ts=10.0, actor=ACTOR, output="done"),
+                             expect=seq)
+    finally:
+        await bus.close(worker)
+        await bus.close(follower)
+    lines = [line.split(maxsplit=2) for line in shown.getvalue().splitlines() if line.strip()][:-1]
+    assert [(first, kind) for first, kind, _ in lines] == [
+        ("0", "run.started"), ("1", "tool.called"), ("·", "script.started"), ("·", "script.started"),
+        ("2", "tool.failed"), ("3", "run.completed")], shown.getvalue()
+    assert lines[2][2].startswith("spin on box:7 (running")
+    assert lines[3][2].startswith("spin on box:8, delivery 2")
 
 
 TRANSFER = '''"""Send money (a tool that ends at once)."""
