@@ -18,7 +18,7 @@ nobody retrieves.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -32,13 +32,16 @@ from runtime import events as ev
 from runtime.client.control import Control, Pending, Question
 from runtime.log import TERMINAL_KINDS, RunHistory, RunLog
 from runtime.nats.jetstream import JetStream
-from runtime.nats.subjects import stream_filter, stream_subject
-from runtime.streaming import Delta, subscribe
+from runtime.nats.subjects import script_subject, stream_filter, stream_subject
+from runtime.streaming import Delta, ScriptRunning, subscribe
 
 if TYPE_CHECKING:
     from runtime.bundle import Bundle
     from runtime.client.fork import ForkEdit
     from runtime.client.verify import Verification
+
+
+Item = ev.Event | Delta | ScriptRunning  # what a live reader yields (`RunHandle.live`)
 
 
 class Fleet(Protocol):
@@ -207,18 +210,21 @@ class RunHandle:
         against their digest; an event that is not a stub as it is."""
         return await self.client.log.resolve(event)
 
-    async def watch(self) -> AsyncGenerator[ev.Event | Delta, None]:
+    async def watch(self) -> AsyncGenerator[ev.Event | Delta | ScriptRunning, None]:
         """The run as a live page shows it: every event from the first as stored (see `stored`; stubs stay
-        stubs), and the model's output as it is generated, in reading order (`live`), ending after the
-        terminal event. Close the iterator when the page goes (e.g. `contextlib.aclosing`)."""
+        stubs), the model's output as it is generated and the tool jobs still running, in reading order
+        (`live`), ending after the terminal event. Close the iterator when the page goes (e.g.
+        `contextlib.aclosing`)."""
         async with aclosing(self.live(resolve=False)) as items:
             async for item in items:
                 yield item
 
-    async def live(self, *, tokens: bool = True,
-                   resolve: bool = True) -> AsyncGenerator[ev.Event | Delta, None]:
+    async def live(self, *, tokens: bool = True, scripts: bool = True,
+                   resolve: bool = True) -> AsyncGenerator[ev.Event | Delta | ScriptRunning, None]:
         """The run's events from the first, live, until its terminal event; with `tokens`, the model's
-        output as it is generated (`Delta`s) among them, in the order a person reads a run:
+        output as it is generated (`Delta`s) among them; with `scripts`, a `ScriptRunning` for each tool
+        job still running a moment after it began (`runtime.streaming`: the log has nothing between a
+        call's `tool.called` and its outcome); all in the order a person reads a run:
 
         * a request's fragments come after its `model.requested` and before its `model.responded`: the
           host publishes the fragments on core NATS as the model writes them and appends the events to
@@ -227,27 +233,37 @@ class RunHandle:
         * fragments of a request the log has already answered are dropped (the recorded reply holds
           them all), and so are those still held when the run ends;
         * a request's last message is a `Delta` with `done` (unless it was lost: the stream is at most
-          once).
+          once);
+        * a job's notice comes after its call's `tool.called` and before its outcome, once per delivery of
+          the job (a worker repeats it for followers that join later); one whose outcome is read already
+          is dropped.
 
         Why the fragments cannot come after their reply: the host publishes all of them before it
         appends `model.responded`, one connection delivers in order, and they are handed over here
         from the subscription's callback, before the log's path (a consumer, then a reader) hands
         over the reply."""
-        if not tokens:
+        if not tokens and not scripts:
             async with aclosing(_follow(self.client, self.run_id, self.actor, resolve=resolve)) as events:
                 async for event in events:
                     yield event
             return
-        send, receive = anyio.create_memory_object_stream[ev.Event | Delta | None](max_buffer_size=100_000)
+        send, receive = anyio.create_memory_object_stream[Item | None](max_buffer_size=100_000)
 
-        async def on_delta(msg: Msg) -> None:
-            try:
-                send.send_nowait(Delta.decode(msg.data))
-            except (msgspec.DecodeError, anyio.WouldBlock):
-                pass  # not a delta, or a reader far behind: the log has the truth
+        def receiver(kind: type[Delta] | type[ScriptRunning]) -> Callable[[Msg], Awaitable[None]]:
+            async def on_msg(msg: Msg) -> None:
+                try:
+                    send.send_nowait(kind.decode(msg.data))
+                except (msgspec.DecodeError, anyio.WouldBlock):
+                    pass  # not one of ours, or a reader far behind: the log has the truth
+            return on_msg
 
-        subject = stream_subject(self.actor, self.run_id) if self.actor else stream_filter(self.run_id)
-        sub = await self.client.nc.subscribe(subject, cb=on_delta)  # before the log is read: none missed
+        subs = []  # subscribed before the log is read: nothing published meanwhile is missed
+        if tokens:
+            subject = stream_subject(self.actor, self.run_id) if self.actor else stream_filter(self.run_id)
+            subs.append(await self.client.nc.subscribe(subject, cb=receiver(Delta)))
+        if scripts:
+            subs.append(await self.client.nc.subscribe(script_subject(self.actor, self.run_id),
+                                                       cb=receiver(ScriptRunning)))
         try:
             async with anyio.create_task_group() as tg:
                 async def from_log() -> None:
@@ -264,7 +280,8 @@ class RunHandle:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):  # also when the caller was cancelled (a page gone)
-                await sub.unsubscribe()
+                for sub in subs:
+                    await sub.unsubscribe()
 
     async def status(self) -> str | None:
         """What the runs index says of the run now (`running`, `waiting for approval`, `completed`, ...),
@@ -345,15 +362,20 @@ def _follow(client: Fleet, run_id: str, actor: str | None, *,
     return cast(AsyncGenerator[ev.Event, None], client.log.follow(run_id, actor, resolve=resolve))
 
 
-async def _in_reading_order(items: AsyncIterator[ev.Event | Delta | None]
-                            ) -> AsyncGenerator[ev.Event | Delta, None]:
-    """`RunHandle.live`'s ordering of events and fragments as they arrived (None: the log ended)."""
+async def _in_reading_order(items: AsyncIterator[Item | None]) -> AsyncGenerator[Item, None]:
+    """`RunHandle.live`'s ordering of events, fragments and script notices as they arrived (None: the log
+    ended)."""
     requested: set[str] = set()  # model requests yielded
     answered: set[str] = set()  # ... and answered (their reply or failure yielded)
     held: dict[str, list[Delta]] = {}  # fragments that came before their request
+    calls = _Calls()
     async for item in items:
         if item is None:
             return
+        if isinstance(item, ScriptRunning):
+            if calls.shows(item):
+                yield item
+            continue
         if isinstance(item, Delta):
             if item.request_id in answered:
                 continue
@@ -362,7 +384,10 @@ async def _in_reading_order(items: AsyncIterator[ev.Event | Delta | None]
                 continue
             yield item
             continue
+        released = calls.saw(item)
         yield item
+        for notice in released:  # a job's notice that came before its call's `tool.called`
+            yield notice
         if isinstance(item, ev.ModelRequested):  # a new attempt of a failed request streams again
             requested.add(item.request_id)
             answered.discard(item.request_id)
@@ -371,6 +396,39 @@ async def _in_reading_order(items: AsyncIterator[ev.Event | Delta | None]
         elif isinstance(item, ev.ModelResponded | ev.ModelFailed):
             answered.add(item.request_id)
             held.pop(item.request_id, None)
+
+
+class _Calls:
+    """Which tool calls a live reader has seen called and ended, to place each job's `ScriptRunning`
+    between its call's `tool.called` and its outcome, once per delivery."""
+
+    def __init__(self) -> None:
+        self.called: set[str] = set()
+        self.ended: set[str] = set()
+        self.shown: set[tuple[str, int]] = set()  # (call, attempt) told already
+        self.held: dict[str, ScriptRunning] = {}  # notices that came before their call's `tool.called`
+
+    def shows(self, notice: ScriptRunning) -> bool:
+        """True if `notice` is to be yielded now (else it is held for its call, or dropped)."""
+        key = (notice.call_id, notice.attempt)
+        if notice.call_id in self.ended or key in self.shown:
+            return False
+        if notice.call_id not in self.called:
+            self.held[notice.call_id] = notice
+            return False
+        self.shown.add(key)
+        return True
+
+    def saw(self, event: ev.Event) -> list[ScriptRunning]:
+        """Note `event` (about to be yielded); the notices it releases, to yield after it."""
+        if isinstance(event, ev.ToolCalled):
+            self.called.add(event.call.id)
+            notice = self.held.pop(event.call.id, None)
+            return [notice] if notice is not None and self.shows(notice) else []
+        if isinstance(event, ev.ToolCompleted | ev.ToolFailed):
+            self.ended.add(event.call_id)
+            self.held.pop(event.call_id, None)
+        return []
 
 
 __all__ = ["RunCancelledError", "RunError", "RunFailedError", "RunHandle", "outcome"]

@@ -7,7 +7,8 @@
 Each event's one-line detail is `runtime.client.describe`'s; checking a run against the kernel is
 `runtime.client.verify`'s. Both views show a call's script run as its `script.*` events (`events.expand`),
 whether the log holds them as entries (older logs) or inside the call's outcome; such a virtual event shows
-the seq of the entry that holds it, and the totals count log entries only.
+the seq of the entry that holds it, and the totals count log entries only. The live view also shows a tool
+job still running before its outcome is in the log, from the worker's notice (`runtime.streaming`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
 from runtime import events as ev
 from runtime.client.describe import describe
 from runtime.client.terminal import printable, shown
-from runtime.streaming import Delta
+from runtime.streaming import Delta, ScriptRunning
 
 if TYPE_CHECKING:
     from runtime.client.handle import RunHandle
@@ -168,55 +170,107 @@ class _Live:
             self._out(delta.text)
 
 
+def notice_line(notice: ScriptRunning, now: float | None = None) -> Any:
+    """A job still running (`runtime.streaming`) as `sa send --follow` prints it, among the events: no seq
+    (it is not in the log; the call's outcome will carry the script run)."""
+    from rich.text import Text
+
+    running = max(0.0, (time.time() if now is None else now) - notice.started)
+    again = f", delivery {notice.attempt}" if notice.attempt > 1 else ""
+    line = Text.assemble(("  ·", "dim"), " ", (f"{'script.started':<17}", _style("script.started")), " ")
+    line.append(f"{notice.tool} on {notice.worker}{again} (running {running:.0f} s…)")
+    return line
+
+
+class _Progress:
+    """The progress line of `watch`: what the run waits for, turn, tool calls, tokens, elapsed, and each
+    tool job still running with its worker and time so far (until its outcome is read)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.status = "waiting for a host"
+        self.turns = self.tools = self.tokens = 0
+        self.running: dict[str, ScriptRunning] = {}  # call -> the notice of its job
+
+    def saw(self, event: ev.Event) -> None:
+        if isinstance(event, ev.TurnCompleted):
+            self.turns += 1
+        elif isinstance(event, ev.ToolCalled):
+            self.tools += 1
+        elif isinstance(event, ev.ModelResponded):
+            self.tokens += event.usage.prompt_tokens + event.usage.completion_tokens
+        elif isinstance(event, ev.ToolCompleted | ev.ToolFailed):
+            self.running.pop(event.call_id, None)
+        self.status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
+                       "turn.completed": "next turn"}.get(ev.kind_of(event), self.status)
+
+    def text(self) -> str:
+        now = time.time()
+        jobs = "".join(f" · {n.tool} running on {n.worker} for {now - n.started:.0f} s"
+                       for n in self.running.values())
+        return (f"{self.status}{jobs} · turn {self.turns + 1} · {self.tools} tool call(s) · {self.tokens} "
+                f"tokens · {time.monotonic() - self.started:.1f} s")
+
+
 async def watch(handle: RunHandle, console: Any, *, as_json: bool = False,
                 tokens: bool = False) -> ev.Event | None:
     """Follow a run live on `console`: one line per event and a progress line (what it waits for, turn,
     tool calls, tokens, elapsed) until it ends; returns the terminal event. With `as_json`, JSON lines.
 
+    A tool job still running a moment after it began is a line of its own, ``script.started <tool> on
+    <worker> (running N s…)``, and in the progress line with its time so far until its outcome (as JSON:
+    ``{"script": {...}}``; `runtime.streaming`: the log holds the script run only in the outcome).
     With `tokens`, the model's output is shown as it is generated, among the events in the order
     `RunHandle.live` gives (a request's fragments after its `model.requested`, before its reply); as
     JSON, each fragment is a line ``{"delta": {...}}``."""
-    started = time.monotonic()
-    status = "waiting for a host"
     last: ev.Event | None = None
-    turns = tools = tokens_used = 0
     live = _Live(console)
+    state = _Progress()
     quiet = tokens and not as_json  # a spinner and tokens printed on one line do not mix
-    with (nullcontext(_NoStatus()) if quiet else console.status(status)) as progress:
-        async with aclosing(handle.live(tokens=tokens)) as items:
-            async for item in items:
-                if isinstance(item, Delta):
-                    if as_json and (item.text or item.tool_call):
-                        print(msgspec.json.encode({"delta": item}).decode(), flush=True)
-                    elif not as_json:
-                        live.show(item)
-                    continue
-                event = last = item
-                live.end_line()
-                if as_json:  # the log as stored
-                    print(ev.to_json(event), flush=True)
-                else:
-                    for part in ev.expand(event):
-                        console.print(event_line(part), highlight=False)
-                if isinstance(event, ev.TurnCompleted):
-                    turns += 1
-                elif isinstance(event, ev.ToolCalled):
-                    tools += 1
-                elif isinstance(event, ev.ModelResponded):
-                    tokens_used += event.usage.prompt_tokens + event.usage.completion_tokens
-                kind = ev.kind_of(event)
-                status = {"model.requested": "waiting for the model", "tool.called": "waiting for tools",
-                          "turn.completed": "next turn"}.get(kind, status)
-                progress.update(f"{status} · turn {turns + 1} · {tools} tool call(s) · {tokens_used} "
-                                f"tokens · {time.monotonic() - started:.1f} s")
+    with (nullcontext(_NoStatus()) if quiet else console.status(state.status)) as progress:
+        async with anyio.create_task_group() as tg:
+            async def tick() -> None:  # the times of jobs still running go on between events
+                while True:
+                    await anyio.sleep(1.0)
+                    progress.update(state.text())
+
+            tg.start_soon(tick)
+            async with aclosing(handle.live(tokens=tokens)) as items:
+                async for item in items:
+                    if isinstance(item, Delta):
+                        if as_json and (item.text or item.tool_call):
+                            print(msgspec.json.encode({"delta": item}).decode(), flush=True)
+                        elif not as_json:
+                            live.show(item)
+                        continue
+                    if isinstance(item, ScriptRunning):
+                        state.running[item.call_id] = item
+                        if as_json:
+                            print(msgspec.json.encode({"script": item}).decode(), flush=True)
+                        else:
+                            live.end_line()
+                            console.print(notice_line(item), highlight=False)
+                        progress.update(state.text())
+                        continue
+                    event = last = item
+                    live.end_line()
+                    if as_json:  # the log as stored
+                        print(ev.to_json(event), flush=True)
+                    else:
+                        for part in ev.expand(event):
+                            console.print(event_line(part), highlight=False)
+                    state.saw(event)
+                    progress.update(state.text())
+            tg.cancel_scope.cancel()
     live.end_line()
     if not as_json and last is not None:
         from rich.text import Text
 
         ok = isinstance(last, ev.RunCompleted)
         verdict = Text("completed", "green") if ok else Text(ev.kind_of(last).split(".")[1], "red")
-        console.print(verdict + Text(f" in {time.monotonic() - started:.1f} s · {turns} turn(s) · {tools} "
-                                     f"tool call(s) · {tokens_used} tokens   (sa replay {handle.run_id})"),
+        took = time.monotonic() - state.started
+        console.print(verdict + Text(f" in {took:.1f} s · {state.turns} turn(s) · {state.tools} tool "
+                                     f"call(s) · {state.tokens} tokens   (sa replay {handle.run_id})"),
                       highlight=False)
     return last
 
@@ -228,4 +282,4 @@ class _NoStatus:
         pass
 
 
-__all__ = ["Summary", "describe", "event_line", "summarize", "timeline", "watch"]
+__all__ = ["Summary", "describe", "event_line", "notice_line", "summarize", "timeline", "watch"]

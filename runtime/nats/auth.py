@@ -15,8 +15,9 @@ The roles (subjects in `runtime.nats.subjects`):
   host records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
   buckets, the threads, payloads, dead letters) and schedules (SCHEDULES) for `sa runs`, `sa replay`,
   `sa status`, `sa threads`, approvals, `sa ui`, `sa schedule list`; subscribes to runs' live model output
-  (``stream.>``, `sa send --follow`); and acks its own durable readers of EVENTS (`sa otel`). Adding,
-  pausing or deleting a schedule is an admin's: a schedule starts runs of any agent.
+  and the notices of their tool jobs still running (``stream.>``, `sa send --follow`); and acks its own
+  durable readers of EVENTS (`sa otel`). Adding, pausing or deleting a schedule is an admin's: a schedule
+  starts runs of any agent.
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
   buckets, forwarding a command under its operator's name, and the tasks of schedules' fires (the
   cluster's clock has no user of its own: a host turns each fire into a task, `runtime.host.scheduler`);
@@ -26,7 +27,9 @@ The roles (subjects in `runtime.nats.subjects`):
   ``externals`` (recorded external answers) buckets and the payload store, and follows every run's
   ``run.cancelled`` (to stop a cancelled job's sandbox); it offers a delivery whose tool version it lacks
   to a worker that has it, and answers such offers, on ``handoffs.>`` (core NATS: `runtime.worker.handoff`;
-  a worker may so hand any job it holds to any worker). For agent tools (`runtime.worker.subruns`) it
+  a worker may so hand any job it holds to any worker). It tells a run's followers that a job of the run is
+  still running on ``stream.<actor>.<run>.script`` (core NATS, `runtime.streaming`), and may publish nothing
+  else under ``stream.``: the model output there is the host's. For agent tools (`runtime.worker.subruns`) it
   publishes the child's task on ``agents.<agent>.subtasks`` (a subject of its own: a worker cannot publish an
   ordinary task, and a host takes a task there only if it names its parent run) and a cancel for it on
   ``ops.*.<its own name>``, as an operator would, and reads every run's end through the ``subruns``
@@ -148,7 +151,8 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
                f"$JS.API.STREAM.PURGE.{_OBJ_PAYLOADS}", "$JS.API.STREAM.CREATE.*",
                "$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.CREATE.>",
                "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.MSG.NEXT.>", "$JS.FC.>",
-               f"{HANDOFFS_PREFIX}.>"]  # a job's delivery offered to a worker that has its tool version
+               f"{HANDOFFS_PREFIX}.>",  # a job's delivery offered to a worker that has its tool version
+               f"{STREAM_PREFIX}.*.*.script"]  # a job still running, told to the run's followers (not tokens)
         deny = [*(f"$KV.{b}.>" for b in _FLEET_BUCKETS),
                 *(f"$JS.API.CONSUMER.{op}.{s}{tail}" for op in ("CREATE", "DELETE")
                   for s in (TASKS, RESULTS, TOOLS) for tail in ("", ".>")),

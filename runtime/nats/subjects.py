@@ -57,9 +57,9 @@ SCHEDULES  ``schedules.def.<name>``,             WorkQueue  the cluster's clock 
                                                             (or a wake command) and acks it.
 =========  ====================================  =========  ==================================================
 
-Core NATS subjects (never stored): ``stream.<actor>.<run>`` (a run's live model output, `stream_subject`) and
-``handoffs.<worker key>`` (a worker offering a tool-job delivery to another that has the job's tool version,
-`handoff_subject`).
+Core NATS subjects (never stored): ``stream.<actor>.<run>`` (a run's live model output, `stream_subject`),
+``stream.<actor>.<run>.script`` (a job of the run still running, `script_subject`) and ``handoffs.<worker
+key>`` (a worker offering a tool-job delivery to one that has the job's tool version, `handoff_subject`).
 
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
 ``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet
@@ -125,9 +125,7 @@ DEFAULT_TOOL_MAX_ACK_PENDING = 1024
 # -- headers and error codes ------------------------------------------------------------------------------
 
 HDR_MSG_ID = "Nats-Msg-Id"
-# The TASKS sequence a task with neither a task id nor a Msg-Id was first stored at, on the copy a host
-# publishes on its instance's subject (`runtime.host.routing`): that task's run id derives from it.
-HDR_TASK_SEQ = "Sa-Task-Seq"
+HDR_TASK_SEQ = "Sa-Task-Seq"  # where a task with no id was first stored, on a host's copy (`host.routing`)
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 ERR_WRONG_LAST_SEQUENCE = 10071  # the JetStream err_code of a failed expected-sequence check
@@ -303,6 +301,13 @@ def stream_subject(actor: str, run: str) -> str:
     return f"{STREAM_PREFIX}.{check_token(actor, 'agent')}.{check_token(run, 'run id')}"
 
 
+def script_subject(actor: str | None, run: str) -> str:
+    """Where a worker tells that a job of `run` is still running (core NATS, never stored; `actor` None: the
+    filter of any actor's). Below the run's stream subject, so whoever may follow a run's model output
+    (``stream.>``) may follow its scripts too, and a worker may publish these only (``stream.*.*.script``)."""
+    return f"{stream_subject(actor, run) if actor else stream_filter(run)}.script"
+
+
 def handoff_subject(worker_key: str) -> str:
     """Where a worker that lacks a job's tool version offers the delivery to a worker that has it (core
     NATS request/reply: `runtime.worker.handoff`); `worker_key` is the worker's key in the ``workers``
@@ -460,6 +465,6 @@ __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET",
            "event_subject", "fire_subject", "handoff_subject", "is_subtask_subject", "job_msg_id",
            "lease_key", "occ_headers", "parse_lease_key", "parse_task_subject", "partition_of",
            "result_consumer_name", "result_filter", "result_subject", "run_events_filter",
-           "schedule_subject", "stored_bundle", "stream_filter", "stream_subject", "task_consumer_name",
-           "task_filter", "task_subject", "timer_subject", "timer_token", "tool_subject",
-           "unserved_task_filters", "wake_subject", "workspace_bucket"]
+           "schedule_subject", "script_subject", "stored_bundle", "stream_filter", "stream_subject",
+           "task_consumer_name", "task_filter", "task_subject", "timer_subject", "timer_token",
+           "tool_subject", "unserved_task_filters", "wake_subject", "workspace_bucket"]

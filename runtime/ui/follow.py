@@ -1,11 +1,13 @@
 """Live following: a run's page receives its events as they are appended, as server-sent events.
 
-    GET /api/runs/{run}/follow?after=N   ->   event: token | event | end
+    GET /api/runs/{run}/follow?after=N   ->   event: token | script | event | end
 
-Each open page holds one `RunHandle.watch()` (one ordered consumer on the run's events and one core
-subscription on the model's token stream) and nothing else. `event` carries the event's view with the
-run's totals and flags so far (`views.summary_view`, `views.flags`), `token` a piece of the model's
-output as it is generated (never stored: the recorded reply replaces it), `end` the totals once the run
+Each open page holds one `RunHandle.watch()` (one ordered consumer on the run's events and two core
+subscriptions: the model's token stream, the run's script notices) and nothing else. `event` carries the
+event's view with the run's totals and flags so far (`views.summary_view`, `views.flags`), `token` a piece
+of the model's output as it is generated (never stored: the recorded reply replaces it), `script` a tool
+job still running a moment after it began (`runtime.streaming.ScriptRunning`: its call, tool, worker and
+start; the page shows it until the call's outcome arrives as an `event`), `end` the totals once the run
 ended. Events before seq `after` (what the page already has) are read but not sent; a call's outcome that
 carries its script run is sent as its rows (`views.entry_views`), each with the outcome's seq as its `id`.
 
@@ -29,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import events as ev
 from runtime.client import Client
-from runtime.streaming import Delta
+from runtime.streaming import Delta, ScriptRunning
 from runtime.ui import views
 
 KEEPALIVE_S = 15.0
@@ -57,6 +59,9 @@ class Following:
             async for item in watch:
                 if isinstance(item, Delta):
                     await emit(sse("token", msgspec.to_builtins(item)))
+                    continue
+                if isinstance(item, ScriptRunning):
+                    await emit(sse("script", msgspec.to_builtins(item)))
                     continue
                 seen.append(item)
                 if item.seq < after:

@@ -7,7 +7,8 @@
                                             index rows, newest first, and the values each filter can take
     GET  /api/runs/{run}                    the run's view (`views.run_view`), events as stored
     GET  /api/runs/{run}/events/{seq}       one event with its big fields fetched from the object store
-    GET  /api/runs/{run}/follow?after=N     server-sent events: each new event from seq N on, then `end`
+    GET  /api/runs/{run}/follow?after=N     server-sent events: each new event from seq N on (and the tokens
+                                            and tool jobs still running, live), then `end`
     GET  /api/runs/{run}/export             the run as one self-contained HTML file (`runtime.ui.export`)
     GET  /api/approvals?agent=              every call waiting for a person, oldest first
     GET  /runs/{run}/waterfall              a run's time on one axis (page)

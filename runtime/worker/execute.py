@@ -5,7 +5,8 @@ were too big for the job message from the object store; replay the recorded outp
 that already applied its writes (so a crash between "writes applied" and "ack" never writes twice); look the
 tool up (the exact version the job names: a worker that lacks it leaves the job to one that has it, or fails
 it naming the version, `runtime.worker.handoff`) and resolve the job's limits; then load the data files, run
-the tool and persist its writes, re-running on fresh data when another job's write landed first. The tool is
+the tool and persist its writes, re-running on fresh data when another job's write landed first; a job
+still running after a moment is announced to the run's followers meanwhile (`runtime.streaming`). The tool is
 a `.pym` script, run in the Monty sandbox under the job's `Limits`, or a bundle's Python tool (`- python:
 module:function`), run under its own timeout, concurrency limit and retry policy (`runtime.tools.hosted`);
 an agent tool is not run but becomes a sub-run (`runtime.worker.subruns`). Every way a tool can fail is an
@@ -37,6 +38,7 @@ from runtime.externals import ExecutionContext, ExternalsFactory, Secrets
 from runtime.jobs import ToolJob, ToolOutcome
 from runtime.log.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
+from runtime.streaming import ScriptNotices
 from runtime.tools import ToolContext
 from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import DataProvider, JobContext, ResultHandler, WorkspaceConflict, WriteError
@@ -76,6 +78,7 @@ class JobEnv:
     records: ExternalRecords
     externals: ExternalsFactory | None = None
     secrets: Secrets = field(default_factory=Secrets)
+    notices: ScriptNotices | None = None  # tells followers of a job still running (None: nobody)
 
 
 async def execute(env: JobEnv, job: ToolJob, attempt: int) -> ToolOutcome | Delegated | HandOff | str:
@@ -116,7 +119,12 @@ class _Delivery:
         if isinstance(served.tool, AgentTool):  # a sub-run: started (or found); its end answers the call
             return await delegate(self.env.js, served.tool, self.job, self.fields, worker=self.env.worker,
                                   cancels=self.env.cancels)
-        return await self._run(served, limits, provider, handler)
+        if self.env.notices is None:
+            return await self._run(served, limits, provider, handler)
+        job = self.job
+        async with self.env.notices.running(job.actor, job.run_id, job.call_id, job.tool,
+                                            attempt=self.attempt, started=self.fields["started"]):
+            return await self._run(served, limits, provider, handler)
 
     async def _resolve_arguments(self) -> ToolOutcome | str | None:
         """Arguments too big for the job message are in the object store: read them into the job."""

@@ -21,7 +21,9 @@ failure mode in brackets):
    (`runtime.worker.handoff`)]; check the deadline [passed: a `timeout` failure without running];
 4. `DataProvider.load_files` -> run the script in Monty under the job's `Limits` (the output model
    validates inside the run) -> `ResultHandler.handle` persists the writes [stale read: re-run on fresh
-   data up to 5 times, then an `external` failure; malformed writes: an `output` failure];
+   data up to 5 times, then an `external` failure; malformed writes: an `output` failure]; a job still at
+   it half a second after it began is announced on core NATS to whoever follows its run, and again every
+   few seconds (`runtime.streaming.ScriptNotices`: no append, and nothing at all for a shorter job);
 5. publish the `ToolOutcome` to RESULTS with Msg-Id `<run>/<call>` and wait for the ack (an output
    over the payload threshold goes to the object store first and the outcome carries its ref:
    `runtime.log.payloads`);
@@ -87,6 +89,7 @@ from runtime.nats.subjects import (
 )
 from runtime.nats.topology import attach_topology
 from runtime.scripts import get_pool
+from runtime.streaming import ScriptNotices
 from runtime.tools.data import (
     DataProvider,
     JobContext,
@@ -166,7 +169,8 @@ class Worker:
         self.env = JobEnv(js=js, worker=self.name, registry=registry, fleet=Fleet(js, self.name),
                           payloads=self.payloads, io_for=self.io_for, cancels=self.cancels, stats=self.stats,
                           ack_wait=lambda: self.held.ack_wait, max_deliver=lambda: self._max_deliver,
-                          records=ExternalRecords(js), externals=externals, secrets=secrets or Secrets())
+                          records=ExternalRecords(js), externals=externals, secrets=secrets or Secrets(),
+                          notices=ScriptNotices(js._nc, self.name))
 
     @property
     def running_runs(self) -> frozenset[str]:

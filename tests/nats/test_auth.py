@@ -42,6 +42,7 @@ from runtime.nats.subjects import (
     event_subject,
     partition_of,
     result_subject,
+    script_subject,
     stream_subject,
     task_subject,
     tool_subject,
@@ -159,6 +160,31 @@ async def op_follow_stream(js: Any, role: str) -> None:
     await sub.unsubscribe()
 
 
+async def op_follow_scripts(js: Any, role: str) -> None:
+    """Subscribe to the notices of a run's tool jobs still running (`sa send --follow`, `sa ui`)."""
+    nc = js._nc
+    sub = await nc.subscribe(script_subject(AGENT, RUN))
+    await nc.flush()
+    await anyio.sleep(0.2)
+    await sub.unsubscribe()
+
+
+async def _core_publish(js: Any, subject: str) -> None:
+    """A core NATS publish: a refusal comes back only as an error the server reports apart."""
+    nc = js._nc
+    await nc.publish(subject, b"{}")
+    await nc.flush()
+    await anyio.sleep(0.2)
+
+
+async def op_tell_script_runs(js: Any, role: str) -> None:
+    await _core_publish(js, script_subject(AGENT, RUN))
+
+
+async def op_stream_model_output(js: Any, role: str) -> None:
+    await _core_publish(js, stream_subject(AGENT, RUN))
+
+
 async def op_read_threads(js: Any, role: str) -> None:
     kv = await js.key_value("threads")
     assert (await kv.get(thread_key(AGENT, "seeded"))).value == b"thread"
@@ -198,6 +224,9 @@ OPS = {
     "take a tool job": op_take_tool_job,
     "read the runs index": op_read_runs_kv,
     "follow a run's stream": op_follow_stream,
+    "follow a run's scripts": op_follow_scripts,
+    "tell that a script runs": op_tell_script_runs,
+    "stream model output": op_stream_model_output,
     "read the threads": op_read_threads,
     "write the threads": op_write_threads,
     "write the runs index": op_write_runs_kv,
@@ -210,15 +239,16 @@ OPS = {
 ALLOWED: dict[str, set[str]] = {
     "publisher": {"publish a task"},
     "operator": {"command as itself", "read an event", "replay a run", "read the runs index",
-                 "follow a run's stream", "read the threads", "list schedules"},
+                 "follow a run's stream", "follow a run's scripts", "read the threads", "list schedules"},
     "host": {"command as itself", "command as another", "read an event", "replay a run", "write an event",
              "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
              "take over a task partition", "purge events", "read the threads", "write the threads",
              "publish a task",  # a schedule's fire becomes a task (runtime.host.scheduler)
-             "list schedules", "add a schedule"},
+             "list schedules", "add a schedule", "tell that a script runs", "stream model output"},
     "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
                "read the runs index", "read the threads", "start a sub-run",  # agent tools: sub-runs
-               "command as itself", "list schedules"},
+               "command as itself", "list schedules",
+               "tell that a script runs"},  # a job still running (runtime.streaming), not model output
     "admin": set(OPS),
 }
 

@@ -7,6 +7,7 @@
 const state = {
   runId: "", view: null, events: [], byKey: new Map(), open: new Set(), details: new Map(),
   exported: false, source: null, pending: false,
+  running: new Map(), ticker: null,  // call id -> the notice of its tool job still running (live)
 };
 
 function embedded() {
@@ -342,6 +343,21 @@ function schedule() {
   requestAnimationFrame(render);
 }
 
+// Tool jobs still running: a worker's notice (never stored) shown with its time so far until the call's
+// outcome arrives in the log.
+function renderRunning() {
+  const list = clear(document.getElementById("live-script-list"));
+  const now = Date.now() / 1000;
+  for (const n of state.running.values()) {
+    const secs = Math.max(0, Math.round(now - n.started));
+    list.appendChild(el("li", {class: "mono", dataset: {call: n.call_id}}, "script.started " + n.tool + " on " +
+      n.worker + (n.attempt > 1 ? " (delivery " + n.attempt + ")" : "") + " (running " + secs + " s…)"));
+  }
+  document.getElementById("live-scripts").hidden = state.running.size === 0;
+  if (state.running.size && !state.ticker) state.ticker = setInterval(renderRunning, 1000);
+  if (!state.running.size && state.ticker) { clearInterval(state.ticker); state.ticker = null; }
+}
+
 function follow() {
   if (state.exported || state.view.summary.status !== "running") return;
   const last = state.events.length ? state.events[state.events.length - 1].seq : -1;
@@ -357,8 +373,16 @@ function follow() {
     if (d.tool_call) pre.textContent += (d.tool_call.name ? "\n" + d.tool_call.name + " " : "") + (d.tool_call.arguments || "");
     box.hidden = false;
   });
+  source.addEventListener("script", (msg) => {  // a tool job still running on a worker (not stored)
+    const d = JSON.parse(msg.data);
+    state.running.set(d.call_id, d);
+    renderRunning();
+  });
   source.addEventListener("event", (msg) => {
     const data = JSON.parse(msg.data);
+    if ((data.event.kind === "tool.completed" || data.event.kind === "tool.failed") && state.running.delete(data.event.data.call_id)) {
+      renderRunning();
+    }
     if (data.event.kind === "model.responded" || data.event.kind === "model.failed") {
       document.getElementById("live-reply").hidden = true;  // the recorded reply replaces the live one
       state.liveRequest = null;
@@ -375,6 +399,8 @@ function follow() {
     source.close();
     state.source = null;
     document.getElementById("live").hidden = true;
+    state.running.clear();
+    renderRunning();
     await reload();  // the index entry and fork tree changed too
   });
   source.addEventListener("error", () => {
