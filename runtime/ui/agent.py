@@ -59,11 +59,30 @@ def tool_view(name: str, tool: BundleTool, bundle: Bundle) -> dict[str, Any]:
              for r in bundle.approvals if r.tool == name]
     if tool.requires_approval and not rules:
         rules = [{"when": "always", "role": "", "timeout_s": None, "on_timeout": "deny"}]
-    limits = getattr(tool, "limits", None)
     return {"name": name, "kind": kind, "description": tool.schema.description,
             "input_schema": tool.schema.parameters, "output_schema": _output_schema(tool.output_model),
-            "limits": limits.to_dict() if limits is not None else None, "approval": rules,
+            "limits": _limits_that_apply(tool), "approval": rules,
             "terminal": name == bundle.spec.termination.terminal_tool}
+
+
+def _limits_that_apply(tool: BundleTool) -> dict[str, Any] | None:
+    """The limits that bind this kind of tool: a script's sandbox `Limits`; a Python tool's timeout,
+    concurrency and retry (it runs outside the sandbox, so Monty's limits do not apply); an agent tool's
+    depth of sub-runs (its own bundle's limits bind the sub-run)."""
+    from runtime.tools import ScriptTool
+    from runtime.tools.agent_tool import AgentTool
+    from runtime.tools.hosted import HostedPythonTool
+
+    if isinstance(tool, ScriptTool):
+        return tool.limits.to_dict()
+    if isinstance(tool, AgentTool):
+        return {"max_depth": tool.max_depth}
+    if isinstance(tool, HostedPythonTool):
+        retry = tool.retry
+        tries = f"{retry.attempts} attempt(s), backoff {retry.backoff_s:g} s" + (
+            f", on {', '.join(retry.on)}" if retry.on else "")
+        return {"timeout_s": tool.timeout_s, "concurrency": tool.concurrency, "retry": tries}
+    return None
 
 
 def bundle_view(bundle: Bundle) -> dict[str, Any]:
@@ -82,6 +101,11 @@ def bundle_view(bundle: Bundle) -> dict[str, Any]:
         "max_concurrent_tools": spec.max_concurrent_tools, "history_window": spec.history_window,
         "workspace": bundle.workspace, "data_provider": bundle.data_provider.kind,
         "policies": [type(p).__name__ for p in bundle.policies],
+        "timers": sorted(spec.timers),
+        "questions": spec.questions.model_dump() if spec.questions is not None else None,
+        "budgets": {"run_tokens": bundle.budgets.run_tokens,
+                    "agent_tokens_per_day": bundle.budgets.agent_tokens_per_day,
+                    "on_exceeded": bundle.budgets.on_exceeded},
         "tools": [tool_view(name, tool, bundle) for name, tool in bundle.tools.items()],
     }
 

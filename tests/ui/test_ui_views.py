@@ -198,3 +198,21 @@ def test_flags_reach_the_digest_the_filter_the_index_row_and_the_run_view():
     view = views.run_view("r2", "calc", _bare("", usage=Usage(0, 0)))
     assert [f["name"] for f in view["flags"]] == ["no-tokens", "empty-output"]
     json.dumps(view)
+
+
+def test_the_agent_page_shows_the_limits_that_bind_each_kind_of_tool_and_the_bundles_waits():
+    """A Python tool runs outside the sandbox: its page shows its timeout, concurrency and retry, not Monty's
+    limits; an agent tool its depth of sub-runs; the bundle its timers, questions and budgets."""
+    from pathlib import Path
+
+    from runtime.bundle import load_bundle
+    from runtime.ui.agent import bundle_view
+
+    view = bundle_view(load_bundle(Path(__file__).parents[2] / "bundles" / "shop"))
+    limits = {t["name"]: t["limits"] for t in view["tools"]}
+    retry = "3 attempt(s), backoff 0.2 s, on ConnectionError, TimeoutError"
+    assert limits["lookup_order"] == {"timeout_s": 10.0, "concurrency": 4, "retry": retry}
+    assert limits["researcher"] == {"max_depth": 4}
+    assert limits["refund"]["max_duration"] == 2.0  # a script: its sandbox limits
+    assert view["timers"] == [] and view["questions"] is None
+    assert view["budgets"] == {"run_tokens": None, "agent_tokens_per_day": None, "on_exceeded": "fail"}

@@ -45,7 +45,13 @@ function bundlePanel(d) {
       el("div", {class: "card", id: "termination"}, el("h3", {}, "termination and limits"), kv([
         ...Object.entries(b.termination), ["max concurrent tools", b.max_concurrent_tools], ["history window", b.history_window],
         ["workspace", b.workspace], ["data provider", b.data_provider], ["policies", b.policies.join(", ")],
-        ["sandbox limits", b.limits]]))),
+        ["sandbox limits", b.limits]])),
+      el("div", {class: "card", id: "waits"}, el("h3", {}, "timers, questions and budgets"), kv([
+        ["timers", b.timers.length ? b.timers.join(", ") : "none"],
+        ["questions (ask_human)", b.questions || "not offered"],
+        ["tokens per run", b.budgets.run_tokens ?? "no limit"],
+        ["tokens per agent per day", b.budgets.agent_tokens_per_day ?? "no limit"],
+        ["when the day's budget is spent", b.budgets.on_exceeded]]))),
     el("h3", {}, "tools (" + b.tools.length + ")"), el("div", {class: "cards", id: "tools"}, b.tools.map(toolCard)));
 }
 
