@@ -68,8 +68,13 @@ def summarize(events: Sequence[ev.Event]) -> Summary:
 
 
 def _t0(events: Sequence[ev.Event]) -> float:
-    """When a run began: its first event, or for a fork the earliest event it kept from its source."""
-    return min(e.ts for e in events) if events else 0.0
+    """When a run's clock starts: its first event; for a fork, when the fork was made (its `run.forked`),
+    so its wall time is its own, as the runs index counts it, and the events it kept from its source show
+    as before that (negative offsets), not as a delay of the fork."""
+    if not events:
+        return 0.0
+    first = next((e for e in events if e.seq == 0), events[0])
+    return first.ts if isinstance(first, ev.RunForked) else min(e.ts for e in events)
 
 
 _STYLE = {"run": "bold", "model": "cyan", "tool": "yellow", "script": "magenta", "turn": "blue",

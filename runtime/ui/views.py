@@ -89,8 +89,11 @@ def entry_views(event: ev.Event, t0: float) -> list[dict[str, Any]]:
 
 
 def start_of(events: Sequence[ev.Event]) -> float:
-    """Where a run's clock starts: its earliest event (a fork's first event is newer than the events it
-    kept from its source)."""
+    """Where a run's clock starts: its first event; for a fork, when it was made (the events it kept from
+    its source are older, and show as before it), as `sa replay` and the runs index count it."""
+    first = next((e for e in events if e.seq == 0), None)
+    if isinstance(first, ev.RunForked):
+        return first.ts
     return min((e.ts for e in events), default=0.0)
 
 

@@ -97,3 +97,28 @@ def test_events_appended_after_the_run_ended_say_so_in_the_timeline():
     started = next(line for line in lines if "script.started" in line)
     cancelled = next(line for line in lines if "run.cancelled" in line)
     assert "reported after the run ended" in started and "reported after" not in cancelled
+
+
+def test_a_forks_clock_starts_when_it_was_made_as_the_runs_index_counts_it():
+    """A fork keeps its source's events (older timestamps) after its own first event: its wall time and its
+    timeline count from the fork (the kept events show before it), not from when the source began."""
+    from runtime.client.replay import summarize, timeline
+    from runtime.ui.views import start_of
+
+    kept = [ev.stamp(e, seq=i, ts=10.0 + i, actor="calc") for i, e in enumerate(
+        [ev.ModelRequested(run_id="f1", request_id="f1/1", turn=1),
+         ev.ModelResponded(run_id="f1", request_id="f1/1", turn=1, text="hi")], start=1)]
+    forked = ev.stamp(ev.RunForked(run_id="f1", input="x", source_run="src", source_seq=3), seq=0, ts=100.0,
+                      actor="calc")
+    ended = ev.stamp(ev.RunCompleted(run_id="f1", output="hi"), seq=3, ts=104.5, actor="calc")
+    events = [forked, *kept, ended]
+    assert summarize(events).wall_s == 4.5  # was 94.5: from the source's first event
+    assert start_of(events) == 100.0
+    plain = [ev.stamp(ev.RunStarted(run_id="r", input="x"), seq=0, ts=50.0, actor="calc")]
+    assert start_of(plain) == 50.0 and summarize(plain).wall_s == 0.0
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(timeline(events))
+    rows = console.export_text()
+    assert "-89000" in rows and "-88000" in rows  # the kept events, in ms before the fork
