@@ -103,7 +103,7 @@ class RunsIndex:
             status = WAITING_FOR_ANSWER if kernel.pending_questions(state) else sleeping_status(until)
         written = await self.put(run.run_id, RunIndex(
             actor=run.actor, status=status, partition=run.partition, last_seq=run.last_seq,
-            seq=state.seq - 1,
+            seq=state.seq - 1 if state.seq else None,
             updated=time.time(), task_id=run.task_id, bundle=run.bundle,
             forked_from=run.forked[0] if run.forked else None,
             forked_at=run.forked[1] if run.forked else None))

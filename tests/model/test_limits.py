@@ -311,7 +311,8 @@ def test_a_task_priority_outside_0_to_9_is_refused():
 @pytest.mark.anyio
 async def test_an_agent_in_process_records_throttles_too(tmp_path: Path):
     with ScriptedModelServer([Reply.error(429, "full", retry_after=0), "the answer"]) as server:
-        bundle = write_bundle(tmp_path, base_url=server.base_url, extra="endpoint: {max_in_flight: 1}\n")
+        bundle = write_bundle(tmp_path, base_url=server.base_url, extra="endpoint: {max_in_flight: 1}\n",
+                              terminal=None)  # a text reply ends a run that has no terminal tool
         async with Agent.from_bundle(bundle) as agent:
             outcome = await agent.run("hello")
     assert outcome.output == "the answer"
