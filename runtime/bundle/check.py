@@ -32,7 +32,7 @@ def check_bundle(path: str | Path) -> tuple[Bundle, list[str]]:
     except ValueError as e:
         raise BundleError(source, [("", f"the kernel refuses this configuration: {e}")]) from None
     constraint = bundle.decoding_constraint()
-    if constraint.strategy == "ebnf" and missing("model"):
+    if constraint is not None and constraint.strategy == "ebnf" and missing("model"):
         return bundle, [f"{source}: constraint: the ebnf grammar was not derived: it needs the 'model' extra "
                         "(xgrammar), as a host serving this bundle does"]
     try:
