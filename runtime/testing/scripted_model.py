@@ -14,11 +14,10 @@ removed `guided_*` key is.
 
 What it speaks (the subset of vLLM's OpenAI API the runtime uses):
 
-- `GET /v1/models`, `POST /v1/chat/completions`, non-streaming and SSE streaming in vLLM's shape; `routes=`
-  answers more GET routes with fixed JSON (a server's tells for `model.server: auto`, `runtime.model.detect`)
+- `GET /v1/models`, `POST /v1/chat/completions`, non-streaming and SSE streaming in vLLM's shape
   (role delta, content deltas, per tool call a header delta with id and name followed by argument
   fragments, a final chunk with `finish_reason`, a usage chunk when `stream_options.include_usage`,
-  then `data: [DONE]`).
+  then `data: [DONE]`); `routes=` answers more GETs with fixed JSON (servers' tells: `runtime.model.detect`).
 
 Where replies come from, for each request in arrival order:
 
@@ -304,7 +303,7 @@ class ScriptedModelServer:
         routes: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
-        self.routes = dict(routes or {})  # more GET routes: path -> the JSON answered (a server's tells)
+        self.routes = dict(routes or {})  # more GET routes: path -> the JSON answered
         self.capacity = capacity  # None: every request is admitted
         self.responder = responder
         self.record = record
