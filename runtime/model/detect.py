@@ -11,7 +11,7 @@ be answered by a later server:
 | llama.cpp `llama-server` | `GET /props` (its slots and generation settings) |
 | llama-cpp-python's server | `GET /v1/models` listing models `owned_by: "me"` and `permissions` |
 | Ollama | `GET /api/version` |
-| LM Studio | `GET /api/v0/models` |
+| LM Studio | `GET /api/v1/models` (0.4 on) or `GET /api/v0/models` |
 | TGI | `GET /info` holding `model_id` |
 | SGLang | `GET /get_server_info` or `GET /server_info` |
 | vLLM | `GET /version` |
@@ -89,8 +89,9 @@ def _probe(base_url: str, api_key: str | None, timeout: float) -> tuple[str, str
             version = _json(client, f"{root}/api/version")
             if isinstance(version, dict) and "version" in version:
                 return "ollama", "GET /api/version answered (Ollama)"
-            if isinstance(_json(client, f"{root}/api/v0/models"), dict):
-                return "lmstudio", "GET /api/v0/models answered (LM Studio)"
+            for route in ("/api/v1/models", "/api/v0/models"):
+                if isinstance(_json(client, f"{root}{route}"), dict):
+                    return "lmstudio", f"GET {route} answered (LM Studio)"
             info = _json(client, f"{root}/info")
             if isinstance(info, dict) and "model_id" in info:
                 return "tgi", "GET /info answered with model_id (TGI)"
@@ -104,7 +105,7 @@ def _probe(base_url: str, api_key: str | None, timeout: float) -> tuple[str, str
         raise DialectError(f"model.server auto: cannot reach {root} to ask which server it is "
                            f"({type(exc).__name__}: {exc}); start it, or set model.server") from None
     raise DialectError(f"model.server auto: {root} answers none of the routes that tell a server "
-                       "(llama.cpp /props, Ollama /api/version, LM Studio /api/v0/models, TGI /info, SGLang "
+                       "(llama.cpp /props, Ollama /api/version, LM Studio /api/v1/models, TGI /info, SGLang "
                        "/get_server_info, vLLM /version): set model.server to the server it is")
 
 

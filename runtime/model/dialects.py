@@ -22,8 +22,7 @@ SGLang's offline, tests/model/test_dialects.py the others' published schemas):
   `grammar`, but our `ebnf` grammar is xgrammar's EBNF, which uses constructs GBNF lacks (lookahead
   assertions, xgrammar's built-in tag dispatch), and no GBNF parser is available offline to check a
   translation; so `ebnf` and `structural_tag` are refused there, not translated unchecked.
-- `ollama`: JSON schema only (its OpenAI route turns `response_format: {type: json_schema}` into `format`);
-  it has no `tool_choice`, so the `openai` adapter's forced call cannot be asked for.
+- `ollama`: JSON schema only (its OpenAI route turns `response_format: {type: json_schema}` into `format`).
 - `tgi`: JSON schema only, `response_format: {type: json_schema, json_schema: {name, schema}}`.
 - `lmstudio`: JSON schema only, `response_format: {type: json_schema, json_schema: {name, strict, schema}}`.
 - `openai`: its own models write no other family's syntax: only the `openai` adapter (strict tools,
@@ -31,8 +30,9 @@ SGLang's offline, tests/model/test_dialects.py the others' published schemas):
 
 The `openai` adapter (the server parses the calls) is accepted where the server builds the constraint from
 strict tools and `tool_choice: required`: vLLM (checked by `make conformance`), SGLang and OpenAI (their
-documented behaviour). llama-cpp-python's server answers `required` with HTTP 500, Ollama has no
-`tool_choice`, and for TGI and LM Studio the enforcement of a forced call is not checked here: refused.
+documented behaviour). llama-cpp-python's server answers `required` with HTTP 500, Ollama's OpenAI route
+long had no `tool_choice`, and for TGI and LM Studio the enforcement of a forced call is not checked here:
+refused.
 
 `vllm` is the default: a bundle that names no server sends the very bytes it always sent.
 """

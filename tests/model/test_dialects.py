@@ -12,7 +12,8 @@ the scripted server). Checked here, offline:
   `ChatCompletionInput` (generated from TGI's OpenAPI spec; installed here); OpenAI's through the `openai`
   SDK's `CompletionCreateParams`; Ollama and LM Studio take OpenAI's `response_format` (their documented
   OpenAI-compatible routes), checked against the SDK's `ResponseFormatJSONSchema` and against the request
-  fields their documentation lists (not installable as request models: Ollama's is Go, LM Studio's closed);
+  fields their documentation lists (their OpenAI-compatibility pages; not installable as request models:
+  Ollama's is Go, LM Studio's closed; the `ollama` package types Ollama's native `/api/chat`, not this route);
   llama.cpp's fields against its server's documented `response_format: {type: json_object, schema}` and
   `max_tokens` (its request model is C++; llama-cpp-python, whose server takes the same, builds from source
   for 16 minutes: not here). SGLang's own request model checks its bodies in `make conformance`
@@ -303,7 +304,7 @@ def test_an_old_model_requested_event_decodes_without_the_new_fields() -> None:
 TELLS: dict[str, dict[str, Any]] = {
     "llamacpp": {"/props": {"default_generation_settings": {}, "total_slots": 1}},
     "ollama": {"/api/version": {"version": "0.12.0"}},
-    "lmstudio": {"/api/v0/models": {"object": "list", "data": []}},
+    "lmstudio": {"/api/v1/models": {"models": []}},
     "tgi": {"/info": {"model_id": "m", "version": "3.3.0"}},
     "sglang": {"/get_server_info": {"version": "0.5.23"}},
     "vllm": {"/version": {"version": "0.33.0"}},
@@ -315,6 +316,11 @@ def test_auto_asks_the_server_which_it_is(dialect: str) -> None:
     with ScriptedModelServer(routes=TELLS[dialect]) as server:
         found, evidence = detect(server.base_url)
     assert found == dialect, evidence
+
+
+def test_an_older_lm_studio_is_told_by_its_v0_route() -> None:
+    with ScriptedModelServer(routes={"/api/v0/models": {"object": "list", "data": []}}) as server:
+        assert detect(server.base_url)[0] == "lmstudio"
 
 
 def test_llama_cpp_pythons_server_is_told_by_its_model_list() -> None:
