@@ -79,8 +79,24 @@ $(VLLM_STAMP): .ci/vllm-conformance.txt $(STAMP)
 		echo "nvidia packages ended up in $(VLLM_VENV): refusing to use it" >&2; exit 1; fi
 	touch $(VLLM_STAMP)
 
-conformance: $(VLLM_STAMP)
+# The same for SGLang (tests/model/test_sglang_conformance.py): its request model and tool parser, installed
+# --no-deps into $(SGLANG_VENV) the same way. Pins: .ci/sglang-conformance.txt.
+SGLANG_VENV  := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+
+$(SGLANG_STAMP): .ci/sglang-conformance.txt $(STAMP)
+	$(BIN)/python -m venv --clear $(SGLANG_VENV)
+	base=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	own=$$($(SGLANG_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	printf '%s\n%s\n' "$(CURDIR)" "$$base" > "$$own/_project_venv.pth"
+	$(SGLANG_VENV)/bin/pip install -q --no-deps --ignore-installed -r .ci/sglang-conformance.txt
+	@if $(SGLANG_VENV)/bin/pip list 2>/dev/null | grep -i nvidia; then \
+		echo "nvidia packages ended up in $(SGLANG_VENV): refusing to use it" >&2; exit 1; fi
+	touch $(SGLANG_STAMP)
+
+conformance: $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_vllm_conformance.py
+	$(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_sglang_conformance.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .mypy_cache site

@@ -207,6 +207,8 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested"):
     tools: tuple[str, ...] = ()  # names offered when fewer than all the agent's tools (a forced last turn)
     provider: str = ""  # who serves the model (`gen_ai.provider.name`: vllm, openai, ...)
     server: str = ""  # the model server's host:port (`server.address`, `server.port`)
+    dialect: str = ""  # the request dialect spoken (`runtime.model.dialects`: vllm, sglang, ...; "": older)
+    unconstrained: bool = False  # the request carried no decoding constraint (`constraint: {strategy: none}`)
 
 
 class ModelResponded(_Event, frozen=True, kw_only=True, tag="model.responded"):

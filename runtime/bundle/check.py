@@ -32,11 +32,13 @@ def check_bundle(path: str | Path) -> tuple[Bundle, list[str]]:
     except ValueError as e:
         raise BundleError(source, [("", f"the kernel refuses this configuration: {e}")]) from None
     constraint = bundle.decoding_constraint()
-    if constraint.strategy == "ebnf" and missing("model"):
+    if constraint is not None and constraint.strategy == "ebnf" and missing("model"):
         return bundle, [f"{source}: constraint: the ebnf grammar was not derived: it needs the 'model' extra "
                         "(xgrammar), as a host serving this bundle does"]
     try:
-        ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, constraint)
+        server = bundle.spec.model.server  # `auto` is asked at start; vLLM's fields take every strategy
+        ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, constraint,
+                             dialect="vllm" if server == "auto" else server)
     except ConstraintError as e:
         raise BundleError(source, [("constraint", f"the decoding constraint cannot be built: {e}")]) from None
     return bundle, []

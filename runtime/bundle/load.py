@@ -34,6 +34,7 @@ from runtime.bundle.sections import (
     policies_section,
     questions_section,
     schedules_section,
+    server_section,
     system_prompt_section,
     termination_section,
     timers_section,
@@ -64,6 +65,7 @@ def load_bundle(path: str | Path) -> Bundle:
 
     problems += name_section(spec.name)
     problems += model_section(spec.model)
+    problems += server_section(spec.model, spec.constraint)
     system_prompt = keep(system_prompt_section(spec, root))
     global_limits = keep(limits_section(spec.limits))
     named = keep(output_models_section(spec.output_models, root))

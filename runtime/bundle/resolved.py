@@ -117,8 +117,11 @@ class Bundle:
             token_budget=self.budgets.run_tokens, timers=frozenset(self.spec.timers),
             questions=self.questions)
 
-    def decoding_constraint(self) -> DecodingConstraint:
+    def decoding_constraint(self) -> DecodingConstraint | None:
+        """The constraint of the bundle's model requests; None for `strategy: none` (unconstrained)."""
         c = self.spec.constraint
+        if c.strategy == "none":
+            return None
         return DecodingConstraint(strategy=c.strategy, allow_parallel_calls=c.parallel_calls,
                                   send_tools_to_api=c.send_tools_to_api)
 

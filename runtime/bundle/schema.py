@@ -10,7 +10,9 @@ worker loads to know the agent's tools::
       base_url: local                         # `local`: the embedded model server; else a URL
       name: smollm2-135m
       sampling: {temperature: 0.2, max_tokens: 512}
-    constraint: {strategy: ebnf, parallel_calls: false}
+      server: vllm                            # its request dialect: vllm (default) | sglang | llamacpp |
+                                              #   ollama | tgi | lmstudio | openai | auto (asked at start)
+    constraint: {strategy: ebnf, parallel_calls: false}   # strategy none: unconstrained, said so
     limits: default                           # preset name or inline {max_memory: 16mb, ...}
     tools:
       - "tools/*.pym"                         # a glob relative to the bundle file
@@ -91,7 +93,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from runtime.model import Strategy
+from runtime.model.dialects import Server
 
 __all__ = ["ApprovalSpec", "BudgetsSpec", "BundleSpec", "ConstraintSpec", "ConversationSpec", "EndpointSpec",
            "GrantsSpec", "HttpGrant", "ModelSpec", "QuestionsSpec", "RetrySpec", "ScheduleSpec",
@@ -110,10 +112,14 @@ class ModelSpec(_Strict):
     timeout: float | str = 60.0
     sampling: dict[str, Any] = {}
     provider: str | None = None  # `gen_ai.provider.name` in traces (default: from the server's address)
+    # the request dialect the server speaks (`runtime.model.dialects`); `auto`: asked once at start
+    server: Server = "vllm"
 
 
 class ConstraintSpec(_Strict):
-    strategy: Strategy = "ebnf"
+    # `runtime.model.Strategy`'s names and `none` (unconstrained, recorded on every model request), as one
+    # flat Literal so a wrong value is one problem at its path
+    strategy: Literal["ebnf", "structural_tag", "json_schema", "none"] = "ebnf"
     parallel_calls: bool = False
     send_tools_to_api: bool = False
 

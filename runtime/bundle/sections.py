@@ -18,6 +18,7 @@ from runtime.bundle.problems import Problem, did_you_mean
 from runtime.bundle.resolved import DataProviderSpec
 from runtime.bundle.schema import (
     BundleSpec,
+    ConstraintSpec,
     ConversationSpec,
     ModelSpec,
     QuestionsSpec,
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["SAMPLING_KEYS", "conversation_section", "data_provider_section", "externals_section",
            "limits_section", "max_concurrent_tools_section", "model_section", "name_section",
            "output_models_section", "policies_section", "questions_section", "schedules_section",
-           "system_prompt_section", "termination_section", "timers_section", "workspace_section"]
+           "server_section", "system_prompt_section", "termination_section", "timers_section",
+           "workspace_section"]
 
 # the sampling parameters `model.sampling` may set (what the model client passes on to the server)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "presence_penalty",
@@ -76,6 +78,21 @@ def model_section(model: ModelSpec) -> list[Problem]:
     except LimitsError as e:
         problems.append(("model.timeout", str(e)))
     return problems
+
+
+def server_section(model: ModelSpec, constraint: ConstraintSpec) -> list[Problem]:
+    """`model.server` with `constraint:`: a server that enforces the bundle's strategy for its adapter, or a
+    refusal naming the server, the strategy and the strategies it can enforce (`runtime.model.dialects`).
+    `auto` is checked at start, once the server has said which it is."""
+    from runtime.model import DecodingConstraint, get_adapter
+    from runtime.model.dialects import refusal
+
+    if model.server == "auto" or model.adapter not in ADAPTERS:
+        return []
+    wanted = None if constraint.strategy == "none" else DecodingConstraint(
+        constraint.strategy, constraint.parallel_calls, constraint.send_tools_to_api)
+    why = refusal(model.server, get_adapter(model.adapter), wanted)
+    return [("model.server", why)] if why else []
 
 
 def system_prompt_section(spec: BundleSpec, root: Path) -> tuple[str, list[Problem]]:

@@ -1,9 +1,11 @@
 """One loaded bundle as the host runs it: kernel config, model step (adapter + constraint), model client.
 
-Built once per bundle when the host starts (an `ebnf` constraint's grammar is derived by an xgrammar child
+Built once per bundle when the host starts: an `ebnf` constraint's grammar is derived by an xgrammar child
 process, which takes seconds, so it happens before serving, for the forced last turn too, never on a task's
-path). Every actor of the bundle — `bundle` and
-each `bundle:instance` — shares it: actors are cheap because all they own is a mailbox.
+path; a `model.server: auto` bundle asks its server which one it is (`runtime.model.detect`), and a
+constraint that server cannot enforce is refused here (`runtime.model.dialects.DialectError`). Every actor
+of the bundle — `bundle` and each `bundle:instance` — shares it: actors are cheap because all they own is a
+mailbox.
 """
 
 from __future__ import annotations
@@ -50,12 +52,14 @@ def build_agent(bundle: Bundle, *, local_model_url: str | None = None, client: M
                 api_key: str | None = None) -> AgentRuntime:
     """The runtime of one bundle. `client` overrides the model client (tests, benches); otherwise a
     `ModelClient` for the bundle's `model.base_url` (`local`: `local_model_url`, the embedded server)."""
-    from runtime.model.connect import model_client
+    from runtime.model.connect import model_client, server_dialect
 
     config = bundle.kernel_config()
-    step = ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, bundle.decoding_constraint())
     if client is None:
         client = model_client(bundle, local_model_url, api_key=api_key)
+    dialect = server_dialect(bundle, getattr(client, "base_url", None), api_key=api_key)
+    step = ModelStep.for_config(get_adapter(bundle.spec.model.adapter), config, bundle.decoding_constraint(),
+                                dialect=dialect)
     return AgentRuntime(bundle=bundle, config=config, step=step, client=client)
 
 

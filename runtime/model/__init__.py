@@ -4,6 +4,9 @@
                 the call syntax, its parser, and the pieces of the decoding constraint, as data
 - `constraints` turns an adapter's description into an xgrammar constraint (strategies `ebnf`,
                 `structural_tag`, `json_schema`) sent in vLLM's `structured_outputs`; compiles it to check it
+- `dialects`    each model server's request fields for a constraint (vLLM, SGLang, llama.cpp, Ollama, TGI,
+                LM Studio, OpenAI): translated into them, or refused at start naming what the server enforces
+- `detect`      `model.server: auto`: which server it is, asked once at start by each server's cheap tell
 - `ebnf`        the `ebnf` strategy's grammar text, derived by xgrammar in a child process (a host never
                 imports xgrammar or torch)
 - `schemas`     a tool's parameters schema shaped for decoding: closed for our grammars, strict (every

@@ -7,6 +7,9 @@ A bundle names its model by `model.base_url` and `model.name`; `local` means the
 at the URL given, else `SA_LOCAL_MODEL_URL`, else the one a running `sa up` started (`runtime.running`). The
 key is read from the environment variable `model.api_key_env` names, so no secret is written in a bundle.
 
+`server_dialect(bundle, url)` is the request dialect its server speaks (`model.server`, or asked once for
+`auto`), which decides the fields a constraint is sent in (`runtime.model.dialects`).
+
 Why here, beside `ModelClient`: the host, the worker and `Agent` in one process each build the client of a
 bundle's model, and the host and the worker must not import `Agent` (a floor above them) to do it.
 """
@@ -45,4 +48,18 @@ def model_client(bundle: Bundle, model_url: str | None = None, *, api_key: str |
                        timeout=parse_duration(spec.timeout, field="timeout") or 60.0)
 
 
-__all__ = ["model_client"]
+def server_dialect(bundle: Bundle, base_url: str | None, *, api_key: str | None = None) -> str:
+    """The request dialect of the bundle's server: `model.server`, or for `auto` the server's answer, asked
+    once per URL (`runtime.model.detect`). The embedded model server (`local`) reads vLLM's fields."""
+    from runtime.model.detect import detect
+
+    spec = bundle.spec.model
+    if spec.server != "auto":
+        return spec.server
+    if bundle.uses_local_model or base_url is None:
+        return "vllm"
+    key = os.environ.get(spec.api_key_env) if spec.api_key_env else api_key
+    return detect(base_url, api_key=key)[0]
+
+
+__all__ = ["model_client", "server_dialect"]

@@ -30,6 +30,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.model.adapters.base import ModelAdapter
 from runtime.model.constraints import DecodingConstraint, build_constraint, prepare_constraints
+from runtime.model.dialects import DEFAULT, translate, with_sampling
 from runtime.model.limits import BudgetExceeded, DailyBudget, OnThrottle, Ticket
 from runtime.model.schemas import api_tools
 from runtime.types import ToolSchema
@@ -53,8 +54,11 @@ class ModelStep:
 
     def __init__(self, adapter: ModelAdapter, tools: Sequence[ToolSchema],
                  constraint: DecodingConstraint | None = None, *,
-                 narrowed: Sequence[Sequence[ToolSchema]] = (), keep_prompt: bool = True) -> None:
-        """`narrowed`: the fewer tools some turns will offer (`for_config`: the forced last turn's), whose
+                 narrowed: Sequence[Sequence[ToolSchema]] = (), keep_prompt: bool = True,
+                 dialect: str = DEFAULT) -> None:
+        """`dialect`: the request dialect of the server (`runtime.model.dialects`): the constraint goes in
+        the fields that server enforces, or a DialectError says at once that it cannot.
+        `narrowed`: the fewer tools some turns will offer (`for_config`: the forced last turn's), whose
         steps are built now, with this one's grammar in the same xgrammar child, never on a task's path.
         `keep_prompt`: those turns keep this step's prompt (see `_narrowed_step`); False lists only the
         tools they offer (`KernelConfig.last_turn_prompt` "narrowed")."""
@@ -63,6 +67,7 @@ class ModelStep:
         self.adapter = adapter
         self.keep_prompt = keep_prompt
         self.constraint = constraint
+        self.dialect = dialect
         self.extras: dict[str, Any] = {}
         self.constraint_digest = ""
         self.tools = tuple(tools)
@@ -70,7 +75,7 @@ class ModelStep:
         self._narrowed: dict[tuple[str, ...], ModelStep] = {}
         if constraint is not None:
             built = build_constraint(adapter, list(tools), constraint)  # a bad constraint fails here
-            self.extras, self.constraint_digest = built.request_extras(), built.digest
+            self.extras, self.constraint_digest = translate(dialect, built, adapter), built.digest
         elif adapter.native_tool_calls and tools:
             self.extras = {"tools": api_tools(tools, strict=True)}  # the server constrains strict tools
         for fewer in narrowed:
@@ -79,10 +84,10 @@ class ModelStep:
 
     @classmethod
     def for_config(cls, adapter: ModelAdapter, config: kernel.KernelConfig,
-                   constraint: DecodingConstraint | None = None) -> ModelStep:
+                   constraint: DecodingConstraint | None = None, *, dialect: str = DEFAULT) -> ModelStep:
         """The step of an agent's whole life: its tools, and the forced last turn's fewer ones, built now."""
         return cls(adapter, config.tools, constraint, narrowed=[config.offered(config.max_turns)],
-                   keep_prompt=config.last_turn_prompt == "same")
+                   keep_prompt=config.last_turn_prompt == "same", dialect=dialect)
 
     def _for(self, effect: kernel.CallModel) -> ModelStep:
         """This step, or the one for the fewer tools the kernel offers on a forced last turn (built once)."""
@@ -99,7 +104,7 @@ class ModelStep:
         `tool_choice`. Why: the tools are at the very start of the prompt, so offering fewer of them would
         change the prompt's first tokens and make the server recompute the whole context (its prefix cache
         missed) on the forced last turn; the constraint already lets the model write nothing else."""
-        narrowed = ModelStep(self.adapter, tools, self.constraint)
+        narrowed = ModelStep(self.adapter, tools, self.constraint, dialect=self.dialect)
         if not self.keep_prompt or not self._narrows_by_constraint(narrowed):
             return narrowed  # nothing else enforces the narrowing: the prompt says it
         narrowed.prompt_tools = self.prompt_tools
@@ -125,7 +130,8 @@ class ModelStep:
             constraint_digest=step.constraint_digest, sampling=dict(effect.sampling),
             tools=() if step is self else tuple(t.name for t in step.tools),
             provider=client.provider if client is not None else "",
-            server=f"{client.server[0]}:{client.server[1]}" if client is not None else "")
+            server=f"{client.server[0]}:{client.server[1]}" if client is not None else "",
+            dialect=self.dialect, unconstrained=self.constraint is None)
 
     async def call(
         self, client: ModelClient, effect: kernel.CallModel, run_id: str, *, timeout: float | None = None,
@@ -144,7 +150,7 @@ class ModelStep:
             messages = _with_last_turn_note(messages, step.tools)
         ids: dict[str, Any] = {"run_id": run_id, "request_id": effect.id, "turn": effect.turn}
         scope = anyio.fail_after(max(timeout, 0.0)) if timeout is not None else nullcontext()
-        extras = step.extras
+        sampling, extras = with_sampling(self.dialect, dict(effect.sampling), step.extras)
         budget, waited = admission.budget if admission is not None else None, 0.0
         if admission is not None:
             extras = {**extras, "ticket": admission.ticket, "on_throttle": admission.on_throttle}
@@ -153,12 +159,12 @@ class ModelStep:
                 if budget is not None:
                     waited = await budget.admit(admission.on_throttle if admission is not None else None)
                 if stream is None:
-                    completion = await client.complete(messages, **effect.sampling, **extras)
+                    completion = await client.complete(messages, **sampling, **extras)
                 else:
                     try:
                         completion = await client.complete(
                             messages, stream=True, on_text=stream.on_text, on_tool_call=stream.on_tool_call,
-                            on_attempt=stream.retrying, **effect.sampling, **extras)
+                            on_attempt=stream.retrying, **sampling, **extras)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await stream.done()

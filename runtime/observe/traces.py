@@ -194,6 +194,10 @@ class TraceBuilder:
                                        "gen_ai.provider.name": event.provider or "openai"}
         if self.thread:
             attrs["gen_ai.conversation.id"] = self.thread
+        if event.dialect:  # the request dialect spoken (`runtime.model.dialects`); unconstrained when said
+            attrs["sa.dialect"] = event.dialect
+        if event.unconstrained:
+            attrs["sa.unconstrained"] = True
         host, _, port = event.server.rpartition(":")
         if host and port.isdigit():
             attrs["server.address"], attrs["server.port"] = host, int(port)

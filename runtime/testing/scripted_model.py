@@ -17,7 +17,7 @@ What it speaks (the subset of vLLM's OpenAI API the runtime uses):
 - `GET /v1/models`, `POST /v1/chat/completions`, non-streaming and SSE streaming in vLLM's shape
   (role delta, content deltas, per tool call a header delta with id and name followed by argument
   fragments, a final chunk with `finish_reason`, a usage chunk when `stream_options.include_usage`,
-  then `data: [DONE]`).
+  then `data: [DONE]`); `routes=` answers more GETs with fixed JSON (servers' tells: `runtime.model.detect`).
 
 Where replies come from, for each request in arrival order:
 
@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -197,7 +197,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         owner = self.server.owner
-        if self.path.rstrip("/") == "/v1/models":
+        route = owner.routes.get(self.path.rstrip("/"))
+        if route is not None:
+            self._send_json(200, route)
+        elif self.path.rstrip("/") == "/v1/models":
             self._send_json(
                 200,
                 {"object": "list", "data": [{"id": owner.model, "object": "model", "owned_by": "scripted"}]},
@@ -297,8 +300,10 @@ class ScriptedModelServer:
         host: str = "127.0.0.1",
         port: int = 0,
         capacity: Capacity | None = None,
+        routes: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
+        self.routes = dict(routes or {})  # more GET routes: path -> the JSON answered
         self.capacity = capacity  # None: every request is admitted
         self.responder = responder
         self.record = record

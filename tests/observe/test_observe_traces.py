@@ -271,7 +271,8 @@ def test_chat_spans_carry_provider_server_request_parameters_response_id_and_the
     events = _stamped([
         ev.RunStarted(run_id=run, input="x", thread="support-7"),
         ev.ModelRequested(run_id=run, request_id=f"{run}/m1", turn=1, provider="vllm", server="gpu-3:8000",
-                          sampling={"temperature": 0.2, "max_tokens": 256, "seed": 7, "stop": ["x"]}),
+                          sampling={"temperature": 0.2, "max_tokens": 256, "seed": 7, "stop": ["x"]},
+                          dialect="sglang", unconstrained=True),
         ev.ModelResponded(run_id=run, request_id=f"{run}/m1", turn=1, calls=(call,), usage=Usage(5, 6),
                           response_id="chatcmpl-42", model="qwen"),
         ev.ToolCalled(run_id=run, call=call),
@@ -280,6 +281,7 @@ def test_chat_spans_carry_provider_server_request_parameters_response_id_and_the
     spans = {s.name: s for s in trace_of(events)}
     chat = spans["chat qwen"].attributes
     assert chat["gen_ai.provider.name"] == "vllm"
+    assert chat["sa.dialect"] == "sglang" and chat["sa.unconstrained"] is True
     assert (chat["server.address"], chat["server.port"]) == ("gpu-3", 8000)
     assert chat["gen_ai.request.temperature"] == 0.2 and chat["gen_ai.request.max_tokens"] == 256
     assert chat["gen_ai.request.seed"] == 7 and "gen_ai.request.stop" not in chat
