@@ -31,7 +31,6 @@ from runtime.bundle import Bundle, load_bundle
 from runtime.driver.local import Answerer, Approver, OnEvent, RunOutcome, run_task
 from runtime.model import ModelClient, ModelStep, get_adapter
 from runtime.model.connect import model_client, server_dialect
-from runtime.model.dialects import TITLES, DialectError
 from runtime.model.limits import DailyBudget, LocalGate, LocalTokens
 from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
 from runtime.types import ToolCall, ToolResult
@@ -95,14 +94,11 @@ class Agent:
         self.config = bundle.kernel_config()
         self.adapter = get_adapter(bundle.spec.model.adapter)
         self.constraint = bundle.decoding_constraint()
-        ModelStep.for_config(self.adapter, self.config, self.constraint)  # an invalid constraint fails here
         self._own_client = client is None
         self.client = client or model_client(bundle, model_url)
-        dialect = server_dialect(bundle, getattr(self.client, "base_url", None))
-        if dialect != "vllm" and self.constraint is not None:  # the in-process driver speaks vLLM's only
-            raise DialectError(f"bundle {bundle.name}: Agent in one process speaks vLLM's request dialect "
-                               f"only, and its model server is {TITLES[dialect]} ({dialect}): serve "
-                               "the bundle with `sa up` / `sa host`, which speak every dialect")
+        self.dialect = server_dialect(bundle, getattr(self.client, "base_url", None))
+        # an invalid constraint, or one this server cannot enforce, fails here (`DialectError`)
+        ModelStep.for_config(self.adapter, self.config, self.constraint, dialect=self.dialect)
         self.data = workspace or _data_for(bundle)
         self.budget = _limit(bundle, self.client)
         self.setups = {name: bundle.setup_for(name, lambda: self.client) for name in bundle.tools}
@@ -136,7 +132,7 @@ class Agent:
                               tools=list(self.bundle.tools.values()), on_event=on_event,
                               constraint=self.constraint, approver=approver, run_id=run_id,
                               bundle_digest=self.bundle.digest, data=self.data, budget=self.budget,
-                              answerer=answerer, setups=self.setups)
+                              answerer=answerer, setups=self.setups, dialect=self.dialect)
 
     async def aclose(self) -> None:
         """Close the model client this agent made (one passed in is the caller's to close)."""

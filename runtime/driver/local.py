@@ -240,6 +240,7 @@ async def run_task(
     budget: DailyBudget | None = None,
     answerer: Answerer | None = None,
     setups: Mapping[str, ToolSetup] | None = None,
+    dialect: str = "vllm",
 ) -> RunOutcome:
     """Run one task to its end in this process and return the outcome with its full event log.
 
@@ -251,7 +252,8 @@ async def run_task(
     bundle's data provider and result handler do on a worker. `budget` is the agent's tokens per day
     (`runtime.model.limits.DailyBudget`): checked before each model call, charged after it. `approver` and
     `answerer` answer for a person (see the module docstring). `setups` binds each script's @external
-    functions (`Bundle.setup_for`: its grants and the bundle's `externals:` factory).
+    functions (`Bundle.setup_for`: its grants and the bundle's `externals:` factory). `dialect` is the model
+    server's request dialect (`runtime.model.dialects`), as on a host.
     """
     by_name = {t.schema.name: t for t in tools}
     own = {*config.timers, *(("ask_human",) if config.questions is not None else ())}
@@ -261,7 +263,7 @@ async def run_task(
     ]
     if missing:
         raise ValueError(f"the config offers tools with no implementation: {', '.join(missing)}")
-    step = ModelStep.for_config(adapter, config, constraint)  # a bad constraint fails here
+    step = ModelStep.for_config(adapter, config, constraint, dialect=dialect)  # a bad constraint fails here
     run_id = run_id or uuid.uuid4().hex[:12]
     log = MemoryRunLog()
     async with anyio.create_task_group() as group:

@@ -377,15 +377,17 @@ def test_the_compiled_constraint_of_every_translated_step_builds() -> None:
         compile_constraint(built)
 
 
-def test_an_agent_in_one_process_refuses_a_dialect_its_driver_cannot_speak(tmp_path: Path) -> None:
-    """The in-process driver builds its step in vLLM's dialect: another server's bundle is refused, not sent
-    fields that server ignores; unconstrained it runs anywhere."""
+def test_an_agent_in_one_process_speaks_its_servers_dialect(tmp_path: Path) -> None:
+    """The in-process driver builds its step in the bundle's dialect, as a host does: SGLang gets its own
+    `ebnf` field, never vLLM's `structured_outputs`; unconstrained it runs anywhere."""
     from runtime.agent import Agent
 
     client = ModelClient(base_url="http://127.0.0.1:9/v1", model="m")
-    with pytest.raises(DialectError, match="serve the bundle with"):
-        Agent(load_bundle(_bundle(tmp_path / "a", "{adapter: hermes, server: sglang}", "{strategy: ebnf}")),
-              client=client)
+    sglang = _bundle(tmp_path / "a", "{adapter: hermes, server: sglang}", "{strategy: ebnf}")
+    agent = Agent(load_bundle(sglang), client=client)
+    assert agent.dialect == "sglang"
+    step = ModelStep.for_config(agent.adapter, agent.config, agent.constraint, dialect=agent.dialect)
+    assert "ebnf" in step.extras.get("extra_body", {}) and "structured_outputs" not in str(step.extras)
     unconstrained = _bundle(tmp_path / "b", "{adapter: hermes, server: sglang}", "{strategy: none}")
     agent = Agent(load_bundle(unconstrained), client=client)
     assert agent.constraint is None
