@@ -149,8 +149,9 @@ class McpClients:
         """A call the server answered with a protocol error (the session stays), or one whose transport broke
         (the session is closed; the next call starts the server again)."""
         from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
 
-        if isinstance(error, MCPError) and session.alive:
+        if isinstance(error, MCPError) and error.code != CONNECTION_CLOSED and session.alive:
             return ToolResult.failure("external", f"{tool.server.name}/{tool.remote}: {error}",
                                       detail="mcp_error", duration_ms=_ms(t0))
         session.closing.set()
