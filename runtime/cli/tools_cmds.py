@@ -34,9 +34,14 @@ def tools_cmd(
     paths: Annotated[list[str], typer.Argument(help="Scripts, directories (searched recursively) or globs.")],
     as_json: _JSON = False,
 ) -> None:
-    """List the tools found in PATHs: name, inputs, description. Load errors are listed; exit 1 if any."""
+    """List the tools found in PATHs: name, inputs, description. Load errors are listed; exit 1 if any. A
+    bundle (a folder holding bundle.yaml, or the .yaml file) lists every tool it gives its agent, each with
+    its kind (an MCP tool: its server, the server's name for it and its effect class)."""
     from runtime.tools import discover_tools
 
+    bundles = [p for p in paths if _is_bundle(p)]
+    if bundles:
+        raise typer.Exit(_list_bundles(bundles, as_json))
     tools, failures = discover_tools(paths)
     if as_json:
         _dump(
@@ -77,6 +82,62 @@ def tools_cmd(
         if failures:
             typer.echo(f"{len(failures)} script(s) failed to load", err=True)
     raise typer.Exit(1 if failures else 0)
+
+
+def _bundle_tools(path: str) -> list[dict[str, Any]]:
+    """Every tool a bundle gives its agent: name, kind, description, parameters, and for an MCP tool its
+    server, the server's own name for it and its effect (`repeatable` or `once`). Raises BundleError."""
+    from runtime.bundle import load_bundle
+    from runtime.tools.agent_tool import AgentTool
+    from runtime.tools.hosted import HostedPythonTool
+    from runtime.tools.mcp import McpTool
+
+    rows: list[dict[str, Any]] = []
+    for t in load_bundle(path).tools.values():
+        row: dict[str, Any] = {"name": t.name, "description": t.schema.description,
+                               "parameters": t.schema.parameters}
+        if isinstance(t, McpTool):
+            row.update(kind="mcp", server=t.server.name, remote=t.remote, effect=t.effect)
+        else:
+            row["kind"] = ("agent" if isinstance(t, AgentTool)
+                           else "python" if isinstance(t, HostedPythonTool) else "script")
+        rows.append(row)
+    return rows
+
+
+def _list_bundles(paths: list[str], as_json: bool) -> int:
+    """`sa tools BUNDLE...`: each bundle's tools as a table (or JSON); 1 if a bundle does not load."""
+    from runtime.bundle import BundleError
+
+    listed: list[dict[str, Any]] = []
+    failed = 0
+    for path in paths:
+        try:
+            listed.append({"bundle": path, "tools": _bundle_tools(path)})
+        except BundleError as e:
+            failed += 1
+            listed.append({"bundle": path, "tools": [], "problems": [{"path": w, "message": m}
+                                                                       for w, m in e.problems]})
+    if as_json:
+        _dump({"bundles": listed})
+        return 1 if failed else 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for b in listed:
+        table = Table(title=b["bundle"])
+        for column in ("tool", "kind", "inputs", "effect", "description"):
+            table.add_column(column, style="bold" if column == "tool" else None)
+        for t in b["tools"]:
+            kind = f"mcp: {t['server']}/{t['remote']}" if t["kind"] == "mcp" else t["kind"]
+            inputs = ", ".join(t["parameters"].get("properties", {})) or "-"
+            table.add_row(t["name"], kind, inputs, t.get("effect", "-"), t["description"])
+        if b["tools"]:
+            console.print(table)
+        for p in b.get("problems", []):
+            typer.echo(f"{b['bundle']}: {p['path']}: {p['message']}", err=True)
+    return 1 if failed else 0
 
 
 def _is_bundle(path: str) -> bool:

@@ -5,6 +5,7 @@ a call's result is a value."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -139,3 +140,21 @@ async def test_a_real_git_server_answers_about_a_repository(tmp_path: Path) -> N
     result = await tool.execute({"repo_path": str(repo)})
     assert result.error is None, result
     assert "hello.txt" in str(result.output)  # the untracked file, as git itself reports it
+
+
+def test_sa_tools_lists_a_bundles_mcp_tools_and_sa_check_names_a_missing_server(tmp_path: Path) -> None:
+    from tests.cli.test_cli_tools import sa
+
+    path = write(tmp_path / "ok", time_server("[get_current_time, convert_time]"))
+    listed = sa("tools", str(path), "--json")
+    assert listed.returncode == 0, listed.stderr
+    tools = {t["name"]: t for t in json.loads(listed.stdout)["bundles"][0]["tools"]}
+    assert tools["time_convert_time"]["kind"] == "mcp" and tools["time_convert_time"]["server"] == "time"
+    assert tools["time_get_current_time"]["effect"] == "repeatable"  # the server's readOnlyHint
+    assert tools["submit"]["kind"] == "script"
+    assert tools["time_get_current_time"]["parameters"]["additionalProperties"] is False
+    missing = write(tmp_path / "bad", "mcp:\n  ghost:\n    command: no-such-mcp-server-here\n")
+    checked = sa("check", str(missing))
+    assert checked.returncode == 1
+    assert "mcp.ghost: MCP server 'ghost' (no-such-mcp-server-here) cannot be reached: the command " \
+           "'no-such-mcp-server-here' was not found" in checked.stdout, checked.stdout
