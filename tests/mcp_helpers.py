@@ -56,7 +56,7 @@ COUNTER_SOURCE = '''\
 """A tiny MCP server that records every call on its own side (one line per call in $COUNT_FILE)."""
 import os, sys, time
 from typing import TypedDict
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
@@ -95,6 +95,13 @@ def refuse(reason: str) -> str:
     raise ToolError(f"refused: {reason}")
 
 
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def token(ctx: Context) -> str:
+    """The X-Token header of the request (HTTP only)."""
+    seen("token")
+    return (ctx.headers or {}).get("x-token", "none")
+
+
 @server.tool()
 def die(note: str) -> str:
     """Exit the server process in the middle of the call."""
@@ -110,7 +117,10 @@ def hang(note: str) -> str:
     return "late"
 
 
-server.run("stdio")
+if os.environ.get("MCP_PORT"):  # streamable HTTP on loopback, else stdio
+    server.run("streamable-http", host="127.0.0.1", port=int(os.environ["MCP_PORT"]))
+else:
+    server.run("stdio")
 '''
 
 

@@ -6,6 +6,7 @@ a call's result is a value."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -158,3 +159,37 @@ def test_sa_tools_lists_a_bundles_mcp_tools_and_sa_check_names_a_missing_server(
     assert checked.returncode == 1
     assert "mcp.ghost: MCP server 'ghost' (no-such-mcp-server-here) cannot be reached: the command " \
            "'no-such-mcp-server-here' was not found" in checked.stdout, checked.stdout
+
+
+async def test_a_streamable_http_server_gets_its_headers_from_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import anyio
+
+    script, count = counter_server(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "COUNT_FILE": str(count), "MCP_PORT": str(port)}
+    server = subprocess.Popen([PYTHON, str(script)], env=env, stderr=subprocess.DEVNULL)
+    try:
+        with anyio.fail_after(30):
+            while True:  # until it listens
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    await anyio.sleep(0.1)
+        monkeypatch.setenv("SA_TEST_TOKEN", "s3cret-value")
+        path = write(tmp_path / "b", f"mcp:\n  remote:\n    url: http://127.0.0.1:{port}/mcp\n"
+                                     "    headers: {X-Token: '${SA_TEST_TOKEN}'}\n    allow: [token, bump]\n")
+        bundle = load_bundle(path)
+        assert "s3cret-value" not in path.read_text() + repr(bundle.tools["remote_token"])
+        got = await bundle.tools["remote_token"].execute({})
+        assert got.error is None and got.output == {"result": "s3cret-value"}, got  # sent, never stored
+        bumped = await bundle.tools["remote_bump"].execute({"note": "over http"})
+        assert bumped.output == {"count": 2, "note": "over http"}, bumped
+    finally:
+        server.terminate()
+        server.wait(10)
