@@ -151,6 +151,8 @@ def list_server_tools(server: McpServer, environ: Mapping[str, str] | None = Non
     if "tools" in box:
         return list(box["tools"])
     error = box.get("error")
+    if isinstance(error, McpError):  # a setting (a ${NAME} not set), not the server
+        raise error
     raise McpError(f"{server.where()} cannot be reached: {explain_failure(error, server)}")
 
 

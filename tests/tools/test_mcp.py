@@ -193,3 +193,21 @@ async def test_a_streamable_http_server_gets_its_headers_from_the_environment(
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_host_leaves_out_a_bundle_whose_server_cannot_be_reached_and_serves_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from runtime.host import load_agents
+
+    good = write(tmp_path / "good", "", name="good")
+    ghost = write(tmp_path / "ghost", "mcp:\n  ghost:\n    command: no-such-mcp-server-here\n", name="ghost")
+    with caplog.at_level("ERROR", logger="runtime.host"):
+        agents = load_agents([good, ghost])
+    assert list(agents) == ["good"]
+    assert "MCP server 'ghost'" in caplog.text and "was not found" in caplog.text, caplog.text
+    with pytest.raises(BundleError, match="MCP server 'ghost'"):
+        load_agents([ghost])  # nothing left to serve: the error itself
+    broken = write(tmp_path / "broken", "mcp:\n  ghost:\n    command: no-such-mcp-server-here\n"
+                                        "bogus_key: 1\n", name="broken")
+    with pytest.raises(BundleError):
+        load_agents([good, broken])  # another problem beside it: refused as every bad bundle is
