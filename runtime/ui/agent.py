@@ -52,18 +52,24 @@ def tool_view(name: str, tool: BundleTool, bundle: Bundle) -> dict[str, Any]:
     result must be (output schema), where it runs, its limits and when it waits for a person."""
     from runtime.tools import ScriptTool
     from runtime.tools.agent_tool import AgentTool
+    from runtime.tools.mcp import McpTool
 
-    kind = "script" if isinstance(tool, ScriptTool) else "agent" if isinstance(tool, AgentTool) else "python"
+    kind = ("script" if isinstance(tool, ScriptTool) else "agent" if isinstance(tool, AgentTool)
+            else "mcp" if isinstance(tool, McpTool) else "python")
     rules = [{"when": r.when.describe() if r.when is not None else "always", "role": r.role,
               "timeout_s": r.timeout_s, "on_timeout": r.on_timeout}
              for r in bundle.approvals if r.tool == name]
     if tool.requires_approval and not rules:
         rules = [{"when": "always", "role": "", "timeout_s": None, "on_timeout": "deny"}]
     limits = getattr(tool, "limits", None)
-    return {"name": name, "kind": kind, "description": tool.schema.description,
+    view = {"name": name, "kind": kind, "description": tool.schema.description,
             "input_schema": tool.schema.parameters, "output_schema": _output_schema(tool.output_model),
             "limits": limits.to_dict() if limits is not None else None, "approval": rules,
             "terminal": name == bundle.spec.termination.terminal_tool}
+    if isinstance(tool, McpTool):  # where it runs: its server, the server's name for it, its effect class
+        view.update(server=tool.server.name, remote=tool.remote, effect=tool.effect,
+                    output_schema=tool.output_schema)
+    return view
 
 
 def bundle_view(bundle: Bundle) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from mcp_helpers import PYTHON, calls, counter_server, real_server
 
 from runtime.bundle import BundleError, load_bundle
 from runtime.tools.mcp import McpTool
+from runtime.ui.agent import tool_view
 from runtime.validate import validate
 
 pytestmark = pytest.mark.anyio
@@ -56,6 +57,10 @@ async def test_a_real_servers_tools_are_the_bundles_named_closed_and_callable(tm
     assert validate({"timezone": "UTC", "extra": 1}, params)  # an invented argument is refused
     schema_names = [s.name for s in bundle.kernel_config().tools]
     assert "time_get_current_time" in schema_names  # offered to the model, like any tool
+    view = tool_view("time_get_current_time", tool, bundle)  # as the inspector shows it
+    assert (view["kind"], view["server"], view["remote"], view["effect"]) == (
+        "mcp", "time", "get_current_time", "repeatable")
+    assert view["output_schema"]["properties"]["timezone"]["type"] == "string"  # the server's outputSchema
     result = await tool.execute({"timezone": "Europe/Paris"})
     assert result.error is None and isinstance(result.output, dict), result
     assert result.output["timezone"] == "Europe/Paris" and "datetime" in result.output  # structuredContent
