@@ -137,3 +137,40 @@ def calls(count_file: Path) -> list[str]:
 
 
 PYTHON = sys.executable
+
+
+GARBAGE_SOURCE = '''\
+"""A hand-written stdio "server" speaking just enough JSON-RPC to be listed, whose tool answers garbage."""
+import json, sys
+
+TOOL = {"name": "weird", "description": "Answers garbage.",
+        "inputSchema": {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]},
+        "outputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue  # a notification
+    method, answer = msg.get("method"), None
+    if method == "initialize":
+        answer = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "garbage", "version": "0"}}
+    elif method == "tools/list":
+        answer = {"tools": [TOOL]}
+    elif method == "tools/call":
+        kind = msg["params"]["arguments"]["kind"]
+        answer = ({"content": "not a list"} if kind == "shape" else
+                  {"content": [], "structuredContent": {"n": "not a number"}})
+    reply = ({"jsonrpc": "2.0", "id": msg["id"], "result": answer} if answer is not None else
+             {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": "no such method"}})
+    sys.stdout.write(json.dumps(reply) + "\\n")
+    sys.stdout.flush()
+'''
+
+
+def garbage_server(folder: Path) -> Path:
+    """A stdio server whose one tool (`weird`) answers a malformed result (`kind: shape`) or one that breaks
+    its own output schema (any other kind)."""
+    script = folder / "garbage_server.py"
+    script.write_text(GARBAGE_SOURCE)
+    return script

@@ -146,14 +146,21 @@ class McpClients:
         return timed_out(tool, t0)
 
     def _broken(self, session: _Session, tool: McpTool, error: Exception, t0: float) -> ToolResult:
-        """A call the server answered with a protocol error (the session stays), or one whose transport broke
-        (the session is closed; the next call starts the server again)."""
+        """A call the server answered with a protocol error or with garbage (a result that is no tool result,
+        or breaks the tool's own output schema): the session stays. Or one whose transport broke: the session
+        is closed, and the next call starts the server again."""
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
+        from pydantic import ValidationError
 
         if isinstance(error, MCPError) and error.code != CONNECTION_CLOSED and session.alive:
             return ToolResult.failure("external", f"{tool.server.name}/{tool.remote}: {error}",
                                       detail="mcp_error", duration_ms=_ms(t0))
+        if isinstance(error, ValidationError | RuntimeError) and session.alive:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return ToolResult.failure("output", f"{tool.server.where()} answered {tool.remote} with a "
+                                                f"result that is not a valid tool result: {first}",
+                                      detail="mcp_garbage", duration_ms=_ms(t0))
         session.closing.set()
         return ToolResult.failure("crashed", f"{tool.server.where()} broke during the call to {tool.remote}: "
                                              f"{_reason(error, tool.server)}", detail="mcp_crashed",

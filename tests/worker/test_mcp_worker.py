@@ -140,3 +140,21 @@ async def test_a_server_that_dies_or_hangs_is_a_failed_call_and_the_next_call_ge
     assert hung.error is not None and hung.error.kind == "timeout", hung  # held no longer than its deadline
     assert after.error is None, after  # the session serves other calls while one hangs
     assert calls(count) == ["bump", "die", "bump", "hang", "bump"]
+
+
+async def test_a_server_answering_garbage_is_an_output_failure_and_its_session_goes_on(
+        tmp_path: Path) -> None:
+    from mcp_helpers import garbage_server
+
+    path = tmp_path / "bundle.yaml"
+    path.write_text("name: junk\nsystem_prompt: x\n"
+                    "model: {adapter: hermes, base_url: 'http://127.0.0.1:9/v1', name: scripted}\n"
+                    f"mcp:\n  junk:\n    command: {PYTHON}\n    args: [{garbage_server(tmp_path)}]\n")
+    weird = load_bundle(path).tools["junk_weird"]
+    assert isinstance(weird, McpTool)
+    async with McpClients().running() as clients:
+        shape = await clients.call(weird, {"kind": "shape"}, deadline=time.time() + 20)
+        schema = await clients.call(weird, {"kind": "schema"}, deadline=time.time() + 20)
+    assert shape.error is not None and shape.error.kind == "output", shape
+    assert "MCP server 'junk'" in shape.error.message and shape.error.detail == "mcp_garbage"
+    assert schema.error is not None and schema.error.kind == "output", schema  # the same session answered
