@@ -83,4 +83,4 @@ conformance: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_vllm_conformance.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) $(VLLM_VENV) .venv-mcp .pytest_cache .ruff_cache .mypy_cache site
