@@ -20,6 +20,7 @@ version, `runtime.worker.handoff`) never called it, so it does not count.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -78,7 +79,8 @@ class _Session:
             self.client = None
             self.ended.set()
             if not started:
-                task_status.started()
+                with contextlib.suppress(RuntimeError):  # the caller of `start` may have given up already
+                    task_status.started()
 
     @property
     def alive(self) -> bool:
