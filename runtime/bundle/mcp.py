@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime.bundle.problems import BundleError, Problem
 from runtime.bundle.schema import McpServerSpec
-from runtime.quantities import LimitsError, parse_duration
+from runtime.quantities import LimitsError, parse_duration, parse_size
 from runtime.scripts import Limits
 from runtime.tools.mcp import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -80,6 +80,13 @@ def _server(name: str, spec: McpServerSpec, root: Path, where: str,
         ok = False
     timeout = _seconds(spec.timeout, DEFAULT_CALL_TIMEOUT_S, f"{where}.timeout", problems)
     connect = _seconds(spec.connect_timeout, DEFAULT_CONNECT_TIMEOUT_S, f"{where}.connect_timeout", problems)
+    max_result = None
+    if spec.max_result is not None:
+        try:
+            max_result = parse_size(spec.max_result, field="max_result")
+        except LimitsError as e:
+            problems.append((f"{where}.max_result", str(e)))
+            ok = False
     if timeout is None or connect is None or not ok:
         return None
     command = spec.command
@@ -89,7 +96,7 @@ def _server(name: str, spec: McpServerSpec, root: Path, where: str,
     return McpServer(name=name, command=command, args=tuple(spec.args), cwd=cwd,
                      env=tuple(sorted(spec.env.items())), url=spec.url,
                      headers=tuple(sorted(spec.headers.items())),
-                     call_timeout_s=timeout, connect_timeout_s=connect)
+                     call_timeout_s=timeout, connect_timeout_s=connect, max_result=max_result)
 
 
 def _chosen(server: McpServer, spec: McpServerSpec, listed: list[dict[str, Any]], limits: Limits, where: str,

@@ -46,6 +46,7 @@ worker loads to know the agent's tools::
         prefix: time_                         #   the model calls time_get_current_time; rename: {a: b}
         repeatable: true                      #   may a redelivered job call again (default: its hints)
         timeout: 30s                          #   one call, within the call's deadline
+        max_result: 10mb                      #   a bigger answer is a `limit` failure
     output_models:
       AddEntryResult: {type: object, properties: {message: {type: string}}, required: [message]}
     data_provider: workspace                  # none | static | workspace, or {type: static, folder: data/}
@@ -190,6 +191,7 @@ class McpServerSpec(_Strict):
     repeatable: bool | dict[str, bool] | None = None  # for all tools, or per server tool name
     timeout: float | str | None = None  # one call
     connect_timeout: float | str | None = None  # starting the server and listing its tools
+    max_result: int | str | None = None  # the largest result a call may return (`10mb`; none: no limit)
     requires_approval: bool = False
 
 

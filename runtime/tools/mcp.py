@@ -73,6 +73,7 @@ class McpServer:
     headers: tuple[tuple[str, str], ...] = ()
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    max_result: int | None = None  # bytes of a result's JSON; a bigger one is a `limit` failure
 
     def where(self) -> str:
         """`MCP server 'time' (mcp-server-time)`: how errors name it (references stay as written)."""
@@ -307,11 +308,17 @@ def call_result(tool: McpTool, raw: Any, t0: float) -> ToolResult:
         return ToolResult.failure("external", f"{tool.server.name}/{tool.remote}: {message}", detail="mcp",
                                   duration_ms=duration)
     if structured is not None:
-        return ToolResult(output=structured, duration_ms=duration)
-    if blocks and len(texts) == len(blocks):
-        return ToolResult(output=texts[0] if len(texts) == 1 else texts, duration_ms=duration)
-    return ToolResult(output=[b.get("text") if b.get("type") == "text" else b for b in blocks],
-                      duration_ms=duration)
+        output: Any = structured
+    elif blocks and len(texts) == len(blocks):
+        output = texts[0] if len(texts) == 1 else texts
+    else:
+        output = [b.get("text") if b.get("type") == "text" else b for b in blocks]
+    size = len(json.dumps(output, ensure_ascii=False).encode()) if tool.server.max_result else 0
+    if tool.server.max_result and size > tool.server.max_result:
+        return ToolResult.failure("limit", f"{tool.server.name}/{tool.remote} answered {size} bytes, more "
+                                           f"than the server's max_result of {tool.server.max_result} bytes",
+                                  detail="output", duration_ms=duration)
+    return ToolResult(output=output, duration_ms=duration)
 
 
 def _ms(t0: float) -> float:

@@ -216,3 +216,20 @@ def test_a_host_leaves_out_a_bundle_whose_server_cannot_be_reached_and_serves_th
                                         "bogus_key: 1\n", name="broken")
     with pytest.raises(BundleError):
         load_agents([good, broken])  # another problem beside it: refused as every bad bundle is
+
+
+async def test_a_result_bigger_than_max_result_is_a_limit_failure(tmp_path: Path) -> None:
+    script, count = counter_server(tmp_path)
+    path = write(tmp_path / "b", f"mcp:\n  counter:\n    command: {PYTHON}\n    args: [{script}]\n"
+                                 f"    env: {{COUNT_FILE: '{count}'}}\n    allow: [bump]\n"
+                                 "    max_result: 30b\n")
+    bump = load_bundle(path).tools["counter_bump"]
+    small = await bump.execute({"note": "ok"})
+    big = await bump.execute({"note": "a note longer than thirty bytes in all"})
+    assert small.error is None and small.output == {"count": 1, "note": "ok"}, small
+    assert big.error is not None and (big.error.kind, big.error.detail) == ("limit", "output"), big
+    assert "more than the server's max_result of 30 bytes" in big.error.message
+    bad = write(tmp_path / "c", f"mcp:\n  counter:\n    command: {PYTHON}\n    args: [{script}]\n"
+                                "    max_result: lots\n")
+    with pytest.raises(BundleError, match=r"mcp\.counter\.max_result"):
+        load_bundle(bad)
