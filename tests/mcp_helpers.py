@@ -141,10 +141,11 @@ PYTHON = sys.executable
 
 GARBAGE_SOURCE = '''\
 """A hand-written stdio "server" speaking just enough JSON-RPC to be listed, whose tool answers garbage."""
-import json, sys
+import json, os, sys
 
+KIND = {"type": "bogus"} if os.environ.get("BAD_SCHEMA") else {"type": "string"}
 TOOL = {"name": "weird", "description": "Answers garbage.",
-        "inputSchema": {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]},
+        "inputSchema": {"type": "object", "properties": {"kind": KIND}, "required": ["kind"]},
         "outputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
 
 for line in sys.stdin:
@@ -170,7 +171,8 @@ for line in sys.stdin:
 
 def garbage_server(folder: Path) -> Path:
     """A stdio server whose one tool (`weird`) answers a malformed result (`kind: shape`) or one that breaks
-    its own output schema (any other kind)."""
+    its own output schema (any other kind); with BAD_SCHEMA set in its environment, it lists an input schema
+    that is no JSON Schema."""
     script = folder / "garbage_server.py"
     script.write_text(GARBAGE_SOURCE)
     return script

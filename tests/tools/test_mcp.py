@@ -233,3 +233,14 @@ async def test_a_result_bigger_than_max_result_is_a_limit_failure(tmp_path: Path
                                 "    max_result: lots\n")
     with pytest.raises(BundleError, match=r"mcp\.counter\.max_result"):
         load_bundle(bad)
+
+
+def test_a_server_listing_an_invalid_input_schema_is_a_bundle_error_naming_the_tool(tmp_path: Path) -> None:
+    from mcp_helpers import garbage_server
+
+    path = write(tmp_path, f"mcp:\n  junk:\n    command: {PYTHON}\n    args: [{garbage_server(tmp_path)}]\n"
+                           "    env: {BAD_SCHEMA: '1'}\n")
+    with pytest.raises(BundleError) as e:
+        load_bundle(path)
+    assert "junk's tool 'weird' lists an input schema" in str(e.value), str(e.value)
+    assert "'bogus' is not a JSON type" in str(e.value)
