@@ -99,4 +99,4 @@ conformance: $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_sglang_conformance.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .venv-mcp .pytest_cache .ruff_cache .mypy_cache site

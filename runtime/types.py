@@ -26,6 +26,7 @@ ErrorKind = Literal[
     "policy",  # a ToolPolicy denied the call
     "timeout",  # the call's deadline passed before a result arrived
     "cancelled",  # the run was cancelled while the call ran: its sandbox run was stopped
+    "in_doubt",  # a call that may not be repeated was redelivered: it may or may not have happened
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from runtime.bundle.capacity import budgets_section, endpoint_section, priority_section
+from runtime.bundle.mcp import mcp_section
 from runtime.bundle.problems import BundleError, Problem, pydantic_problems
 from runtime.bundle.resolved import Bundle, BundleTool
 from runtime.bundle.schema import BundleSpec
@@ -71,8 +72,12 @@ def load_bundle(path: str | Path) -> Bundle:
     named = keep(output_models_section(spec.output_models, root))
     found, tool_problems = tools_section(spec.tools, root, global_limits, named)
     problems += tool_problems
+    mcp_tools, mcp_problems = mcp_section(spec.mcp, root, global_limits, set(found.tools))
+    problems += mcp_problems
+    found.tools.update(mcp_tools)
     factory = keep(externals_section(spec.externals, root))
-    deadline_s = keep(termination_section(spec.termination, found.tools, complete=not tool_problems))
+    deadline_s = keep(termination_section(spec.termination, found.tools,
+                                          complete=not tool_problems and not mcp_problems))
     problems += max_concurrent_tools_section(spec.max_concurrent_tools)
     problems += conversation_section(spec.conversation)
     policies = keep(policies_section(spec.policies))

@@ -23,6 +23,7 @@ from runtime.scripts import Limits
 from runtime.tools import ScriptTool
 from runtime.tools.agent_tool import AgentTool
 from runtime.tools.hosted import HostedPythonTool
+from runtime.tools.mcp import McpTool
 from runtime.types import ToolSchema
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Bundle", "BundleTool", "DataProviderSpec"]
 
-BundleTool = ScriptTool | HostedPythonTool | AgentTool
+BundleTool = ScriptTool | HostedPythonTool | AgentTool | McpTool
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,16 @@ worker loads to know the agent's tools::
           timeout: 10m                        #   always. Without a decision in 10 min: on_timeout
           on_timeout: deny                    #   (deny | approve) applies, recorded `by: timeout`
           role: finance                       # the operator role that may decide (recorded)
+    mcp:                                      # MCP servers whose tools the agent gets (runtime.tools.mcp)
+      time:                                   #   the server's name (errors, the default prefix `time_`)
+        command: mcp-server-time              #   stdio: a command (args, cwd, env), or url: + headers:
+        args: [--local-timezone, UTC]
+        env: {TOKEN: "${TIME_TOKEN}"}         #   ${NAME}: from the host's/worker's environment, on connect
+        allow: [get_current_time]             #   which tools (default all), or deny: [...]
+        prefix: time_                         #   the model calls time_get_current_time; rename: {a: b}
+        repeatable: true                      #   may a redelivered job call again (default: its hints)
+        timeout: 30s                          #   one call, within the call's deadline
+        max_result: 10mb                      #   a bigger answer is a `limit` failure
     output_models:
       AddEntryResult: {type: object, properties: {message: {type: string}}, required: [message]}
     data_provider: workspace                  # none | static | workspace, or {type: static, folder: data/}
@@ -96,8 +106,8 @@ from pydantic import BaseModel, ConfigDict
 from runtime.model.dialects import Server
 
 __all__ = ["ApprovalSpec", "BudgetsSpec", "BundleSpec", "ConstraintSpec", "ConversationSpec", "EndpointSpec",
-           "GrantsSpec", "HttpGrant", "ModelSpec", "QuestionsSpec", "RetrySpec", "ScheduleSpec",
-           "SummariseSpec", "TerminationSpec", "ToolEntry"]
+           "GrantsSpec", "HttpGrant", "McpServerSpec", "ModelSpec", "QuestionsSpec", "RetrySpec",
+           "ScheduleSpec", "SummariseSpec", "TerminationSpec", "ToolEntry"]
 
 
 class _Strict(BaseModel):
@@ -167,6 +177,28 @@ class ToolEntry(_Strict):
     timeout: float | str | None = None  # python tools only
     concurrency: int | None = None
     retry: RetrySpec | None = None
+
+
+class McpServerSpec(_Strict):
+    """One entry of `mcp:`: how to reach the server (a stdio `command` or a streamable-HTTP `url`), which of
+    its tools the agent gets under which names, whether a call may be repeated, and how long one may take
+    (`runtime.bundle.mcp` checks what the values mean)."""
+
+    command: str | None = None
+    args: list[str] = []
+    cwd: str | None = None  # relative to the bundle folder
+    env: dict[str, str] = {}  # values may be ${NAME} references, resolved on connect
+    url: str | None = None
+    headers: dict[str, str] = {}  # values may be ${NAME} references, resolved on connect
+    allow: list[str] | None = None  # the server's tool names the agent gets (None: all of them)
+    deny: list[str] = []  # ... except these
+    prefix: str | None = None  # before each tool's name (None: "<server>_")
+    rename: dict[str, str] = {}  # server tool name -> the name the model calls (no prefix added)
+    repeatable: bool | dict[str, bool] | None = None  # for all tools, or per server tool name
+    timeout: float | str | None = None  # one call
+    connect_timeout: float | str | None = None  # starting the server and listing its tools
+    max_result: int | str | None = None  # the largest result a call may return (`10mb`; none: no limit)
+    requires_approval: bool = False
 
 
 class TerminationSpec(_Strict):
@@ -250,6 +282,7 @@ class BundleSpec(_Strict):
     constraint: ConstraintSpec = ConstraintSpec()
     limits: Any = None
     tools: list[Any] = []
+    mcp: dict[str, McpServerSpec] = {}  # MCP servers whose tools the agent gets
     output_models: dict[str, Any] = {}
     data_provider: Any = "none"
     workspace: str | None = None

@@ -34,98 +34,110 @@ def tools_cmd(
     paths: Annotated[list[str], typer.Argument(help="Scripts, directories (searched recursively) or globs.")],
     as_json: _JSON = False,
 ) -> None:
-    """List the tools found in PATHs: name, inputs, description. A bundle folder or bundle.yaml lists every
-    tool its bundle offers the model (scripts, Python and agent tools, timers, ask_human), as a host would;
-    load errors are listed; exit 1 if any."""
+    """List the tools found in PATHs: name, inputs, description. Load errors are listed; exit 1 if any. A
+    bundle (a folder holding bundle.yaml, or the .yaml file) lists every tool it gives its agent, each with
+    its kind (an MCP tool: its server, the server's name for it and its effect class)."""
     from runtime.tools import discover_tools
 
-    offered = [_bundle_tools(p) for p in paths if _is_bundle(p)]
-    scripts = [p for p in paths if not _is_bundle(p)]
-    tools, failures = discover_tools(scripts) if scripts else ([], [])
-    errors = [f.to_dict() for f in failures] + [e for _, e in offered if e]
+    bundles = [p for p in paths if _is_bundle(p)]
+    if bundles:
+        raise typer.Exit(_list_bundles(bundles, as_json))
+    tools, failures = discover_tools(paths)
     if as_json:
-        _dump({"tools": [{**t.schema.to_openai(), "description_source": t.description_source}
-                         for t in tools] + [row for rows, _ in offered for row in rows],
-               "errors": errors})
-        raise typer.Exit(1 if errors else 0)
-    for rows, error in offered:
-        _print_bundle_tools(rows, error)
-    if scripts:
-        _print_script_tools(tools, failures)
-    raise typer.Exit(1 if errors else 0)
+        _dump(
+            {
+                "tools": [{**t.schema.to_openai(), "description_source": t.description_source}
+                          for t in tools],
+                "errors": [f.to_dict() for f in failures],
+            }
+        )
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console()
+        if tools:
+            table = Table(show_lines=False)
+            table.add_column("tool", style="bold")
+            table.add_column("inputs")
+            table.add_column("externals")
+            table.add_column("description")
+            for t in tools:
+                inputs = []
+                for spec in t.script.inputs.values():
+                    mark = "" if spec.required else "?"
+                    inputs.append(f"{spec.name}{mark}: {spec.annotation}")
+                source = "" if t.description_source == "docstring" else f" ({t.description_source})"
+                table.add_row(
+                    t.name,
+                    "\n".join(inputs) or "-",
+                    "\n".join(t.script.externals) or "-",
+                    t.schema.description + source,
+                )
+            console.print(table)
+        else:
+            console.print("no tools found")
+        for f in failures:
+            typer.echo(str(f), err=True)
+        if failures:
+            typer.echo(f"{len(failures)} script(s) failed to load", err=True)
+    raise typer.Exit(1 if failures else 0)
 
 
-def _print_script_tools(tools: list[Any], failures: list[Any]) -> None:
+def _bundle_tools(path: str) -> list[dict[str, Any]]:
+    """Every tool a bundle gives its agent: name, kind, description, parameters, and for an MCP tool its
+    server, the server's own name for it and its effect (`repeatable` or `once`). Raises BundleError."""
+    from runtime.bundle import load_bundle
+    from runtime.tools.agent_tool import AgentTool
+    from runtime.tools.hosted import HostedPythonTool
+    from runtime.tools.mcp import McpTool
+
+    rows: list[dict[str, Any]] = []
+    for t in load_bundle(path).tools.values():
+        row: dict[str, Any] = {"name": t.name, "description": t.schema.description,
+                               "parameters": t.schema.parameters}
+        if isinstance(t, McpTool):
+            row.update(kind="mcp", server=t.server.name, remote=t.remote, effect=t.effect)
+        else:
+            row["kind"] = ("agent" if isinstance(t, AgentTool)
+                           else "python" if isinstance(t, HostedPythonTool) else "script")
+        rows.append(row)
+    return rows
+
+
+def _list_bundles(paths: list[str], as_json: bool) -> int:
+    """`sa tools BUNDLE...`: each bundle's tools as a table (or JSON); 1 if a bundle does not load."""
+    from runtime.bundle import BundleError
+
+    listed: list[dict[str, Any]] = []
+    failed = 0
+    for path in paths:
+        try:
+            listed.append({"bundle": path, "tools": _bundle_tools(path)})
+        except BundleError as e:
+            failed += 1
+            listed.append({"bundle": path, "tools": [], "problems": [{"path": w, "message": m}
+                                                                       for w, m in e.problems]})
+    if as_json:
+        _dump({"bundles": listed})
+        return 1 if failed else 0
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    if tools:
-        table = Table(show_lines=False)
-        table.add_column("tool", style="bold")
-        table.add_column("inputs")
-        table.add_column("externals")
-        table.add_column("description")
-        for t in tools:
-            inputs = []
-            for spec in t.script.inputs.values():
-                mark = "" if spec.required else "?"
-                inputs.append(f"{spec.name}{mark}: {spec.annotation}")
-            source = "" if t.description_source == "docstring" else f" ({t.description_source})"
-            table.add_row(
-                t.name,
-                "\n".join(inputs) or "-",
-                "\n".join(t.script.externals) or "-",
-                t.schema.description + source,
-            )
-        console.print(table)
-    else:
-        console.print("no tools found")
-    for f in failures:
-        typer.echo(str(f), err=True)
-    if failures:
-        typer.echo(f"{len(failures)} script(s) failed to load", err=True)
-
-
-def _bundle_tools(path: str) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
-    """What a bundle offers its model, one row per tool with its kind; or the load error."""
-    from runtime.bundle import BundleError, load_bundle
-    from runtime.tools import ScriptTool
-    from runtime.tools.agent_tool import AgentTool
-    from runtime.tools.hosted import HostedPythonTool
-
-    try:
-        bundle = load_bundle(path)
-    except BundleError as e:
-        return [], {"file": str(path), "message": str(e)}
-    def kind(tool: Any) -> str:
-        return ("script" if isinstance(tool, ScriptTool) else "python" if isinstance(tool, HostedPythonTool)
-                else "agent" if isinstance(tool, AgentTool) else type(tool).__name__)
-
-    kinds = {name: kind(t) for name, t in bundle.tools.items()}
-    return [{**schema.to_openai(), "bundle": bundle.name, "kind": kinds.get(schema.name, "built-in")}
-            for schema in bundle.tool_schemas()], None
-
-
-def _print_bundle_tools(rows: list[dict[str, Any]], error: dict[str, str] | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    if error is not None:
-        typer.echo(f"{error['file']}: {error['message']}", err=True)
-        return
-    table = Table(title=f"bundle {rows[0]['bundle']}" if rows else None)
-    for column in ("tool", "kind", "inputs", "description"):
-        table.add_column(column, style="bold" if column == "tool" else None)
-    for row in rows:
-        function = row["function"]
-        params = function.get("parameters") or {}
-        required = set(params.get("required") or ())
-        inputs = [f"{name}{'' if name in required else '?'}: {spec.get('type', 'any')}"
-                  for name, spec in (params.get("properties") or {}).items()]
-        table.add_row(function["name"], row["kind"], "\n".join(inputs) or "-",
-                      function.get("description", ""))
-    Console().print(table)
+    for b in listed:
+        table = Table(title=b["bundle"])
+        for column in ("tool", "kind", "inputs", "effect", "description"):
+            table.add_column(column, style="bold" if column == "tool" else None)
+        for t in b["tools"]:
+            kind = f"mcp: {t['server']}/{t['remote']}" if t["kind"] == "mcp" else t["kind"]
+            inputs = ", ".join(t["parameters"].get("properties", {})) or "-"
+            table.add_row(t["name"], kind, inputs, t.get("effect", "-"), t["description"])
+        if b["tools"]:
+            console.print(table)
+        for p in b.get("problems", []):
+            typer.echo(f"{b['bundle']}: {p['path']}: {p['message']}", err=True)
+    return 1 if failed else 0
 
 
 def _is_bundle(path: str) -> bool:

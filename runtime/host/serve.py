@@ -5,6 +5,7 @@ What `sa host` and `sa up` call; a program embedding a host calls the same three
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,19 +23,37 @@ from runtime.nats.jetstream import jetstream_for
 from runtime.nats.subjects import DEFAULT_PARTITIONS
 from runtime.nats.topology import attach_topology
 
+log = logging.getLogger("runtime.host")
+
 
 def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = None,
                 client: Any = None) -> dict[str, AgentRuntime]:
-    """Load and validate every bundle (raises `BundleError` listing every problem of the first bad one)."""
-    from runtime.bundle import load_bundle
+    """Load and validate every bundle (raises `BundleError` listing every problem of the first bad one).
+
+    One exception: a bundle whose only problem is an MCP server that cannot be reached now (not started,
+    not answering: `runtime.bundle.mcp.unreachable`) is left out with an error in the log naming the server,
+    and the others are served; only when no bundle is left is its error raised."""
+    from runtime.bundle import BundleError, load_bundle
+    from runtime.bundle.mcp import unreachable
 
     loaded: dict[str, Bundle] = {}
+    skipped: list[BundleError] = []
     for path in bundles:
-        bundle = load_bundle(path)
+        try:
+            bundle = load_bundle(path)
+        except BundleError as e:
+            servers = unreachable(e)
+            if not servers:
+                raise
+            log.error("not serving %s: %s", e.source, "; ".join(servers))
+            skipped.append(e)
+            continue
         if bundle.name in loaded:
             raise ValueError(f"two bundles are named {bundle.name!r}: {loaded[bundle.name].path} "
                              f"and {bundle.path}")
         loaded[bundle.name] = bundle
+    if skipped and not loaded:
+        raise skipped[0]
     _prepare_grammars(loaded.values())
     return {name: build_agent(bundle, local_model_url=local_model_url, client=client)
             for name, bundle in loaded.items()}

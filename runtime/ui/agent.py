@@ -52,17 +52,23 @@ def tool_view(name: str, tool: BundleTool, bundle: Bundle) -> dict[str, Any]:
     result must be (output schema), where it runs, its limits and when it waits for a person."""
     from runtime.tools import ScriptTool
     from runtime.tools.agent_tool import AgentTool
+    from runtime.tools.mcp import McpTool
 
-    kind = "script" if isinstance(tool, ScriptTool) else "agent" if isinstance(tool, AgentTool) else "python"
+    kind = ("script" if isinstance(tool, ScriptTool) else "agent" if isinstance(tool, AgentTool)
+            else "mcp" if isinstance(tool, McpTool) else "python")
     rules = [{"when": r.when.describe() if r.when is not None else "always", "role": r.role,
               "timeout_s": r.timeout_s, "on_timeout": r.on_timeout}
              for r in bundle.approvals if r.tool == name]
     if tool.requires_approval and not rules:
         rules = [{"when": "always", "role": "", "timeout_s": None, "on_timeout": "deny"}]
-    return {"name": name, "kind": kind, "description": tool.schema.description,
+    view = {"name": name, "kind": kind, "description": tool.schema.description,
             "input_schema": tool.schema.parameters, "output_schema": _output_schema(tool.output_model),
             "limits": _limits_that_apply(tool), "approval": rules,
             "terminal": name == bundle.spec.termination.terminal_tool}
+    if isinstance(tool, McpTool):  # where it runs: its server, the server's name for it, its effect class
+        view.update(server=tool.server.name, remote=tool.remote, effect=tool.effect,
+                    output_schema=tool.output_schema)
+    return view
 
 
 def _limits_that_apply(tool: BundleTool) -> dict[str, Any] | None:
@@ -72,11 +78,14 @@ def _limits_that_apply(tool: BundleTool) -> dict[str, Any] | None:
     from runtime.tools import ScriptTool
     from runtime.tools.agent_tool import AgentTool
     from runtime.tools.hosted import HostedPythonTool
+    from runtime.tools.mcp import McpTool
 
     if isinstance(tool, ScriptTool):
         return tool.limits.to_dict()
     if isinstance(tool, AgentTool):
         return {"max_depth": tool.max_depth}
+    if isinstance(tool, McpTool):  # a call on its server's session: its deadline and largest answer
+        return {"call_timeout_s": tool.server.call_timeout_s, "max_result": tool.server.max_result}
     if isinstance(tool, HostedPythonTool):
         retry = tool.retry
         tries = f"{retry.attempts} attempt(s), backoff {retry.backoff_s:g} s" + (

@@ -42,11 +42,13 @@ from runtime.streaming import ScriptNotices
 from runtime.tools import ToolContext
 from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import DataProvider, JobContext, ResultHandler, WorkspaceConflict, WriteError
+from runtime.tools.mcp import McpTool
 from runtime.types import ScriptNote, ToolResult
-from runtime.worker.attempts import explain
+from runtime.worker.attempts import explain, handed_off
 from runtime.worker.cancel import Cancels
 from runtime.worker.externals import ExternalRecords, provide_externals, scrubbed, task_metadata
 from runtime.worker.handoff import Fleet, HandOff, decide
+from runtime.worker.mcp_clients import in_doubt
 from runtime.worker.registry import Served, ToolRegistry, WorkerTool
 from runtime.worker.stats import WorkerStats
 from runtime.worker.subruns import Delegated, delegate
@@ -119,6 +121,8 @@ class _Delivery:
         if isinstance(served.tool, AgentTool):  # a sub-run: started (or found); its end answers the call
             return await delegate(self.env.js, served.tool, self.job, self.fields, worker=self.env.worker,
                                   cancels=self.env.cancels)
+        if isinstance(served.tool, McpTool):  # a call through this worker's session with its server
+            return await self._call_mcp(served.tool)
         if self.env.notices is None:
             return await self._run(served, limits, provider, handler)
         job = self.job
@@ -165,6 +169,26 @@ class _Delivery:
             return served
         return await decide(env.fleet, env.registry, self.job, attempt=self.attempt,
                             max_deliver=env.max_deliver(), worker=env.worker, done=self.done)
+
+    async def _call_mcp(self, tool: McpTool) -> ToolOutcome:
+        """An MCP server's tool: no files, no sandbox, no writes. A redelivery of a call that must not be
+        repeated is `in_doubt` without calling (`runtime.worker.mcp_clients`); a cancel of the run stops
+        the call."""
+        env, job = self.env, self.job
+        if job.deadline is not None and job.deadline <= time.time():
+            return self.done(ToolResult.failure("timeout", "the call's deadline passed before a worker could "
+                                                           "run it"))
+        if self.attempt > 1 and not tool.repeatable:
+            doubt = in_doubt(tool, self.attempt, await handed_off(env.js, job.msg_id))
+            if doubt is not None:
+                return self.done(doubt)
+        if job.run_id in env.cancels:
+            return env.cancels.outcome(job, [], self.fields)
+        with env.cancels.stoppable(job.run_id) as scope:
+            result = await env.registry.mcp.call(tool, job.arguments, deadline=job.deadline)
+        if scope.cancelled_caught:
+            return env.cancels.outcome(job, [], self.fields)
+        return self.done(result)
 
     def _limits(self) -> Limits | ToolOutcome | None:
         """The job's limits dict, validated once per distinct value (Limits keeps the one cache); None:
@@ -227,7 +251,7 @@ class _Delivery:
                                            records=env.records, secrets=env.secrets)
         if isinstance(provided, ToolResult):
             return self.done(provided)
-        assert not isinstance(tool, AgentTool)
+        assert not isinstance(tool, AgentTool | McpTool)
         with env.cancels.stoppable(job.run_id) as scope:
             result = await tool.execute(job.arguments, ToolContext(
                 run_id=job.run_id, agent=job.actor, call_id=job.call_id, files=files, limits=limits,

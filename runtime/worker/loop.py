@@ -195,7 +195,8 @@ class Worker:
         caps a worker near 1/RTT jobs/s whatever the concurrency. Buffered jobs get heartbeats too, so
         they are never redelivered while they wait.
         """
-        async with get_pool().warm():  # an idle worker keeps the next sandbox session ready
+        # an idle worker keeps the next sandbox session ready; MCP sessions live until the worker stops
+        async with get_pool().warm(), self.registry.mcp.running():
             await self._serve(stop or anyio.Event())
 
     async def _serve(self, stop: anyio.Event) -> None:

@@ -41,11 +41,14 @@ from runtime.tools import ScriptTool, discover_tools
 from runtime.tools.agent_tool import AgentTool
 from runtime.tools.data import DataProvider, StaticDataProvider
 from runtime.tools.hosted import HostedPythonTool
+from runtime.tools.mcp import McpTool
+from runtime.worker.mcp_clients import McpClients
 
 log = logging.getLogger("runtime.worker")
 
-# what a worker runs: a sandboxed `.pym` script, a bundle's Python tool, or an agent tool (a sub-run)
-WorkerTool: TypeAlias = ScriptTool | HostedPythonTool | AgentTool
+# what a worker runs: a sandboxed `.pym` script, a bundle's Python tool, an agent tool (a sub-run) or an MCP
+# server's tool (called through the worker's one session per server, `runtime.worker.mcp_clients`)
+WorkerTool: TypeAlias = ScriptTool | HostedPythonTool | AgentTool | McpTool
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class ToolRegistry:
         self._any: dict[str, Served] = {}  # name -> the last loaded (jobs that name no version)
         self.providers: dict[str, DataProvider] = {}  # agent (bundle name) -> its static data provider
         self._clients: dict[str, Any] = {}  # bundle name -> its model client, made on first ask_llm
+        self.mcp = McpClients()  # one session per MCP server, for the bundles' MCP tools
 
     def __contains__(self, name: str) -> bool:
         return name in self._any

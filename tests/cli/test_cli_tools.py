@@ -210,7 +210,7 @@ def test_tools_of_a_bundle_are_every_tool_it_offers_its_model() -> None:
     shop = Path(__file__).parents[2] / "bundles" / "shop"
     out = sa("tools", str(shop), "--json")
     assert out.returncode == 0, out.stderr
-    listed = {t["function"]["name"]: t["kind"] for t in json.loads(out.stdout)["tools"]}
+    listed = {t["name"]: t["kind"] for t in json.loads(out.stdout)["bundles"][0]["tools"]}
     assert listed == {"final_answer": "script", "refund": "script", "summarize": "script",
                       "lookup_order": "python", "researcher": "agent"}
     table = sa("tools", str(shop))
@@ -220,4 +220,4 @@ def test_tools_of_a_bundle_are_every_tool_it_offers_its_model() -> None:
 def test_tools_of_a_broken_bundle_is_an_error_naming_it(tmp_path: Path) -> None:
     (tmp_path / "bundle.yaml").write_text("name: b\nsytem_prompt: x\n")
     out = sa("tools", str(tmp_path))
-    assert out.returncode == 1 and "bundle.yaml" in out.stderr and "system_prompt" in out.stderr
+    assert out.returncode == 1 and str(tmp_path) in out.stderr and "system_prompt" in out.stderr

@@ -1,0 +1,177 @@
+"""A worker's MCP sessions: one per server, opened on first use, reopened after the server died, closed when
+the worker stops; and the one place a worker calls an MCP tool (`McpClients.call`).
+
+Why one session per server: a stdio server is a process, and starting one per call costs a process start (a
+second or more for a Python server) and loses whatever the server keeps between calls; an HTTP server keeps
+a connection pool. Calls of many jobs share the session at once (JSON-RPC requests carry ids).
+
+A session is owned by a task of its own (`_Session.own`): the SDK's client holds task groups that must be
+entered and left by one task, while calls come from the job tasks. The owner opens the client, says it is
+ready, and holds it until told to close or until the connection breaks (the process exited): then the next
+call opens a new one. A call that breaks on the transport is a `crashed` failure naming the server; a call
+that overruns its deadline is a `timeout`: a hung server never holds a job past it.
+
+Effects. MCP has no idempotency key, so a call that may have reached the server is never made a second time
+unless the tool is repeatable (`McpTool.repeatable`): a redelivered job (an earlier delivery's worker died,
+maybe mid-call) of a tool that is not fails `in_doubt` (`in_doubt`), saying the call may or may not have
+happened, and the server is not called again. A delivery that was only handed off (its worker lacked the tool
+version, `runtime.worker.handoff`) never called it, so it does not count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from runtime.scripts import check_arguments
+from runtime.tools.mcp import McpServer, McpTool, call_result, connect, explain_failure, timed_out
+from runtime.types import ToolResult
+
+log = logging.getLogger("runtime.worker")
+
+__all__ = ["McpClients", "in_doubt"]
+
+
+def in_doubt(tool: McpTool, attempt: int, handed_off: set[int]) -> ToolResult | None:
+    """The `in_doubt` failure of a redelivered call that must not be repeated, or None to call."""
+    earlier = set(range(1, attempt))
+    if tool.repeatable or earlier <= handed_off:
+        return None
+    return ToolResult.failure(
+        "in_doubt", f"the call to {tool.server.name}/{tool.remote} may or may not have happened: the worker "
+                    f"that ran it stopped before reporting a result (delivery {attempt} of this call). It is "
+                    f"not repeated because {tool.name} is not repeatable; check its effect before calling "
+                    "it again", detail="mcp")
+
+
+class _Session:
+    """One server's live client, owned by a task of its own."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server = server
+        self.client: Any = None
+        self.error: BaseException | None = None
+        self.closing = anyio.Event()
+        self.ended = anyio.Event()
+
+    async def own(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
+        try:
+            with anyio.fail_after(self.server.connect_timeout_s) as scope:
+                async with connect(self.server) as client:
+                    scope.deadline = float("inf")  # the connect timeout bounds the start, not the session
+                    self.client = client
+                    started = True
+                    task_status.started()
+                    await self.closing.wait()
+        except Exception as e:
+            self.error = e
+            if started:
+                log.warning("%s: its session ended: %s", self.server.where(), e)
+        finally:
+            self.client = None
+            self.ended.set()
+            if not started:
+                with contextlib.suppress(RuntimeError):  # the caller of `start` may have given up already
+                    task_status.started()
+
+    @property
+    def alive(self) -> bool:
+        return self.client is not None and not self.ended.is_set() and not self.closing.is_set()
+
+
+class McpClients:
+    """The sessions of one worker, by server name; `running()` is the scope they live in."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._opening: dict[str, anyio.Lock] = {}
+        self._tg: TaskGroup | None = None
+        self.calls = 0  # calls made to servers (not counting in-doubt refusals)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[McpClients]:
+        """The scope the worker's sessions live in: each one is closed (its process stopped) on exit."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield self
+            finally:
+                self._tg = None
+                for session in self._sessions.values():
+                    session.closing.set()
+                self._sessions.clear()
+
+    async def _session(self, server: McpServer) -> _Session:
+        """The server's live session, opened (again) if there is none."""
+        lock = self._opening.setdefault(server.name, anyio.Lock())
+        async with lock:
+            session = self._sessions.get(server.name)
+            if session is not None and session.alive:
+                return session
+            if session is not None:
+                session.closing.set()
+            session = _Session(server)
+            if self._tg is None:
+                raise RuntimeError("MCP sessions are opened inside McpClients.running()")
+            await self._tg.start(session.own)
+            if session.client is None:
+                raise ConnectionError(_reason(session.error, server))
+            self._sessions[server.name] = session
+            return session
+
+    async def call(self, tool: McpTool, arguments: dict[str, Any], *, deadline: float | None) -> ToolResult:
+        """One call of `tool` through its server's session, within the job's `deadline` (unix time)."""
+        error = check_arguments(tool.name, tool.schema.parameters, arguments)
+        if error is not None:
+            return ToolResult(error=error)
+        t0 = time.perf_counter()
+        with anyio.move_on_after(max(0.0, tool.call_timeout(deadline))) as scope:
+            try:
+                session = await self._session(tool.server)
+            except (ConnectionError, RuntimeError) as e:
+                return ToolResult.failure("crashed", str(e), detail="mcp_start")
+            self.calls += 1
+            try:
+                raw = await session.client.call_tool(tool.remote, arguments)
+            except Exception as e:
+                return self._broken(session, tool, e, t0)
+            return call_result(tool, raw, t0)
+        assert scope.cancelled_caught
+        return timed_out(tool, t0)
+
+    def _broken(self, session: _Session, tool: McpTool, error: Exception, t0: float) -> ToolResult:
+        """A call the server answered with a protocol error or with garbage (a result that is no tool result,
+        or breaks the tool's own output schema): the session stays. Or one whose transport broke: the session
+        is closed, and the next call starts the server again."""
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+        from pydantic import ValidationError
+
+        if isinstance(error, MCPError) and error.code != CONNECTION_CLOSED and session.alive:
+            return ToolResult.failure("external", f"{tool.server.name}/{tool.remote}: {error}",
+                                      detail="mcp_error", duration_ms=_ms(t0))
+        if isinstance(error, ValidationError | RuntimeError) and session.alive:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return ToolResult.failure("output", f"{tool.server.where()} answered {tool.remote} with a "
+                                                f"result that is not a valid tool result: {first}",
+                                      detail="mcp_garbage", duration_ms=_ms(t0))
+        session.closing.set()
+        return ToolResult.failure("crashed", f"{tool.server.where()} broke during the call to {tool.remote}: "
+                                             f"{_reason(error, tool.server)}", detail="mcp_crashed",
+                                  duration_ms=_ms(t0))
+
+
+def _reason(error: BaseException | None, server: McpServer) -> str:
+    return explain_failure(error, server) if error is not None else "the session ended"
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 3)
