@@ -24,8 +24,8 @@ a run left going would spend model tokens for nobody. The SDK cancels the handle
 sends ``notifications/cancelled`` (or, on the 2026 HTTP wire, closes the call's stream); the handler then
 cancels the run (`RunHandle.cancel`), shielded, before it lets the cancellation through.
 
-Everything goes through `runtime.client` and nothing else, so this face can do no more than the credentials it
-connects with allow (`docs/how-to/serve-agents-over-mcp.md` says which role that is).
+It reaches the fleet through `runtime.client` and nothing else, so this face can do no more than the
+credentials it connects with allow (`docs/how-to/serve-agents-over-mcp.md` says which role that is).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 from runtime import events as ev
 from runtime.client import Client, ControlError, NotSent, RunFailedError
 from runtime.client.handle import outcome
+from runtime.nats.connection import explain_refusal
 
 log = logging.getLogger("runtime.mcp")
 
@@ -94,15 +95,16 @@ class FleetTools:
     async def offered(self) -> dict[str, str]:
         """The agents offered as tools, each with its description. A chosen agent no live host serves now is
         still offered (its task waits in the queue until a host serving it starts), and said to be so."""
+        served: dict[str, str] | None
         try:
             served = await self.client.agents()
         except Exception as e:  # credentials that may not read the hosts' heartbeats (a publisher)
             if self.agents is None:
                 raise MCPError(INVALID_PARAMS, "these NATS credentials may not read which agents the fleet "
                                                f"serves ({e}); name the agents with --agents") from None
-            served = {}
-        chosen = self.agents if self.agents is not None else sorted(served)
-        return {name: _description(name, served.get(name), name in served) for name in chosen}
+            served = None  # unknown: described without saying whether a host serves them
+        chosen = self.agents if self.agents is not None else sorted(served or {})
+        return {name: _description(name, served) for name in chosen}
 
     async def list_tools(self, ctx: ServerRequestContext[Any],
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -135,9 +137,9 @@ class FleetTools:
                 await _cancel(handle, "cancelled by the MCP client")
             raise
         except Exception as e:  # the run log cannot be read: say so, with the run to look at later
-            return _error(f"run {handle.run_id} was started but its log cannot be read with these NATS "
-                          f"credentials or now ({type(e).__name__}: {e}); see `sa replay {handle.run_id}`",
-                          run_id=handle.run_id)
+            why = explain_refusal(e) or f"{type(e).__name__}: {e}"
+            return _error(f"run {handle.run_id} was started but its log cannot be read ({why}); read it with "
+                          f"credentials that may (`sa replay {handle.run_id}`)", run_id=handle.run_id)
         return _result(handle.run_id, ending)
 
     def derived_task_id(self, ctx: ServerRequestContext[Any], agent: str, args: dict[str, Any]) -> str | None:
@@ -239,9 +241,12 @@ def replay_text(events: Sequence[ev.Event], *, title: str = "") -> str:
     return out.getvalue()
 
 
-def _description(name: str, text: str | None, served: bool) -> str:
-    said = text or f"The agent {name} of a structured-agents fleet: give it a task, get its run's output."
-    if not served:
+def _description(name: str, served: dict[str, str] | None) -> str:
+    """The bundle's description, or a plain one; a note when no live host serves it (`served` None: unknown,
+    these credentials may not read the hosts' heartbeats)."""
+    said = (served or {}).get(name) or (f"The agent {name} of a structured-agents fleet: give it a task, get "
+                                        "its run's output.")
+    if served is not None and name not in served:
         said += " (No live host serves this agent now: a call waits until one starts.)"
     return said
 

@@ -24,11 +24,14 @@ from control_helpers import control_bundle, control_model
 from host_helpers import running_host, running_worker
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from nats_fixtures import PASSWORDS
 
 from runtime import Client
 from runtime import events as ev
 from runtime import nats as bus
 from runtime.commands import run_id_for
+from runtime.nats.auth import User, permissions, server_config
+from runtime.nats.server import EmbeddedNats
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -287,3 +290,115 @@ async def test_a_client_not_written_in_python_runs_an_agent(nats_server, topo, t
         assert not result.get("isError") and result["structuredContent"] == {"answer": "compute from node"}
         output = await client.get(result["_meta"][RUN_ID_META]).result(timeout=5)
         assert output == {"answer": "compute from node"}
+
+
+# -- credentials: what each role lets `sa mcp serve` do --------------------------------------------------
+
+
+@asynccontextmanager
+async def secured_fleet(url: str, root: Path) -> AsyncIterator[Client]:
+    """Agent `ctl` on a secured server: a host connected as `host`, a worker as `worker`; an admin client
+    (every role's password is `PASSWORDS`')."""
+    from runtime.host import Host, HostConfig, load_agents
+    from runtime.model.client import ModelClient
+    from runtime.nats.credentials import Credentials
+    from runtime.worker import Worker, build_registry
+
+    def login(role: str) -> dict[str, Any]:
+        return Credentials(user=role, password=PASSWORDS[role]).connect_options()
+
+    with ScriptedModelServer(responder=responder) as server:
+        bundle = control_bundle(root, server.base_url)
+        host_nc = await bus.connect(url, name="test-host", **login("host"))
+        worker_nc = await bus.connect(url, name="test-worker", **login("worker"))
+        model = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
+        host = Host(host_nc, load_agents([bundle], client=model), config=HostConfig(task_ack_wait=2.0))
+        worker = Worker(worker_nc.jetstream(), build_registry(bundles=[bundle]), concurrency=2)
+        stop = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg, await Client.connect(url, **login("admin")) as admin:
+                tg.start_soon(host.run, stop)
+                tg.start_soon(worker.run, stop)
+                with anyio.fail_after(30):
+                    await host.ready.wait()
+                yield admin
+                stop.set()
+        finally:
+            await model.aclose()
+            await bus.close(worker_nc)
+            await bus.close(host_nc)
+
+
+def as_role(role: str) -> dict[str, str]:
+    return {"NATS_USER": role, "NATS_PASSWORD": PASSWORDS[role]}
+
+
+async def test_a_publisher_starts_runs_but_cannot_read_them_and_an_operator_cannot_start_one(secured,
+                                                                                            tmp_path):
+    """The how-to's account of the roles, held to: neither shipped role alone runs an agent to its output."""
+    async with secured_fleet(secured.url, tmp_path) as admin:
+        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl"],
+                                       env={**child_env(secured.url), **as_role("publisher")})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            [tool] = (await session.list_tools()).tools  # named with --agents: no heartbeat read needed
+            assert tool.name == "ctl" and "No live host" not in (tool.description or "")
+            with anyio.fail_after(120):
+                result = await session.call_tool("ctl", {"input": "compute as publisher", "task_id": "pub-1"})
+            said = text_of(result)
+            assert result.is_error and "was started but its log cannot be read" in said, said
+            assert "user 'publisher'" in said and "permissions violation" in said
+        run_id = run_id_for("ctl", "pub-1")
+        assert result.meta[RUN_ID_META] == run_id
+        assert await admin.get(run_id).result(timeout=30) == {"answer": "compute as publisher"}
+
+        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve"],
+                                       env={**child_env(secured.url), **as_role("operator")})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            assert [t.name for t in (await session.list_tools()).tools] == ["ctl"]  # reads the heartbeats
+            with anyio.fail_after(120):
+                refused = await session.call_tool("ctl", {"input": "compute as operator", "task_id": "op-1"})
+            assert refused.is_error and "was not sent (refused)" in text_of(refused), text_of(refused)
+        assert await admin.run_info(run_id_for("ctl", "op-1")) is None
+
+
+@pytest.fixture(scope="module")
+def with_mcp_user(tmp_path_factory) -> Any:
+    """nats-server with the shipped roles (admin, host, worker, operator, publisher) and a user `mcp` whose
+    permissions are the publisher's and the operator's together: what the how-to tells a secured fleet to
+    give `sa mcp serve`."""
+    def rule(allow: list[str]) -> str:
+        return "allow: " + json.dumps(allow)
+
+    publisher, operator = permissions("publisher", "mcp"), permissions("operator", "mcp")
+    assert publisher is not None and operator is not None
+    pub = sorted({*publisher.pub_allow, *operator.pub_allow})
+    sub = sorted({*publisher.sub_allow, *operator.sub_allow})
+    users = [User(role, role, PASSWORDS[role]) for role in PASSWORDS]
+    config = server_config(users).rstrip().removesuffix("}").rstrip().removesuffix("]")
+    config += (f'    {{user: "mcp", password: "{PASSWORDS["admin"]}-mcp", permissions: {{\n'
+               f"      publish: {{{rule(pub)}}}\n      subscribe: {{{rule(sub)}}}\n    }}}}\n  ]\n}}\n")
+    path = tmp_path_factory.mktemp("auth") / "auth.conf"
+    path.write_text(config)
+    server = EmbeddedNats(extra_args=["-c", str(path)]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_a_user_with_the_publisher_and_operator_permissions_runs_an_agent(with_mcp_user, tmp_path):
+    async with secured_fleet(with_mcp_user.url, tmp_path) as admin:
+        login = {"NATS_USER": "mcp", "NATS_PASSWORD": f"{PASSWORDS['admin']}-mcp"}
+        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve"],
+                                       env={**child_env(with_mcp_user.url), **login})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            assert [t.name for t in (await session.list_tools()).tools] == ["ctl"]
+            result = await session.call_tool("ctl", {"input": "compute as mcp"})
+            assert result.structured_content == {"answer": "compute as mcp"}, text_of(result)
+            run_id = result.meta[RUN_ID_META]
+            [contents] = (await session.read_resource(f"run://{run_id}")).contents
+            assert "run.completed" in contents.text
+        assert await admin.get(run_id).status() == "completed"
