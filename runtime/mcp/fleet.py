@@ -124,7 +124,10 @@ class FleetTools:
             return _error(problem)
         task_id = args.get("task_id") or self.derived_task_id(ctx, agent, args)
         try:
-            handle = await self.client.start(agent, args["input"], task_id=task_id, thread=args.get("thread"))
+            # shielded: a task stored while the call is being cancelled is a run to cancel, not to lose
+            with anyio.CancelScope(shield=True):
+                handle = await self.client.start(agent, args["input"], task_id=task_id,
+                                                 thread=args.get("thread"))
         except NotSent as e:
             return _error(f"the task for {agent} was not sent ({e.reason}): {e}")
         except ValueError as e:  # a name that can never be (an agent, a thread)
@@ -133,7 +136,7 @@ class FleetTools:
         try:
             ending = await self._follow(ctx, handle)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_WAIT_S):
+            with anyio.CancelScope(shield=True):
                 await _cancel(handle, "cancelled by the MCP client")
             raise
         except Exception as e:  # the run log cannot be read: say so, with the run to look at later
@@ -282,13 +285,23 @@ def _progress(event: ev.Event, turn: int) -> str | None:
 
 
 async def _cancel(handle: Any, reason: str) -> None:
-    try:
-        await handle.cancel(reason)
-        log.info("run %s cancelled: the MCP client cancelled its call", handle.run_id)
-    except ControlError:  # it ended first
-        pass
-    except Exception:
-        log.exception("run %s: the cancel of a call the MCP client cancelled was not sent", handle.run_id)
+    """Cancel the run of a call its client cancelled, within `CANCEL_WAIT_S`. A run is cancelled by a command
+    its host applies, so a run no host has started yet (its task still queued) is waited for first; one that
+    does not start in time is left to run, and the log says so with the command that cancels it."""
+    with anyio.move_on_after(CANCEL_WAIT_S) as waited:
+        try:
+            async with aclosing(handle.events()) as events:
+                async for _ in events:  # its first event: a host has it
+                    break
+            await handle.cancel(reason)
+            log.info("run %s cancelled: the MCP client cancelled its call", handle.run_id)
+        except ControlError:  # it ended first
+            pass
+        except Exception:
+            log.exception("run %s: the cancel of a call the MCP client cancelled was not sent", handle.run_id)
+    if waited.cancelled_caught:
+        log.warning("run %s: its call was cancelled but the run was not within %.0f s (no host has started "
+                    "it yet?); cancel it with `sa cancel %s`", handle.run_id, CANCEL_WAIT_S, handle.run_id)
 
 
 def _result(run_id: str, ending: ev.Event) -> types.CallToolResult:
