@@ -21,8 +21,11 @@ fresh task id: pass `task_id` to make it repeatable.
 
 Why a client's cancel cancels the run: an MCP client that gives up on a call means the work is not wanted, and
 a run left going would spend model tokens for nobody. The SDK cancels the handler's scope when the client
-sends ``notifications/cancelled`` (or, on the 2026 HTTP wire, closes the call's stream); the handler then
-cancels the run (`RunHandle.cancel`), shielded, before it lets the cancellation through.
+sends ``notifications/cancelled`` (or, on the 2026 HTTP wire, closes the call's stream, which is how that
+wire says cancel); the handler then cancels the run (`RunHandle.cancel`), shielded, before it lets the
+cancellation through. A connection that merely ends (a stdio client that exits, this server stopping, an
+older HTTP client's stream dropping, which the specification says is not a cancel) leaves the run going:
+runs are durable, and a call with the same task id picks it up again.
 
 It reaches the fleet through `runtime.client` and nothing else, so this face can do no more than the
 credentials it connects with allow (`docs/how-to/serve-agents-over-mcp.md` says which role that is).
@@ -45,6 +48,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runtime import events as ev
 from runtime.client import Client, ControlError, NotSent, RunFailedError
@@ -136,8 +140,12 @@ class FleetTools:
         try:
             ending = await self._follow(ctx, handle)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await _cancel(handle, "cancelled by the MCP client")
+            if _client_cancelled(ctx):
+                with anyio.CancelScope(shield=True):
+                    await _cancel(handle, "cancelled by the MCP client")
+            else:
+                log.info("run %s goes on: its call ended with the connection, not by a cancel (a call with "
+                         "its task id returns it)", handle.run_id)
             raise
         except Exception as e:  # the run log cannot be read: say so, with the run to look at later
             why = explain_refusal(e) or f"{type(e).__name__}: {e}"
@@ -175,7 +183,10 @@ class FleetTools:
                     turn += 1
                 if message is not None:
                     steps += 1
-                    await ctx.session.report_progress(steps, None, message)
+                    try:
+                        await ctx.session.report_progress(steps, None, message)
+                    except Exception as e:  # a client gone: the run is followed to its end all the same
+                        log.debug("run %s: progress not sent (%s)", handle.run_id, e)
         if last is None:
             raise RuntimeError(f"the log of run {handle.run_id} ended without a terminal event")
         return last
@@ -282,6 +293,18 @@ def _progress(event: ev.Event, turn: int) -> str | None:
     if isinstance(event, ev.TurnCompleted):
         return f"turn {turn} completed"
     return None
+
+
+def _client_cancelled(ctx: ServerRequestContext[Any]) -> bool:
+    """Whether the call's scope was cancelled by its client: a ``notifications/cancelled`` for it arrived, or
+    it came over the 2026 HTTP wire, where a client cancels by closing the call's stream. The SDK keeps the
+    first on the request's dispatch context (``cancel_requested``), which its server context does not expose
+    yet, hence the private attribute (`mcp` is pinned; the cancel test fails if it goes)."""
+    dispatch = getattr(ctx.session, "_request_outbound", None)
+    requested = getattr(dispatch, "cancel_requested", None)
+    if isinstance(requested, anyio.Event) and requested.is_set():
+        return True
+    return ctx.request is not None and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
 async def _cancel(handle: Any, reason: str) -> None:

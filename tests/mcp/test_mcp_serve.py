@@ -167,6 +167,37 @@ async def test_cancelling_the_call_cancels_the_run(nats_server, topo, tmp_path):
         assert ending.reason == "cancelled by the MCP client"
 
 
+async def test_a_connection_that_ends_without_a_cancel_leaves_the_run_going(nats_server, topo, tmp_path):
+    """A stdio client that exits mid-call has not cancelled it (runs are durable; a call with the task id
+    picks the run up again): the server exits, and the run is still there to be cancelled by someone else."""
+    async with fleet(nats_server.url, tmp_path) as client:
+        proc = await anyio.open_process([*SA, "mcp", "serve"],
+                                        env={**os.environ, **child_env(nats_server.url)})
+        try:
+            assert proc.stdin is not None
+            for message in ({"id": 1, "method": "initialize", "params": {
+                                "protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "raw", "version": "1"}}},
+                            {"method": "notifications/initialized"},
+                            {"id": 2, "method": "tools/call", "params": {"name": "ctl", "arguments": {
+                                "input": "spin until someone stops me", "task_id": "mcp-left"}}}):
+                await proc.stdin.send((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+            handle = client.get(run_id_for("ctl", "mcp-left"))
+            with anyio.fail_after(30):
+                async for event in handle.events():
+                    if isinstance(event, ev.ToolCalled):
+                        break
+            await proc.stdin.aclose()  # the client goes away without a word
+            with anyio.fail_after(30):
+                await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
+        ending = await handle.cancel("stopped by the test")  # still running: the server did not cancel it
+        assert isinstance(ending, ev.RunCancelled) and ending.reason == "stopped by the test"
+
+
 async def test_one_request_id_sent_twice_starts_one_run(nats_server, topo, tmp_path):
     """A client that repeats a request (same id, same arguments: a retry) gets the same run; a request id
     reused for other arguments is another call."""
