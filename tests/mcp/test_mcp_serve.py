@@ -74,10 +74,12 @@ def child_env(url: str) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def stdio_session(url: str, *args: str) -> AsyncIterator[ClientSession]:
+async def stdio_session(url: str, *args: str, modern: bool = False) -> AsyncIterator[ClientSession]:
+    """A session with `sa mcp serve ARGS` as a child process: the 2025 handshake (`initialize`), or with
+    `modern` the session-less 2026-07-28 protocol (`discover`)."""
     params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", *args], env=child_env(url))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        await (session.discover() if modern else session.initialize())
         yield session
 
 
@@ -127,8 +129,8 @@ async def test_an_agent_is_a_tool_a_call_returns_its_output_once_and_the_run_rea
 
 
 async def test_a_failed_run_is_an_error_result_naming_the_reason(nats_server, topo, tmp_path):
-    async with fleet(nats_server.url, tmp_path) as client, stdio_session(nats_server.url, "--agents",
-                                                                         "ctl") as session:
+    async with (fleet(nats_server.url, tmp_path) as client,
+                stdio_session(nats_server.url, "--agents", "ctl", modern=True) as session):
         result = await session.call_tool("ctl", {"input": "fail at once"})
         assert result.is_error
         run_id = result.meta[RUN_ID_META]
@@ -285,6 +287,31 @@ async def test_http_needs_the_token(nats_server, topo, tmp_path):
                 result = await session.call_tool("ctl", {"input": "compute over http"})
                 assert result.structured_content == {"answer": "compute over http"}
                 assert await client.get(result.meta[RUN_ID_META]).status() == "completed"
+
+            # the session-less 2026-07-28 protocol (`discover`, no handshake), where a client cancels a call
+            # by closing its stream: the run is cancelled
+            async with (httpx2.AsyncClient(headers=headers, timeout=60) as authed,
+                        streamable_http_client(url, http_client=authed) as (read, write),
+                        ClientSession(read, write) as session):
+                assert "2026-07-28" in (await session.discover()).supported_versions
+                spinning = anyio.Event()
+
+                async def progress(done: float, total: float | None, message: str | None) -> None:
+                    if message and "tool spin called" in message:
+                        spinning.set()
+
+                async with anyio.create_task_group() as tg:
+                    async def call() -> None:
+                        await session.call_tool("ctl", {"input": "spin over http", "task_id": "http-spin"},
+                                                progress_callback=progress)
+
+                    tg.start_soon(call)
+                    with anyio.fail_after(30):
+                        await spinning.wait()
+                    tg.cancel_scope.cancel()
+            with anyio.fail_after(30):
+                ending = await client.get(run_id_for("ctl", "http-spin")).ending()
+            assert isinstance(ending, ev.RunCancelled) and ending.reason == "cancelled by the MCP client"
         finally:
             proc.terminate()
             await proc.wait()
