@@ -292,6 +292,15 @@ def _progress(event: ev.Event, turn: int) -> str | None:
         return f"turn {turn}: tool {event.tool} failed ({event.error.kind})"
     if isinstance(event, ev.TurnCompleted):
         return f"turn {turn} completed"
+    if isinstance(event, ev.ApprovalRequested):
+        return (f"turn {turn}: tool {event.call.name} waits for a person's approval (sa approve "
+                f"{event.run_id} {event.call.id}, or sa deny)")
+    if isinstance(event, ev.ApprovalGranted | ev.ApprovalDenied):
+        verdict = "approved" if isinstance(event, ev.ApprovalGranted) else "denied"
+        return f"turn {turn}: call {event.call_id} {verdict}{f' by {event.by}' if event.by else ''}"
+    if isinstance(event, ev.QuestionAsked):
+        return (f"turn {turn}: the agent asks a person: {event.question} (sa answer {event.run_id} "
+                f"{event.call_id} ANSWER)")
     return None
 
 

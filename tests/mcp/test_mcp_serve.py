@@ -145,6 +145,30 @@ async def test_a_failed_run_is_an_error_result_naming_the_reason(nats_server, to
             await session.call_tool("calc", {"input": "1+1"})
 
 
+async def test_a_call_waiting_for_approval_says_so_and_returns_once_a_person_decides(nats_server, topo,
+                                                                                         tmp_path):
+    async with fleet(nats_server.url, tmp_path) as client, stdio_session(nats_server.url) as session:
+        waiting: list[str] = []
+        asked = anyio.Event()
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            if message and "waits for a person's approval" in message:
+                waiting.append(message)
+                asked.set()
+
+        async def decide() -> None:
+            with anyio.fail_after(30):
+                await asked.wait()
+            [pending] = await client.approvals("ctl")
+            assert f"sa approve {pending.run_id} {pending.call_id}" in waiting[0]
+            await client.get(pending.run_id).approve(pending.call_id, note="fine")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(decide)
+            result = await session.call_tool("ctl", {"input": "pay: 500 to acme"}, progress_callback=progress)
+        assert not result.is_error and "500" in text_of(result) and "acme" in text_of(result)
+
+
 async def test_cancelling_the_call_cancels_the_run(nats_server, topo, tmp_path):
     async with fleet(nats_server.url, tmp_path) as client, stdio_session(nats_server.url) as session:
         spinning = anyio.Event()
