@@ -15,6 +15,7 @@
 - `dlq_cmds`        — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
 - `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `ui_cmds`         — `sa ui` (the run inspector in a browser)
+- `mcp_cmds`        — `sa mcp serve` (the fleet's agents as tools of any MCP client)
 - `auth_cmds`       — `sa auth config` (the NATS users and permissions per role, as config)
 - `serving`         — what `sa up`, `sa host` and `sa worker` share (retention, logging, metrics, agents)
 - `signals`         — how the long-running commands stop on SIGINT / SIGTERM
@@ -38,6 +39,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     dlq_cmds,
     observe_cmds,
     ui_cmds,
+    mcp_cmds,
     auth_cmds,
 )
 from runtime.cli.app import app, hoist_auth_flags

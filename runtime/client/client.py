@@ -255,6 +255,21 @@ class Client:
         return {agent for entry in beats.values() if entry.value
                 for agent in HostBeat.decode(entry.value).agents}
 
+    async def agents(self) -> dict[str, str]:
+        """The bundles some live host serves now (as `served`), each with its `description:` ("" when the
+        bundle has none): what a face offers as agents to call (`sa mcp serve`'s tools)."""
+        from runtime.nats.kv import fleet_kv
+        from runtime.nats.records import HostBeat
+        from runtime.nats.subjects import HOSTS_BUCKET
+
+        out: dict[str, str] = {}
+        for entry in (await kv_entries(await fleet_kv(self.js, HOSTS_BUCKET))).values():
+            if entry.value:
+                beat = HostBeat.decode(entry.value)
+                for agent in beat.agents:
+                    out[agent] = out.get(agent) or beat.descriptions.get(agent, "")
+        return out
+
     async def status(self) -> dict[str, Any]:
         """The fleet now: hosts and their partitions, workers, queue depths, runs in flight."""
         from runtime.client.status import gather

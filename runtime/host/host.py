@@ -191,7 +191,9 @@ class Host:
         """This host's entry in the `hosts` bucket."""
         return HostBeat(name=self.id, started=self.started, ttl=self.config.lease.ttl,
                         partitions=self.partitions, runs=len(self.drivers), queued=len(self.waiting),
-                        max_runs=self.budget.limit, agents=sorted(self.agents))
+                        max_runs=self.budget.limit, agents=sorted(self.agents),
+                        descriptions={name: a.bundle.spec.description for name, a in self.agents.items()
+                                      if a.bundle.spec.description})
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._tg is not None

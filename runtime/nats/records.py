@@ -101,6 +101,7 @@ class HostBeat(msgspec.Struct, omit_defaults=True):
     queued: int = 0  # tasks waiting in its mailboxes
     max_runs: int = 0  # its back-pressure bound (runs + queued tasks)
     agents: list[str] = []  # the bundles it serves
+    descriptions: dict[str, str] = {}  # bundle -> its `description:`, for faces that list agents (MCP tools)
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
