@@ -26,7 +26,7 @@ from control_helpers import control_model, sa
 from host_helpers import SUBMIT, running_host, running_worker
 from nats.aio.msg import Msg
 from rich.console import Console
-from runtime.testing.scripts import SPIN
+from testbed.scripts import SPIN
 
 from runtime import events as ev
 from runtime import nats as bus
