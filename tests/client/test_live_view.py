@@ -26,7 +26,6 @@ from control_helpers import control_model, sa
 from host_helpers import SUBMIT, running_host, running_worker
 from nats.aio.msg import Msg
 from rich.console import Console
-from testbed.scripts import SPIN
 
 from runtime import events as ev
 from runtime import nats as bus
@@ -39,6 +38,7 @@ from runtime.streaming import Delta, ScriptRunning, StreamPublisher
 from runtime.testing import ScriptedModelServer
 from runtime.types import ToolCall, ToolError
 from runtime.ui.follow import Following
+from testbed.scripts import SPIN
 
 pytestmark = pytest.mark.anyio
 
