@@ -70,6 +70,9 @@ class _Drain:
     async def on_tool_call(self, index: int, call_id: str, name: str, arguments: str) -> None:
         pass
 
+    async def retrying(self, attempt: int) -> None:
+        pass
+
     async def done(self) -> None:
         pass
 
