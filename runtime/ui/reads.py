@@ -38,7 +38,7 @@ from runtime import events as ev
 from runtime import kernel
 from runtime.client import Client
 from runtime.client.fork import fork_points
-from runtime.nats.records import RunIndex
+from runtime.nats.records import QUEUED, RunIndex
 from runtime.nats.subjects import check_token
 from runtime.ui import views
 from runtime.ui.agent import Agents, NoAgent
@@ -130,9 +130,13 @@ class Reads:
         """A run's page: its events as stored, totals, flags, fork tree, sub-runs and thread."""
         check_token(run_id, "run id")
         history = await self.client.get(run_id).stored()
-        if not history.events:
-            raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
         index = await self.client.index()
+        if not history.events:
+            entry = index.get(run_id)
+            if entry is not None and entry.status == QUEUED:
+                raise NotFound(f"run {run_id!r} is queued behind its agent's run: it has no events until it "
+                               "starts")
+            raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
         view = views.run_view(run_id, history.actor, history.events, entry=index.get(run_id), index=index,
                               fork_points=fork_points(history.events))
         view["thread"] = await self.thread(history.actor, history.events[0], index)
@@ -167,9 +171,13 @@ class Reads:
         """The run's spans on one time axis (`runtime.ui.waterfall`), open ones drawn up to now."""
         check_token(run_id, "run id")
         history = await self.client.get(run_id).stored()
-        if not history.events:
-            raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
         index = await self.client.index()
+        if not history.events:
+            entry = index.get(run_id)
+            if entry is not None and entry.status == QUEUED:
+                raise NotFound(f"run {run_id!r} is queued behind its agent's run: it has no events until it "
+                               "starts")
+            raise NotFound(f"no events for run {run_id!r}: pick a run from the index")
         entry = index.get(run_id)
         return {"run_id": run_id, "actor": history.actor, "status": entry.status if entry else None,
                 "flags": views.flag_views(views.flags(history.events)),

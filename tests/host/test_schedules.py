@@ -23,6 +23,7 @@ from runtime.host.config import HostStats
 from runtime.host.leases import LeaseConfig
 from runtime.host.scheduler import Scheduler
 from runtime.log import RunLog
+from runtime.nats.records import QUEUED
 from runtime.nats.subjects import SCHEDULER_CONSUMER, SCHEDULES, fire_subject, schedule_subject
 from runtime.schedules import (
     Fire,
@@ -128,8 +129,8 @@ async def scheduled_runs(client: Client, name: str) -> dict[str, str]:
     fire would fail here)."""
     runs: dict[str, str] = {}
     for info in await client.runs():
-        if not (info.task_id or "").startswith(f"schedule-{name}-"):
-            continue
+        if not (info.task_id or "").startswith(f"schedule-{name}-") or info.status == QUEUED:
+            continue  # a fire's task still waiting behind its actor's run has no events yet
         started = (await RunLog(client.js).read(info.run_id)).events[0]
         assert isinstance(started, ev.RunStarted) and started.metadata[META_SCHEDULE] == name
         key = started.metadata[META_FIRE]
