@@ -192,6 +192,21 @@ class StoreClaim:
             self.fd = -1
 
 
+def _holder(fd: int, patience: float = 2.0) -> dict[str, Any]:
+    """What the holder of a taken store recorded in its lock file. A holder that has just won the lock
+    writes its record right after: a claim racing it waits up to `patience` seconds for the record, so the
+    refusal can name who holds the store (an empty record names nobody)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            holder = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+        except ValueError:  # caught mid-write
+            holder = {}
+        if (isinstance(holder, dict) and "pid" in holder) or time.monotonic() >= deadline:
+            return holder if isinstance(holder, dict) else {}
+        time.sleep(0.02)
+
+
 def claim_store(store: Path, state: dict[str, Any]) -> StoreClaim:
     """Claim `store` for this process (see the module docstring), recording `state` in its lock file;
     `StoreTaken` naming the holder if a live `sa up` has it."""
@@ -200,12 +215,9 @@ def claim_store(store: Path, state: dict[str, Any]) -> StoreClaim:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        try:
-            holder = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-        except ValueError:  # caught mid-write
-            holder = {}
+        holder = _holder(fd)
         os.close(fd)
-        raise StoreTaken(store, holder if isinstance(holder, dict) else {}) from None
+        raise StoreTaken(store, holder) from None
     claim = StoreClaim(store, fd)
     claim.record(state)
     return claim
