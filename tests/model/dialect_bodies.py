@@ -61,8 +61,9 @@ INVALID_CALLS = {
 }
 
 
-class _Drain:
-    """A live view that drops every fragment: the call is then made as a streamed request."""
+class Drain:
+    """A live view that drops every fragment (and the notice of a retried attempt): the call is then made as a
+    streamed request, as a host with watchers makes it. Shared with `test_vllm_conformance.py`."""
 
     async def on_text(self, text: str) -> None:
         pass
@@ -89,7 +90,7 @@ def bodies(dialect: str, family: str, constraint: DecodingConstraint | None,
             async with ModelClient(base_url=server.base_url, model="m", max_retries=0) as client:
                 outcome = await step.call(client, effect, "r")
                 assert not isinstance(outcome, ev.ModelFailed), outcome
-                streamed = await step.call(client, effect, "r", stream=_Drain())  # type: ignore[arg-type]
+                streamed = await step.call(client, effect, "r", stream=Drain())  # type: ignore[arg-type]
                 assert not isinstance(streamed, ev.ModelFailed), streamed
             return list(server.requests)
 

@@ -45,6 +45,7 @@ from runtime.model import STRATEGIES, DecodingConstraint, ModelStep, accepts, ge
 from runtime.model.client import ModelClient  # noqa: E402
 from runtime.testing import ScriptedModelServer  # noqa: E402
 from runtime.types import Message, ToolCall, ToolSchema  # noqa: E402
+from tests.model.dialect_bodies import Drain  # noqa: E402
 
 PIN = Path(__file__).parents[2] / ".ci" / "vllm-conformance.txt"
 
@@ -110,20 +111,6 @@ def name_of(family: str, constraint: DecodingConstraint | None) -> str:
     return "/".join([family, constraint.strategy, *flags])
 
 
-class _Drain:
-    """A live view that drops every fragment: the call is then made as a streamed request, as a host with
-    watchers makes it."""
-
-    async def on_text(self, text: str) -> None:
-        pass
-
-    async def on_tool_call(self, index: int, call_id: str, name: str, arguments: str) -> None:
-        pass
-
-    async def done(self) -> None:
-        pass
-
-
 def bodies(family: str, constraint: DecodingConstraint | None,
            offered: tuple[ToolSchema, ...] = TOOLS) -> dict[str, dict[str, Any]]:
     """What the runtime puts on the wire for this combination, streaming and not, as the server saw it;
@@ -137,7 +124,7 @@ def bodies(family: str, constraint: DecodingConstraint | None,
             async with ModelClient(base_url=server.base_url, model="m", max_retries=0) as client:
                 outcome = await step.call(client, effect, "r")
                 assert not isinstance(outcome, ev.ModelFailed), outcome
-                streamed = await step.call(client, effect, "r", stream=_Drain())  # type: ignore[arg-type]
+                streamed = await step.call(client, effect, "r", stream=Drain())  # type: ignore[arg-type]
                 assert not isinstance(streamed, ev.ModelFailed), streamed
             return list(server.requests)
 
