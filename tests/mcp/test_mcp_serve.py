@@ -169,23 +169,28 @@ async def test_a_call_waiting_for_approval_says_so_and_returns_once_a_person_dec
         assert not result.is_error and "500" in text_of(result) and "acme" in text_of(result)
 
 
+async def call_then_cancel_once_spinning(session: Any, text: str, task_id: str) -> None:
+    """Call the agent `ctl` with `text` and abandon the call once its progress says the `spin` tool was
+    called: the SDK then sends notifications/cancelled for the request (or, on HTTP, closes its stream)."""
+    spinning = anyio.Event()
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        if message and "tool spin called" in message:
+            spinning.set()
+
+    async with anyio.create_task_group() as tg:
+        async def call() -> None:
+            await session.call_tool("ctl", {"input": text, "task_id": task_id}, progress_callback=progress)
+
+        tg.start_soon(call)
+        with anyio.fail_after(30):
+            await spinning.wait()
+        tg.cancel_scope.cancel()
+
+
 async def test_cancelling_the_call_cancels_the_run(nats_server, topo, tmp_path):
     async with fleet(nats_server.url, tmp_path) as client, stdio_session(nats_server.url) as session:
-        spinning = anyio.Event()
-
-        async def progress(done: float, total: float | None, message: str | None) -> None:
-            if message and "tool spin called" in message:
-                spinning.set()
-
-        async with anyio.create_task_group() as tg:
-            async def call() -> None:
-                await session.call_tool("ctl", {"input": "spin forever", "task_id": "mcp-spin"},
-                                        progress_callback=progress)
-
-            tg.start_soon(call)
-            with anyio.fail_after(30):
-                await spinning.wait()
-            tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the abandoned request
+        await call_then_cancel_once_spinning(session, "spin forever", "mcp-spin")
         handle = client.get(run_id_for("ctl", "mcp-spin"))
         with anyio.fail_after(30):
             ending = await handle.ending()
@@ -318,21 +323,7 @@ async def test_http_needs_the_token(nats_server, topo, tmp_path):
                         streamable_http_client(url, http_client=authed) as (read, write),
                         ClientSession(read, write) as session):
                 assert "2026-07-28" in (await session.discover()).supported_versions
-                spinning = anyio.Event()
-
-                async def progress(done: float, total: float | None, message: str | None) -> None:
-                    if message and "tool spin called" in message:
-                        spinning.set()
-
-                async with anyio.create_task_group() as tg:
-                    async def call() -> None:
-                        await session.call_tool("ctl", {"input": "spin over http", "task_id": "http-spin"},
-                                                progress_callback=progress)
-
-                    tg.start_soon(call)
-                    with anyio.fail_after(30):
-                        await spinning.wait()
-                    tg.cancel_scope.cancel()
+                await call_then_cancel_once_spinning(session, "spin over http", "http-spin")
             with anyio.fail_after(30):
                 ending = await client.get(run_id_for("ctl", "http-spin")).ending()
             assert isinstance(ending, ev.RunCancelled) and ending.reason == "cancelled by the MCP client"
