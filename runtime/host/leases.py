@@ -18,12 +18,13 @@ Every host runs one `Leases` loop. The state lives in two KV buckets (`runtime.n
   the bundles each serves (`HostBeat.agents`).
 
 Each tick (every `renew` seconds, and at once when a lease is released or expires: the loop watches the
-``leases`` bucket for delete and expiry markers): read both buckets. For each bundle it serves, with H live
-hosts serving that bundle and N partitions, the fair share is ceil(N / H): a host holding more of the
-bundle's slots releases its excess (the ones it least prefers), a host holding fewer acquires free ones up
-to its share. Preference is rendezvous hashing of (host, bundle, partition), so hosts reach for different
-slots and a slot tends to go back to the same host. A starting host therefore gets its share within two
-ticks of the others noticing it.
+``leases`` bucket for delete and expiry markers, and the ``hosts`` bucket for a host that appears or goes)
+reads both buckets when something changed (or every `LOOK_EVERY_S` as a safety net: see `_must_look`). For
+each bundle it serves, with H live hosts serving that bundle and N partitions, the fair share is ceil(N / H):
+a host holding more of the bundle's slots releases its excess (the ones it least prefers), a host holding
+fewer acquires free ones up to its share. Preference is rendezvous hashing of (host, bundle, partition), so
+hosts reach for different slots and a slot tends to go back to the same host. A starting host therefore gets
+its share within two ticks of the others noticing it.
 
 Renewing. The heartbeat and the renewal of every held lease happen every `renew` seconds on a thread of
 their own, with its own event loop and NATS connection (`runtime.host.renewer`), and every lease read
@@ -79,6 +80,7 @@ from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, lease_key, parse_
 log = logging.getLogger("runtime.host")
 
 DEFAULT_TTL_S = 2.0
+LOOK_EVERY_S = 5.0  # a host with nothing new to see reads the lease and host buckets this often
 
 Slot = tuple[str, int]  # (bundle, partition): what one lease is for, and what a host serves
 
@@ -196,6 +198,10 @@ class Leases:
         self._renewer: LeaseRenewer | None = None
         self._beat_bytes: bytes | None = None
         self._wake = anyio.Event()
+        self._watching = False  # the watches below run: a tick may skip its look when nothing changed
+        self._dirty = True  # something a look would see changed (a lease freed, a host came or went)
+        self._looked = -math.inf  # monotonic time of the last look at both buckets
+        self._hosts_seen: set[str] = set()  # the live hosts the last look found
 
     @property
     def serving(self) -> list[Slot]:
@@ -229,6 +235,7 @@ class Leases:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._fence_watch, stop)
                 tg.start_soon(self._watch_releases)
+                tg.start_soon(self._watch_hosts)
                 while not stop.is_set():
                     t0 = time.monotonic()
                     self._wake = anyio.Event()
@@ -291,12 +298,17 @@ class Leases:
     async def tick(self) -> None:
         self.ticks += 1
         before = self.serving
-        await self._heartbeat()
-        if self._renewer is None:  # no lease thread: renew here
+        self._beat_bytes = self.beat().encode()  # the lease thread sends the latest every round
+        if self._renewer is None:  # no lease thread: heartbeat and renew here
+            await self._heartbeat()
             async with anyio.create_task_group() as tg:
                 for slot in list(self.held):
                     tg.start_soon(self._renew, slot)
+        if not self._must_look():
+            return
+        self._dirty, self._looked = False, time.monotonic()
         view = await self.read()
+        self._hosts_seen = set(view.hosts)
         full = True
         for bundle in self.bundles:  # each bundle is shared only by the live hosts that serve it
             live = {h for h, beat in view.hosts.items() if bundle in beat.agents} | {self.host_id}
@@ -318,6 +330,18 @@ class Leases:
         waited = time.monotonic() - self._started
         if full or waited >= self.config.ttl + self.config.every:
             self.settled.set()
+        if not full:
+            self._dirty = True  # short of its share: look again next tick
+
+    def _must_look(self) -> bool:
+        """Whether this tick reads both buckets. Why not every tick: a look lists two buckets (an ephemeral
+        consumer each, created and deleted on the server), and an idle host that looked twice a second
+        spent most of its CPU, and some of its server's, finding nothing new. What can change the shares
+        is a lease freed or expired, a host starting or stopping: the watches (`_watch_releases`,
+        `_watch_hosts`) mark those at once, so a steady host looks only every `LOOK_EVERY_S` (a safety
+        net for a watch that missed something while its connection was away). Without the watches (a
+        test stepping `tick` by hand) every tick looks."""
+        return not self._watching or self._dirty or time.monotonic() - self._looked >= LOOK_EVERY_S
 
     async def read(self) -> LeaseView:
         """Both buckets, as they are now (the slots of the bundles this host serves)."""
@@ -343,15 +367,39 @@ class Leases:
                 kv = await fleet_kv(self.js, LEASES_BUCKET)
                 watcher = await kv.watchall(include_history=False)
                 try:
+                    self._watching = True
                     async for entry in watcher:
                         if entry is not None and entry.operation is not None and \
                                 (parse_lease_key(entry.key) or ("", 0))[0] in self.bundles:
+                            self._dirty = True
                             self._wake.set()
                 finally:
                     with contextlib.suppress(Exception):
                         await watcher.stop()
             except Exception as e:  # the tick still runs every period: this only makes it sooner
                 log.debug("watching the leases bucket: %s", e)
+            await anyio.sleep(self.config.every)
+
+    async def _watch_hosts(self) -> None:
+        """Mark the shares dirty when a host appears that the last look did not count, or one goes: the
+        fair share of every bundle it serves changes (headers only: the heartbeats arrive every renewal
+        period from every host, and only their keys matter here)."""
+        while True:
+            try:
+                kv = await fleet_kv(self.js, HOSTS_BUCKET)
+                watcher = await kv.watchall(include_history=False, meta_only=True)
+                try:
+                    async for entry in watcher:
+                        if entry is None or entry.key == self.host_id:
+                            continue
+                        if (entry.operation is None) != (entry.key in self._hosts_seen):
+                            self._dirty = True
+                            self._wake.set()
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()
+            except Exception as e:  # the safety-net look still runs every LOOK_EVERY_S
+                log.debug("watching the hosts bucket: %s", e)
             await anyio.sleep(self.config.every)
 
     # -- one lease ---------------------------------------------------------------------------------------

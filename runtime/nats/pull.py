@@ -232,8 +232,18 @@ class _Pulls:
             while self._ended is None:
                 if stop is not None and stop.is_set():
                     return None
-                with anyio.move_on_after(0.25):  # wake up now and then to notice `stop`
+                if stop is None:
                     await self._wake.wait()
+                    continue
+                # wait for whichever comes first, with no timer: an idle host keeps dozens of these
+                # requests open, and waking each of them a few times a second to look at `stop` was a
+                # good part of what an idle host spent
+                async with anyio.create_task_group() as tg:
+                    async def first(wait: Callable[[], Awaitable[Any]]) -> None:
+                        await wait()
+                        tg.cancel_scope.cancel()
+                    tg.start_soon(first, self._wake.wait)
+                    tg.start_soon(first, stop.wait)
         return self._ended
 
     async def idle(self) -> None:

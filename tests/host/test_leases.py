@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
@@ -222,3 +223,33 @@ async def test_a_host_whose_renewals_fail_fences_itself_and_a_taken_lease_is_los
         stop.set()
     await leases.release_all()
     assert await kv_entries(kv) == {}
+
+
+async def test_a_steady_host_looks_at_the_buckets_only_when_something_changed(nats_server, topo, tmp_path,
+                                                                               monkeypatch):
+    """An idle host used to list both fleet buckets on every tick (twice a second): most of its idle CPU.
+    Now a tick looks only when a watch saw a lease freed or a host come or go (or, rarely, as a safety
+    net: pushed out of this test's reach), and a host that starts is still noticed at once."""
+    monkeypatch.setattr(leases_module, "LOOK_EVERY_S", 3600.0, raising=False)
+    bundle = write_bundle(tmp_path)
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with hosts(nats_server.url, [bundle], server, 1, lease=FAST) as (a,):
+            leases = a.host.leases
+            assert leases is not None
+            looks: list[int] = []  # the tick count at each look
+            real_read = leases.read
+
+            async def counted() -> Any:
+                looks.append(leases.ticks)
+                return await real_read()
+
+            leases.read = counted  # type: ignore[method-assign]
+            start = leases.ticks
+            await wait_until(lambda: leases.ticks >= start + 8)
+            quiet = [t for t in looks if t <= start + 8]
+            assert len(quiet) <= 1, f"a steady host looked on {len(quiet)} of 8 ticks: {looks}"
+            before = len(looks)
+            async with hosts(nats_server.url, [bundle], server, 1, lease=FAST) as (b,):
+                await wait_until(lambda: len(a.host.partitions) < 5)
+                assert len(looks) > before  # b's heartbeat made a look: that is how a saw it
+                assert_disjoint_cover([a, b], 5)
