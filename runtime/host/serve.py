@@ -30,33 +30,54 @@ def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = 
                 client: Any = None) -> dict[str, AgentRuntime]:
     """Load and validate every bundle (raises `BundleError` listing every problem of the first bad one).
 
-    One exception: a bundle whose only problem is an MCP server that cannot be reached now (not started,
-    not answering: `runtime.bundle.mcp.unreachable`) is left out with an error in the log naming the server,
-    and the others are served; only when no bundle is left is its error raised."""
+    One exception: a bundle whose only problems lie in what it talks to is left out with an error in the
+    log naming the bundle and why, and the others are served; only when no bundle is left is the first
+    error raised. Those problems: an MCP server that cannot be reached now (not started, not answering:
+    `runtime.bundle.mcp.unreachable`), and a model server that cannot enforce the bundle's constraint
+    strategy (`model.server`, or what `auto` found: `runtime.model.dialects`). Why: one host serves many
+    teams' bundles, and one team pointing its bundle at the wrong server must not take the others down;
+    a bundle that is wrong in itself (a typo, a bad schema) still stops the host, as `sa check` would."""
     from runtime.bundle import BundleError, load_bundle
-    from runtime.bundle.mcp import unreachable
+    from runtime.model.dialects import DialectError
 
     loaded: dict[str, Bundle] = {}
-    skipped: list[BundleError] = []
+    skipped: list[Exception] = []
     for path in bundles:
         try:
             bundle = load_bundle(path)
         except BundleError as e:
-            servers = unreachable(e)
-            if not servers:
+            elsewhere = _elsewhere(e)
+            if not elsewhere:
                 raise
-            log.error("not serving %s: %s", e.source, "; ".join(servers))
+            log.error("not serving %s: %s", e.source, "; ".join(elsewhere))
             skipped.append(e)
             continue
         if bundle.name in loaded:
             raise ValueError(f"two bundles are named {bundle.name!r}: {loaded[bundle.name].path} "
                              f"and {bundle.path}")
         loaded[bundle.name] = bundle
-    if skipped and not loaded:
-        raise skipped[0]
     _prepare_grammars(loaded.values())
-    return {name: build_agent(bundle, local_model_url=local_model_url, client=client)
-            for name, bundle in loaded.items()}
+    agents: dict[str, AgentRuntime] = {}
+    for name, bundle in loaded.items():
+        try:
+            agents[name] = build_agent(bundle, local_model_url=local_model_url, client=client)
+        except DialectError as e:  # `model.server: auto` asked the server, and it cannot enforce the strategy
+            log.error("not serving %s: model.server: %s", bundle.path, e)
+            skipped.append(e)
+    if skipped and not agents:
+        raise skipped[0]
+    return agents
+
+
+def _elsewhere(error: Any) -> list[str]:
+    """The problems of a `BundleError` when every one lies outside the bundle (see `load_agents`), else []."""
+    from runtime.bundle.mcp import unreachable
+
+    servers = unreachable(error)
+    if servers:
+        return servers
+    found = [f"{where}: {message}" for where, message in error.problems if where == "model.server"]
+    return found if found and len(found) == len(error.problems) else []
 
 
 def _prepare_grammars(bundles: Iterable[Bundle]) -> None:

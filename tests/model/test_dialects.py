@@ -360,6 +360,37 @@ def test_auto_at_host_start_refuses_what_the_server_cannot_enforce_and_records_w
     assert await_body["response_format"]["type"] == "json_object" and await_body["max_tokens"] == 9
 
 
+def test_a_host_leaves_out_a_bundle_its_server_cannot_enforce_and_serves_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Declared (`model.server: llamacpp` with `ebnf`) or found at start (`auto`): that bundle is left out
+    with the refusal in the log, the host serves the rest; with nothing left, the refusal itself."""
+    from runtime.host import load_agents
+
+    with ScriptedModelServer(["ok"], routes=TELLS["llamacpp"]) as server:
+        url = server.base_url
+        good = _bundle(tmp_path / "good", f"{{adapter: hermes, base_url: '{url}', server: llamacpp}}",
+                       "{strategy: json_schema}")
+        declared = _bundle(tmp_path / "declared", f"{{adapter: hermes, base_url: '{url}', server: llamacpp}}",
+                           "{strategy: ebnf}")
+        found = _bundle(tmp_path / "found", f"{{adapter: hermes, base_url: '{url}', server: auto}}",
+                        "{strategy: structural_tag}")
+        for path, name in ((good, "good"), (declared, "declared"), (found, "found")):
+            path.write_text(path.read_text().replace("name: d\n", f"name: {name}\n"))
+        with caplog.at_level("ERROR", logger="runtime.host"):
+            agents = load_agents([good, declared, found])
+        assert list(agents) == ["good"]
+        assert "llama.cpp cannot enforce strategy ebnf" in caplog.text
+        assert "llama.cpp cannot enforce strategy structural_tag" in caplog.text
+        with pytest.raises(BundleError, match=r"llama\.cpp cannot enforce strategy ebnf"):
+            load_agents([declared])  # nothing left to serve: the refusal itself
+        with pytest.raises(DialectError, match=r"cannot enforce strategy structural_tag"):
+            load_agents([found])
+    typo = _bundle(tmp_path / "typo", "{adapter: hermes, server: llamacpp}", "{strategy: ebnf}")
+    typo.write_text(typo.read_text() + "bogus_key: 1\n")
+    with pytest.raises(BundleError):
+        load_agents([good, typo])  # a problem of the bundle itself beside it: the host stops, as before
+
+
 def test_the_docs_table_is_the_codes() -> None:
     """docs/how-to/connect-model-server.md's table says what `refusal` does, cell by cell."""
     text = (Path(__file__).parents[2] / "docs" / "how-to" / "connect-model-server.md").read_text()
