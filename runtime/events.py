@@ -41,6 +41,7 @@ their encoding, their versions and their stubs must be read (and changed) togeth
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, TypeAlias, cast, get_args
 
@@ -795,9 +796,16 @@ def decode(data: bytes) -> Event:
 
 
 def to_json(ev: Event | Command, *, indent: int = 0) -> str:
-    """JSON for humans (`sa replay --json`, logs); `indent > 0` pretty-prints."""
+    """JSON for humans (`sa replay --json`, logs); `indent > 0` pretty-prints. The C1 control characters
+    (U+0080-U+009F) are escaped too, though JSON allows them raw: a model's or a tool's text printed to a
+    terminal must not carry a CSI or an OSC that the terminal would act on. Outside strings JSON has no
+    such characters, so the escape cannot change what the text decodes to."""
     text = msgspec.json.encode(ev)
-    return (msgspec.json.format(text, indent=indent) if indent else text).decode()
+    out = (msgspec.json.format(text, indent=indent) if indent else text).decode()
+    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", out)
+
+
+_C1 = re.compile("[\u0080-\u009f]")
 
 
 def from_json(data: str | bytes) -> Event:

@@ -266,3 +266,13 @@ def test_tool_outcome_events_expose_a_tool_result():
     err = ToolError("policy", "denied")
     failed = ev.ToolFailed(run_id="r", seq=1, ts=1.0, call_id="c", tool="t", error=err)
     assert ev.tool_result(failed).error == err
+
+
+def test_json_for_humans_escapes_c1_control_characters_and_still_round_trips():
+    """A model's text holding a C1 CSI (U+009B) or OSC (U+009D) must not reach a terminal raw through
+    `sa replay --json`; the escaped JSON decodes to the very same event."""
+    event = ev.stamp(ev.ModelResponded(run_id="r", request_id="r/1", turn=1, text="a\x9b31mred\x9d0;x\x07 é"),
+                     seq=2, actor="a")
+    text = ev.to_json(event)
+    assert not any("\x80" <= ch <= "\x9f" for ch in text) and "\\u009b" in text and "é" in text
+    assert ev.from_json(text) == event
