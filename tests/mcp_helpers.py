@@ -8,6 +8,8 @@ test is skipped saying so; any other install failure fails it.
 
 `COUNTER` is a stdio server (run with this interpreter) whose every call appends its tool's name to the file
 named by its `COUNT_FILE` environment variable: `calls(file)` reads what the server saw, on the server's side.
+Its `slow_*` tools record `tool:note` and then hold the call while the file named by `HOLD_FILE` exists: a
+call in whose middle a test kills the worker.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ COUNTER_SOURCE = '''\
 """A tiny MCP server that records every call on its own side (one line per call in $COUNT_FILE)."""
 import os, sys, time
 from typing import TypedDict
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -100,6 +103,30 @@ def token(ctx: Context) -> str:
     """The X-Token header of the request (HTTP only)."""
     seen("token")
     return (ctx.headers or {}).get("x-token", "none")
+
+
+async def held(tool: str, note: str) -> int:
+    """Record the call (`tool:note`), then hold it while $HOLD_FILE exists: a call a test can kill a worker
+    in the middle of (several at once). A server whose worker died (its parent changed) exits unanswered."""
+    n = seen(f"{tool}:{note}")
+    parent, hold = os.getppid(), os.environ.get("HOLD_FILE", "")
+    while hold and os.path.exists(hold):
+        if os.getppid() != parent:
+            os._exit(0)
+        await anyio.sleep(0.05)
+    return n
+
+
+@server.tool()
+async def slow_bump(note: str) -> Count:
+    """Record a note slowly: an effect in the world (not repeatable)."""
+    return {"count": await held("slow_bump", note), "note": note}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def slow_peek(note: str) -> Count:
+    """Read the counter slowly (read-only: repeatable)."""
+    return {"count": await held("slow_peek", note), "note": note}
 
 
 @server.tool()
