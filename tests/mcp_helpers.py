@@ -203,3 +203,46 @@ def garbage_server(folder: Path) -> Path:
     script = folder / "garbage_server.py"
     script.write_text(GARBAGE_SOURCE)
     return script
+
+
+ASKER_SOURCE = '''\
+"""An MCP server whose tool asks the user for input in the middle of the call (`elicitation/create`): on the
+2026 protocol the SDK answers the call with an input-required result and finishes it when the client calls
+again with the answer. Every call round is recorded in $COUNT_FILE."""
+import os
+from typing import Annotated
+from pydantic import BaseModel
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+
+server = MCPServer("asker")
+
+
+class Who(BaseModel):
+    name: str
+    sure: bool
+
+
+def ask_who(place: str) -> Elicit[Who]:
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write("asked\\n")
+    return Elicit(f"Who is booking {place}?", Who)
+
+
+@server.tool()
+def book(place: str, who: Annotated[Who, Resolve(ask_who)]) -> str:
+    """Book a place, asking who for."""
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write("booked\\n")
+    return f"booked {place} for {who.name} ({'sure' if who.sure else 'unsure'})"
+
+
+server.run("stdio")
+'''
+
+
+def asker_server(folder: Path) -> tuple[Path, Path]:
+    """The asking server's script and its count file, in `folder`."""
+    script = folder / "asker_server.py"
+    script.write_text(ASKER_SOURCE)
+    return script, folder / "asked.txt"
