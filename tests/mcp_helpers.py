@@ -3,7 +3,9 @@ own, and a small counting server of ours that says how many times each tool was 
 
 `real_server("time")` is the path of `mcp-server-time`'s command, installed once (pinned) into
 `.venv-mcp/time` at the repository root and reused by every later run: the reference servers pin `mcp`
-versions of their own, so none is installed beside the runtime. When the package index cannot be reached the
+versions of their own, so none is installed beside the runtime. `npm_server("filesystem")` does the same
+for the npm reference file-system server (`.venv-mcp/npm-filesystem`, with npm). `make mcp-servers`
+installs them all beforehand (`install_all`). When the package index cannot be reached the
 test is skipped saying so; any other install failure fails it.
 
 `COUNTER` is a stdio server (run with this interpreter) whose every call appends its tool's name to the file
@@ -15,6 +17,7 @@ call in whose middle a test kills the worker.
 from __future__ import annotations
 
 import fcntl
+import shutil
 import subprocess
 import sys
 import venv
@@ -52,6 +55,46 @@ def real_server(name: str) -> Path:
             raise RuntimeError(f"installing {requirement} failed:\n{done.stderr}")
         stamp.touch()
     return exe
+
+
+NPM_PINNED = {"filesystem": ("@modelcontextprotocol/server-filesystem@2026.8.31", "mcp-server-filesystem")}
+_NPM_OFFLINE = ("ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ECONNREFUSED", "ECONNRESET", "network")
+
+
+def npm_server(name: str) -> Path:
+    """The command of a pinned npm reference server, installed with npm into `.venv-mcp/npm-<name>` on first
+    use (a project folder of its own, as the PyPI ones have: nothing global). Skipped, saying why, when
+    there is no npm or the registry cannot be reached; any other install failure fails the test."""
+    package, command = NPM_PINNED[name]
+    folder = ROOT / f"npm-{name}"
+    stamp = folder / f".installed-{package.replace('/', '+')}"
+    exe = folder / "node_modules" / ".bin" / command
+    ROOT.mkdir(exist_ok=True)
+    with open(ROOT / f".npm-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and exe.exists():
+            return exe
+        npm = shutil.which("npm")
+        if npm is None or shutil.which("node") is None:
+            pytest.skip(f"cannot install {package}: node and npm are not installed (Node 18 or later)")
+        folder.mkdir(exist_ok=True)
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder), package],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            if any(hint in done.stderr for hint in _NPM_OFFLINE):
+                pytest.skip(f"cannot install {package}: the npm registry is unreachable "
+                            f"({done.stderr.strip().splitlines()[-1]})")
+            raise RuntimeError(f"installing {package} failed:\n{done.stderr}")
+        stamp.touch()
+    return exe
+
+
+def install_all() -> None:
+    """Every pinned reference server (what `make mcp-servers` runs, so the tests find them installed)."""
+    for name in PINNED:
+        print(real_server(name))
+    for name in NPM_PINNED:
+        print(npm_server(name))
 
 
 COUNTER_SOURCE = '''\
