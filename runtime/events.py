@@ -436,7 +436,7 @@ class QuestionAsked(_Event, frozen=True, kw_only=True, tag="question.asked"):
     default: Any = None
     has_default: bool = False
     # set when a running tool call (not `ask_human`) put the question: what the call needs to go on once
-    # answered, `runtime.questions.Resume` (an in-doubt call's "re-call or fail?", an MCP server's request
+    # answered, `runtime.questions.resumed` (an in-doubt call's "re-call or fail?", an MCP server's request
     # for input); `round` is the call's round it came from (each answer sends the call out again, one up)
     resume: dict[str, Any] | None = None
     round: int = 0
