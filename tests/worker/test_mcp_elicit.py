@@ -55,11 +55,14 @@ async def test_a_servers_request_for_input_is_the_runs_question_and_the_answer_g
     path, count = bundle(tmp_path)
     async with running_fleet(nats_server.url, js, path, responder=responder):
         run_id = await publish_task(js, "booker", "book the blue room")
+        before: list[ev.Event] = []
         with anyio.fail_after(60):
             async for e in RunLog(js).follow(run_id):
+                before.append(e)
                 if isinstance(e, ev.QuestionAsked):
-                    asked = e
                     break
+        asked = before[-1]
+        assert isinstance(asked, ev.QuestionAsked), [ev.to_json(e)[:200] for e in before[-3:]]
         assert asked.question == "asker/book asks: Who is booking the blue room?"
         assert asked.schema is not None and asked.schema["required"] == ["name", "sure"]
         assert asked.schema["properties"]["sure"]["type"] == "boolean"  # the server's requested schema
