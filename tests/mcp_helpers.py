@@ -280,6 +280,21 @@ def book(place: str, who: Annotated[Who, Resolve(ask_who)]) -> str:
     return f"booked {place} for {who.name} ({'sure' if who.sure else 'unsure'})"
 
 
+class Seats(BaseModel):
+    seats: int
+
+
+def ask_seats(who: Annotated[Who, Resolve(ask_who)]) -> Elicit[Seats]:
+    return Elicit(f"How many seats for {who.name}?", Seats)  # asked only once `who` is answered
+
+
+@server.tool()
+def reserve(place: str, who: Annotated[Who, Resolve(ask_who)],
+            seats: Annotated[Seats, Resolve(ask_seats)]) -> str:
+    """Reserve seats at a place, asking who for and then how many (two rounds)."""
+    return f"reserved {seats.seats} at {place} for {who.name}"
+
+
 server.run("stdio")
 '''
 

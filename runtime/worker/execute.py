@@ -195,7 +195,9 @@ class _Delivery:
         """The outcome of a result, or of a question the call puts to a person (the result then says the
         same, for a host that does not know questions from calls)."""
         if isinstance(result, Ask):
-            return self.done(ToolResult.failure("in_doubt", result.question, detail="asked"), ask=result)
+            doubt = result.resume.get("kind") == "in_doubt"
+            said = ToolResult.failure("in_doubt" if doubt else "external", result.question, detail="asked")
+            return self.done(said, ask=result)
         return self.done(result)
 
     def _limits(self) -> Limits | ToolOutcome | None:

@@ -21,6 +21,7 @@ from mcp_helpers import PYTHON, asker_server, calls
 
 from runtime import events as ev
 from runtime import nats as bus
+from runtime.client import Client
 from runtime.commands import publish_task
 from runtime.log import RunLog
 from runtime.testing import hermes_call, last_message
@@ -46,7 +47,19 @@ def responder(body: dict[str, Any]) -> str:
     last = last_message(body)
     if "<tool_response>" in last:
         return hermes_call("submit", {"answer": last[-200:]})
-    return hermes_call("asker_book", {"place": "the blue room"})
+    task = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    tool = "asker_reserve" if task.startswith("reserve") else "asker_book"
+    return hermes_call(tool, {"place": "the blue room"})
+
+
+async def asked_next(js: Any, run_id: str, after: int) -> ev.QuestionAsked:
+    """The run's first `question.asked` after seq `after`."""
+    with anyio.fail_after(60):
+        async for e in RunLog(js).follow(run_id):
+            if isinstance(e, ev.QuestionAsked) and e.seq > after:
+                return e
+            assert not isinstance(e, ev.RunCompleted | ev.RunFailed), ev.to_json(e)
+    raise AssertionError("the run's log ended")
 
 
 async def test_a_servers_request_for_input_is_the_runs_question_and_the_answer_goes_back(
@@ -85,3 +98,28 @@ async def test_a_servers_request_for_input_is_the_runs_question_and_the_answer_g
     replayed = await sa(nats_server.url, "replay", run_id, "--verify", "--bundle", str(path))
     assert replayed.code == 0, replayed.err
     assert calls(count).count("booked") == 1  # replay and verify called nothing
+
+
+async def test_a_server_asking_twice_asks_two_questions_and_each_answer_is_the_one_returned(
+        nats_server, js, tmp_path: Path) -> None:
+    """`reserve` asks who, then (with that answer) how many seats: two rounds, two questions on one call. The
+    client's `answer` returns the answer recorded for this round's question, not the earlier round's."""
+    await bus.ensure_topology(js)
+    path, _ = bundle(tmp_path)
+    async with running_fleet(nats_server.url, js, path, responder=responder) as env:
+        client = Client(env.host.nc)
+        run_id = await publish_task(js, "booker", "reserve the blue room")
+        first = await asked_next(js, run_id, -1)
+        assert first.round == 0 and "Who is booking" in first.question
+        one = await client.answer(run_id, first.call_id, {"name": "Bo", "sure": False})
+        assert isinstance(one, ev.QuestionAnswered) and one.answer == {"name": "Bo", "sure": False}
+        second = await asked_next(js, run_id, first.seq)
+        assert second.call_id == first.call_id and second.round == 1
+        assert second.question == "asker/reserve asks: How many seats for Bo?"
+        assert second.schema is not None and second.schema["properties"]["seats"]["type"] == "integer"
+        two = await client.answer(run_id, second.call_id, {"seats": 3})
+        assert isinstance(two, ev.QuestionAnswered) and two.answer == {"seats": 3} and two.seq > second.seq
+        events = await env.wait_run(run_id)
+    done = next(e for e in events if isinstance(e, ev.ToolCompleted) and e.tool == "asker_reserve")
+    assert "reserved 3 at the blue room for Bo" in json.dumps(done.output)
+    assert isinstance(events[-1], ev.RunCompleted)
