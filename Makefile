@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance llamacpp clean browser docs
+.PHONY: install test demo bench lint conformance llamacpp clean browser docs mcp-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,8 +48,15 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; fi
 
+# The MCP reference servers the tests run (mcp-server-time, mcp-server-git from PyPI; the npm file-system
+# server), each pinned and installed into a folder of its own under .venv-mcp/ (tests/mcp_helpers.py: the
+# tests install them the same way on first use). Offline, their tests skip saying why.
+mcp-servers: $(STAMP)
+	@$(BIN)/python -c "import sys; sys.path.insert(0, 'tests'); from mcp_helpers import install_all; install_all()" \
+		|| echo "some MCP reference servers could not be installed now: their tests will skip saying why"
+
 # ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
-test: lint browser
+test: lint browser mcp-servers
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -422,7 +422,8 @@ class TimerFired(_Event, frozen=True, kw_only=True, tag="timer.fired"):
 
 
 class QuestionAsked(_Event, frozen=True, kw_only=True, tag="question.asked"):
-    """A call of `ask_human` (`runtime.questions`) waits for a person's answer to `question`, which must fit
+    """A call of `ask_human` (`runtime.questions`), or a running call that needs a person (`resume`), waits
+    for a person's answer to `question`, which must fit
     `schema` (a JSON schema; None: any JSON value). The kernel decides it (its timeout `due` follows from
     the `ts` of the event before it), so a replay reproduces it; the call then waits for
     `question.answered` as a call waits for its result, and a host parks the run meanwhile. At `due`
@@ -435,6 +436,11 @@ class QuestionAsked(_Event, frozen=True, kw_only=True, tag="question.asked"):
     timeout_s: float | None = None
     default: Any = None
     has_default: bool = False
+    # set when a running tool call (not `ask_human`) put the question: what the call needs to go on once
+    # answered, `runtime.questions.resumed` (an in-doubt call's "re-call or fail?", an MCP server's request
+    # for input); `round` is the call's round it came from (each answer sends the call out again, one up)
+    resume: dict[str, Any] | None = None
+    round: int = 0
 
 
 class QuestionAnswered(_Event, frozen=True, kw_only=True, tag="question.answered"):

@@ -46,10 +46,13 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     call_id: str
     tool: str
     v: int = JOB_VERSION
+    round: int = 0  # > 0: the call sent out again after a person answered the question it put
 
     @property
     def msg_id(self) -> str:
-        return job_msg_id(self.run_id, self.call_id)
+        """`<run>/<call>`, and `#<round>` after it for a later round (a new message, not a duplicate)."""
+        base = job_msg_id(self.run_id, self.call_id)
+        return f"{base}#{self.round}" if self.round else base
 
     def headers(self) -> dict[str, str]:
         return {"Nats-Msg-Id": self.msg_id}
@@ -91,6 +94,9 @@ class ToolJob(_Message, frozen=True, kw_only=True, omit_defaults=True):
     workspace: str | None = None
     deadline: float | None = None
     tool_digest: str = ""  # the version the run's host resolved (content hash): exactly what a worker runs
+    # a later round's instructions (`runtime.questions.resumed`): re-call a call in doubt, or give an MCP
+    # server the answer to its request for input
+    resume: dict[str, Any] | None = None
 
     @property
     def subject(self) -> str:
@@ -100,6 +106,15 @@ class ToolJob(_Message, frozen=True, kw_only=True, omit_defaults=True):
     def decode(cls, data: bytes) -> ToolJob:
         result: ToolJob = _decoded(data, _job_dec, "tool job")
         return result
+
+
+class Ask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A question a running call puts to a person (`runtime.questions`): what to ask, the schema the answer
+    must fit, and how the call goes on once answered."""
+
+    question: str
+    schema: dict[str, Any] | None = None
+    resume: dict[str, Any] = {}
 
 
 class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
@@ -117,6 +132,9 @@ class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
     finished: float = 0.0  # unix time the worker finished
     # a big output lives in the object store (runtime.log.payloads): `result.output` is None, this says where
     ref: ev.PayloadRef | None = None
+    # the call cannot go on without a person: recorded as this `question.asked` instead of a result (a host
+    # that does not know the field records `result`, a failure saying the same)
+    ask: Ask | None = None
 
     @property
     def subject(self) -> str:
@@ -131,7 +149,7 @@ class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
     def for_job(cls, job: ToolJob, result: ToolResult, **fields: Any) -> ToolOutcome:
         fields.setdefault("finished", time.time())
         return cls(run_id=job.run_id, actor=job.actor, call_id=job.call_id, tool=job.tool,
-                   partition=job.partition, result=result, **fields)
+                   partition=job.partition, round=job.round, result=result, **fields)
 
     def events(self) -> list[ev.Event]:
         """The events the host appends for this outcome: `tool.redelivered` first when a redelivery ran
@@ -144,6 +162,10 @@ class ToolOutcome(_Message, frozen=True, kw_only=True, omit_defaults=True):
             raise ValueError(f"outcome of {self.call_id}: its output is in the object store; "
                              "resolve it first")
         out: list[ev.Event] = []
+        if self.ask is not None:  # a question instead of a result: the call goes on once it is answered
+            asked = ev.QuestionAsked(run_id=self.run_id, call_id=self.call_id, question=self.ask.question,
+                                     schema=self.ask.schema, resume=self.ask.resume, round=self.round)
+            return [msgspec.structs.replace(asked, ts=self.finished or time.time())]
         if self.attempt > 1 and self.earlier:  # a dead-lettered job's `crashed` failure says it all itself
             began = self.started or (self.notes[0].ts if self.notes else self.finished)
             out.append(ev.ToolRedelivered(run_id=self.run_id, ts=began, call_id=self.call_id, tool=self.tool,
@@ -159,4 +181,4 @@ _enc = msgspec.msgpack.Encoder()
 _job_dec = msgspec.msgpack.Decoder(ToolJob)
 _outcome_dec = msgspec.msgpack.Decoder(ToolOutcome)
 
-__all__ = ["JobDecodeError", "ScriptNote", "ToolJob", "ToolOutcome"]
+__all__ = ["Ask", "JobDecodeError", "ScriptNote", "ToolJob", "ToolOutcome"]

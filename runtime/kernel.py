@@ -362,6 +362,8 @@ class Turn:
     edited: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # call id -> approved arguments
     timers: Mapping[str, float] = field(default_factory=dict)  # call id -> when its timer is due
     questions: Mapping[str, questions.Open] = field(default_factory=dict)  # call id -> its open question
+    # call id -> (round, what it carries): a call a person's answer sent out again (`questions.resumed`)
+    resumed: Mapping[str, tuple[int, Mapping[str, Any]]] = field(default_factory=dict)
     policy_snapshot: tuple[Any, ...] = ()  # policy states when the model replied
 
     def call(self, call_id: str) -> ToolCall | None:
@@ -562,19 +564,29 @@ def _timer_fired(state: State, ev: TimerFired) -> State:
 
 def _question(state: State, ev: QuestionAsked | QuestionAnswered) -> State:
     """A question opens (once, for a call with no result), or its answer becomes the call's result; an
-    answer to a question never asked, or answered already, is nothing."""
+    answer to a question never asked, or answered already, is nothing. A question a running call put
+    (`resume`) opens only from the call's current round (a late report of an earlier round is nothing), and
+    its answer fails the call or sends it out again one round up (`questions.resumed`)."""
     turn = state.turn
-    if turn is None or turn.call(ev.call_id) is None or ev.call_id in turn.results:
+    if turn is None or (call := turn.call(ev.call_id)) is None or ev.call_id in turn.results:
         return state
     if isinstance(ev, QuestionAsked):
-        if ev.call_id in turn.questions:
+        current = turn.resumed[ev.call_id][0] if ev.call_id in turn.resumed else 0
+        if ev.call_id in turn.questions or (ev.resume is not None and ev.round != current):
             return state
         opened = {**turn.questions, ev.call_id: questions.opened(ev)}
         return replace(state, turn=replace(turn, questions=opened))
     if ev.call_id not in turn.questions:
         return state
-    output = questions.answer_output(ev, turn.questions[ev.call_id])
-    return _result(state, ev.call_id, ToolResult(output=output))
+    q = turn.questions[ev.call_id]
+    if q.resume is None:
+        return _result(state, ev.call_id, ToolResult(output=questions.answer_output(ev, q)))
+    then = questions.resumed(ev, q, call)
+    if isinstance(then, ToolResult):
+        return _result(state, ev.call_id, then)
+    left = {k: v for k, v in turn.questions.items() if k != ev.call_id}
+    resumed = {**turn.resumed, ev.call_id: (q.round + 1, then)}
+    return replace(state, turn=replace(turn, questions=left, resumed=resumed))
 
 
 def _ended(state: State, ev: RunCompleted | RunFailed | RunCancelled) -> State:
@@ -792,6 +804,8 @@ def _decide_calls(state: State, turn: Turn) -> list[Decision]:
         elif call.name == questions.ASK_HUMAN and cfg.questions is not None:
             if (asked := _ask(state, turn, call, cfg.questions)) is not None:
                 decisions.append(asked)
+        elif call.id in turn.questions:
+            pass  # the call put a question to a person: it waits for the answer, then goes out again
         else:
             dispatch.append(call)
     if dispatch:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.events import QuestionAnswered, QuestionAsked, ToolFailed
-from runtime.types import ToolCall, ToolError, ToolSchema
+from runtime.types import ToolCall, ToolError, ToolResult, ToolSchema
 
 ASK_HUMAN = "ask_human"
 MAX_QUESTION_CHARS = 4_000  # a question is read by a person on a page: longer is a document, not a question
@@ -59,12 +59,16 @@ class QuestionsConfig:
 
 @dataclass(frozen=True)
 class Open:
-    """A question the kernel folded from `question.asked`: what its timeout does, and when."""
+    """A question the kernel folded from `question.asked`: what its timeout does, and when; the schema its
+    answer must fit; and, for a question a running call put (not `ask_human`), how the call goes on."""
 
     due: float | None
     timeout_s: float | None
     default: Any
     has_default: bool
+    schema: dict[str, Any] | None = None
+    resume: dict[str, Any] | None = None
+    round: int = 0
 
 
 def ask(run_id: str, call: ToolCall, now: float, cfg: QuestionsConfig) -> QuestionAsked | ToolFailed:
@@ -90,7 +94,49 @@ def ask(run_id: str, call: ToolCall, now: float, cfg: QuestionsConfig) -> Questi
 
 
 def opened(ev: QuestionAsked) -> Open:
-    return Open(due=ev.due, timeout_s=ev.timeout_s, default=ev.default, has_default=ev.has_default)
+    return Open(due=ev.due, timeout_s=ev.timeout_s, default=ev.default, has_default=ev.has_default,
+                schema=ev.schema, resume=ev.resume, round=ev.round)
+
+
+# ── questions a running call puts ──────────────────────────────────────────────────────────────────────
+# A tool call that cannot go on without a person asks through the same `question.asked` as `ask_human`,
+# with a `resume` saying what the answer does: a call whose outcome is in doubt (its worker died mid-call,
+# the tool may not be repeated, and the bundle says `in_doubt: ask`) is re-called or failed; an MCP server's
+# request for input gets the answer in the call's next round. Either way the answer never becomes the call's
+# result by itself: the call goes out again (`Turn.resumed`), or fails.
+
+RECALL = "recall"  # the answer that sends an in-doubt call out again
+FAILED = "failed"  # the answer that treats it as failed
+IN_DOUBT_SCHEMA: dict[str, Any] = {"type": "string", "enum": [RECALL, FAILED]}
+
+
+def in_doubt_question(message: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The question, answer schema and resume of a call in doubt whose bundle says `in_doubt: ask`."""
+    question = (f"{message} Did it happen? Answer {RECALL!r} to call it again, or {FAILED!r} to treat it as "
+                "failed (the model is told it may or may not have happened).")
+    return question, dict(IN_DOUBT_SCHEMA), {"kind": "in_doubt", "message": message}
+
+
+def elicit_resume(key: str, request_state: str | None) -> dict[str, Any]:
+    """The resume of an MCP server's request for input (`elicitation/create` in an input-required result):
+    the answer goes back under `key`, with the server's opaque `request_state`, in the call's next round."""
+    return {"kind": "elicit", "key": key, "request_state": request_state}
+
+
+def resumed(ev: QuestionAnswered, q: Open, call: ToolCall) -> ToolResult | dict[str, Any]:
+    """What the answer to a question a running call put does: the call's result (a failure), or what its
+    next round carries (`{"kind": "recall"}`, or the answer for the server: `input_responses` and
+    `request_state`)."""
+    resume = q.resume or {}
+    if resume.get("kind") == "elicit":
+        return {"kind": "elicit", "request_state": resume.get("request_state"),
+                "input_responses": {str(resume.get("key")): {"action": "accept", "content": ev.answer}}}
+    if ev.answer == RECALL:
+        return {"kind": RECALL}
+    message = str(resume.get("message") or f"the call to {call.name} may or may not have happened")
+    return ToolResult(error=ToolError("in_doubt", f"{message} A person chose to treat it as failed "
+                                                  f"(answered {ev.answer!r}): it may or may not have "
+                                                  "happened; check its effect before calling it again."))
 
 
 def timed_out(run_id: str, call: ToolCall, q: Open, now: float) -> QuestionAnswered | ToolFailed | None:
@@ -121,5 +167,6 @@ def wake_at(q: Open, deadline: float | None) -> float | None:
     return min(times) if times else None
 
 
-__all__ = ["ASK_HUMAN", "ASK_HUMAN_TOOL", "MAX_QUESTION_CHARS", "TIMEOUT_BY", "Open", "QuestionsConfig",
-           "answer_output", "ask", "opened", "timed_out", "wake_at"]
+__all__ = ["ASK_HUMAN", "ASK_HUMAN_TOOL", "FAILED", "IN_DOUBT_SCHEMA", "MAX_QUESTION_CHARS", "RECALL",
+           "TIMEOUT_BY", "Open", "QuestionsConfig", "answer_output", "ask", "elicit_resume",
+           "in_doubt_question", "opened", "resumed", "timed_out", "wake_at"]

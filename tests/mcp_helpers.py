@@ -3,16 +3,21 @@ own, and a small counting server of ours that says how many times each tool was 
 
 `real_server("time")` is the path of `mcp-server-time`'s command, installed once (pinned) into
 `.venv-mcp/time` at the repository root and reused by every later run: the reference servers pin `mcp`
-versions of their own, so none is installed beside the runtime. When the package index cannot be reached the
+versions of their own, so none is installed beside the runtime. `npm_server("filesystem")` does the same
+for the npm reference file-system server (`.venv-mcp/npm-filesystem`, with npm). `make mcp-servers`
+installs them all beforehand (`install_all`). When the package index cannot be reached the
 test is skipped saying so; any other install failure fails it.
 
 `COUNTER` is a stdio server (run with this interpreter) whose every call appends its tool's name to the file
 named by its `COUNT_FILE` environment variable: `calls(file)` reads what the server saw, on the server's side.
+Its `slow_*` tools record `tool:note` and then hold the call while the file named by `HOLD_FILE` exists: a
+call in whose middle a test kills the worker.
 """
 
 from __future__ import annotations
 
 import fcntl
+import shutil
 import subprocess
 import sys
 import venv
@@ -52,10 +57,51 @@ def real_server(name: str) -> Path:
     return exe
 
 
+NPM_PINNED = {"filesystem": ("@modelcontextprotocol/server-filesystem@2026.8.31", "mcp-server-filesystem")}
+_NPM_OFFLINE = ("ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ECONNREFUSED", "ECONNRESET", "network")
+
+
+def npm_server(name: str) -> Path:
+    """The command of a pinned npm reference server, installed with npm into `.venv-mcp/npm-<name>` on first
+    use (a project folder of its own, as the PyPI ones have: nothing global). Skipped, saying why, when
+    there is no npm or the registry cannot be reached; any other install failure fails the test."""
+    package, command = NPM_PINNED[name]
+    folder = ROOT / f"npm-{name}"
+    stamp = folder / f".installed-{package.replace('/', '+')}"
+    exe = folder / "node_modules" / ".bin" / command
+    ROOT.mkdir(exist_ok=True)
+    with open(ROOT / f".npm-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and exe.exists():
+            return exe
+        npm = shutil.which("npm")
+        if npm is None or shutil.which("node") is None:
+            pytest.skip(f"cannot install {package}: node and npm are not installed (Node 18 or later)")
+        folder.mkdir(exist_ok=True)
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder), package],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            if any(hint in done.stderr for hint in _NPM_OFFLINE):
+                pytest.skip(f"cannot install {package}: the npm registry is unreachable "
+                            f"({done.stderr.strip().splitlines()[-1]})")
+            raise RuntimeError(f"installing {package} failed:\n{done.stderr}")
+        stamp.touch()
+    return exe
+
+
+def install_all() -> None:
+    """Every pinned reference server (what `make mcp-servers` runs, so the tests find them installed)."""
+    for name in PINNED:
+        print(real_server(name))
+    for name in NPM_PINNED:
+        print(npm_server(name))
+
+
 COUNTER_SOURCE = '''\
 """A tiny MCP server that records every call on its own side (one line per call in $COUNT_FILE)."""
 import os, sys, time
 from typing import TypedDict
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -100,6 +146,30 @@ def token(ctx: Context) -> str:
     """The X-Token header of the request (HTTP only)."""
     seen("token")
     return (ctx.headers or {}).get("x-token", "none")
+
+
+async def held(tool: str, note: str) -> int:
+    """Record the call (`tool:note`), then hold it while $HOLD_FILE exists: a call a test can kill a worker
+    in the middle of (several at once). A server whose worker died (its parent changed) exits unanswered."""
+    n = seen(f"{tool}:{note}")
+    parent, hold = os.getppid(), os.environ.get("HOLD_FILE", "")
+    while hold and os.path.exists(hold):
+        if os.getppid() != parent:
+            os._exit(0)
+        await anyio.sleep(0.05)
+    return n
+
+
+@server.tool()
+async def slow_bump(note: str) -> Count:
+    """Record a note slowly: an effect in the world (not repeatable)."""
+    return {"count": await held("slow_bump", note), "note": note}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def slow_peek(note: str) -> Count:
+    """Read the counter slowly (read-only: repeatable)."""
+    return {"count": await held("slow_peek", note), "note": note}
 
 
 @server.tool()
@@ -176,3 +246,61 @@ def garbage_server(folder: Path) -> Path:
     script = folder / "garbage_server.py"
     script.write_text(GARBAGE_SOURCE)
     return script
+
+
+ASKER_SOURCE = '''\
+"""An MCP server whose tool asks the user for input in the middle of the call (`elicitation/create`): on the
+2026 protocol the SDK answers the call with an input-required result and finishes it when the client calls
+again with the answer. Every call round is recorded in $COUNT_FILE."""
+import os
+from typing import Annotated
+from pydantic import BaseModel
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+
+server = MCPServer("asker")
+
+
+class Who(BaseModel):
+    name: str
+    sure: bool
+
+
+def ask_who(place: str) -> Elicit[Who]:
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write("asked\\n")
+    return Elicit(f"Who is booking {place}?", Who)
+
+
+@server.tool()
+def book(place: str, who: Annotated[Who, Resolve(ask_who)]) -> str:
+    """Book a place, asking who for."""
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write("booked\\n")
+    return f"booked {place} for {who.name} ({'sure' if who.sure else 'unsure'})"
+
+
+class Seats(BaseModel):
+    seats: int
+
+
+def ask_seats(who: Annotated[Who, Resolve(ask_who)]) -> Elicit[Seats]:
+    return Elicit(f"How many seats for {who.name}?", Seats)  # asked only once `who` is answered
+
+
+@server.tool()
+def reserve(place: str, who: Annotated[Who, Resolve(ask_who)],
+            seats: Annotated[Seats, Resolve(ask_seats)]) -> str:
+    """Reserve seats at a place, asking who for and then how many (two rounds)."""
+    return f"reserved {seats.seats} at {place} for {who.name}"
+
+
+server.run("stdio")
+'''
+
+
+def asker_server(folder: Path) -> tuple[Path, Path]:
+    """The asking server's script and its count file, in `folder`."""
+    script = folder / "asker_server.py"
+    script.write_text(ASKER_SOURCE)
+    return script, folder / "asked.txt"

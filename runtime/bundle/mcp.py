@@ -119,7 +119,7 @@ def _chosen(server: McpServer, spec: McpServerSpec, listed: list[dict[str, Any]]
         repeatable = spec.repeatable.get(remote) if isinstance(spec.repeatable, dict) else spec.repeatable
         try:
             tool = McpTool(server, by_name[remote], name=name, repeatable=repeatable, limits=limits,
-                           requires_approval=spec.requires_approval)
+                           requires_approval=spec.requires_approval, in_doubt=spec.in_doubt)
         except ValueError as e:
             problems.append((where, f"{server.name}'s tool {remote!r}: {e}"))
             continue

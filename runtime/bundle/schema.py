@@ -47,6 +47,7 @@ worker loads to know the agent's tools::
         allow: [get_current_time]             #   which tools (default all), or deny: [...]
         prefix: time_                         #   the model calls time_get_current_time; rename: {a: b}
         repeatable: true                      #   may a redelivered job call again (default: its hints)
+        in_doubt: fail                        #   if not: fail (the model is told) | ask a person | recall
         timeout: 30s                          #   one call, within the call's deadline
         max_result: 10mb                      #   a bigger answer is a `limit` failure
     output_models:
@@ -195,6 +196,9 @@ class McpServerSpec(_Strict):
     prefix: str | None = None  # before each tool's name (None: "<server>_")
     rename: dict[str, str] = {}  # server tool name -> the name the model calls (no prefix added)
     repeatable: bool | dict[str, bool] | None = None  # for all tools, or per server tool name
+    # a call that may not be repeated, redelivered after its worker died mid-call: `fail` it `in_doubt` (the
+    # model is told), `ask` a person (re-call or fail), or `recall` it anyway
+    in_doubt: Literal["fail", "ask", "recall"] = "fail"
     timeout: float | str | None = None  # one call
     connect_timeout: float | str | None = None  # starting the server and listing its tools
     max_result: int | str | None = None  # the largest result a call may return (`10mb`; none: no limit)

@@ -86,7 +86,8 @@ def tools_cmd(
 
 def _bundle_tools(path: str) -> list[dict[str, Any]]:
     """Every tool a bundle gives its agent: name, kind, description, parameters, and for an MCP tool its
-    server, the server's own name for it and its effect (`repeatable` or `once`). Raises BundleError."""
+    server, the server's own name for it, its effect (`repeatable` or `once`) and, for a `once` tool, what a
+    call in doubt does (`in_doubt`: fail, ask, recall). Raises BundleError."""
     from runtime.bundle import load_bundle
     from runtime.tools.agent_tool import AgentTool
     from runtime.tools.hosted import HostedPythonTool
@@ -97,7 +98,8 @@ def _bundle_tools(path: str) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"name": t.name, "description": t.schema.description,
                                "parameters": t.schema.parameters}
         if isinstance(t, McpTool):
-            row.update(kind="mcp", server=t.server.name, remote=t.remote, effect=t.effect)
+            row.update(kind="mcp", server=t.server.name, remote=t.remote, effect=t.effect,
+                       in_doubt=None if t.repeatable else t.in_doubt)
         else:
             row["kind"] = ("agent" if isinstance(t, AgentTool)
                            else "python" if isinstance(t, HostedPythonTool) else "script")
@@ -132,7 +134,8 @@ def _list_bundles(paths: list[str], as_json: bool) -> int:
         for t in b["tools"]:
             kind = f"mcp: {t['server']}/{t['remote']}" if t["kind"] == "mcp" else t["kind"]
             inputs = ", ".join(t["parameters"].get("properties", {})) or "-"
-            table.add_row(t["name"], kind, inputs, t.get("effect", "-"), t["description"])
+            effect = t.get("effect", "-") + (f" (in doubt: {t['in_doubt']})" if t.get("in_doubt") else "")
+            table.add_row(t["name"], kind, inputs, effect, t["description"])
         if b["tools"]:
             console.print(table)
         for p in b.get("problems", []):

@@ -303,8 +303,9 @@ class Control:
         check_answer(question, answer)
         await publish_command(self.js, run.actor, ev.Answer(run_id=run_id, call_id=question.call_id,
                                                             answer=answer, by=operator(by)))
+        after = run.events[-1].seq if run.events else -1  # not an earlier round's answer to the same call
         event = await self._recorded(run, lambda e: isinstance(e, ev.QuestionAnswered | ev.ToolFailed)
-                                     and e.call_id == question.call_id, stop_at_end=True)
+                                     and e.call_id == question.call_id and e.seq > after, stop_at_end=True)
         assert isinstance(event, ev.QuestionAnswered | ev.ToolFailed)
         return event
 

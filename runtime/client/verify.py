@@ -44,8 +44,10 @@ _HOST_VERDICTS = frozenset({"unknown_agent", "bad_task", "log_rejected", "bundle
 
 def _predicted(state: kernel.State, e: ev.Event) -> bool:
     """True if the runner wrote `e` because `decide` asked for it (rather than the world sending it)."""
-    if isinstance(e, ev.ModelRequested | ev.ToolCalled | ev.ApprovalRequested | ev.QuestionAsked
-                  | ev.TurnCompleted | ev.RunCompleted):
+    if isinstance(e, ev.QuestionAsked):  # ask_human's is decided; a running call's came from its worker
+        return e.resume is None
+    if isinstance(e, ev.ModelRequested | ev.ToolCalled | ev.ApprovalRequested | ev.TurnCompleted
+                  | ev.RunCompleted):
         return True
     if isinstance(e, ev.RunFailed):
         return e.reason not in _HOST_VERDICTS

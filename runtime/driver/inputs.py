@@ -71,10 +71,10 @@ def bad_edit(state: kernel.State, call_id: str, arguments: Any) -> str | None:
 def bad_answer(state: kernel.State, call_id: str, answer: Any) -> str | None:
     """Why `answer` cannot answer the question of `call_id` (the question is not waiting, or the answer
     fails its schema), or None."""
-    waiting = {c.id: c for c, _ in kernel.pending_questions(state)}
+    waiting = {c.id: q for c, q in kernel.pending_questions(state)}
     if call_id not in waiting:
         return f"no question {call_id} is waiting (answered already, timed out, or never asked)"
-    schema = waiting[call_id].arguments.get("answer_schema")
+    schema = waiting[call_id].schema  # as `question.asked` recorded it (ask_human's, or a running call's)
     errors = validate(answer, schema) if isinstance(schema, dict) else []
     return "the answer does not fit the question's schema: " + "; ".join(errors) if errors else None
 

@@ -315,7 +315,9 @@ class RunDriver(Generic[A]):
             for event in item.events():  # a stopped call's report: it explains, it changes nothing
                 await self.append(event)
             return
-        if state.done or turn is None or turn.call(item.call_id) is None or item.call_id in turn.results:
+        current = turn.resumed[item.call_id][0] if turn is not None and item.call_id in turn.resumed else 0
+        if state.done or turn is None or turn.call(item.call_id) is None or item.call_id in turn.results or \
+                item.round != current:  # an earlier round's report, after a person's answer sent it again
             log.debug("run %s: outcome of %s changes nothing (duplicate or stale)", self.run_id, item.call_id)
             return
         item = await self.log.payloads.resolve_outcome(item)  # the next prompt needs the real output

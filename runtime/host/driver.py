@@ -51,7 +51,10 @@ class HostPorts:
         for them written, and only then the jobs' acks awaited. Waiting for the record first cost a round
         trip per call, and writing it first put its encoding on the job's way (~0.2 ms of a turn)."""
         jobs: list[ToolJob] = []
+        turn = driver.state.turn
+        resumed = turn.resumed if turn is not None else {}
         for call in calls:
+            round_, resume = resumed.get(call.id, (0, None))  # sent out again after a person's answer
             arguments = await driver.log.payloads.offload(dict(call.arguments), run=driver.run_id)  # big: ref
             by_ref = isinstance(arguments, ev.PayloadRef)
             jobs.append(ToolJob(run_id=driver.run_id, actor=driver.actor, call_id=call.id, tool=call.name,
@@ -59,7 +62,8 @@ class HostPorts:
                                 arguments_ref=arguments if by_ref else None, partition=self.partition,
                                 limits=self.agent.job_limits(call.name),
                                 workspace=self.agent.bundle.workspace, deadline=deadline,
-                                tool_digest=self.agent.tool_digest(call.name)))
+                                tool_digest=self.agent.tool_digest(call.name), round=round_,
+                                resume=dict(resume) if resume is not None else None))
         sent = [(job, await send_job(self.js, job)) for job in jobs]  # on their way before their records
         try:
             await flush()

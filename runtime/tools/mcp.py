@@ -9,6 +9,7 @@ model sees it), listing a server's tools at load, and one call's result as a val
         allow: [get_current_time]             # which of its tools the agent gets (default: all), or deny:
         prefix: time_                         # the model calls `time_get_current_time` (default `time_`)
         repeatable: true                      # may a redelivered job call again? (default: the tool's hints)
+        in_doubt: ask                         # if not, after its worker died mid-call: fail, ask, recall
 
 Why the schemas are read from the server at load: the host builds the decoding constraint and the kernel
 config from every tool's schema before any call, so a host (and `sa check`, and each worker) lists the
@@ -47,11 +48,15 @@ from runtime.tools.schemas import MAX_DESCRIPTION, TOOL_NAME
 from runtime.tools.tool import Described, ToolContext
 from runtime.types import ToolResult, ToolSchema
 
-__all__ = ["McpError", "McpServer", "McpTool", "call_result", "connect", "explain_failure",
-           "list_server_tools", "resolved_env", "strict_parameters"]
+__all__ = ["IN_DOUBT_POLICIES", "McpError", "McpServer", "McpTool", "call_result", "connect",
+           "explain_failure", "list_server_tools", "resolved_env", "strict_parameters"]
 
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_CALL_TIMEOUT_S = 60.0
+# What a redelivered call of a tool that may not be repeated does (its worker died mid-call, so the call may
+# or may not have happened): `fail` it `in_doubt` (the model reads that), `ask` a person whether to re-call
+# it or treat it as failed (`runtime.questions`), or `recall` it (the bundle accepts a second effect).
+IN_DOUBT_POLICIES = ("fail", "ask", "recall")
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
@@ -115,8 +120,23 @@ async def connect(server: McpServer, environ: Mapping[str, str] | None = None) -
             target = StdioServerParameters(command=server.command, args=list(server.args),
                                            env=resolved_env(server.env, env, server.where()) or None,
                                            cwd=server.cwd)
-        client = await stack.enter_async_context(Client(target, cache=None))
+        client = await stack.enter_async_context(Client(target, cache=None,
+                                                        elicitation_callback=_refuse_mid_call))
         yield client
+
+
+async def _refuse_mid_call(context: Any, params: Any) -> Any:
+    """The answer to a server's request for input that a client must give at once: a server on the 2025
+    protocols sends `elicitation/create` in the middle of a call, and nobody can answer it then (a person
+    answers a run's question later, the run parked holding nothing), so it is declined, saying why; on the
+    2026 protocol the request comes back as an input-required result, which a worker makes the run's
+    question (`runtime.worker.mcp_clients`). Declaring the callback also declares the elicitation
+    capability, without which a 2026 server does not ask at all."""
+    from mcp_types import INVALID_REQUEST, ErrorData
+
+    return ErrorData(code=INVALID_REQUEST, message="this client takes requests for input only as an "
+                                                   "input-required result (MCP 2026-07-28), not in the "
+                                                   "middle of a call: a person answers later")
 
 
 def list_server_tools(server: McpServer, environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
@@ -218,7 +238,7 @@ class McpTool(Described):
 
     def __init__(self, server: McpServer, listed: Mapping[str, Any], *, name: str,
                  repeatable: bool | None = None, limits: Limits | None = None,
-                 requires_approval: bool = False) -> None:
+                 requires_approval: bool = False, in_doubt: str = "fail") -> None:
         if not TOOL_NAME.match(name):
             raise ValueError(f"tool name {name!r} is invalid: names must match ^[a-z0-9_-]{{1,64}}$; give "
                              f"the tool a `rename:` or the server another `prefix:`")
@@ -227,6 +247,9 @@ class McpTool(Described):
         self.listed = dict(listed)
         self.annotations: dict[str, Any] = dict(listed.get("annotations") or {})
         self.repeatable = default_repeatable(self.annotations) if repeatable is None else repeatable
+        if in_doubt not in IN_DOUBT_POLICIES:
+            raise ValueError(f"in_doubt must be one of {', '.join(IN_DOUBT_POLICIES)}, not {in_doubt!r}")
+        self.in_doubt = in_doubt  # what a redelivered call that may not be repeated does
         self.output_schema: dict[str, Any] | None = listed.get("outputSchema")
         self.limits = limits or Limits.default()
         self.output_model: Any = None
@@ -252,6 +275,8 @@ class McpTool(Described):
         between machines and may hold secrets."""
         pinned = {"server": self.server.name, "listed": self.listed, "name": self.name,
                   "repeatable": self.repeatable}
+        if self.in_doubt != "fail":  # (the default is left out, so versions pinned before it stay the same)
+            pinned["in_doubt"] = self.in_doubt
         return hashlib.sha256(json.dumps(pinned, sort_keys=True).encode()).hexdigest()[:16]
 
     def call_timeout(self, deadline: float | None) -> float:

@@ -35,7 +35,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from runtime.externals import ExecutionContext, ExternalsFactory, Secrets
-from runtime.jobs import ToolJob, ToolOutcome
+from runtime.jobs import Ask, ToolJob, ToolOutcome
 from runtime.log.payloads import PayloadError, Payloads
 from runtime.scripts import Limits, LimitsError
 from runtime.streaming import ScriptNotices
@@ -181,13 +181,23 @@ class _Delivery:
         if self.attempt > 1 and not tool.repeatable:
             doubt = in_doubt(tool, self.attempt, await handed_off(env.js, job.msg_id))
             if doubt is not None:
-                return self.done(doubt)
+                return self._answered(doubt)
         if job.run_id in env.cancels:
             return env.cancels.outcome(job, [], self.fields)
         with env.cancels.stoppable(job.run_id) as scope:
-            result = await env.registry.mcp.call(tool, job.arguments, deadline=job.deadline)
+            result = await env.registry.mcp.call(tool, job.arguments, deadline=job.deadline,
+                                                 resume=job.resume)
         if scope.cancelled_caught:
             return env.cancels.outcome(job, [], self.fields)
+        return self._answered(result)
+
+    def _answered(self, result: ToolResult | Ask) -> ToolOutcome:
+        """The outcome of a result, or of a question the call puts to a person (the result then says the
+        same, for a host that does not know questions from calls)."""
+        if isinstance(result, Ask):
+            doubt = result.resume.get("kind") == "in_doubt"
+            said = ToolResult.failure("in_doubt" if doubt else "external", result.question, detail="asked")
+            return self.done(said, ask=result)
         return self.done(result)
 
     def _limits(self) -> Limits | ToolOutcome | None:

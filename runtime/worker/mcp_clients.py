@@ -30,6 +30,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from runtime.jobs import Ask
+from runtime.questions import elicit_resume, in_doubt_question
 from runtime.scripts import check_arguments
 from runtime.tools.mcp import McpServer, McpTool, call_result, connect, explain_failure, timed_out
 from runtime.types import ToolResult
@@ -39,16 +41,43 @@ log = logging.getLogger("runtime.worker")
 __all__ = ["McpClients", "in_doubt"]
 
 
-def in_doubt(tool: McpTool, attempt: int, handed_off: set[int]) -> ToolResult | None:
-    """The `in_doubt` failure of a redelivered call that must not be repeated, or None to call."""
+def in_doubt(tool: McpTool, attempt: int, handed_off: set[int]) -> ToolResult | Ask | None:
+    """What a redelivered call of `tool` does instead of calling, or None to call: a repeatable tool (or one
+    whose earlier deliveries were only handed off, never called) and a bundle saying `in_doubt: recall` call;
+    `in_doubt: ask` puts the question to a person (`runtime.questions.in_doubt_question`); `fail` (the
+    default) is the `in_doubt` failure the model reads."""
     earlier = set(range(1, attempt))
-    if tool.repeatable or earlier <= handed_off:
+    if tool.repeatable or earlier <= handed_off or tool.in_doubt == "recall":
         return None
-    return ToolResult.failure(
-        "in_doubt", f"the call to {tool.server.name}/{tool.remote} may or may not have happened: the worker "
-                    f"that ran it stopped before reporting a result (delivery {attempt} of this call). It is "
-                    f"not repeated because {tool.name} is not repeatable; check its effect before calling "
-                    "it again", detail="mcp")
+    message = (f"the call to {tool.server.name}/{tool.remote} may or may not have happened: the worker that "
+               f"ran it stopped before reporting a result (delivery {attempt} of this call).")
+    if tool.in_doubt == "ask":
+        question, schema, resume = in_doubt_question(message)
+        return Ask(question=question, schema=schema, resume=resume)
+    return ToolResult.failure("in_doubt", f"{message} It is not repeated because {tool.name} is not "
+                                          "repeatable; check its effect before calling it again",
+                              detail="mcp")
+
+
+def _asked(tool: McpTool, raw: Any) -> Ask | ToolResult:
+    """An input-required result as the run's question: one form `elicitation/create` becomes `question.asked`
+    with the server's message and requested schema; anything else (sampling, roots, several requests at
+    once, a URL) is a failure naming what the server wanted."""
+    requests = dict(raw.input_requests or {})
+    if len(requests) == 1:
+        key, request = next(iter(requests.items()))
+        params: Any = getattr(request, "params", None)
+        form = getattr(params, "mode", "form") == "form"
+        if getattr(request, "method", "") == "elicitation/create" and form:
+            schema = params.requested_schema
+            schema = schema if isinstance(schema, dict) else schema.model_dump(mode="json", by_alias=True,
+                                                                                exclude_none=True)
+            return Ask(question=f"{tool.server.name}/{tool.remote} asks: {params.message}", schema=schema,
+                       resume=elicit_resume(key, raw.request_state))
+    wanted = ", ".join(f"{getattr(r, 'method', '?')}" for r in requests.values()) or "nothing (state only)"
+    return ToolResult.failure("external", f"{tool.server.name}/{tool.remote} asked for input this runtime "
+                                          f"cannot give ({wanted}): only one form elicitation at a time "
+                                          "becomes a question to a person", detail="mcp_input")
 
 
 class _Session:
@@ -127,8 +156,11 @@ class McpClients:
             self._sessions[server.name] = session
             return session
 
-    async def call(self, tool: McpTool, arguments: dict[str, Any], *, deadline: float | None) -> ToolResult:
-        """One call of `tool` through its server's session, within the job's `deadline` (unix time)."""
+    async def call(self, tool: McpTool, arguments: dict[str, Any], *, deadline: float | None,
+                   resume: dict[str, Any] | None = None) -> ToolResult | Ask:
+        """One call of `tool` through its server's session, within the job's `deadline` (unix time). A
+        server that answers with a request for input gets it asked of a person (`Ask`); `resume` carries the
+        answer back in the call's next round."""
         error = check_arguments(tool.name, tool.schema.parameters, arguments)
         if error is not None:
             return ToolResult(error=error)
@@ -140,9 +172,11 @@ class McpClients:
                 return ToolResult.failure("crashed", str(e), detail="mcp_start")
             self.calls += 1
             try:
-                raw = await session.client.call_tool(tool.remote, arguments)
+                raw = await _send(session.client, tool.remote, arguments, resume)
             except Exception as e:
                 return self._broken(session, tool, e, t0)
+            if getattr(raw, "result_type", None) == "input_required" or hasattr(raw, "input_requests"):
+                return _asked(tool, raw)
             return call_result(tool, raw, t0)
         assert scope.cancelled_caught
         return timed_out(tool, t0)
@@ -167,6 +201,27 @@ class McpClients:
         return ToolResult.failure("crashed", f"{tool.server.where()} broke during the call to {tool.remote}: "
                                              f"{_reason(error, tool.server)}", detail="mcp_crashed",
                                   duration_ms=_ms(t0))
+
+
+async def _send(client: Any, remote: str, arguments: dict[str, Any], resume: dict[str, Any] | None) -> Any:
+    """`tools/call` that returns an input-required result instead of answering it here (`Client.call_tool`
+    would ask its callbacks, holding the call open), with the answers of an earlier round; resent once
+    after a re-listing when the server says the client's listing is stale, as `Client.call_tool` does."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import HEADER_MISMATCH, ElicitResult
+
+    given: dict[str, Any] = {}
+    if resume and resume.get("kind") == "elicit":
+        given["input_responses"] = {k: ElicitResult.model_validate(v)
+                                    for k, v in dict(resume.get("input_responses") or {}).items()}
+        given["request_state"] = resume.get("request_state")
+    try:
+        return await client.session.call_tool(remote, arguments, allow_input_required=True, **given)
+    except MCPError as e:
+        if e.code != HEADER_MISMATCH:
+            raise
+        await client.list_tools()
+        return await client.session.call_tool(remote, arguments, allow_input_required=True, **given)
 
 
 def _reason(error: BaseException | None, server: McpServer) -> str:

@@ -248,3 +248,58 @@ async def test_in_one_process_a_silent_answerer_gets_the_timeouts_default():
     asked, answered = await _in_process(silent, timeout_s=0.2, default="no")
     assert isinstance(answered, ev.QuestionAnswered) and answered.by == "timeout" and answered.answer == "no"
     assert answered.ts >= asked.due
+
+
+def running_call(sim: Sim) -> None:
+    """Start the run and let the model call `search`, which goes out as a job (`tool.called`)."""
+    sim.start()
+    sim.step(script(Reply("", (("search", {"q": "x"}),))))
+    [call_tools] = k.decide(sim.state)
+    assert isinstance(call_tools, k.CallTools) and [c.id for c in call_tools.calls] == ["run1/1.0"]
+    sim.emit(ev.ToolCalled, call=call_tools.calls[0])
+
+
+def test_a_question_a_running_call_puts_sends_the_call_out_again_or_fails_it():
+    """A call in doubt asks a person (`resume`): while it waits nothing is dispatched and the run parks;
+    `recall` sends it out again one round up; an earlier round's late report changes nothing; `failed`
+    gives the call an `in_doubt` failure; and `verify` reproduces all of it."""
+    for answer in ("recall", "failed"):
+        sim = Sim(config())
+        running_call(sim)
+        question, schema_, resume = questions.in_doubt_question("the call may or may not have happened.")
+        sim.emit(ev.QuestionAsked, call_id="run1/1.0", question=question, schema=schema_, resume=resume)
+        assert k.decide(sim.state) == []  # it waits for the answer: not dispatched again
+        assert k.parked_until(sim.state) == float("inf")
+        sim.emit(ev.QuestionAnswered, call_id="run1/1.0", answer=answer, by="alice")
+        if answer == "failed":
+            result = sim.state.turn.results["run1/1.0"]
+            assert result.error is not None and result.error.kind == "in_doubt"
+            assert "may or may not have happened" in result.error.message
+            continue
+        assert "run1/1.0" not in sim.state.turn.results
+        assert sim.state.turn.resumed["run1/1.0"] == (1, {"kind": "recall"})
+        [again] = k.decide(sim.state)
+        assert isinstance(again, k.CallTools) and [c.id for c in again.calls] == ["run1/1.0"]
+        sim.emit(ev.QuestionAsked, call_id="run1/1.0", question=question, schema=schema_, resume=resume,
+                 round=0)  # round 0's report, late: the call is in round 1 now
+        assert "run1/1.0" not in sim.state.turn.questions
+        sim.emit(ev.ToolCompleted, call_id="run1/1.0", tool="search", output="found")
+        assert sim.state.turn.results["run1/1.0"].output == "found"
+        sim.run(script(submit("done")))
+        assert sim.state.status == "completed"
+        report = verify(sim.config, sim.events)
+        assert report.ok, report.problems
+
+
+def test_an_mcp_servers_request_for_input_goes_back_with_the_answer():
+    sim = Sim(config())
+    running_call(sim)
+    form = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    sim.emit(ev.QuestionAsked, call_id="run1/1.0", question="who?", schema=form,
+             resume=questions.elicit_resume("k1", "sealed"))
+    sim.emit(ev.QuestionAnswered, call_id="run1/1.0", answer={"name": "Ann"}, by="alice")
+    assert sim.state.turn.resumed["run1/1.0"] == (1, {
+        "kind": "elicit", "request_state": "sealed",
+        "input_responses": {"k1": {"action": "accept", "content": {"name": "Ann"}}}})
+    [again] = k.decide(sim.state)
+    assert isinstance(again, k.CallTools)

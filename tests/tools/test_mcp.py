@@ -151,10 +151,15 @@ async def test_a_real_git_server_answers_about_a_repository(tmp_path: Path) -> N
 def test_sa_tools_lists_a_bundles_mcp_tools_and_sa_check_names_a_missing_server(tmp_path: Path) -> None:
     from tests.cli.test_cli_tools import sa
 
-    path = write(tmp_path / "ok", time_server("[get_current_time, convert_time]"))
+    script, count = counter_server(tmp_path)
+    counter = (f"  counter:\n    command: {PYTHON}\n    args: [{script}]\n"
+               f"    env: {{COUNT_FILE: '{count}'}}\n    allow: [bump, peek]\n    in_doubt: ask\n")
+    path = write(tmp_path / "ok", time_server("[get_current_time, convert_time]", counter))
     listed = sa("tools", str(path), "--json")
     assert listed.returncode == 0, listed.stderr
     tools = {t["name"]: t for t in json.loads(listed.stdout)["bundles"][0]["tools"]}
+    assert (tools["counter_bump"]["effect"], tools["counter_bump"]["in_doubt"]) == ("once", "ask")
+    assert (tools["counter_peek"]["effect"], tools["counter_peek"]["in_doubt"]) == ("repeatable", None)
     assert tools["time_convert_time"]["kind"] == "mcp" and tools["time_convert_time"]["server"] == "time"
     assert tools["time_get_current_time"]["effect"] == "repeatable"  # the server's readOnlyHint
     assert tools["submit"]["kind"] == "script"
