@@ -1,0 +1,328 @@
+"""Regressions over recorded runs, end to end: runs of the shipped `bundles/shop` recorded by a real host and
+worker on real NATS (the shop's own stand-in service behind its Python tool and its refund external, a
+scripted model server), then driven again on candidates that change the system prompt, a tool's approval rule
+and the model's answers. The report must name exactly the runs that changed, each with its first divergence;
+nothing reaches the shop during a regression; a second regression of the same set asks the model nothing and
+reports the same; bad input is refused with nothing written."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from host_helpers import running_host, running_worker
+
+from runtime import events as ev
+from runtime.client import Client
+from runtime.log import RunLog
+from runtime.regress import ExactMatch, JsonSchema, PymGrader, RegressError, Report
+from runtime.testing import ScriptedModelServer, hermes_call
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).parents[2]
+SHOP, RESEARCHER = ROOT / "bundles" / "shop", ROOT / "bundles" / "researcher"
+N = 24  # recorded runs: every third a refund of 5, the others a look-up
+
+
+def task_of(body: dict[str, Any]) -> str:
+    return next(m["content"] for m in body["messages"] if m["role"] == "user")
+
+
+def turn_of(body: dict[str, Any]) -> int:
+    return sum(m["role"] == "assistant" for m in body["messages"])
+
+
+def order_of(task: str) -> str:
+    m = re.search(r"\b(O\d+)\b", task)
+    assert m, task
+    return m.group(1)
+
+
+def answer(task: str) -> str:
+    order = order_of(task)
+    return f"refunded 5 for {order}" if task.startswith("refund") else f"{order} was delivered broken"
+
+
+def source_model(body: dict[str, Any]) -> str:
+    """The model the runs were recorded with: look the order up, refund 5 if asked, answer."""
+    task, turn = task_of(body), turn_of(body)
+    order = order_of(task)
+    if turn == 0:
+        return hermes_call("lookup_order", {"order_id": order})
+    if turn == 1 and task.startswith("refund"):
+        return hermes_call("refund", {"order_id": order, "amount": 5})
+    return hermes_call("final_answer", {"answer": answer(task)})
+
+
+def changed(n: int) -> bool:
+    return n % 8 == 1
+
+
+def brief_model(body: dict[str, Any]) -> str:
+    """Told to be brief (the candidate's prompt), it answers some tasks (`changed`) in fewer words."""
+    system, task = body["messages"][0]["content"], task_of(body)
+    n = int(order_of(task)[1:])
+    reply = source_model(body)
+    if "Be brief." in system and changed(n) and "final_answer" in reply:
+        return hermes_call("final_answer", {"answer": f"{order_of(task)}: broken"})
+    return reply
+
+
+def other_model(body: dict[str, Any]) -> str:
+    """Another model: it looks up the wrong order for some tasks, refunds 6 instead of 5 for others."""
+    task, turn = task_of(body), turn_of(body)
+    n = int(order_of(task)[1:])
+    if turn == 0 and n % 8 == 2:
+        return hermes_call("lookup_order", {"order_id": f"X{n}"})
+    if turn == 1 and task.startswith("refund") and n % 6 == 3:
+        return hermes_call("refund", {"order_id": order_of(task), "amount": 6})
+    return source_model(body)
+
+
+@dataclass
+class Shop:
+    calls: list[tuple[str, str]]
+    module: Any
+
+
+@pytest.fixture(scope="module")
+def shop() -> Iterator[Shop]:
+    """The shop bundle's own stand-in service, every request it serves counted."""
+    spec = importlib.util.spec_from_file_location("shop_service_regress", SHOP / "service.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls: list[tuple[str, str]] = []
+
+    class Counting(module.Handler):  # type: ignore[name-defined,misc]
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            calls.append(("GET", self.path))
+            super().do_GET()
+
+        def do_POST(self) -> None:
+            calls.append(("POST", self.path))
+            super().do_POST()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHOP_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield Shop(calls, module)
+    finally:
+        mp.undo()
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Recorded:
+    url: str
+    runs: dict[int, str]  # task number -> its recorded run
+    other: str  # a run of another agent (the researcher)
+
+
+@pytest.fixture(scope="module")
+async def recorded(nats_server: Any, shop: Shop) -> AsyncIterator[Recorded]:
+    """N runs of the shop recorded by a real host and worker, with their ground truth in the task metadata."""
+    url = nats_server.url
+    with ScriptedModelServer(responder=source_model) as server:
+        async with running_host(url, [SHOP, RESEARCHER], server), running_worker(url, [SHOP, RESEARCHER]):
+            async with await Client.connect(url) as client:
+                runs: dict[int, str] = {}
+                for n in range(N):
+                    task = f"refund order O{n}" if n % 3 == 0 else f"look order O{n} up"
+                    handle = await client.start("shop", task, metadata={"expected": {"answer": answer(task)}})
+                    assert (await handle.result(timeout=60))["answer"] == answer(task)
+                    runs[n] = handle.run_id
+                server.responder = lambda body: hermes_call("final_answer", {"answer": "tea"})
+                other = await client.start("researcher", "what is tea?")
+                await other.result(timeout=60)
+    assert sum(method == "POST" for method, _ in shop.calls) == N // 3  # the refunds reached the shop
+    yield Recorded(url, runs, other.run_id)
+
+
+async def events_count(client: Client) -> int:
+    return (await client.js.stream_info("EVENTS")).state.messages
+
+
+def by_source(report: Report) -> dict[str, Any]:
+    return {row.source_run: row for row in report.rows}
+
+
+def comparable(report: Report) -> dict[str, Any]:
+    """The report without what differs between two regressions of the same set (new run ids, wall times)."""
+    out = report.to_json()
+    out.pop("model_calls"), out.pop("cached")
+    for row in out["rows"]:
+        row.pop("run_id")
+        for side in ("source", "candidate"):
+            if row[side]:
+                row[side].pop("wall_s"), row[side].pop("run_id")
+    return out
+
+
+async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_time_asks_no_model(
+        recorded: Recorded, shop: Shop) -> None:
+    before = len(shop.calls)
+    with ScriptedModelServer(responder=source_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", save="all-shop", base_url=server.base_url,
+                                          model="scripted", graders=[ExactMatch("expected")])
+            first_calls = len(server.requests)
+            again = await client.regress(SHOP, set_name="all-shop", base_url=server.base_url,
+                                         model="scripted", graders=[ExactMatch("expected")])
+            assert len(server.requests) == first_calls  # the second regression asked the model nothing
+            regression_run = report.rows[0].run_id
+            assert regression_run is not None
+            history = await RunLog(client.js).read(regression_run)
+            indexed = {r.run_id for r in await client.runs("shop")}
+    assert len(shop.calls) == before  # no look-up, no refund reached the shop
+    assert sorted(r.source_run for r in report.rows) == sorted(recorded.runs.values())
+    assert {r.verdict for r in report.rows} == {"same"}, [(r.verdict, r.diverged_at) for r in report.rows]
+    assert report.pass_rate("source") == report.pass_rate("candidate") == 1.0
+    assert not report.regressions and not report.fixes
+    assert first_calls == report.model_calls == sum(3 if n % 3 == 0 else 2 for n in range(N))
+    assert again.model_calls == 0 and again.cached == report.model_calls
+    assert comparable(again) == comparable(report)
+    # a regression run is a run in the log, marked, and never in the production index
+    first = history.events[0]
+    assert isinstance(first, ev.RunStarted) and first.regression is not None
+    assert first.regression.source_run == report.rows[0].source_run and first.regression.set == "all-shop"
+    assert first.task_id is None and regression_run not in indexed
+    assert all(r.served >= 2 and r.ran == r.refused == 0 for r in report.rows)
+
+
+async def test_a_prompt_change_names_exactly_the_runs_whose_answer_changed(recorded: Recorded,
+                                                                          shop: Shop) -> None:
+    before = len(shop.calls)
+    with ScriptedModelServer(responder=brief_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", system_prompt="Be brief.",
+                                          base_url=server.base_url, model="scripted",
+                                          graders=[ExactMatch("expected")], concurrency=6)
+            sources = {run: (await client.log.read(run)).events for run in recorded.runs.values()}
+    assert len(shop.calls) == before
+    rows = by_source(report)
+    want = {recorded.runs[n] for n in range(N) if changed(n)}
+    assert {run for run, row in rows.items() if row.verdict != "same"} == want
+    for run in want:
+        row = rows[run]
+        answered = [e.seq for e in sources[run] if isinstance(e, ev.ModelResponded)][-1]
+        assert (row.verdict, row.diverged_at) == ("different-output", answered)
+        assert row.change == "regression" and row.source_pass and not row.candidate_pass
+    assert {r.source_run for r in report.regressions} == want and not report.fixes
+    assert report.pass_rate("candidate") == 1 - len(want) / N
+
+
+async def test_a_stricter_approval_rule_is_denied_for_want_of_a_recorded_verdict(
+        recorded: Recorded, shop: Shop, tmp_path: Path) -> None:
+    candidate = tmp_path / "shop"
+    shutil.copytree(SHOP, candidate)
+    text = (candidate / "bundle.yaml").read_text()
+    text = text.replace("value: 20}", "value: 2}").replace("../../agents/summarize.pym",
+                                                          str(ROOT / "agents" / "summarize.pym"))
+    (candidate / "bundle.yaml").write_text(text)
+    before = len(shop.calls)
+    with ScriptedModelServer(responder=source_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(candidate, agent="shop", base_url=server.base_url, model="scripted",
+                                          graders=[JsonSchema({"type": "object", "required": ["answer"]})])
+            sources = {run: (await client.log.read(run)).events for run in recorded.runs.values()}
+            denied = {row.source_run: (await client.log.read(row.run_id)).events for row in report.rows
+                      if row.run_id and row.verdict != "same"}
+    assert len(shop.calls) == before
+    refunds = {recorded.runs[n] for n in range(N) if n % 3 == 0}
+    assert set(denied) == refunds
+    for run, events in denied.items():
+        row = by_source(report)[run]
+        refund_reply = [e.seq for e in sources[run] if isinstance(e, ev.ModelResponded)][1]
+        # the same reply asked for the refund; the candidate's rule then asked for an approval instead of
+        # calling it, and nobody recorded a verdict for it: denied; the scripted model answers the same
+        assert (row.verdict, row.diverged_at) == ("diverged", refund_reply + 1)
+        asked = next(e for e in events if e.seq == refund_reply + 1)
+        assert isinstance(asked, ev.ApprovalRequested) and asked.call.name == "refund"
+        assert any(isinstance(e, ev.ApprovalDenied) and "no recorded verdict" in e.reason for e in events)
+    assert report.pass_rate("candidate") == 1.0 and not report.regressions
+
+
+async def test_another_model_is_served_what_was_recorded_and_refused_what_was_not(
+        recorded: Recorded, shop: Shop) -> None:
+    before = len(shop.calls)
+    with ScriptedModelServer(responder=other_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
+                                          graders=[ExactMatch("expected")])
+            stopped = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
+                                           rules={"lookup_order": "diverge"}, runs=[recorded.runs[2]])
+            events = {row.source_run: (await client.log.read(row.run_id)).events for row in report.rows
+                      if row.run_id and row.verdict != "same"}
+    assert len(shop.calls) == before  # a wrong look-up and a refund of 6 never reached the shop
+    wrong_lookup = {recorded.runs[n] for n in range(N) if n % 8 == 2}
+    other_refund = {recorded.runs[n] for n in range(N) if n % 3 == 0 and n % 6 == 3}
+    rows = by_source(report)
+    assert {run for run, row in rows.items() if row.verdict != "same"} == wrong_lookup | other_refund
+    for run in wrong_lookup:  # the first reply differs (seq 2); the Python tool is refused, not called
+        assert rows[run].diverged_at == 2 and rows[run].refused == 1
+        failed = next(e for e in events[run] if isinstance(e, ev.ToolFailed))
+        assert failed.tool == "lookup_order" and "no recorded result exists" in failed.error.message
+    for run in other_refund:  # the refund script ran here, and its external refused to reach the shop
+        assert rows[run].ran == 1
+        failed = next(e for e in events[run] if isinstance(e, ev.ToolFailed))
+        assert failed.tool == "refund" and failed.error.kind == "external"
+        assert "does not reach the world" in failed.error.message
+    row = stopped.rows[0]
+    assert (row.verdict, row.diverged_at) == ("diverged", 2) and row.candidate is not None
+    assert row.candidate.status == "cancelled" and "lookup_order" in row.detail
+
+
+async def test_a_pym_grader_grades_both_sides(recorded: Recorded, tmp_path: Path) -> None:
+    grader = tmp_path / "short.pym"
+    grader.write_text('"""Pass answers under 20 characters."""\nfrom grail import Input\n\n'
+                      'output: dict = Input("output")\n\n'
+                      '{"pass": len(output["answer"]) < 20, "reason": "too long"}\n')
+    with ScriptedModelServer(responder=brief_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", system_prompt="Be brief.",
+                                          base_url=server.base_url, model="scripted",
+                                          graders=[PymGrader.load(grader)])
+    fixed = {recorded.runs[n] for n in range(N) if changed(n) and len(answer(f"look order O{n} up")) >= 20
+             and n % 3}
+    assert fixed and {r.source_run for r in report.fixes} == fixed
+
+
+async def test_bad_input_is_refused_and_nothing_is_written(recorded: Recorded, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "bundle.yaml").write_text("name: shop\nsystem_prompt: hi\ntools: [nothing.pym]\n")
+    async with await Client.connect(recorded.url) as client:
+        before = await events_count(client)
+        with pytest.raises(RegressError, match="no run 'r-nope'"):
+            await client.regress(SHOP, agent="shop", runs=["r-nope"])
+        with pytest.raises(RegressError, match="belongs to agent 'researcher', not 'shop'"):
+            await client.regress(SHOP, agent="shop", runs=[recorded.runs[0], recorded.other])
+        with pytest.raises(RegressError, match=r"the candidate bundle at \S+ does not load"):
+            await client.regress(broken, agent="shop", runs=[recorded.runs[0]], save="never")
+        with pytest.raises(RegressError, match="no saved set 'nope'"):
+            await client.regress(SHOP, set_name="nope")
+        with pytest.raises(RegressError, match="unknown rule"):
+            await client.regress(SHOP, agent="shop", runs=[recorded.runs[0]], base_url="http://127.0.0.1:9/v1",
+                                 rules={"refund": "maybe"})
+        assert await events_count(client) == before
+        with pytest.raises(RegressError, match="no saved set 'never'"):
+            await client.regress(SHOP, set_name="never")
