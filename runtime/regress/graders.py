@@ -50,7 +50,8 @@ class Grade:
 
 
 class Grader(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def grade(self, ending: Ending, source: Ending) -> Grade: ...
 

@@ -8,8 +8,12 @@ reports the same; bad input is refused with nothing written."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -17,6 +21,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from host_helpers import running_host, running_worker
 
@@ -326,3 +331,32 @@ async def test_bad_input_is_refused_and_nothing_is_written(recorded: Recorded, t
         assert await events_count(client) == before
         with pytest.raises(RegressError, match="no saved set 'never'"):
             await client.regress(SHOP, set_name="never")
+
+
+def sa(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+    env.update(NATS_URL=url, XDG_DATA_HOME="/nonexistent-sa-test", COLUMNS="250")
+    return subprocess.run([sys.executable, "-c", "from runtime.cli import main; main()", "regress", *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Recorded) -> None:
+    one, two = recorded.runs[1], recorded.runs[2]  # the brief model answers task 1 otherwise, task 2 the same
+    with ScriptedModelServer(responder=brief_model) as server:
+        common = ["--system", "Be brief.", "--model-url", server.base_url, "--model", "scripted",
+                  "--expected", "expected"]
+        gated = await anyio.to_thread.run_sync(lambda: sa(
+            str(SHOP), "--agent", "shop", "--run", one, "--run", two, "--save", "cli-set", *common,
+            url=recorded.url))
+        allowed = await anyio.to_thread.run_sync(lambda: sa(
+            str(SHOP), "--set", "cli-set", "--max-regressions", "1", "--json", *common, url=recorded.url))
+        unknown = await anyio.to_thread.run_sync(lambda: sa(
+            str(SHOP), "--agent", "shop", "--run", "r-nope", *common, url=recorded.url))
+    assert gated.returncode == 1, gated.stderr
+    lines = {line.split()[1]: line for line in gated.stdout.splitlines() if line.startswith("│")}
+    assert "different-output" in lines[one] and "regression" in lines[one] and "same" in lines[two]
+    assert f"regressions: {one}" in gated.stdout and "saved as set cli-set" in gated.stdout
+    assert allowed.returncode == 0, allowed.stderr
+    report = json.loads(allowed.stdout)
+    assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
+    assert unknown.returncode == 2 and "sa regress: no run 'r-nope'" in unknown.stderr
