@@ -208,7 +208,7 @@ def _print(report: Report) -> None:
     out.print(f"pass rate: source {source:.0%}, candidate {cand:.0%}; "
               f"{len(report.regressions)} regression(s), {len(report.fixes)} fix(es); "
               f"{report.model_calls} model call(s), {report.cached} from the cache"
-              + (f"; saved as set {report.set}" if report.set else ""))
+              + (f"; set {report.set}" if report.set else ""))
     for label, rows in (("regressions", report.regressions), ("fixes", report.fixes)):
         if rows:
             out.print(f"{label}: " + " ".join(r.source_run for r in rows))

@@ -197,6 +197,7 @@ async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_tim
             assert regression_run is not None
             history = await RunLog(client.js).read(regression_run)
             indexed = {r.run_id for r in await client.runs("shop")}
+            purged = await client.log.purge([regression_run])
     assert len(shop.calls) == before  # no look-up, no refund reached the shop
     assert sorted(r.source_run for r in report.rows) == sorted(recorded.runs.values())
     assert {r.verdict for r in report.rows} == {"same"}, [(r.verdict, r.diverged_at) for r in report.rows]
@@ -210,6 +211,7 @@ async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_tim
     assert isinstance(first, ev.RunStarted) and first.regression is not None
     assert first.regression.source_run == report.rows[0].source_run and first.regression.set == "all-shop"
     assert first.task_id is None and regression_run not in indexed
+    assert purged[0].deleted and purged[0].events == len(history.events)  # purged by id like any run
     assert all(r.served >= 2 and r.ran == r.refused == 0 for r in report.rows)
 
 
@@ -355,7 +357,7 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
     assert gated.returncode == 1, gated.stderr
     lines = {line.split()[1]: line for line in gated.stdout.splitlines() if line.startswith("│")}
     assert "different-output" in lines[one] and "regression" in lines[one] and "same" in lines[two]
-    assert f"regressions: {one}" in gated.stdout and "saved as set cli-set" in gated.stdout
+    assert f"regressions: {one}" in gated.stdout and "; set cli-set" in gated.stdout
     assert allowed.returncode == 0, allowed.stderr
     report = json.loads(allowed.stdout)
     assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
