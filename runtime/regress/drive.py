@@ -9,7 +9,9 @@ is a run like any other for everything that reads the log: `sa replay`, `sa repl
 `sa runs purge`. What makes it not production: its `run.started` carries `regression` (`RegressionOf`: the
 source run, the set, the candidate), it has no task id (no task of anyone's is deduplicated against it), it
 is not written to the runs index (so `sa runs`, schedules and takeovers never see it) nor to the `active`
-bucket (no host resumes it), and its model calls are charged to no budget.
+bucket (no host resumes it), and its model calls are charged to no budget. A source run in a thread is driven
+again from the same recorded conversation (its `run.started` names the same previous run), but the regression
+run is not a run of the thread: the thread's next run still continues the thread's own latest run.
 
 A run the driver cannot finish (its source has no events, a candidate whose tool is missing, the log refusing
 a write) is reported as failed with the reason; the others go on. At most `concurrency` runs are driven at
@@ -33,6 +35,7 @@ from runtime import kernel
 from runtime.driver.local import LocalModel
 from runtime.driver.run import RunDriver
 from runtime.log import RunHistory, RunLog
+from runtime.log.threads import conversation_for
 from runtime.regress.cache import regression_run
 from runtime.regress.candidate import Candidate
 from runtime.regress.ports import RegressPorts, Rule, Scratch, Tally
@@ -80,9 +83,13 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
     started = ev.RunStarted(
         run_id=run_id, input=first.input, instance=first.instance, timeout_s=first.timeout_s,
         metadata=dict(first.metadata), bundle_digest=candidate.bundle.digest, priority=first.priority,
+        previous_run=first.previous_run, previous_seq=first.previous_seq, summary=first.summary,
+        summarised=first.summarised,
         regression=ev.RegressionOf(source_run=source.run_id, set=set_name, candidate=candidate.id))
     recorded = Recorded(source.events, matcher or Matcher())
     try:
+        # a run in a thread goes on from the same recorded conversation as its source (by reference)
+        conversation = await conversation_for(runs, config, source.events)
         with regression_run(run_id):
             async with anyio.create_task_group() as group:
                 ports = RegressPorts(group, dict(candidate.bundle.tools), recorded, rules,
@@ -91,7 +98,8 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
                 out.tally = ports.tally
                 driver: RunDriver[LocalModel] = RunDriver(
                     runs, LocalModel(candidate.step, candidate.client), ports, source.actor or first.actor,
-                    run_id, state=kernel.initial(config), last_seq=0, on_event=out.events.append, clock=clock)
+                    run_id, state=kernel.initial(config, conversation), last_seq=0,
+                    on_event=out.events.append, clock=clock)
                 await driver.append(started)
                 await driver.run()
                 group.cancel_scope.cancel()  # a script the deadline outran

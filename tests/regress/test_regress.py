@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -140,6 +141,8 @@ class Recorded:
     url: str
     runs: dict[int, str]  # task number -> its recorded run
     other: str  # a run of another agent (the researcher)
+    split: float  # the N runs ended before this time, the thread's runs after it
+    thread: tuple[str, str]  # two runs of one conversation
 
 
 @pytest.fixture(scope="module")
@@ -155,11 +158,20 @@ async def recorded(nats_server: Any, shop: Shop) -> AsyncIterator[Recorded]:
                     handle = await client.start("shop", task, metadata={"expected": {"answer": answer(task)}})
                     assert (await handle.result(timeout=60))["answer"] == answer(task)
                     runs[n] = handle.run_id
+                with anyio.fail_after(20):  # the host indexes a run just after its ending is in the log
+                    while sum(r.status == "completed" for r in await client.runs("shop")) < N:
+                        await anyio.sleep(0.05)
+                split = time.time()
+                thread = []
+                for n in (100, 101):  # the second run goes on from the first's conversation
+                    handle = await client.start("shop", f"look order O{n} up", thread="th")
+                    await handle.result(timeout=60)
+                    thread.append(handle.run_id)
                 server.responder = lambda body: hermes_call("final_answer", {"answer": "tea"})
                 other = await client.start("researcher", "what is tea?")
                 await other.result(timeout=60)
     assert sum(method == "POST" for method, _ in shop.calls) == N // 3  # the refunds reached the shop
-    yield Recorded(url, runs, other.run_id)
+    yield Recorded(url, runs, other.run_id, split, (thread[0], thread[1]))
 
 
 async def events_count(client: Client) -> int:
@@ -187,8 +199,9 @@ async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_tim
     before = len(shop.calls)
     with ScriptedModelServer(responder=source_model) as server:
         async with await Client.connect(recorded.url) as client:
-            report = await client.regress(SHOP, agent="shop", save="all-shop", base_url=server.base_url,
-                                          model="scripted", graders=[ExactMatch("expected")])
+            report = await client.regress(SHOP, agent="shop", until=recorded.split, save="all-shop",
+                                          base_url=server.base_url, model="scripted",
+                                          graders=[ExactMatch("expected")])
             first_calls = len(server.requests)
             again = await client.regress(SHOP, set_name="all-shop", base_url=server.base_url,
                                          model="scripted", graders=[ExactMatch("expected")])
@@ -220,7 +233,7 @@ async def test_a_prompt_change_names_exactly_the_runs_whose_answer_changed(recor
     before = len(shop.calls)
     with ScriptedModelServer(responder=brief_model) as server:
         async with await Client.connect(recorded.url) as client:
-            report = await client.regress(SHOP, agent="shop", system_prompt="Be brief.",
+            report = await client.regress(SHOP, agent="shop", until=recorded.split, system_prompt="Be brief.",
                                           base_url=server.base_url, model="scripted",
                                           graders=[ExactMatch("expected")], concurrency=6)
             sources = {run: (await client.log.read(run)).events for run in recorded.runs.values()}
@@ -248,7 +261,8 @@ async def test_a_stricter_approval_rule_is_denied_for_want_of_a_recorded_verdict
     before = len(shop.calls)
     with ScriptedModelServer(responder=source_model) as server:
         async with await Client.connect(recorded.url) as client:
-            report = await client.regress(candidate, agent="shop", base_url=server.base_url, model="scripted",
+            report = await client.regress(candidate, agent="shop", until=recorded.split,
+                                          base_url=server.base_url, model="scripted",
                                           graders=[JsonSchema({"type": "object", "required": ["answer"]})])
             sources = {run: (await client.log.read(run)).events for run in recorded.runs.values()}
             denied = {row.source_run: (await client.log.read(row.run_id)).events for row in report.rows
@@ -273,8 +287,8 @@ async def test_another_model_is_served_what_was_recorded_and_refused_what_was_no
     before = len(shop.calls)
     with ScriptedModelServer(responder=other_model) as server:
         async with await Client.connect(recorded.url) as client:
-            report = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
-                                          graders=[ExactMatch("expected")])
+            report = await client.regress(SHOP, agent="shop", until=recorded.split, base_url=server.base_url,
+                                          model="scripted", graders=[ExactMatch("expected")])
             stopped = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
                                            rules={"lookup_order": "diverge"}, runs=[recorded.runs[2]])
             events = {row.source_run: (await client.log.read(row.run_id)).events for row in report.rows
@@ -305,7 +319,7 @@ async def test_a_pym_grader_grades_both_sides(recorded: Recorded, tmp_path: Path
                       '{"pass": len(output["answer"]) < 20, "reason": "too long"}\n')
     with ScriptedModelServer(responder=brief_model) as server:
         async with await Client.connect(recorded.url) as client:
-            report = await client.regress(SHOP, agent="shop", system_prompt="Be brief.",
+            report = await client.regress(SHOP, agent="shop", until=recorded.split, system_prompt="Be brief.",
                                           base_url=server.base_url, model="scripted",
                                           graders=[PymGrader.load(grader)])
     fixed = {recorded.runs[n] for n in range(N) if changed(n) and len(answer(f"look order O{n} up")) >= 20
@@ -362,3 +376,15 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
     report = json.loads(allowed.stdout)
     assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
     assert unknown.returncode == 2 and "sa regress: no run 'r-nope'" in unknown.stderr
+
+
+async def test_a_run_in_a_thread_goes_on_from_its_recorded_conversation(recorded: Recorded) -> None:
+    first, second = recorded.thread
+    with ScriptedModelServer(responder=source_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", since=recorded.split, base_url=server.base_url,
+                                          model="scripted")
+            started = (await client.log.read(by_source(report)[second].run_id)).events[0]
+    assert [r.source_run for r in report.rows] == [first, second]
+    assert [r.verdict for r in report.rows] == ["same", "same"]
+    assert isinstance(started, ev.RunStarted) and started.previous_run == first and started.thread is None
