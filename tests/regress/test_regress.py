@@ -24,11 +24,12 @@ from typing import Any
 
 import anyio
 import pytest
-from host_helpers import running_host, running_worker
+from host_helpers import calc_responder, running_host, running_worker, write_bundle
 
 from runtime import events as ev
 from runtime.client import Client
 from runtime.log import RunLog
+from runtime.nats.kv import workspace_kv
 from runtime.regress import ExactMatch, JsonSchema, PymGrader, RegressError, Report
 from runtime.testing import ScriptedModelServer, hermes_call
 
@@ -326,6 +327,26 @@ async def test_a_pym_grader_grades_both_sides(recorded: Recorded, tmp_path: Path
              and n % 3}
     assert fixed and {r.source_run for r in report.fixes} == fixed
 
+    crashing = tmp_path / "crashing.pym"
+    crashing.write_text('"""Crash on refunds."""\nfrom grail import Input\n\n'
+                        'output: dict = Input("output")\n\n'
+                        'if output["answer"].startswith("refunded"):\n'
+                        '    raise ValueError("no refunds here")\nTrue\n')
+    with ScriptedModelServer(responder=source_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            crashed = await client.regress(SHOP, agent="shop", runs=[recorded.runs[0], recorded.runs[1]],
+                                           base_url=server.base_url, model="scripted",
+                                           graders=[PymGrader.load(crashing)])
+    refund, lookup = crashed.rows
+    assert refund.grader_errors and all("grader crashing failed: " in e and "no refunds here" in e
+                                        for e in refund.grader_errors)
+    assert not refund.source_pass and not refund.candidate_pass and not lookup.grader_errors
+    assert crashed.grader_errors[0].startswith(recorded.runs[0])
+    with pytest.raises(RegressError, match=r"the grader \S+ does not load"):
+        broken = tmp_path / "broken.pym"
+        broken.write_text("def (:\n")
+        PymGrader.load(broken)
+
 
 async def test_bad_input_is_refused_and_nothing_is_written(recorded: Recorded, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
@@ -388,3 +409,40 @@ async def test_a_run_in_a_thread_goes_on_from_its_recorded_conversation(recorded
     assert [r.source_run for r in report.rows] == [first, second]
     assert [r.verdict for r in report.rows] == ["same", "same"]
     assert isinstance(started, ev.RunStarted) and started.previous_run == first and started.thread is None
+
+
+async def test_a_script_without_a_recorded_result_writes_only_to_the_regressions_own_workspace(
+        recorded: Recorded, tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path, "notes", tools=("note",),
+                          extra="data_provider: workspace\nworkspace: wsn\n")
+    url = recorded.url
+    with ScriptedModelServer(responder=calc_responder) as server:
+        async with running_host(url, [bundle], server), running_worker(url, [bundle]):
+            async with await Client.connect(url) as client:
+                runs = []
+                for line in ("a", "b"):
+                    handle = await client.start("notes", f"note: {line}")
+                    await handle.result(timeout=60)
+                    runs.append(handle.run_id)
+                ws = await workspace_kv(client.js, "wsn")
+                before = await ws.get("log.txt")
+    assert before.value == b"a\nb\n"
+
+    def twice(body: dict[str, Any]) -> str:  # notes two other lines, then submits what the tool said
+        done = sum("<tool_response>" in str(m.get("content")) for m in body["messages"])
+        if done < 2:
+            return hermes_call("note", {"line": f"x{done}", "spin": 0})
+        return calc_responder(body)
+
+    with ScriptedModelServer(responder=twice) as server:
+        async with await Client.connect(url) as client:
+            report = await client.regress(bundle, agent="notes", runs=runs, base_url=server.base_url,
+                                          model="scripted")
+            events = (await client.log.read(report.rows[1].run_id)).events
+            after = await (await workspace_kv(client.js, "wsn")).get("log.txt")
+    assert (after.value, after.revision) == (before.value, before.revision)  # nothing applied there
+    # two notes run here in each; the submit of "2" lines is served where the source also submitted 2
+    assert [(r.ran, r.served) for r in report.rows] == [(3, 0), (2, 1)]
+    written = [e.output["writes"][0]["content"] for e in events if isinstance(e, ev.ToolCompleted)
+               and e.tool == "note"]
+    assert written == ["x0\n", "x0\nx1\n"]  # the second call read the first's write, in the scratch only
