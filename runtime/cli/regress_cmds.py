@@ -187,10 +187,9 @@ def _print(report: Report) -> None:
 
     out = console()
     table = Table(header_style="bold", expand=False)
-    for column in ("source run", "regression run", "verdict", "at seq", "turns", "tokens", "tool calls",
-                   "pass", "change"):
-        table.add_column(column, justify="right" if column in ("at seq", "turns", "tokens", "tool calls")
-                         else "left")
+    numbers = ("at seq", "turns", "tokens", "tool calls", "seconds")
+    for column in ("source run", "regression run", "verdict", *numbers, "pass", "change"):
+        table.add_column(column, justify="right" if column in numbers else "left")
     for r in report.rows:
         c = r.candidate
 
@@ -199,7 +198,7 @@ def _print(report: Report) -> None:
 
         table.add_row(r.source_run, r.run_id or "-", shown(r.verdict + (f": {r.detail}" if r.detail else "")),
                       "" if r.diverged_at is None else str(r.diverged_at), pair("turns"), pair("tokens"),
-                      pair("tool_calls"), f"{'yes' if r.source_pass else 'no'} → "
+                      pair("tool_calls"), pair("wall_s"), f"{'yes' if r.source_pass else 'no'} → "
                                           f"{'yes' if r.candidate_pass else 'no'}", r.change)
     out.print(table)
     counts = ", ".join(f"{n} {verdict}" for verdict, n in report.counts.items() if n)

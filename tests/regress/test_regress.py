@@ -211,6 +211,7 @@ async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_tim
             assert regression_run is not None
             history = await RunLog(client.js).read(regression_run)
             indexed = {r.run_id for r in await client.runs("shop")}
+            diff = await client.diff(report.rows[0].source_run, regression_run)  # `sa replay --diff`
             purged = await client.log.purge([regression_run])
     assert len(shop.calls) == before  # no look-up, no refund reached the shop
     assert sorted(r.source_run for r in report.rows) == sorted(recorded.runs.values())
@@ -225,6 +226,7 @@ async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_tim
     assert isinstance(first, ev.RunStarted) and first.regression is not None
     assert first.regression.source_run == report.rows[0].source_run and first.regression.set == "all-shop"
     assert first.task_id is None and regression_run not in indexed
+    assert diff.identical and diff.common == len(history.events)
     assert purged[0].deleted and purged[0].events == len(history.events)  # purged by id like any run
     assert all(r.served >= 2 and r.ran == r.refused == 0 for r in report.rows)
 
