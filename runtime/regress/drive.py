@@ -14,7 +14,8 @@ again from the same recorded conversation (its `run.started` names the same prev
 run is not a run of the thread: the thread's next run still continues the thread's own latest run.
 
 A run the driver cannot finish (its source has no events, a candidate whose tool is missing, the log refusing
-a write) is reported as failed with the reason; the others go on. At most `concurrency` runs are driven at
+a write) is reported as failed with the reason, and ended in the log (`run.failed`, `regression_failed`) when
+it was started; the others go on. At most `concurrency` runs are driven at
 once, in the order of the set.
 """
 
@@ -87,6 +88,7 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
         summarised=first.summarised,
         regression=ev.RegressionOf(source_run=source.run_id, set=set_name, candidate=candidate.id))
     recorded = Recorded(source.events, matcher or Matcher())
+    driver: RunDriver[LocalModel] | None = None
     try:
         # a run in a thread goes on from the same recorded conversation as its source (by reference)
         conversation = await conversation_for(runs, config, source.events)
@@ -96,7 +98,7 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
                                      data=Scratch(_static_files(candidate)), clock=clock,
                                      source_run=source.run_id)
                 out.tally = ports.tally
-                driver: RunDriver[LocalModel] = RunDriver(
+                driver = RunDriver(
                     runs, LocalModel(candidate.step, candidate.client), ports, source.actor or first.actor,
                     run_id, state=kernel.initial(config, conversation), last_seq=0,
                     on_event=out.events.append, clock=clock)
@@ -106,7 +108,19 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
     except Exception as e:  # this run could not be driven to its end; the others go on
         log.warning("regression of run %s failed: %s", source.run_id, e, exc_info=True)
         out.error = f"{type(e).__name__}: {e}"
+        if driver is not None and driver.state.status != "new" and not driver.state.done:
+            await _ended_anyway(driver, out.error)
     return out
+
+
+async def _ended_anyway(driver: RunDriver[LocalModel], why: str) -> None:
+    """Leave no regression run without an ending in the log: `run.failed` saying why it stopped, if the log
+    takes it (a log that refused the run's writes may refuse this one too)."""
+    try:
+        with anyio.CancelScope(shield=True):
+            await driver.end("regression_failed", f"the regression could not drive this run on: {why}")
+    except Exception as e:
+        log.warning("run %s: its ending could not be recorded either: %s", driver.run_id, e)
 
 
 async def drive_all(js: JetStreamContext, run_set: RunSet, candidate: Candidate, *,

@@ -294,6 +294,8 @@ async def test_another_model_is_served_what_was_recorded_and_refused_what_was_no
                                           model="scripted", graders=[ExactMatch("expected")])
             stopped = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
                                            rules={"lookup_order": "diverge"}, runs=[recorded.runs[2]])
+            ignored = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
+                                           ignore={"lookup_order": ["order_id"]}, runs=[recorded.runs[2]])
             events = {row.source_run: (await client.log.read(row.run_id)).events for row in report.rows
                       if row.run_id and row.verdict != "same"}
     assert len(shop.calls) == before  # a wrong look-up and a refund of 6 never reached the shop
@@ -313,6 +315,9 @@ async def test_another_model_is_served_what_was_recorded_and_refused_what_was_no
     row = stopped.rows[0]
     assert (row.verdict, row.diverged_at) == ("diverged", 2) and row.candidate is not None
     assert row.candidate.status == "cancelled" and "lookup_order" in row.detail
+    # with the order id left out of the comparison, the wrong look-up is the recorded one: served, not refused
+    row = ignored.rows[0]
+    assert (row.served, row.refused, row.verdict, row.diverged_at) == (2, 0, "diverged", 2)
 
 
 async def test_a_pym_grader_grades_both_sides(recorded: Recorded, tmp_path: Path) -> None:
