@@ -65,7 +65,7 @@ def source_model(body: dict[str, Any]) -> str:
     if turn == 0:
         return hermes_call("lookup_order", {"order_id": order})
     if turn == 1 and task.startswith("refund"):
-        return hermes_call("refund", {"order_id": order, "amount": 5})
+        return hermes_call("refund", {"order_id": order, "amount": 24.5 if "in full" in task else 5})
     return hermes_call("final_answer", {"answer": answer(task)})
 
 
@@ -144,6 +144,7 @@ class Recorded:
     other: str  # a run of another agent (the researcher)
     split: float  # the N runs ended before this time, the thread's runs after it
     thread: tuple[str, str]  # two runs of one conversation
+    approved: str  # a refund over 20 that alice approved for 20 (after `split`, after the thread's runs)
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +169,18 @@ async def recorded(nats_server: Any, shop: Shop) -> AsyncIterator[Recorded]:
                     handle = await client.start("shop", f"look order O{n} up", thread="th")
                     await handle.result(timeout=60)
                     thread.append(handle.run_id)
+                approved = await client.start("shop", "refund order O50 in full")
+                with anyio.fail_after(20):
+                    while not (waiting := await approved.approvals()):
+                        await anyio.sleep(0.05)
+                await approved.approve(waiting[0].call_id, arguments={"order_id": "O50", "amount": 20},
+                                       by="alice")
+                await approved.result(timeout=60)
                 server.responder = lambda body: hermes_call("final_answer", {"answer": "tea"})
                 other = await client.start("researcher", "what is tea?")
                 await other.result(timeout=60)
-    assert sum(method == "POST" for method, _ in shop.calls) == N // 3  # the refunds reached the shop
-    yield Recorded(url, runs, other.run_id, split, (thread[0], thread[1]))
+    assert sum(method == "POST" for method, _ in shop.calls) == N // 3 + 1  # the refunds reached the shop
+    yield Recorded(url, runs, other.run_id, split, (thread[0], thread[1]), approved.run_id)
 
 
 async def events_count(client: Client) -> int:
@@ -410,7 +418,7 @@ async def test_a_run_in_a_thread_goes_on_from_its_recorded_conversation(recorded
     first, second = recorded.thread
     with ScriptedModelServer(responder=source_model) as server:
         async with await Client.connect(recorded.url) as client:
-            report = await client.regress(SHOP, agent="shop", since=recorded.split, base_url=server.base_url,
+            report = await client.regress(SHOP, agent="shop", runs=recorded.thread, base_url=server.base_url,
                                           model="scripted")
             started = (await client.log.read(by_source(report)[second].run_id)).events[0]
     assert [r.source_run for r in report.rows] == [first, second]
@@ -453,3 +461,20 @@ async def test_a_script_without_a_recorded_result_writes_only_to_the_regressions
     written = [e.output["writes"][0]["content"] for e in events if isinstance(e, ev.ToolCompleted)
                and e.tool == "note"]
     assert written == ["x0\n", "x0\nx1\n"]  # the second call read the first's write, in the scratch only
+
+
+async def test_a_recorded_verdict_is_given_again_with_the_approvers_edit(recorded: Recorded,
+                                                                         shop: Shop) -> None:
+    before = len(shop.calls)
+    with ScriptedModelServer(responder=source_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", since=recorded.split, outcome="completed",
+                                          base_url=server.base_url, model="scripted")
+            events = (await client.log.read(by_source(report)[recorded.approved].run_id)).events
+    assert len(shop.calls) == before
+    assert [r.source_run for r in report.rows] == [*recorded.thread, recorded.approved]  # the time window
+    assert {r.verdict for r in report.rows} == {"same"}
+    granted = next(e for e in events if isinstance(e, ev.ApprovalGranted))
+    assert granted.by == "alice" and granted.arguments == {"order_id": "O50", "amount": 20}
+    refunded = next(e for e in events if isinstance(e, ev.ToolCompleted) and e.tool == "refund")
+    assert refunded.output["amount"] == 20  # the edited call, served from the log
