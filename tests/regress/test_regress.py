@@ -478,3 +478,37 @@ async def test_a_recorded_verdict_is_given_again_with_the_approvers_edit(recorde
     assert granted.by == "alice" and granted.arguments == {"order_id": "O50", "amount": 20}
     refunded = next(e for e in events if isinstance(e, ev.ToolCompleted) and e.tool == "refund")
     assert refunded.output["amount"] == 20  # the edited call, served from the log
+
+
+def asking(question: str) -> Any:
+    """A model that asks a person `question`, then submits what they answered."""
+    def model(body: dict[str, Any]) -> str:
+        last = str(body["messages"][-1].get("content"))
+        if "<tool_response>" not in last:
+            return hermes_call("ask_human", {"question": question})
+        said = re.search(r'"answer": "([^"]*)"', last) or re.search(r"(no recorded answer)", last)
+        return hermes_call("submit", {"answer": said.group(1) if said else last[-40:]})
+    return model
+
+
+async def test_a_recorded_answer_is_given_again_and_a_new_question_gets_none(recorded: Recorded,
+                                                                             tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path, "asker", tools=(), extra="questions: {}\n")
+    url = recorded.url
+    with ScriptedModelServer(responder=asking("Which colour?")) as server:
+        async with running_host(url, [bundle], server), running_worker(url, [bundle]):
+            async with await Client.connect(url) as client:
+                handle = await client.start("asker", "paint it")
+                with anyio.fail_after(20):
+                    while not (asked := await client.questions("asker")):
+                        await anyio.sleep(0.05)
+                await client.answer(handle.run_id, asked[0].call_id, "blue")
+                assert (await handle.result(timeout=60)) == {"answer": "blue"}
+    for question, verdict, output in (("Which colour?", "same", {"answer": "blue"}),
+                                      ("Which size?", "different-output", {"answer": "no recorded answer"})):
+        with ScriptedModelServer(responder=asking(question)) as server:
+            async with await Client.connect(url) as client:
+                report = await client.regress(bundle, agent="asker", runs=[handle.run_id],
+                                              base_url=server.base_url, model="scripted")
+        row = report.rows[0]
+        assert row.verdict == verdict and row.candidate is not None and row.candidate.output == output
