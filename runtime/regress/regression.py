@@ -68,7 +68,7 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
     candidate = await load_candidate(candidate_path, run_set.agent, cache, system_prompt=system_prompt,
                                      base_url=base_url, model=model, model_url=model_url)
     try:
-        checked = rules_of(rules, list(candidate.bundle.tools))
+        checked = rules_of(rules, [s.name for s in candidate.bundle.tool_schemas()])  # ask_human too
         matcher = Matcher({tool: frozenset(keys) for tool, keys in (ignore or {}).items()})
         if save is not None and set_name is None:
             run_set = await save_set(js, save, run_set)

@@ -512,3 +512,10 @@ async def test_a_recorded_answer_is_given_again_and_a_new_question_gets_none(rec
                                               base_url=server.base_url, model="scripted")
         row = report.rows[0]
         assert row.verdict == verdict and row.candidate is not None and row.candidate.output == output
+    with ScriptedModelServer(responder=asking("Which size?")) as server:
+        async with await Client.connect(url) as client:
+            stopped = await client.regress(bundle, agent="asker", runs=[handle.run_id],
+                                           base_url=server.base_url, model="scripted",
+                                           rules={"ask_human": "diverge"})
+    row = stopped.rows[0]
+    assert row.verdict == "diverged" and row.candidate is not None and row.candidate.status == "cancelled"
