@@ -27,7 +27,9 @@ import pytest
 from host_helpers import calc_responder, running_host, running_worker, write_bundle
 
 from runtime import events as ev
+from runtime.bundle import load_bundle
 from runtime.client import Client
+from runtime.client.verify import verify
 from runtime.log import RunLog
 from runtime.nats.kv import workspace_kv
 from runtime.regress import ExactMatch, JsonSchema, PymGrader, RegressError, Report
@@ -235,6 +237,7 @@ async def test_same_candidate_changes_nothing_touches_nothing_and_the_second_tim
     assert first.regression.source_run == report.rows[0].source_run and first.regression.set == "all-shop"
     assert first.task_id is None and regression_run not in indexed
     assert diff.identical and diff.common == len(history.events)
+    assert verify(load_bundle(SHOP).kernel_config(), history.events).ok  # `sa replay RUN --verify --bundle`
     assert purged[0].deleted and purged[0].events == len(history.events)  # purged by id like any run
     assert all(r.served >= 2 and r.ran == r.refused == 0 for r in report.rows)
 
