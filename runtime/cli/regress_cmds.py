@@ -206,6 +206,7 @@ def _print(report: Report) -> None:
     source, cand = report.pass_rate("source"), report.pass_rate("candidate")
     out.print(f"pass rate: source {source:.0%}, candidate {cand:.0%}; "
               f"{len(report.regressions)} regression(s), {len(report.fixes)} fix(es); "
+              f"tokens: source {report.tokens('source')}, candidate {report.tokens('candidate')}; "
               f"{report.model_calls} model call(s), {report.cached} from the cache"
               + (f"; set {report.set}" if report.set else ""))
     for label, rows in (("regressions", report.regressions), ("fixes", report.fixes)):

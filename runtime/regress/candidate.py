@@ -27,6 +27,7 @@ from typing import Any
 from runtime.bundle import Bundle, BundleError, load_bundle
 from runtime.model import ModelStep, get_adapter
 from runtime.model.connect import model_client, server_dialect
+from runtime.model.limits import LocalGate
 from runtime.regress.cache import CachedModelClient, ModelCache
 from runtime.regress.sets import RegressError
 
@@ -71,6 +72,7 @@ async def load_candidate(path: str | Path, agent: str, cache: ModelCache, *, sys
                         provider=plain.provider, timeout=plain.timeout)
         await plain.aclose()
     client = CachedModelClient(cache, **settings)
+    _within_endpoint(bundle, client)
     try:
         dialect = server_dialect(bundle, client.base_url)
         step = ModelStep.for_config(get_adapter(bundle.spec.model.adapter), bundle.kernel_config(),
@@ -82,6 +84,19 @@ async def load_candidate(path: str | Path, agent: str, cache: ModelCache, *, sys
     if overrides:
         ident += "+" + hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8]
     return Candidate(bundle, client, step, ident, overrides)
+
+
+def _within_endpoint(bundle: Bundle, client: CachedModelClient) -> None:
+    """The bundle's `endpoint:` in this process, as `Agent` applies it: its retry settings, and a gate of
+    `max_in_flight` permits (and `tokens_per_minute`) over this regression's calls. The fleet's hosts hold
+    their own share; a regression never takes more than the endpoint's whole share from here."""
+    limits = bundle.endpoint
+    if limits is None:
+        return
+    client.retry.retry_after_max = limits.retry_after_max
+    client.retry.throttle_retries = limits.throttle_retries
+    if limits.limited:
+        client.limiter = LocalGate(limits.max_in_flight or 10**9, tokens_per_minute=limits.tokens_per_minute)
 
 
 __all__ = ["Candidate", "load_candidate"]

@@ -133,6 +133,11 @@ class Report:
         passed = sum(r.source_pass if side == "source" else r.candidate_pass for r in self.rows)
         return passed / len(self.rows) if self.rows else 0.0
 
+    def tokens(self, side: str) -> int:
+        """Tokens spent by the source runs or by their regressions (prompt and completion)."""
+        sides = [r.source if side == "source" else r.candidate for r in self.rows]
+        return sum(s.tokens for s in sides if s is not None)
+
     @property
     def grader_errors(self) -> list[str]:
         return [f"{r.source_run}: {e}" for r in self.rows for e in r.grader_errors]
@@ -143,6 +148,7 @@ class Report:
                                                       "candidate": self.pass_rate("candidate")},
                 "regressions": [r.source_run for r in self.regressions],
                 "fixes": [r.source_run for r in self.fixes], "model_calls": self.model_calls,
+                "tokens": {"source": self.tokens("source"), "candidate": self.tokens("candidate")},
                 "cached": self.cached, "grader_errors": self.grader_errors,
                 "rows": [r.to_json() for r in self.rows]}
 

@@ -414,6 +414,7 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
     assert allowed.returncode == 0, allowed.stderr
     report = json.loads(allowed.stdout)
     assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
+    assert report["tokens"]["candidate"] == sum(r["candidate"]["tokens"] for r in report["rows"]) > 0
     assert unknown.returncode == 2 and "sa regress: no run 'r-nope'" in unknown.stderr
 
 
