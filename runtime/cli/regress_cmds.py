@@ -111,6 +111,9 @@ def regress(
     ignore: Annotated[list[str] | None, typer.Option("--ignore", metavar="TOOL=KEY",
                                                      help="An argument key of TOOL that does not count when "
                                                           "matching recorded calls (repeatable).")] = None,
+    match: Annotated[list[str] | None, typer.Option("--match", metavar="TOOL=FILE.pym",
+                                                    help="A .pym function that says when a call of TOOL asks "
+                                                         "what a recorded one asked (repeatable).")] = None,
     expected: Annotated[str | None, typer.Option("--expected", metavar="KEY",
                                                  help="Grade: the output equals the task's metadata[KEY].")
                         ] = None,
@@ -138,6 +141,7 @@ def regress(
             "until": parse_when(until, "--until") if until else None, "sample": sample, "seed": seed,
             "system_prompt": system, "base_url": model_url, "model": model,
             "rules": dict(_pairs(rule or [], "--rule")), "ignore": _ignored(_pairs(ignore or [], "--ignore")),
+            "match": dict(_pairs(match or [], "--match")),
             "graders": _graders(expected, schema, grader or []), "concurrency": concurrency}
     except (ValueError, OSError) as e:
         _usage(str(e))

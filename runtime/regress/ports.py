@@ -113,7 +113,7 @@ class RegressPorts(LocalPorts):
     async def dispatch(self, driver: Driven, calls: Sequence[ToolCall], deadline: float | None,
                        flush: Callable[[], Awaitable[None]]) -> None:
         for call in calls:
-            hit = self.recorded.take_call(call.name, call.arguments)
+            hit = await self.recorded.take_call(call.name, call.arguments)
             if hit is not None:
                 self.tally.served += 1
                 driver.deliver(Inbound(self._served(driver, call, hit)))

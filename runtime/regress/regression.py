@@ -22,7 +22,7 @@ from runtime.regress.candidate import load_candidate
 from runtime.regress.drive import Driven
 from runtime.regress.graders import Grader
 from runtime.regress.ports import Rule
-from runtime.regress.recorded import Matcher
+from runtime.regress.recorded import Matcher, PymCompare
 from runtime.regress.report import Report, regress
 from runtime.regress.sets import RegressError, RunSet, Selection, load_set, save_set, select
 
@@ -47,11 +47,13 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
                      seed: int = 0, save: str | None = None, system_prompt: str | None = None,
                      base_url: str | None = None, model: str | None = None, model_url: str | None = None,
                      rules: Mapping[str, str | Rule] | None = None,
-                     ignore: Mapping[str, Sequence[str]] | None = None, graders: Sequence[Grader] = (),
+                     ignore: Mapping[str, Sequence[str]] | None = None,
+                     match: Mapping[str, str | Path] | None = None, graders: Sequence[Grader] = (),
                      concurrency: int = 4, on_start: Callable[[RunSet], Any] | None = None,
                      on_done: Callable[[Driven], Any] | None = None) -> Report:
     """Regress a saved set (`set_name`) or a selection of `agent`'s runs (saved as `save` when given) on the
-    candidate bundle at `candidate_path` with its overrides; `RegressError` for bad input, nothing written."""
+    candidate bundle at `candidate_path` with its overrides; `rules`, `ignore` (argument keys) and `match`
+    (`.pym` matchers) per tool. `RegressError` for bad input, nothing written."""
     if set_name is not None:
         if any(v is not None for v in (outcome, since, until, sample)) or runs:
             raise RegressError("a saved set is regressed as it was saved: give a set or a selection, not "
@@ -69,7 +71,13 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
                                      base_url=base_url, model=model, model_url=model_url)
     try:
         checked = rules_of(rules, [s.name for s in candidate.bundle.tool_schemas()])  # ask_human too
-        matcher = Matcher({tool: frozenset(keys) for tool, keys in (ignore or {}).items()})
+        names = [s.name for s in candidate.bundle.tool_schemas()]
+        for tool in [*(ignore or {}), *(match or {})]:
+            if tool not in names:
+                raise RegressError(f"--ignore/--match name tool {tool!r}, which the candidate does not have; "
+                                   f"its tools: {', '.join(sorted(names))}")
+        matcher = Matcher({tool: frozenset(keys) for tool, keys in (ignore or {}).items()},
+                          {tool: PymCompare.load(path) for tool, path in (match or {}).items()})
         if save is not None and set_name is None:
             run_set = await save_set(js, save, run_set)
         if on_start is not None:

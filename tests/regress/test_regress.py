@@ -297,7 +297,11 @@ async def test_a_stricter_approval_rule_is_denied_for_want_of_a_recorded_verdict
 
 
 async def test_another_model_is_served_what_was_recorded_and_refused_what_was_not(
-        recorded: Recorded, shop: Shop) -> None:
+        recorded: Recorded, shop: Shop, tmp_path: Path) -> None:
+    same_order = tmp_path / "same_order.pym"
+    same_order.write_text('"""X12 is O12."""\nfrom grail import Input\n\nrecorded: dict = Input("recorded")\n'
+                          'candidate: dict = Input("candidate")\n\n'
+                          'recorded["order_id"][1:] == candidate["order_id"][1:]\n')
     before = len(shop.calls)
     with ScriptedModelServer(responder=other_model) as server:
         async with await Client.connect(recorded.url) as client:
@@ -307,6 +311,8 @@ async def test_another_model_is_served_what_was_recorded_and_refused_what_was_no
                                            rules={"lookup_order": "diverge"}, runs=[recorded.runs[2]])
             ignored = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
                                            ignore={"lookup_order": ["order_id"]}, runs=[recorded.runs[2]])
+            matched = await client.regress(SHOP, agent="shop", base_url=server.base_url, model="scripted",
+                                           match={"lookup_order": same_order}, runs=[recorded.runs[2]])
             events = {row.source_run: (await client.log.read(row.run_id)).events for row in report.rows
                       if row.run_id and row.verdict != "same"}
     assert len(shop.calls) == before  # a wrong look-up and a refund of 6 never reached the shop
@@ -327,8 +333,8 @@ async def test_another_model_is_served_what_was_recorded_and_refused_what_was_no
     assert (row.verdict, row.diverged_at) == ("diverged", 2) and row.candidate is not None
     assert row.candidate.status == "cancelled" and "lookup_order" in row.detail
     # with the order id left out of the comparison, the wrong look-up is the recorded one: served, not refused
-    row = ignored.rows[0]
-    assert (row.served, row.refused, row.verdict, row.diverged_at) == (2, 0, "diverged", 2)
+    for row in (ignored.rows[0], matched.rows[0]):  # ... or a .pym matcher calls it the same
+        assert (row.served, row.refused, row.verdict, row.diverged_at) == (2, 0, "diverged", 2)
 
 
 async def test_a_pym_grader_grades_both_sides(recorded: Recorded, tmp_path: Path) -> None:
@@ -380,6 +386,9 @@ async def test_bad_input_is_refused_and_nothing_is_written(recorded: Recorded, t
             await client.regress(broken, agent="shop", runs=[recorded.runs[0]], save="never")
         with pytest.raises(RegressError, match="no saved set 'nope'"):
             await client.regress(SHOP, set_name="nope")
+        with pytest.raises(RegressError, match="--ignore/--match name tool 'nope'"):
+            await client.regress(SHOP, agent="shop", runs=[recorded.runs[0]], base_url="http://127.0.0.1:9/v1",
+                                 ignore={"nope": ["x"]})
         with pytest.raises(RegressError, match="unknown rule"):
             await client.regress(SHOP, agent="shop", runs=[recorded.runs[0]], base_url="http://127.0.0.1:9/v1",
                                  rules={"refund": "maybe"})

@@ -10,8 +10,8 @@ import pytest
 from runtime import events as ev
 from runtime.cli.regress_cmds import parse_when
 from runtime.regress.cache import request_key
-from runtime.regress.recorded import Matcher, Recorded, canonical
-from runtime.regress.sets import read_ids
+from runtime.regress.recorded import Matcher, PymCompare, Recorded, canonical
+from runtime.regress.sets import RegressError, read_ids
 from runtime.types import ToolCall, ToolError
 
 
@@ -24,7 +24,8 @@ def test_canonical_json_ignores_key_order_and_integral_floats_and_the_keys_asked
     assert matcher.key("other", {"q": "tea", "request_id": "x1"}) != matcher.key("other", {"q": "tea"})
 
 
-def test_each_recorded_call_is_served_once_in_order_and_only_with_its_outcome() -> None:
+@pytest.mark.anyio
+async def test_each_recorded_call_is_served_once_in_order_and_only_with_its_outcome() -> None:
     run = "r1"
     calls = [ToolCall(f"{run}/1.0", "add", {"a": 1}), ToolCall(f"{run}/2.0", "add", {"a": 1}),
              ToolCall(f"{run}/3.0", "add", {"a": 2})]
@@ -34,11 +35,11 @@ def test_each_recorded_call_is_served_once_in_order_and_only_with_its_outcome() 
                ev.ToolFailed(run_id=run, call_id=calls[1].id, tool="add",
                              error=ToolError("execution", "boom"))]
     recorded = Recorded(events, Matcher())
-    first, second = recorded.take_call("add", {"a": 1.0}), recorded.take_call("add", {"a": 1})
+    first, second = await recorded.take_call("add", {"a": 1.0}), await recorded.take_call("add", {"a": 1})
     assert first is not None and isinstance(first.outcome, ev.ToolCompleted) and first.outcome.output == 1
     assert second is not None and isinstance(second.outcome, ev.ToolFailed)
-    assert recorded.take_call("add", {"a": 1}) is None  # a third time: the world was never asked
-    assert recorded.take_call("add", {"a": 2}) is None  # made, but its outcome was never recorded
+    assert await recorded.take_call("add", {"a": 1}) is None  # a third time: the world was never asked
+    assert await recorded.take_call("add", {"a": 2}) is None  # made, but its outcome was never recorded
 
 
 def test_the_cache_key_is_the_bytes_sent_with_the_regression_runs_own_id_written_as_a_placeholder() -> None:
@@ -59,3 +60,36 @@ def test_times_and_run_id_files(tmp_path: Path) -> None:
     ids = tmp_path / "runs.txt"
     ids.write_text("r1\nr2, r3  # the refunds\n\n# none here\nr1\n")
     assert read_ids(ids) == ("r1", "r2", "r3")
+
+
+SAME_QUERY = """\
+\"\"\"Two searches ask the same when their queries differ only in case.\"\"\"
+from grail import Input
+
+recorded: dict = Input("recorded")
+candidate: dict = Input("candidate")
+
+recorded["q"].lower() == candidate["q"].lower()
+"""
+
+
+@pytest.mark.anyio
+async def test_a_pym_matcher_says_when_two_calls_ask_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "same_query.pym"
+    path.write_text(SAME_QUERY)
+    run = "r1"
+    calls = [ToolCall(f"{run}/1.0", "search", {"q": "Tea"}), ToolCall(f"{run}/2.0", "search", {"q": "Cups"})]
+    events: list[ev.Event] = [ev.RunStarted(run_id=run, input="x")]
+    for i, c in enumerate(calls):
+        events += [ev.ToolCalled(run_id=run, call=c),
+                   ev.ToolCompleted(run_id=run, seq=2 * i + 2, call_id=c.id, tool="search", output=i)]
+    recorded = Recorded(events, Matcher(compare={"search": PymCompare.load(path)}))
+    cups = await recorded.take_call("search", {"q": "CUPS"})
+    assert cups is not None and cups.call.id == calls[1].id
+    assert await recorded.take_call("search", {"q": "cups"}) is None  # served once
+    assert await recorded.take_call("search", {"q": 3}) is None  # the function failed on it: no match
+    tea = await recorded.take_call("search", {"q": "tea"})
+    assert tea is not None and tea.call.id == calls[0].id
+    (tmp_path / "bad.pym").write_text('from grail import Input\n\nx: int = Input("x")\n\nTrue\n')
+    with pytest.raises(RegressError, match="declares the inputs \\['x'\\], not recorded and candidate"):
+        PymCompare.load(tmp_path / "bad.pym")
