@@ -22,6 +22,10 @@ differs, and these ports decide it:
   A new one is denied / fails saying no recorded verdict or answer exists, or stops the run (`diverge`).
 
 Timers wait here, in real time (nothing parks a regression run): a run that sleeps for an hour takes one.
+
+Why a subclass of `LocalPorts` and not ports of their own: a call that runs in a regression runs exactly as in
+one process (the same sandbox, notes, deadline and data handling), so only what differs is written here: the
+recorded results, the rules, the refusing externals, the recorded verdicts and answers.
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ class Row:
     ran: int = 0
     refused: int = 0
     detail: str = ""
+    unmatched: list[str] = field(default_factory=list)  # tools the candidate called with no recorded match
 
     @property
     def change(self) -> str:
@@ -167,7 +168,8 @@ async def compare(driven: Driven, graders: Sequence[Grader]) -> Row:
     source_pass, _, source_errors = await grade_all(graders, source_ending, source_ending)
     tally = driven.tally
     base: dict[str, Any] = {"source_run": driven.source.run_id, "run_id": driven.run_id, "source": source,
-            "source_pass": source_pass, "served": tally.served, "ran": tally.ran, "refused": tally.refused}
+            "source_pass": source_pass, "served": tally.served, "ran": tally.ran, "refused": tally.refused,
+                            "unmatched": list(tally.unmatched)}
     if driven.error is not None:
         return Row(**base, verdict="failed", diverged_at=None, candidate=None, candidate_pass=False,
                    reasons=[driven.error], grader_errors=source_errors, detail=driven.error)
