@@ -167,9 +167,10 @@ async def compare(driven: Driven, graders: Sequence[Grader]) -> Row:
     source_ending = _ending(source, first)
     source_pass, _, source_errors = await grade_all(graders, source_ending, source_ending)
     tally = driven.tally
-    base: dict[str, Any] = {"source_run": driven.source.run_id, "run_id": driven.run_id, "source": source,
-            "source_pass": source_pass, "served": tally.served, "ran": tally.ran, "refused": tally.refused,
-                            "unmatched": list(tally.unmatched)}
+    base: dict[str, Any] = {
+        "source_run": driven.source.run_id, "run_id": driven.run_id, "source": source,
+        "source_pass": source_pass, "served": tally.served, "ran": tally.ran, "refused": tally.refused,
+        "unmatched": list(tally.unmatched)}
     if driven.error is not None:
         return Row(**base, verdict="failed", diverged_at=None, candidate=None, candidate_pass=False,
                    reasons=[driven.error], grader_errors=source_errors, detail=driven.error)

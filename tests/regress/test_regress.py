@@ -532,3 +532,19 @@ async def test_a_recorded_answer_is_given_again_and_a_new_question_gets_none(rec
                                            rules={"ask_human": "diverge"})
     row = stopped.rows[0]
     assert row.verdict == "diverged" and row.candidate is not None and row.candidate.status == "cancelled"
+
+
+async def test_a_candidate_whose_run_fails_is_reported_failed_with_the_reason(recorded: Recorded) -> None:
+    from runtime.testing import Reply
+
+    with ScriptedModelServer(responder=lambda body: Reply.error(400, "no such model")) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", runs=[recorded.runs[1]],
+                                          base_url=server.base_url, model="scripted")
+            events = (await client.log.read(report.rows[0].run_id)).events
+    row = report.rows[0]
+    assert (row.verdict, row.diverged_at, row.change) == ("failed", 2, "regression")
+    assert row.candidate is not None and row.candidate.status == "failed"
+    assert row.detail == "2 errors in a row (limit 2)"  # the run's own failure, as its log says
+    assert any(isinstance(e, ev.ModelFailed) and "no such model" in e.error for e in events)
+    assert report.model_calls == 2 and report.cached == 0  # an error is asked again, never cached
