@@ -1,7 +1,7 @@
 """The model reply cache of regressions: a second regression of the same runs on the same candidate asks the
 model nothing.
 
-    cache = await ModelCache.open(js)
+    cache = ModelCache(js)                 # the bucket is opened (created) on first use
     client = CachedModelClient(cache, base_url="http://gpu:8000/v1", model="qwen3")
     with regression_run("r3f2"):           # the run whose requests these are
         completion = await client.complete(messages, **extras)   # asked once, then served from the cache
@@ -64,24 +64,27 @@ class _Cached(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ModelCache:
-    """Replies by request key, in the fleet's KV (see the module docstring)."""
+    """Replies by request key, in the fleet's KV (see the module docstring); the bucket is opened, and created
+    if need be, by the first request, so a regression refused before its first run writes nothing."""
 
-    def __init__(self, kv: KeyValue) -> None:
-        self.kv = kv
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+        self._kv: KeyValue | None = None
 
-    @classmethod
-    async def open(cls, js: JetStreamContext) -> ModelCache:
-        return cls(await fleet_kv(js, CACHE_BUCKET))
+    async def kv(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await fleet_kv(self.js, CACHE_BUCKET)
+        return self._kv
 
     async def get(self, key: str) -> bytes | None:
         try:
-            entry = await self.kv.get(key)
+            entry = await (await self.kv()).get(key)
         except KeyNotFoundError:
             return None
         return entry.value or None
 
     async def put(self, key: str, value: bytes) -> None:
-        await self.kv.put(key, value)
+        await (await self.kv()).put(key, value)
 
 
 def request_key(base_url: str, body: bytes, run_id: str | None) -> str:

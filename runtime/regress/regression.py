@@ -66,7 +66,7 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
     else:
         run_set = await select(js, Selection(agent=agent, runs=tuple(runs), outcome=outcome, since=since,
                                              until=until, sample=sample, seed=seed), name=save or "")
-    cache = await ModelCache.open(js)
+    cache = ModelCache(js)
     candidate = await load_candidate(candidate_path, run_set.agent, cache, system_prompt=system_prompt,
                                      base_url=base_url, model=model, model_url=model_url)
     try:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from runtime import events as ev
 from runtime.log import RunLog
@@ -160,11 +161,19 @@ async def save_set(js: JetStreamContext, name: str, runs: RunSet) -> RunSet:
     return saved
 
 
+async def _sets(js: JetStreamContext) -> KeyValue | None:
+    """The sets bucket if any set was ever saved (reading creates nothing)."""
+    try:
+        return await js.key_value(SETS_BUCKET)
+    except BucketNotFoundError:
+        return None
+
+
 async def load_set(js: JetStreamContext, name: str) -> RunSet:
     """The saved set `name`; `RegressError` naming the sets there are when there is none."""
-    kv = await fleet_kv(js, SETS_BUCKET)
+    kv = await _sets(js)
     try:
-        entry = await kv.get(check_name(name))
+        entry = await kv.get(check_name(name)) if kv is not None else None
     except KeyNotFoundError:
         entry = None
     if entry is None or not entry.value:
@@ -177,7 +186,9 @@ async def load_set(js: JetStreamContext, name: str) -> RunSet:
 
 
 async def list_sets(js: JetStreamContext) -> list[str]:
-    return sorted(key for key, e in (await kv_entries(await fleet_kv(js, SETS_BUCKET))).items() if e.value)
+    """The names of the saved sets."""
+    kv = await _sets(js)
+    return sorted(key for key, e in (await kv_entries(kv)).items() if e.value) if kv is not None else []
 
 
 __all__ = ["OUTCOMES", "SETS_BUCKET", "RegressError", "RunSet", "Selection", "check_name", "list_sets",

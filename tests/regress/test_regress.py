@@ -185,8 +185,10 @@ async def recorded(nats_server: Any, shop: Shop) -> AsyncIterator[Recorded]:
     yield Recorded(url, runs, other.run_id, split, (thread[0], thread[1]), approved.run_id)
 
 
-async def events_count(client: Client) -> int:
-    return (await client.js.stream_info("EVENTS")).state.messages
+async def written(client: Client) -> tuple[int, list[str]]:
+    """How many events the log holds, and which streams (KV buckets among them) exist."""
+    return ((await client.js.stream_info("EVENTS")).state.messages,
+            sorted(i.config.name for i in await client.js.streams_info()))
 
 
 def by_source(report: Report) -> dict[str, Any]:
@@ -377,7 +379,7 @@ async def test_bad_input_is_refused_and_nothing_is_written(recorded: Recorded, t
     broken.mkdir()
     (broken / "bundle.yaml").write_text("name: shop\nsystem_prompt: hi\ntools: [nothing.pym]\n")
     async with await Client.connect(recorded.url) as client:
-        before = await events_count(client)
+        before = await written(client)
         with pytest.raises(RegressError, match="no run 'r-nope'"):
             await client.regress(SHOP, agent="shop", runs=["r-nope"])
         with pytest.raises(RegressError, match="belongs to agent 'researcher', not 'shop'"):
@@ -392,7 +394,7 @@ async def test_bad_input_is_refused_and_nothing_is_written(recorded: Recorded, t
         with pytest.raises(RegressError, match="unknown rule"):
             await client.regress(SHOP, agent="shop", runs=[recorded.runs[0]], base_url="http://127.0.0.1:9/v1",
                                  rules={"refund": "maybe"})
-        assert await events_count(client) == before
+        assert await written(client) == before  # no run, no set, no bucket
         with pytest.raises(RegressError, match="no saved set 'never'"):
             await client.regress(SHOP, set_name="never")
 
