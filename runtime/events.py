@@ -92,6 +92,16 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
 # ── run lifecycle ─────────────────────────────────────────────────────────────────────────────────────
 
 
+class RegressionOf(msgspec.Struct, frozen=True, kw_only=True):
+    """What marks a regression run (`runtime.regress`): the recorded run it drives again from its task, the
+    named set it belongs to and the candidate bundle it runs on. Such a run is a run (replay, diff, fork and
+    purge read it), but never production: hosts do not index or resume it, and budgets do not count it."""
+
+    source_run: str
+    set: str = ""
+    candidate: str = ""  # the candidate's id: its bundle digest, with a hash of its overrides
+
+
 class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     """A task was accepted and this run owns it. Carries the task so the log alone can rebuild the run."""
 
@@ -112,6 +122,7 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started"):
     summary: str | None = None
     summarised: int = 0
     priority: Priority | None = None  # the run's model calls queue at this priority (None: the default)
+    regression: RegressionOf | None = None  # set: a regression run, never production (`RegressionOf`)
 
 
 # What a fork changes at its fork point. Each is recorded in the fork's first event; `output` and `reply`
@@ -960,6 +971,7 @@ __all__ = [
     "Priority",
     "QuestionAnswered",
     "QuestionAsked",
+    "RegressionOf",
     "ReplyEdit",
     "Resume",
     "RunCancelled",

@@ -6,6 +6,7 @@
 - `replay_cmds`     — `sa replay` (a run's timeline, `--verify`, `--diff`, `--thread`, `--html`)
 - `thread_cmds`     — `sa threads` (conversations: threads and their runs)
 - `fork_cmds`       — `sa fork` (a new run from any past event of a run)
+- `regress_cmds`    — `sa regress` (recorded runs driven again on a candidate, tools served from the log)
 - `control_cmds`    — `sa cancel`, `sa approvals`, `sa approve`, `sa deny` (run control for operators)
 - `question_cmds`   — `sa questions`, `sa answer` (the questions runs ask a person, `ask_human`)
 - `schedule_cmds`   — `sa schedule add / list / pause / resume / delete` (runs started by the cluster's clock)
@@ -30,6 +31,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     replay_cmds,
     thread_cmds,
     fork_cmds,
+    regress_cmds,
     control_cmds,
     question_cmds,
     schedule_cmds,

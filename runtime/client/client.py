@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from runtime.client.work import ToolWork
     from runtime.log import Purged
     from runtime.nats.records import ThreadRecord
+    from runtime.regress import Report
     from runtime.worker.dlq import DeadLetter
 
 
@@ -228,6 +230,15 @@ class Client:
             if not history.events:
                 raise LookupError(f"no events for run {run_id!r} (see `sa runs`)")
         return diverge(a, first.events, b, second.events)
+
+    async def regress(self, candidate: str | Path, **options: Any) -> Report:
+        """Drive recorded runs again on the candidate bundle at `candidate`, the tools' results served from
+        the log, and report run by run what changed (`runtime.regress.regression.regression`: `agent=` with a
+        selection, or `set_name=`; `save=` names the selection; overrides, rules, graders). `RegressError`
+        for bad input, with nothing written."""
+        from runtime.regress.regression import regression
+
+        return await regression(self.js, candidate, **options)
 
     # -- conversations and the fleet -------------------------------------------------------------------
 

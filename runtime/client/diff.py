@@ -17,7 +17,7 @@ own log entries (`common` for `a`, `b_common` for `b`), which differ when the sh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
@@ -73,8 +73,12 @@ def _script_fact(run: ev.ScriptRun) -> dict[str, Any]:
             "failed": run.failed, "error": msgspec.to_builtins(run.error)}
 
 
-def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event]) -> Divergence:
-    """Compare two runs' logs (as read, payloads resolved) fact by fact, in their detailed view."""
+def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event], *,
+            fact_of: Callable[[ev.Event], Any] | None = None) -> Divergence:
+    """Compare two runs' logs (as read, payloads resolved) fact by fact, in their detailed view. `fact_of`
+    is what counts of an event (default `fact`): a regression compares behaviour, not the request it made
+    on purpose otherwise (`runtime.regress.report`)."""
+    fact_of = fact_of or fact
     xa, xb = ev.expand_all(a), ev.expand_all(b)
     same = 0
     for x, y in zip(xa, xb, strict=False):
@@ -82,7 +86,7 @@ def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event]
             y_in_a = rebased(y, b_run, a_run)
         except ValueError:  # an id of another run: cannot be the same fact
             break
-        if fact(x) != fact(y_in_a):
+        if fact_of(x) != fact_of(y_in_a):
             break
         same += 1
     common, b_common = _entries_before(a, xa, same), _entries_before(b, xb, same)

@@ -245,8 +245,9 @@ class TraceBuilder:
     def _started(self, event: ev.RunStarted) -> None:
         self.run_id, self.agent = event.run_id, event.actor.partition(":")[0]
         forked = isinstance(event, ev.RunForked)
-        # a fork is its own trace (an operator's "what if", not the publisher's request)
-        self._parent = None if forked else parent_context(event.metadata)
+        # a fork is its own trace (an operator's "what if", not the publisher's request), and so is a
+        # regression run (its task's metadata is its source's, traceparent and all: never the caller's trace)
+        self._parent = None if forked or event.regression else parent_context(event.metadata)
         self.trace_id = self._parent.trace_id if self._parent else trace_id_for(event.run_id)
         attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "invoke_agent",
                                        "gen_ai.agent.name": self.agent, "sa.run_id": event.run_id,
@@ -260,6 +261,9 @@ class TraceBuilder:
         if isinstance(event, ev.RunForked):
             attrs["sa.forked_from"], attrs["sa.forked_at"] = event.source_run, event.source_seq
             self._copied = event.source_seq
+        if event.regression is not None:
+            attrs["sa.regression_of"] = event.regression.source_run
+            attrs["sa.regression_set"] = event.regression.set
         parent = self._parent.span_id if self._parent else None
         self.run = _Open(f"invoke_agent {self.agent}", span_id_for(event.run_id, event.seq), parent, event.ts,
                          event.seq, attributes=attrs)

@@ -301,3 +301,15 @@ def test_a_script_span_lasts_as_long_as_the_worker_measured_the_sandbox_run():
     script = next(s for s in trace_of(events) if s.name == "script add")
     assert abs((script.end - script.start) * 1000 - 4.5) < 1e-6  # the worker's 4.5 ms, not the 0.6 ms between
     assert script.end == 200.0045
+
+
+def test_a_regression_run_is_its_own_trace_named_as_a_regression_of_its_source():
+    run, trace, parent = "g-1", "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    events = _stamped([
+        ev.RunStarted(run_id=run, input="x", metadata={"traceparent": f"00-{trace}-{parent}-01"},
+                      regression=ev.RegressionOf(source_run="r-src", set="week48", candidate="abc")),
+        ev.RunCompleted(run_id=run, output=1),
+    ])
+    root = next(s for s in trace_of(events) if s.name == "invoke_agent calc")
+    assert root.parent_id is None and root.trace_id == trace_id_for(run)  # not the source's caller's trace
+    assert (root.attributes["sa.regression_of"], root.attributes["sa.regression_set"]) == ("r-src", "week48")
