@@ -188,7 +188,10 @@ class _Local:
         extra: list[str] = []
         if secure:
             self.worker_env = _secure_setup(self.console, self.claim.store, extra)
-        self.server = bus.EmbeddedNats(self.claim.store, extra_args=extra).start()
+        self.server = bus.EmbeddedNats(self.claim.store, extra_args=extra).start()  # sync_interval: always
+        from runtime.nats.durability import MONITOR_ENV
+
+        os.environ.setdefault(MONITOR_ENV, self.server.monitor_url)  # where the host asks how it syncs
         self.state.update(nats_url=self.server.url, store=str(self.claim.store))
         self.claim.record(self.state)  # a refused `sa up` on this store names this one
         _line(self.console, "nats", f"{self.server.url}  (embedded, store {self.server.store_dir}"
@@ -278,7 +281,7 @@ def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any
                         on_event=metrics.observe if metrics is not None else None)
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend="asyncio")
+    serving.run_refusing_unsynced(main)
 
 
 def secure_dir(store: Path) -> Path:

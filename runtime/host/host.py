@@ -111,6 +111,7 @@ from runtime.log import RunLog
 from runtime.log.payloads import PayloadError
 from runtime.log.threads import Conversations, Threads, conversation
 from runtime.logfields import log_context
+from runtime.nats.durability import REQUIRE_SYNC_ENV, SyncReport, UnsyncedStorage, storage_sync
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
@@ -142,6 +143,7 @@ class Host:
         self.total_partitions = 0
         self.started = time.time()
         self.ready = anyio.Event()
+        self.storage = SyncReport(())  # what the servers said of their syncing, at start
         self._tg: anyio.abc.TaskGroup | None = None
         self.log: RunLog = run_log_for(self.js)
         self.index = RunsIndex(self.js)
@@ -206,6 +208,7 @@ class Host:
         bundle a fair share of its partitions held by lease (`runtime.host.leases`). Runs in flight are left
         to the next owner's takeover."""
         stop = stop or anyio.Event()
+        await self._check_storage()
         topology = await attach_topology(self.js)
         await retrying(lambda: ensure_transforms(self.js), what="updating the streams' subject transforms",
                        delay=OPEN_RETRY_S, logger=log)  # streams made by an older version
@@ -252,6 +255,19 @@ class Host:
                 while self.leases is not None and self._served.parts:  # the lease loop hands them back
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
+
+    async def _check_storage(self) -> None:
+        """Say in one line whether JetStream syncs each write before acknowledging it; refuse to serve
+        if it does not (or cannot be told to) and `HostConfig.require_sync` is set."""
+        servers = [s.geturl() for s in getattr(self.nc, "servers", None) or []]
+        self.storage = await storage_sync(servers, self.config.monitor)
+        line = f"host {self.id}: {self.storage.summary()}"
+        if self.storage.synced:
+            log.info("%s", line)
+            return
+        if self.config.require_sync:
+            raise UnsyncedStorage(f"{line}; refusing to serve ({REQUIRE_SYNC_ENV} is set)")
+        log.warning("%s", line)
 
     def _recovered_slots(self) -> list[Slot]:
         """The slots served now whose takeover's recovery is over (orphans are looked for in these)."""
