@@ -20,8 +20,10 @@ syncs its files every two minutes unless told `sync_interval: always`; a power l
 loses writes the runtime was told are stored (a recorded model reply, a tool's outcome, a task). The
 embedded server is one node with no replica to recover from, so it syncs every write (`sync="always"`):
 the cost, measured with `bench/peers.py`, is in docs/explanation/performance.md. `sync=None` keeps
-nats-server's lazy default (benchmarks comparing the two). nats-server has no flag for it, so the
-setting goes into a small config file written next to the store (it `include`s a config given with `-c`).
+nats-server's lazy default (benchmarks comparing the two); `SA_NATS_SYNC` sets the default (`default` for
+nats-server's own, or a duration such as `1s`), for a laptop that prefers speed to the last writes.
+nats-server has no flag for it, so the setting goes into a small config file written next to the store
+(it `include`s a config given with `-c`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ from typing import Any, Protocol
 from runtime.nats.retry import wait_until
 
 SYNC_ALWAYS = "always"  # JetStream `sync_interval`: fsync every write before acknowledging it
+SYNC_ENV = "SA_NATS_SYNC"  # the embedded server's `sync_interval`: "always" (default), a duration, "default"
+
+
+def sync_from_env() -> str | None:
+    """The embedded server's `sync_interval` from `SA_NATS_SYNC` (None for "default": nats-server's own,
+    every 2 minutes), "always" when unset."""
+    value = os.environ.get(SYNC_ENV, "").strip()
+    if not value:
+        return SYNC_ALWAYS
+    return None if value == "default" else value
 
 
 def find_nats_server() -> Path:
@@ -172,9 +184,10 @@ class EmbeddedNats:
 
     def __init__(self, store_dir: str | Path | None = None, *, log_file: str | Path | None = None,
                  extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 sync: str | None = SYNC_ALWAYS) -> None:
+                 sync: str | None = "") -> None:
         self._owned_tmp: str | None = None
-        self.sync = sync  # JetStream's `sync_interval` ("always", or a duration such as "1s"); None: lazy
+        # JetStream's `sync_interval` ("always", or a duration such as "1s"); None: nats-server's default
+        self.sync = sync_from_env() if sync == "" else sync
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.log_file = Path(log_file) if log_file is not None else None
         self.extra_args = list(extra_args)
@@ -293,5 +306,5 @@ class EmbeddedNats:
         await anyio.to_thread.run_sync(self.stop)
 
 
-__all__ = ["SYNC_ALWAYS", "EmbeddedNats", "ServerProcess", "default_store_dir", "find_nats_server",
-           "monitor_get", "release", "supervise"]
+__all__ = ["SYNC_ALWAYS", "SYNC_ENV", "EmbeddedNats", "ServerProcess", "default_store_dir",
+           "find_nats_server", "monitor_get", "release", "supervise", "sync_from_env"]
