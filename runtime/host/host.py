@@ -94,7 +94,7 @@ from nats.js.errors import BadRequestError
 from runtime import events as ev
 from runtime import kernel
 from runtime.commands import split_actor
-from runtime.host.actors import Actor, Actors, Task
+from runtime.host.actors import Actor, Actors, Task, slot_of
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly, host_driver, run_log_for, standing
 from runtime.host.endpoint import Endpoints
@@ -146,13 +146,15 @@ class Host:
         self.storage = SyncReport(())  # what the servers said of their syncing, at start
         self._tg: anyio.abc.TaskGroup | None = None
         self.log: RunLog = run_log_for(self.js)
+        self.log.writer = self.id  # every event this host appends names it (`Sa-Writer`)
         self.index = RunsIndex(self.js)
         self.threads = Threads(self.js)
         self.conversations = Conversations()  # what the runs this host drove ended with (threads go on)
         self._actors = Actors(budget=self.budget, stats=self.stats, serves=self.serves, spawn=self._spawn,
                               start=self._start, drive=self._drive, refold=self._refold)
         self.recovery = Recovery(self.js, self.log, agents, self._actors, self.index, self.config, self.stats,
-                                 serves=self.serves, on_event=on_event, conversations=self.conversations)
+                                 serves=self.serves, on_event=on_event, conversations=self.conversations,
+                                 host_id=self.id, holds=self.holds, lease_of=self._lease_of)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
                              total_partitions=lambda: self.total_partitions, resume=self.recovery.resume,
                              admit=self._admit, refuse=self._refuse, unpark=self.recovery.unpark)
@@ -173,6 +175,15 @@ class Host:
 
     def serves(self, slot: Slot) -> bool:
         return self._served.serves(slot)
+
+    def holds(self, actor: str, p: int) -> bool:
+        """Whether this host may act for actor `actor`'s runs of partition `p` now: it serves the slot and,
+        serving by lease, holds that lease by a renewal recent on its monotonic clock (`Leases.valid`)."""
+        slot = slot_of(actor, p)
+        return self.serves(slot) and (self.leases is None or self.leases.valid(slot))
+
+    def _lease_of(self, slot: Slot) -> int:
+        return self.leases.revision(slot) if self.leases is not None else 0
 
     @property
     def actors(self) -> dict[str, Actor]:
@@ -319,7 +330,7 @@ class Host:
                 self.on_event(started)
             driver = host_driver(self.js, agent, actor, item.run_id, item.partition,
                                state=kernel.evolve(kernel.initial(agent.config, conv), started), last_seq=seq,
-                               on_event=self.on_event, log=self.log)
+                               on_event=self.on_event, log=self.log, holds=self.holds)
             driver.thread = task.thread
             driver.priority = started.priority if started.priority is not None else driver.priority
         else:  # this task already became a run (redelivered after a crash, or re-sent): resume or finish it

@@ -201,6 +201,21 @@ class Leases:
     def serving(self) -> list[Slot]:
         return sorted(slot for slot, h in self.held.items() if h.serving)
 
+    def valid(self, slot: Slot) -> bool:
+        """Whether this host may act for `slot` now: it serves it and a renewal succeeded less than
+        `fence_after` ago by the monotonic clock, asked at the moment of acting. A host paused past its
+        lease (SIGSTOP, a frozen VM) finds its monotonic clock jumped on waking and says no at once, before
+        `_fence_watch` has run; what this cannot see is a clock that runs slow, which the log's fencing
+        (`events.RunTaken`) covers: a stale host's appends are refused."""
+        held = self.held.get(slot)
+        return held is not None and held.serving and not held.lost and not held.releasing \
+            and time.monotonic() - held.renewed < self.config.fence_after
+
+    def revision(self, slot: Slot) -> int:
+        """The revision of this host's lease on `slot` (0 if it holds none): recorded in `run.taken`."""
+        held = self.held.get(slot)
+        return held.revision if held is not None else 0
+
     def _io_for(self, js: JetStreamContext) -> _LeaseIO:
         io = self._ios.get(id(js))
         if io is None:

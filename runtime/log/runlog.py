@@ -8,6 +8,7 @@
     tail = await log.tail("sa-otel")                  # every run's events, acked as handled (durable)
     sub = await log.watch_cancels(on_cancelled)       # every run cancelled from now on (tool workers)
     copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
+    raw = await log.stored(run_id)                    # every message as stored, undecoded (an audit)
     purged = await log.purge([run_id])                # a finished run deleted: events, payloads, index
 
 Where the events live: the JetStream stream EVENTS, one subject per event,
@@ -15,8 +16,9 @@ Where the events live: the JetStream stream EVENTS, one subject per event,
 contiguous; the stream sequence of its last event is what the next append expects.
 
 Single writer. Every append carries `Nats-Expected-Last-Subject-Sequence` for the run's subjects and
-`Nats-Msg-Id = <run>/<seq>`. If another writer appended in between, the stream refuses with "wrong last
-sequence" and the append raises `Superseded`: the loser stops, the log never forks. A retried append
+`Nats-Msg-Id = <run>/<seq>[/<writer>]` (`event_msg_id`). If another writer appended in between, the
+stream refuses with "wrong last sequence" and the append raises `Superseded`: the loser stops, the log
+never forks. A retried append
 whose first attempt did land (the ack was lost) is recognised by its Msg-Id being the run's last, and
 counts as done.
 
@@ -86,6 +88,17 @@ class LogRejected(RuntimeError):
     retrying cannot help, so the run must end with the reason instead."""
 
 
+@dataclass(frozen=True)
+class Stored:
+    """One message of a run as the stream holds it: its stream sequence, subject, bytes and writer (the
+    `Sa-Writer` header: the host that appended it; "" when written by another process)."""
+
+    stream_seq: int
+    subject: str
+    data: bytes
+    writer: str = ""
+
+
 @dataclass
 class RunHistory:
     """A run's events in order, the stream sequence of each, and the actor whose subjects hold them."""
@@ -101,6 +114,22 @@ class RunHistory:
         return self.stream_seqs[-1] if self.stream_seqs else 0
 
 
+def event_msg_id(event: ev.Event, writer: str = "") -> str:
+    """An event's `Nats-Msg-Id`: `<run>/<seq>`, then `/<writer>` when the writer has an id (a host), and
+    `/taken` for a fence (`events.RunTaken`).
+
+    A retry of one event by its writer is the same message, which JetStream drops within its dedup
+    window. Two writers' events with the same seq must not be: the stream would answer the stale one as
+    a duplicate of the other, with the other's stream sequence, as if it were stored; its writer would
+    then expect the run's true last sequence and its next append would land (a fence bypassed)."""
+    msg_id = f"{event.run_id}/{event.seq}"
+    if writer:
+        msg_id += f"/{writer}"
+    if isinstance(event, ev.RunTaken):
+        msg_id += "/taken"
+    return msg_id
+
+
 def run_filter(run_id: str, actor: str | None = None) -> str:
     """The subjects of one run's events (any actor when `actor` is not known)."""
     if actor:
@@ -111,9 +140,10 @@ def run_filter(run_id: str, actor: str | None = None) -> str:
 class RunLog:
     """The EVENTS stream seen as runs. Cheap to make; the object store is opened on first big payload."""
 
-    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None) -> None:
+    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None, writer: str = "") -> None:
         self.js = js
         self._payloads = payloads
+        self.writer = writer  # stored with each event appended (`Sa-Writer`): a host's id
 
     @property
     def payloads(self) -> Payloads:
@@ -138,10 +168,10 @@ class RunLog:
     async def _publish(self, event: ev.Event, expect: int, *, creating: bool) -> int | None:
         if event.seq < 0 or not event.actor:
             raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
-        msg_id = f"{event.run_id}/{event.seq}"
+        msg_id = event_msg_id(event, self.writer)
         subject = names.event_subject(event.actor, event.run_id, ev.kind_of(event))
         data = await self._encoded(event)
-        headers = names.occ_headers(event.actor, event.run_id, expect, msg_id)
+        headers = names.occ_headers(event.actor, event.run_id, expect, msg_id, self.writer)
         while True:
             try:
                 ack = await self.js.publish(subject, data, headers=headers)
@@ -238,6 +268,45 @@ class RunLog:
         if resolve and any(e.ref is not None for e in out.events):
             out.events = [await self.resolve(e) for e in out.events]
         return out
+
+    async def stored(self, run_id: str, actor: str | None = None, *, timeout: float = 30.0) -> list[Stored]:
+        """Every message of `run_id` as the stream holds it, undecoded, in stream order: what an audit
+        checks (`runtime.client.audit`), where `read` would stop at the first event it cannot decode."""
+        flt = run_filter(run_id, actor)
+        try:
+            last = await self.js.get_last_msg(names.EVENTS, flt)
+        except NotFoundError:
+            return []
+        end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
+        out: list[Stored] = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Msg) -> None:
+            seq = _stream_seq(msg)
+            if seq <= end:
+                out.append(Stored(seq, msg.subject, msg.data, (msg.headers or {}).get(names.HDR_WRITER, "")))
+            if seq >= end and not done.done():
+                done.set_result(None)
+
+        sub = await self.js.subscribe(flt, stream=names.EVENTS, ordered_consumer=True, cb=on_msg,
+                                      deliver_policy=DeliverPolicy.ALL)
+        try:
+            await asyncio.wait_for(done, timeout)
+        finally:
+            await sub.unsubscribe()
+        return out
+
+    async def runs(self, actor: str | None = None) -> list[tuple[str, str]]:
+        """(actor, run id) of every run with an event in the stream (of `actor` only, if given), from the
+        stream's per-subject counts: one request, no message read."""
+        flt = f"events.{names.check_token(actor, 'agent')}.>" if actor else "events.>"
+        info = await self.js.stream_info(names.EVENTS, subjects_filter=flt)
+        found = set()
+        for subject in (info.state.subjects or {}):
+            parts = subject.split(".", 3)
+            if len(parts) == 4:
+                found.add((parts[1], parts[2]))
+        return sorted(found)
 
     async def started(self, run_id: str, actor: str) -> ev.RunStarted | None:
         """The run's `run.started` alone, in one direct get (None for a fork or a run not started): what a
@@ -447,5 +516,5 @@ def _stream_seq(msg: Msg) -> int:
         return int(msg.metadata.sequence.stream)
 
 
-__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Superseded", "Tail", "Tailed", "rebased",
-           "run_filter"]
+__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Stored", "Superseded", "Tail", "Tailed",
+           "event_msg_id", "rebased", "run_filter"]
