@@ -22,6 +22,7 @@ import pytest
 from test_faults import Shape, busiest_host, verify, wait_all_terminal, write_bundle
 
 from runtime import events as ev
+from runtime.client.audit import audit
 from runtime.commands import publish_task
 from runtime.nats.connection import close, connect
 from runtime.nats.kv import fleet_kv, kv_entries
@@ -93,6 +94,7 @@ async def test_a_host_paused_past_its_lease_stores_nothing_after_the_takeover(na
             await wait_all_terminal(js, shapes, 90)
             counts = await verify(js, shapes, model)
             log = await stored(js)
+            audited = await audit(js)  # the fenced logs are whole: `run.taken` is no gap, fork or stray
     finally:
         for p in procs:
             p.stop()
@@ -118,3 +120,4 @@ async def test_a_host_paused_past_its_lease_stores_nothing_after_the_takeover(na
     assert victims & unfinished, "the paused host had no run in flight: the test proved nothing"
     assert victims & unfinished <= fenced | retaken, "a run taken over without a run.taken fence"
     assert counts["writes"] == 3 * len(shapes)
+    assert len(audited.runs) == len(shapes) and not audited.findings, audited.findings
