@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance clean browser docs
+.PHONY: install test demo bench lint conformance clean browser faketime docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,8 +48,17 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; fi
 
+# The slow-clock fault test (tests/system/test_pauses.py) runs a host under Debian's libfaketime.
+FAKETIME := /usr/bin/faketime
+
+faketime:
+	@if [ ! -x $(FAKETIME) ]; then \
+		echo "installing faketime (for the slow-clock fault test)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q faketime; fi
+
 # ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
-test: lint browser
+test: lint browser faketime
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -48,6 +48,17 @@ Bounds (defaults: TTL 2 s, renew every 0.5 s = TTL/4, fence after 1.5 s)
   cluster) fences every host and may let leases expire: the slots are then taken again, by the
   same hosts or others, once NATS answers. That costs a recovery, never a run.
 
+A clock that runs slow
+----------------------
+Every bound above is judged on this host's monotonic clock, which a pause makes jump (so `valid` says no
+at once after SIGCONT) but which can also run slow (a VM starved of ticks, libfaketime): measured on such
+a clock, a lease looks younger than it is. So each renewal round also reads back the server's timestamp
+of this host's heartbeat (one read on the lease thread, none on the hot path) and compares how far the two
+clocks moved over the last rounds (`clock_rate`: host seconds per server second; the server's clock is
+the one that expires the keys). A host clock found running below `SLOW_CLOCK` of the server's has its
+elapsed times divided by that rate (the fence, `valid`) and its renewals made that much more often, and
+says so once in the log.
+
 `on_gain(slot)` and `on_loss(slot, why)` are the host's hooks; `on_loss` is awaited before a lease is
 released, so a slot is handed over only once this host has stopped serving it.
 """
@@ -63,6 +74,7 @@ import os
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +91,8 @@ from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, lease_key, parse_
 log = logging.getLogger("runtime.host")
 
 DEFAULT_TTL_S = 2.0
+SLOW_CLOCK = 0.9  # a host clock measured below this rate of the server's is corrected for
+RATE_WINDOW_S = 3.0  # the clock rate is measured over at least this much of the server's time
 
 Slot = tuple[str, int]  # (bundle, partition): what one lease is for, and what a host serves
 
@@ -196,6 +210,9 @@ class Leases:
         self._renewer: LeaseRenewer | None = None
         self._beat_bytes: bytes | None = None
         self._wake = anyio.Event()
+        self.clock_rate = 1.0  # host monotonic seconds per server second, measured (see the module doc)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=64)  # (host monotonic, server time)
+        self._told_slow = False
 
     @property
     def serving(self) -> list[Slot]:
@@ -209,7 +226,11 @@ class Leases:
         (`events.RunTaken`) covers: a stale host's appends are refused."""
         held = self.held.get(slot)
         return held is not None and held.serving and not held.lost and not held.releasing \
-            and time.monotonic() - held.renewed < self.config.fence_after
+            and self._since(held.renewed) < self.config.fence_after
+
+    def _since(self, then: float) -> float:
+        """Seconds since monotonic time `then`, on the server's clock when this host's runs slow."""
+        return (time.monotonic() - then) / min(1.0, self.clock_rate)
 
     def revision(self, slot: Slot) -> int:
         """The revision of this host's lease on `slot` (0 if it holds none): recorded in `run.taken`."""
@@ -299,9 +320,34 @@ class Leases:
         jobs = [renew(slot, h) for slot, h in list(self.held.items()) if not h.gone]
         if self._beat_bytes is not None:
             jobs.append(io.heartbeat(self.host_id, self._beat_bytes, cfg.ttl, cfg.every))
-        for result in await asyncio.gather(*jobs, return_exceptions=True):
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for result in results:
             if isinstance(result, Exception):
                 log.debug("heartbeat failed: %s", result)
+        if self._beat_bytes is not None and not isinstance(results[-1], Exception):
+            await self._sample_clock(js)  # the heartbeat just stored: its server time is now
+
+    async def _sample_clock(self, js: JetStreamContext) -> None:
+        """Read back the server's timestamp of this host's heartbeat and update `clock_rate`."""
+        sent = time.monotonic()
+        try:
+            msg = await js.get_last_msg(f"KV_{HOSTS_BUCKET}", f"$KV.{HOSTS_BUCKET}.{self.host_id}")
+        except Exception as e:  # NATS trouble: measured at a later round
+            log.debug("reading the heartbeat's time failed: %s", e)
+            return
+        if msg.time is None:
+            return
+        self._samples.append(((sent + time.monotonic()) / 2, msg.time.timestamp()))
+        first, last = self._samples[0], self._samples[-1]
+        if last[1] - first[1] < RATE_WINDOW_S:
+            return
+        self.clock_rate = rate = (last[0] - first[0]) / (last[1] - first[1])
+        if self._renewer is not None:  # renew on time by the server's clock
+            self._renewer.every = self.config.every * min(1.0, rate)
+        if rate < SLOW_CLOCK and not self._told_slow:
+            self._told_slow = True
+            log.warning("host %s: its clock runs at %.2fx the NATS server's; its leases are judged on the "
+                        "server's clock", self.host_id, rate)
 
     async def tick(self) -> None:
         self.ticks += 1
@@ -417,7 +463,7 @@ class Leases:
             if held.serving:
                 held.serving = False
                 await self.on_loss(slot, "lost")
-        elif not held.serving and time.monotonic() - held.renewed < self.config.fence_after:
+        elif not held.serving and self._since(held.renewed) < self.config.fence_after:
             held.serving = True  # fenced while NATS was away, but the lease never expired: serve again
             log.info("host %s: %s renewed after a fence; serving it again", self.host_id, _name(slot))
             await self.on_gain(slot)
@@ -458,14 +504,14 @@ class Leases:
         """Stop serving any slot whose lease could expire soon (renewals failing), act on what the
         lease thread found, and show the lease thread this loop lives."""
         while not stop.is_set():
-            now = self.alive = time.monotonic()
+            self.alive = time.monotonic()
             for slot, held in list(self.held.items()):
                 if held.releasing:
                     continue
-                if held.serving and not held.lost and now - held.renewed > self.config.fence_after:
+                if held.serving and not held.lost and self._since(held.renewed) > self.config.fence_after:
                     held.serving = False
                     log.warning("host %s: %s not renewed for %.1f s: fenced (not serving it)",
-                                self.host_id, _name(slot), now - held.renewed)
+                                self.host_id, _name(slot), self._since(held.renewed))
                     await self.on_loss(slot, "fenced")
                 elif self._renewer is not None:
                     await self._settle(slot, held)
@@ -487,4 +533,5 @@ def _name(slot: Slot) -> str:
     return f"partition {slot[1]} of {slot[0]}"
 
 
-__all__ = ["DEFAULT_TTL_S", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id", "preference"]
+__all__ = ["DEFAULT_TTL_S", "SLOW_CLOCK", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id",
+           "preference"]
