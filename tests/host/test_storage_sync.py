@@ -110,3 +110,12 @@ def test_sa_host_with_sa_require_sync_exits_1_naming_the_storage(lazy, tmp_path:
     assert "acknowledges writes before they are on disk" in done.stderr
     assert "refusing to serve (SA_REQUIRE_SYNC is set)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_sa_nats_sync_sets_the_embedded_servers_sync_interval(monkeypatch) -> None:
+    """`sa up` on a laptop that prefers speed: SA_NATS_SYNC=default gives nats-server's own (every 2 min)."""
+    for value, synced, interval in (("default", False, 120.0), ("1s", False, 1.0), ("", True, None)):
+        monkeypatch.setenv("SA_NATS_SYNC", value)
+        with EmbeddedNats() as server:
+            node = node_sync(server.monitor_url)
+        assert (node.synced, node.interval_s) == (synced, interval), value
