@@ -40,24 +40,13 @@ Bounds (defaults: TTL 2 s, renew every 0.5 s = TTL/4, fence after 1.5 s)
 * A host fences itself: if no renewal of a lease succeeded for `fence_after` = TTL - renew = 1.5 s (three
   renewals in a row failed), it stops serving that slot (its consumers, drivers and acks;
   `on_loss`) a whole renewal period before the lease can expire, so two hosts never serve a slot at
-  the same time as long as clocks tick at the same rate. If a later renewal still succeeds (NATS was only
-  slow, the key never expired), it resumes serving (`on_gain`, a full takeover of its own slot).
-  Exactly-one-writer per run does not rest on this: the expected-sequence append stops any stale writer
-  (`driver.Superseded`).
+  the same time (ages on the server's clock when the host's runs slow: `runtime.host.clock`). If a
+  later renewal still succeeds (NATS was only slow, the key never expired), it serves again (`on_gain`).
+  Exactly-one-writer per run does not rest on this: a takeover fences each run (`events.RunTaken`)
+  and the expected-sequence append stops any stale writer (`Superseded`).
 * A NATS outage longer than the fence (the ``leases`` stream electing a leader takes 4-6 s on a
   cluster) fences every host and may let leases expire: the slots are then taken again, by the
   same hosts or others, once NATS answers. That costs a recovery, never a run.
-
-A clock that runs slow
-----------------------
-Every bound above is judged on this host's monotonic clock, which a pause makes jump (so `valid` says no
-at once after SIGCONT) but which can also run slow (a VM starved of ticks, libfaketime): measured on such
-a clock, a lease looks younger than it is. So each renewal round also reads back the server's timestamp
-of this host's heartbeat (one read on the lease thread, none on the hot path) and compares how far the two
-clocks moved over the last rounds (`clock_rate`: host seconds per server second; the server's clock is
-the one that expires the keys). A host clock found running below `SLOW_CLOCK` of the server's has its
-elapsed times divided by that rate (the fence, `valid`) and its renewals made that much more often, and
-says so once in the log.
 
 `on_gain(slot)` and `on_loss(slot, why)` are the host's hooks; `on_loss` is awaited before a lease is
 released, so a slot is handed over only once this host has stopped serving it.
@@ -74,7 +63,6 @@ import os
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +71,7 @@ import anyio
 from nats.js import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError
 
+from runtime.host.clock import ClockRate
 from runtime.host.renewer import WEDGED_S, LeaseRenewer, connect_options
 from runtime.nats.kv import fleet_kv, kv_entries, put_kv
 from runtime.nats.records import HostBeat
@@ -91,8 +80,6 @@ from runtime.nats.subjects import HOSTS_BUCKET, LEASES_BUCKET, lease_key, parse_
 log = logging.getLogger("runtime.host")
 
 DEFAULT_TTL_S = 2.0
-SLOW_CLOCK = 0.9  # a host clock measured below this rate of the server's is corrected for
-RATE_WINDOW_S = 3.0  # the clock rate is measured over at least this much of the server's time
 
 Slot = tuple[str, int]  # (bundle, partition): what one lease is for, and what a host serves
 
@@ -210,9 +197,7 @@ class Leases:
         self._renewer: LeaseRenewer | None = None
         self._beat_bytes: bytes | None = None
         self._wake = anyio.Event()
-        self.clock_rate = 1.0  # host monotonic seconds per server second, measured (see the module doc)
-        self._samples: deque[tuple[float, float]] = deque(maxlen=64)  # (host monotonic, server time)
-        self._told_slow = False
+        self.clock = ClockRate(host_id)  # this host's clock against the server's (`runtime.host.clock`)
 
     @property
     def serving(self) -> list[Slot]:
@@ -220,17 +205,12 @@ class Leases:
 
     def valid(self, slot: Slot) -> bool:
         """Whether this host may act for `slot` now: it serves it and a renewal succeeded less than
-        `fence_after` ago by the monotonic clock, asked at the moment of acting. A host paused past its
-        lease (SIGSTOP, a frozen VM) finds its monotonic clock jumped on waking and says no at once, before
-        `_fence_watch` has run; what this cannot see is a clock that runs slow, which the log's fencing
-        (`events.RunTaken`) covers: a stale host's appends are refused."""
+        `fence_after` ago (`ClockRate.since`), asked at the moment of acting. A host paused past its lease
+        (SIGSTOP, a frozen VM) finds its monotonic clock jumped on waking and says no at once, before
+        `_fence_watch` has run; whatever still slips through is refused by the log's fence."""
         held = self.held.get(slot)
         return held is not None and held.serving and not held.lost and not held.releasing \
-            and self._since(held.renewed) < self.config.fence_after
-
-    def _since(self, then: float) -> float:
-        """Seconds since monotonic time `then`, on the server's clock when this host's runs slow."""
-        return (time.monotonic() - then) / min(1.0, self.clock_rate)
+            and self.clock.since(held.renewed) < self.config.fence_after
 
     def revision(self, slot: Slot) -> int:
         """The revision of this host's lease on `slot` (0 if it holds none): recorded in `run.taken`."""
@@ -325,29 +305,9 @@ class Leases:
             if isinstance(result, Exception):
                 log.debug("heartbeat failed: %s", result)
         if self._beat_bytes is not None and not isinstance(results[-1], Exception):
-            await self._sample_clock(js)  # the heartbeat just stored: its server time is now
-
-    async def _sample_clock(self, js: JetStreamContext) -> None:
-        """Read back the server's timestamp of this host's heartbeat and update `clock_rate`."""
-        sent = time.monotonic()
-        try:
-            msg = await js.get_last_msg(f"KV_{HOSTS_BUCKET}", f"$KV.{HOSTS_BUCKET}.{self.host_id}")
-        except Exception as e:  # NATS trouble: measured at a later round
-            log.debug("reading the heartbeat's time failed: %s", e)
-            return
-        if msg.time is None:
-            return
-        self._samples.append(((sent + time.monotonic()) / 2, msg.time.timestamp()))
-        first, last = self._samples[0], self._samples[-1]
-        if last[1] - first[1] < RATE_WINDOW_S:
-            return
-        self.clock_rate = rate = (last[0] - first[0]) / (last[1] - first[1])
-        if self._renewer is not None:  # renew on time by the server's clock
-            self._renewer.every = self.config.every * min(1.0, rate)
-        if rate < SLOW_CLOCK and not self._told_slow:
-            self._told_slow = True
-            log.warning("host %s: its clock runs at %.2fx the NATS server's; its leases are judged on the "
-                        "server's clock", self.host_id, rate)
+            rate = await self.clock.sample(js)  # the heartbeat just stored: its server time is now
+            if self._renewer is not None:  # renew on time by the server's clock
+                self._renewer.every = self.config.every * min(1.0, rate)
 
     async def tick(self) -> None:
         self.ticks += 1
@@ -463,7 +423,7 @@ class Leases:
             if held.serving:
                 held.serving = False
                 await self.on_loss(slot, "lost")
-        elif not held.serving and self._since(held.renewed) < self.config.fence_after:
+        elif not held.serving and self.clock.since(held.renewed) < self.config.fence_after:
             held.serving = True  # fenced while NATS was away, but the lease never expired: serve again
             log.info("host %s: %s renewed after a fence; serving it again", self.host_id, _name(slot))
             await self.on_gain(slot)
@@ -508,10 +468,11 @@ class Leases:
             for slot, held in list(self.held.items()):
                 if held.releasing:
                     continue
-                if held.serving and not held.lost and self._since(held.renewed) > self.config.fence_after:
+                age = self.clock.since(held.renewed)
+                if held.serving and not held.lost and age > self.config.fence_after:
                     held.serving = False
                     log.warning("host %s: %s not renewed for %.1f s: fenced (not serving it)",
-                                self.host_id, _name(slot), self._since(held.renewed))
+                                self.host_id, _name(slot), age)
                     await self.on_loss(slot, "fenced")
                 elif self._renewer is not None:
                     await self._settle(slot, held)
@@ -533,5 +494,5 @@ def _name(slot: Slot) -> str:
     return f"partition {slot[1]} of {slot[0]}"
 
 
-__all__ = ["DEFAULT_TTL_S", "SLOW_CLOCK", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id",
+__all__ = ["DEFAULT_TTL_S", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id",
            "preference"]

@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import msgspec
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
@@ -63,14 +62,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime import events as ev
-from runtime import kernel
 from runtime.log.payloads import Payloads
 from runtime.log.purge import Purged, purge_runs
+from runtime.log.rebase import rebased
 from runtime.nats import subjects as names
 from runtime.nats.connection import refused_publish
 from runtime.nats.pull import fetch_batch
 from runtime.nats.retry import retrying
-from runtime.types import Message, ToolCall
 
 log = logging.getLogger("runtime.log")
 
@@ -234,35 +232,22 @@ class RunLog:
 
         With `resolve` (the default: folding, replay and verify need the real values) a stub comes back
         as its whole event; without it, events are as stored, refs included."""
-        flt = run_filter(run_id, actor)
-        try:  # the end from the leader (see `last`); the ordered consumer then waits for it on any replica
-            last = await self.js.get_last_msg(names.EVENTS, flt)
-        except NotFoundError:
-            return RunHistory(run_id, actor or "")
-        end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
-        out = RunHistory(run_id, actor or (last.subject or "").split(".")[1])
-        done = asyncio.get_running_loop().create_future()
-        events, seqs = out.events, out.stream_seqs
+        out = RunHistory(run_id, actor or "")
         failed: list[Exception] = []
 
-        async def on_msg(msg: Msg) -> None:  # per message: the least work possible
-            seq = _stream_seq(msg)
-            if seq <= end:
-                try:
-                    events.append(ev.decode(msg.data))
-                    seqs.append(seq)
-                except Exception as e:  # raised to the caller below, not into nats-py's callback loop
-                    failed.append(e)
-                    seq = end
-            if seq >= end and not done.done():
-                done.set_result(None)
+        def take(msg: Msg, seq: int) -> bool:  # per message: the least work possible
+            try:
+                out.events.append(ev.decode(msg.data))
+                out.stream_seqs.append(seq)
+                return True
+            except Exception as e:  # raised to the caller below, not into nats-py's callback loop
+                failed.append(e)
+                return False
 
-        sub = await self.js.subscribe(flt, stream=names.EVENTS, ordered_consumer=True, cb=on_msg,
-                                      deliver_policy=DeliverPolicy.ALL)
-        try:
-            await asyncio.wait_for(done, timeout)
-        finally:
-            await sub.unsubscribe()
+        last = await self._scan(run_filter(run_id, actor), take, timeout)
+        if last is None:
+            return out
+        out.actor = actor or (last.subject or "").split(".")[1]
         if failed:
             raise failed[0]
         if resolve and any(e.ref is not None for e in out.events):
@@ -272,19 +257,31 @@ class RunLog:
     async def stored(self, run_id: str, actor: str | None = None, *, timeout: float = 30.0) -> list[Stored]:
         """Every message of `run_id` as the stream holds it, undecoded, in stream order: what an audit
         checks (`runtime.client.audit`), where `read` would stop at the first event it cannot decode."""
-        flt = run_filter(run_id, actor)
+        out: list[Stored] = []
+
+        def take(msg: Msg, seq: int) -> bool:
+            out.append(Stored(seq, msg.subject, msg.data, (msg.headers or {}).get(names.HDR_WRITER, "")))
+            return True
+
+        await self._scan(run_filter(run_id, actor), take, timeout)
+        return out
+
+    async def _scan(self, flt: str, take: Callable[[Msg, int], bool], timeout: float) -> Any:
+        """Hand every message of `flt` up to its last one now to `take(msg, stream seq)`, in order, until it
+        returns False: a consistent snapshot, even while the run is appended to. Returns that last message
+        (None: there is none). The end is asked of the leader (see `last`); the ordered consumer, in
+        callback mode, then waits for it on any replica."""
         try:
             last = await self.js.get_last_msg(names.EVENTS, flt)
         except NotFoundError:
-            return []
+            return None
         end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
-        out: list[Stored] = []
         done = asyncio.get_running_loop().create_future()
 
         async def on_msg(msg: Msg) -> None:
             seq = _stream_seq(msg)
-            if seq <= end:
-                out.append(Stored(seq, msg.subject, msg.data, (msg.headers or {}).get(names.HDR_WRITER, "")))
+            if seq <= end and not take(msg, seq):
+                seq = end
             if seq >= end and not done.done():
                 done.set_result(None)
 
@@ -294,7 +291,7 @@ class RunLog:
             await asyncio.wait_for(done, timeout)
         finally:
             await sub.unsubscribe()
-        return out
+        return last
 
     async def runs(self, actor: str | None = None) -> list[tuple[str, str]]:
         """(actor, run id) of every run with an event in the stream (of `actor` only, if given), from the
@@ -474,35 +471,6 @@ class Tail:
 
     async def close(self) -> None:
         await self.psub.unsubscribe()
-
-
-def rebased(event: ev.Event, old_run: str, new_run: str) -> ev.Event:
-    """`event` re-addressed from `old_run` to `new_run`, with every id it carries re-derived."""
-    changes: dict[str, Any] = {"run_id": new_run, "ref": None}
-    for name in event.__struct_fields__:
-        value = getattr(event, name)
-        if name in ("request_id", "call_id"):
-            changes[name] = kernel.rebase_id(value, old_run, new_run)
-        elif name == "call":
-            changes[name] = _rebased_call(value, old_run, new_run)
-        elif name == "calls":
-            changes[name] = tuple(_rebased_call(c, old_run, new_run) for c in value)
-        elif name == "messages":
-            changes[name] = tuple(_rebased_message(m, old_run, new_run) for m in value)
-    return msgspec.structs.replace(event, **changes)
-
-
-def _rebased_call(call: ToolCall, old_run: str, new_run: str) -> ToolCall:
-    return ToolCall(kernel.rebase_id(call.id, old_run, new_run), call.name, call.arguments)
-
-
-def _rebased_message(message: Message, old_run: str, new_run: str) -> Message:
-    if not message.tool_calls and message.tool_call_id is None:
-        return message
-    return msgspec.structs.replace(
-        message, tool_calls=tuple(_rebased_call(c, old_run, new_run) for c in message.tool_calls),
-        tool_call_id=(kernel.rebase_id(message.tool_call_id, old_run, new_run)
-                      if message.tool_call_id is not None else None))
 
 
 def _stream_seq(msg: Msg) -> int:

@@ -108,6 +108,7 @@ async def test_a_host_paused_past_its_lease_stores_nothing_after_the_takeover(na
                 while not await in_flight(js, victim) or len(model.requests) < 6:
                     await anyio.sleep(0.02)
             assert victim.proc is not None
+            paused_at = (await js.stream_info(EVENTS)).state.last_seq
             os.kill(victim.proc.pid, signal.SIGSTOP)
             try:
                 with anyio.fail_after(30):  # the other host holds the victim's partition (its lease expired)
@@ -132,7 +133,7 @@ async def test_a_host_paused_past_its_lease_stores_nothing_after_the_takeover(na
             continue
         if isinstance(event, ev.RunTaken):
             assert writer == event.host, (seq, writer, event)  # a fence is written by the host it names
-            if writer == other.id and seq > taken_at:
+            if writer == other.id and seq > paused_at:  # perhaps before we saw it hold the lease
                 fenced.add(event.run_id)
         if seq > taken_at and writer == victim.id:
             if isinstance(event, ev.RunTaken):
