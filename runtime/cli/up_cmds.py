@@ -256,16 +256,21 @@ class _Local:
 def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any, metrics: Any,
            verbose: bool) -> None:
     """The host, in this process, until Ctrl-C / SIGTERM."""
+    import logging
+
     import anyio
 
     from runtime.host import serve
+
+    logging.getLogger("runtime.host.storage").setLevel(logging.ERROR)  # said on the host's line instead
 
     def ready(h: Any) -> None:
         if metrics is not None:
             metrics.watch_host(h)
         names = ", ".join(f"agents.{n}.tasks" for n in sorted(agents))
+        storage = h.storage.short()  # one line per process: the host's own storage warning is folded in
         _line(console, "host", f"serving {names} on {serving.served_partitions(h)}; resumed "
-                               f"{h.stats.runs_recovered} run(s)")
+                               f"{h.stats.runs_recovered} run(s){'; ' + storage if storage else ''}")
         console.print(f"[green]ready[/]: sa send {sorted(agents)[0]} \"...\" --follow   "
                       "(Ctrl-C stops everything)", highlight=False)
         serving.started()

@@ -122,6 +122,7 @@ from runtime.nats.topology import attach_topology, ensure_schedules, ensure_tran
 from runtime.streaming import StreamPublisher
 
 log = logging.getLogger("runtime.host")
+storage_log = logging.getLogger("runtime.host.storage")  # the start-up line on syncing (`sa up` folds it in)
 
 OPEN_RETRY_S = 0.5
 
@@ -274,11 +275,11 @@ class Host:
         self.storage = await storage_sync(servers, self.config.monitor)
         line = f"host {self.id}: {self.storage.summary()}"
         if self.storage.synced:
-            log.info("%s", line)
+            storage_log.info("%s", line)
             return
         if self.config.require_sync:
             raise UnsyncedStorage(f"{line}; refusing to serve ({REQUIRE_SYNC_ENV} is set)")
-        log.warning("%s", line)
+        storage_log.warning("%s", line)
 
     def _recovered_slots(self) -> list[Slot]:
         """The slots served now whose takeover's recovery is over (orphans are looked for in these)."""

@@ -75,6 +75,14 @@ class SyncReport:
     def unknown(self) -> tuple[NodeSync, ...]:
         return tuple(n for n in self.nodes if n.synced is None)
 
+    def short(self) -> str:
+        """A few words for a start-up line ("" when every server syncs each write)."""
+        if self.synced:
+            return ""
+        if self.lazy:
+            return "JetStream acknowledges writes before they are on disk (set sync_interval: always)"
+        return f"whether JetStream syncs before acknowledging is unknown (set {MONITOR_ENV})"
+
     def summary(self) -> str:
         """One line for a log: what the storage does, and what to change when it is not synced."""
         nodes = "; ".join(n.describe() for n in self.nodes) or "no server to ask"
