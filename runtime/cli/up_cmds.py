@@ -262,7 +262,8 @@ def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any
 
     from runtime.host import serve
 
-    logging.getLogger("runtime.host.storage").setLevel(logging.ERROR)  # said on the host's line instead
+    # the host's start-up line on syncing is said on its `host` line instead (`Host._check_storage`)
+    logging.getLogger("runtime.host").getChild("storage").setLevel(logging.ERROR)
 
     def ready(h: Any) -> None:
         if metrics is not None:

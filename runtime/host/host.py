@@ -122,7 +122,7 @@ from runtime.nats.topology import attach_topology, ensure_schedules, ensure_tran
 from runtime.streaming import StreamPublisher
 
 log = logging.getLogger("runtime.host")
-storage_log = logging.getLogger("runtime.host.storage")  # the start-up line on syncing (`sa up` folds it in)
+storage_log = log.getChild("storage")  # the start-up line on syncing (`sa up` folds it into its own)
 
 OPEN_RETRY_S = 0.5
 
