@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance llamacpp clean browser docs mcp-servers
+.PHONY: install test demo bench lint conformance llamacpp clean browser faketime docs mcp-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,15 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; fi
 
+# The slow-clock fault test (tests/system/test_pauses.py) runs a host under Debian's libfaketime.
+FAKETIME := /usr/bin/faketime
+
+faketime:
+	@if [ ! -x $(FAKETIME) ]; then \
+		echo "installing faketime (for the slow-clock fault test)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q faketime; fi
+
 # The MCP reference servers the tests run (mcp-server-time, mcp-server-git from PyPI; the npm file-system
 # server), each pinned and installed into a folder of its own under .venv-mcp/ (tests/mcp_helpers.py: the
 # tests install them the same way on first use). Offline, their tests skip saying why.
@@ -56,7 +65,7 @@ mcp-servers: $(STAMP)
 		|| echo "some MCP reference servers could not be installed now: their tests will skip saying why"
 
 # ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
-test: lint browser mcp-servers
+test: lint browser faketime mcp-servers
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

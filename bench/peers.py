@@ -390,6 +390,7 @@ if _workflow is not None:
 
 class Runtime:
     name = "this runtime (JetStream log, tool sandboxed in a worker)"
+    sync: str | None = "always"  # JetStream `sync_interval`: each write on disk before its ack (the default)
 
     def __init__(self, url: str, tmp: Path) -> None:
         self.url, self.tmp = url, tmp
@@ -424,7 +425,7 @@ class Runtime:
         assert spec is not None and spec.loader is not None
         self.wb = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.wb)
-        self.server = EmbeddedNats(self.tmp / "nats")
+        self.server = EmbeddedNats(self.tmp / "nats", sync=self.sync)
         self.server.start()
         self.nc = await connect(self.server.url)
         self.js = self.nc.jetstream()
@@ -483,8 +484,17 @@ class Runtime:
                 self.server.stop()
 
 
+class RuntimeLazy(Runtime):
+    """The same on JetStream's own default: a write acknowledged before it is synced (every 2 minutes), what
+    the runtime ran on before syncing became the default; beside `runtime` it is what syncing costs."""
+
+    name = "this runtime, JetStream syncing lazily (acked before on disk)"
+    sync = None
+
+
 SYSTEMS: dict[str, type[Any]] = {"plain": Plain, "langgraph": LangGraph, "temporal": Temporal,
-                                 "temporal-local": TemporalLocal, "runtime": Runtime}
+                                 "temporal-local": TemporalLocal, "runtime": Runtime,
+                                 "runtime-lazy": RuntimeLazy}
 
 
 ROUNDS = 6  # the turn p50 is measured in rounds, each system's alternating with the plain loop's
@@ -542,7 +552,9 @@ async def main() -> None:
     ap.add_argument("--latency-agents", type=int, default=60,
                     help="sequential agents for the turn p50 (in rounds alternating with the plain loop's)")
     ap.add_argument("--flight", default="20,100", help="agents in flight for turns/s")
-    ap.add_argument("--only", default=",".join(SYSTEMS), help="which systems, comma-separated")
+    ap.add_argument("--only", default=",".join(k for k in SYSTEMS if k != "runtime-lazy"),
+                    help="which systems, comma-separated; one named again is measured again, numbered (to "
+                         "alternate two: --only plain,runtime,runtime-lazy,runtime,runtime-lazy)")
     args = ap.parse_args()
     # SIGTERM (a `kill`, a CI timeout) ends the run the way Ctrl-C does: through the `finally` blocks that
     # stop each system's processes; by default it skips them, and a killed run left its host, workers and
@@ -557,11 +569,13 @@ async def main() -> None:
         model, url = start_model_server(Path(tmp))
         reference = Plain(url, Path(tmp)) if "plain" in args.only.split(",") else None
         try:
-            for key in args.only.split(","):
+            only = args.only.split(",")
+            for i, kind in enumerate(only):
+                key = kind if only.count(kind) == 1 else f"{kind}#{only[:i + 1].count(kind)}"
                 folder = Path(tmp) / key
                 folder.mkdir()
-                system = SYSTEMS[key](url, folder)
-                names[key] = system.name
+                system = SYSTEMS[kind](url, folder)
+                names[key] = system.name if key == kind else f"{system.name} #{key.split('#')[1]}"
                 try:
                     results[key] = await measure(system, args, levels,
                                                  None if key == "plain" else reference)

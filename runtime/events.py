@@ -373,6 +373,18 @@ class ToolRedelivered(_Event, frozen=True, kw_only=True, tag="tool.redelivered")
     earlier: tuple[str, ...] = ()
 
 
+class RunTaken(_Event, frozen=True, kw_only=True, tag="run.taken"):
+    """Host `host` took the run over, holding the lease of its partition at revision `lease`, and fences
+    whoever drove it before: appended before the new owner drives the run (at the takeover of its
+    partition, or when it folds back a run nothing drove), so the previous owner's next append, which
+    expects the run's last stream sequence as that owner knew it, is refused by the log itself even if
+    the new owner has not yet done a step (a paused or slow host woken up cannot add a stale event).
+    It records who drives the run from here; the kernel ignores it."""
+
+    host: str
+    lease: int = 0
+
+
 # ── approvals ─────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -477,6 +489,7 @@ Event: TypeAlias = (
     | ScriptCompleted
     | ScriptFailed
     | ToolRedelivered
+    | RunTaken
     | ToolCompleted
     | ToolFailed
     | ApprovalRequested
@@ -979,6 +992,7 @@ __all__ = [
     "RunFailed",
     "RunForked",
     "RunStarted",
+    "RunTaken",
     "ScriptCompleted",
     "ScriptFailed",
     "ScriptPrinted",

@@ -66,6 +66,11 @@ def host(
                                                             "its partitions that nothing drives (one a "
                                                             "takeover missed is driven after two looks); 0: "
                                                             "never look.")] = 15.0,
+    require_sync: Annotated[bool, typer.Option(
+        "--require-sync", envvar="SA_REQUIRE_SYNC",
+        help="Refuse to serve unless every NATS server asked (its monitoring /varz: SA_NATS_MONITOR, else "
+             "port 8222 of each server) syncs each write to disk before acknowledging it "
+             "(sync_interval: always).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)] = False,
     events_max_age: EventsMaxAge = None,
     events_max_bytes: EventsMaxBytes = None,
@@ -106,7 +111,7 @@ def host(
             serving.started()
 
         config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs,
-                            orphan_check=orphan_check or None)
+                            orphan_check=orphan_check or None, require_sync=require_sync)
         await serving.apply_retention(url, bounds, partitions)
         async with anyio.create_task_group() as tg:
             tg.start_soon(serving.stop_on_signal, stop, verbose)
@@ -118,7 +123,7 @@ def host(
         ended = ", ".join(f"{v} {k}" for k, v in sorted(stats.runs_ended.items())) or "none ended"
         announce(f"sa host: stopped ({stats.runs_started} run(s) started; {ended})", log_format)
 
-    anyio.run(main, backend="asyncio")
+    serving.run_refusing_unsynced(main)
 
 
 # ---------------------------------------------------------------------------------------------------------

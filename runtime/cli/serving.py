@@ -136,6 +136,23 @@ def load_agents(bundles: list[Path], model_url: str | None) -> Any:
         raise typer.Exit(2) from None
 
 
+def run_refusing_unsynced(main: Any) -> None:
+    """`anyio.run(main)`; a host that refused storage not proven synced (`SA_REQUIRE_SYNC`) exits 1 with
+    the reason, not a traceback."""
+    import anyio
+
+    from runtime.nats.durability import UnsyncedStorage
+
+    try:
+        anyio.run(main, backend="asyncio")
+    except* UnsyncedStorage as group:
+        refused: BaseException = group
+        while isinstance(refused, BaseExceptionGroup):  # nested task groups nest their groups
+            refused = refused.exceptions[0]
+        typer.echo(f"error: {refused}", err=True)
+        raise typer.Exit(1) from None
+
+
 async def stop_on_signal(stop: Any, verbose: bool = True) -> None:
     """Set `stop` at SIGINT / SIGTERM. Unless `verbose`, a stopping host's hand-over of each partition is
     not logged: the process's own "stopped" line says it."""

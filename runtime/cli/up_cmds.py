@@ -188,7 +188,10 @@ class _Local:
         extra: list[str] = []
         if secure:
             self.worker_env = _secure_setup(self.console, self.claim.store, extra)
-        self.server = bus.EmbeddedNats(self.claim.store, extra_args=extra).start()
+        self.server = bus.EmbeddedNats(self.claim.store, extra_args=extra).start()  # sync_interval: always
+        from runtime.nats.durability import MONITOR_ENV
+
+        os.environ.setdefault(MONITOR_ENV, self.server.monitor_url)  # where the host asks how it syncs
         self.state.update(nats_url=self.server.url, store=str(self.claim.store))
         self.claim.record(self.state)  # a refused `sa up` on this store names this one
         _line(self.console, "nats", f"{self.server.url}  (embedded, store {self.server.store_dir}"
@@ -253,16 +256,22 @@ class _Local:
 def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any, metrics: Any,
            verbose: bool) -> None:
     """The host, in this process, until Ctrl-C / SIGTERM."""
+    import logging
+
     import anyio
 
     from runtime.host import serve
+
+    # the host's start-up line on syncing is said on its `host` line instead (`Host._check_storage`)
+    logging.getLogger("runtime.host").getChild("storage").setLevel(logging.ERROR)
 
     def ready(h: Any) -> None:
         if metrics is not None:
             metrics.watch_host(h)
         names = ", ".join(f"agents.{n}.tasks" for n in sorted(agents))
+        storage = h.storage.short()  # one line per process: the host's own storage warning is folded in
         _line(console, "host", f"serving {names} on {serving.served_partitions(h)}; resumed "
-                               f"{h.stats.runs_recovered} run(s)")
+                               f"{h.stats.runs_recovered} run(s){'; ' + storage if storage else ''}")
         console.print(f"[green]ready[/]: sa send {sorted(agents)[0]} \"...\" --follow   "
                       "(Ctrl-C stops everything)", highlight=False)
         serving.started()
@@ -278,7 +287,7 @@ def _serve(console: Console, url: str, agents: Any, partitions: int, bounds: Any
                         on_event=metrics.observe if metrics is not None else None)
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend="asyncio")
+    serving.run_refusing_unsynced(main)
 
 
 def secure_dir(store: Path) -> Path:

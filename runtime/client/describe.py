@@ -137,6 +137,7 @@ _DESCRIBE: dict[type, Callable[[Any], str]] = {
     ev.ScriptCompleted: lambda e: f"{e.tool} in {e.duration_ms:.1f} ms",
     ev.ScriptFailed: lambda e: f"{e.tool}: {e.error.kind}: {short(e.error.message, 60)}",
     ev.ToolRedelivered: _redelivered,
+    ev.RunTaken: lambda e: f"driven by {e.host} from here{f' (lease revision {e.lease})' if e.lease else ''}",
     ev.ToolCompleted: lambda e: f"{e.tool} {e.duration_ms:.1f} ms -> {_big(e, e.output, 60)}",
     ev.ToolFailed: lambda e: f"{e.tool}: {e.error.kind}: {short(e.error.message, 70)}",
     ev.TurnCompleted: lambda e: f"turn {e.turn}: {e.calls_ok} ok, {e.calls_failed} failed",

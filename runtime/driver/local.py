@@ -103,6 +103,9 @@ class LocalPorts:
 
     who = "loop"
 
+    def may_act(self, driver: Driven) -> bool:
+        return True  # one process, the only writer of its runs
+
     def __init__(self, group: TaskGroup, tools: Mapping[str, Tool], *, data: LocalData | None,
                  approver: Approver | None, answerer: Answerer | None, clock: Callable[[], float],
                  setups: Mapping[str, ToolSetup] | None = None) -> None:

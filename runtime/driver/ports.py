@@ -80,6 +80,11 @@ class Ports(Protocol):
     async def ended(self, driver: Driven) -> None:
         """The run is over: release what the ports hold for it (wake-ups, calls still running)."""
 
+    def may_act(self, driver: Driven) -> bool:
+        """Whether this process may still cause an effect for the run now (send its model request, dispatch
+        its calls). Asked just before each: the log refuses a stale writer's records, but not the request
+        that leaves beside them, so a host that can no longer show it owns the run must not send it."""
+
 
 Item = ToolOutcome | ev.Cancel | ev.Approve | ev.Deny | ev.Wake | ev.Answer | ev.ToolFailed
 

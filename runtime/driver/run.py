@@ -81,7 +81,7 @@ from runtime import kernel
 from runtime.driver.inputs import apply_answer, apply_verdict, parked_wakes, settle_due
 from runtime.driver.ports import EventLog, Inbound, Item, Model, Ports, ack_quietly
 from runtime.jobs import ToolOutcome
-from runtime.log import LogRejected
+from runtime.log import LogRejected, Superseded
 from runtime.model.limits import Throttle, Ticket
 from runtime.model.step import Admission
 from runtime.types import ToolCall, ToolError
@@ -351,6 +351,7 @@ class RunDriver(Generic[A]):
         turn = self.state.turn
         if not (turn is not None and turn.requested):  # recovered after `model.requested`: don't record twice
             await self.append(self.agent.step.requested(effect, self.run_id, self.agent.client))
+        self._may_act("send its model request")
         left = effect.deadline - self.clock() if effect.deadline is not None else None
         reply: list[ev.ModelResponded | ev.ModelFailed] = []
 
@@ -416,9 +417,19 @@ class RunDriver(Generic[A]):
             calls.append(call)
         if not calls:
             return progressed
+        self._may_act(f"dispatch {len(calls)} tool call(s)")
         await self.ports.dispatch(self, calls, effect.deadline, self._flush)
         self.in_flight.update(call.id for call in calls)
         return progressed
+
+    def _may_act(self, what: str) -> None:
+        """Stop (`Superseded`) unless the ports say this process still owns the run (`Ports.may_act`):
+        asked before each append, model request and dispatch, so a host that wakes from a pause past its
+        lease stops at its first step, before its lease watch has run; the log's fence (`events.RunTaken`)
+        refuses what a host whose clock cannot tell (one running slow) still tries to append."""
+        if not self.ports.may_act(self):
+            raise Superseded(f"run {self.run_id}: this host can no longer show it holds the run's partition; "
+                             f"it does not {what}")
 
     # -- the log -----------------------------------------------------------------------------------------
 
@@ -441,6 +452,7 @@ class RunDriver(Generic[A]):
         event drops what was staged after it)."""
         while self._staged:
             event, before = self._staged[0]
+            self._may_act("append")  # a host woken from a pause past its lease writes nothing more
             try:
                 self.last_seq = await self.log.append(event, expect=self.last_seq)
             except LogRejected as e:

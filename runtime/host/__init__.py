@@ -19,6 +19,7 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
 - `served`     — `AgentRuntime`: one bundle's kernel config, model step and model client
 - `serve`      — `load_agents`, `serve` (connect, run a host until stopped), `close_agents`
 - `leases`     — which host serves which slot: expiring KV leases, fair shares per bundle, fencing
+- `clock`      — how fast this host's clock runs against the NATS server's (lease ages on the server's clock)
 - `unserved`   — tasks of agents no live host serves: waited for, failed `unknown_agent` after a while
 - `endpoint`   — the model endpoint's fleet-wide share: permits in NATS (priority, then round robin across
                  actors), token counts per minute and per day

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from runtime.host.leases import LeaseConfig
+from runtime.nats.durability import require_sync_from_env
 
 DEFAULT_MAX_RUNS = 256
 DEFAULT_UNSERVED_AFTER_S = 60.0  # longer than a host's restart, short enough for a typo to be told
@@ -34,6 +35,11 @@ class HostConfig:
     # every this many seconds, a run unfinished in a slot served here that nothing here holds (seen so twice
     # in a row) is folded back and driven (`runtime.host.recovery`, "Orphans"); None: never looked for
     orphan_check: float | None = 15.0
+    # refuse to serve unless every JetStream server asked syncs each write before acknowledging it
+    # (`runtime.nats.durability`); default: the environment's SA_REQUIRE_SYNC
+    require_sync: bool = field(default_factory=require_sync_from_env)
+    # the servers' monitoring URLs to ask that of; None: SA_NATS_MONITOR, else port 8222 of each server
+    monitor: list[str] | None = None
 
 
 @dataclass

@@ -41,8 +41,10 @@ class HostPorts:
 
     who = "host"
 
-    def __init__(self, js: JetStreamContext, agent: AgentRuntime, partition: int) -> None:
+    def __init__(self, js: JetStreamContext, agent: AgentRuntime, partition: int,
+                 holds: Callable[[str, int], bool] | None = None) -> None:
         self.js, self.agent, self.partition = js, agent, partition
+        self.holds = holds  # (actor, partition) -> whether this host holds its slot now, by its lease
         self._wakes: set[str] = set()  # timers and questions whose wake-up this run's driver scheduled
 
     async def dispatch(self, driver: Driven, calls: Sequence[ToolCall], deadline: float | None,
@@ -77,6 +79,12 @@ class HostPorts:
     async def awaiting(self, driver: Driven, asked: ev.ApprovalRequested | ev.QuestionAsked) -> None:
         return None  # a person's input arrives as a command
 
+    def may_act(self, driver: Driven) -> bool:
+        """Whether this host still holds the run's slot by a lease it can show is live (`Leases.valid`):
+        after a pause (SIGSTOP, a stalled VM) the monotonic clock has jumped past the lease's life, so the
+        answer is no before the host's own fence watch has woken to notice."""
+        return self.holds is None or self.holds(driver.actor, self.partition)
+
     async def park(self, driver: Driven) -> bool:
         """Schedule the wake-up of every pending timer and question timeout (what is staged is durable
         already); True if the run now only waits for them, so the driver lets it go."""
@@ -89,10 +97,12 @@ class HostPorts:
 
 def host_driver(js: JetStreamContext, agent: AgentRuntime, actor: str, run_id: str, partition: int, *,
                 state: kernel.State, last_seq: int, on_event: Callable[[ev.Event], Any] | None = None,
-                clock: Callable[[], float] = time.time, log: RunLog | None = None) -> RunDriver:
+                clock: Callable[[], float] = time.time, log: RunLog | None = None,
+                holds: Callable[[str, int], bool] | None = None) -> RunDriver:
     """The driver of one run on this host: created when an actor starts a task's run, or when a run is
-    folded from its log (`runtime.host.recovery`); fed by `runtime.host.routing`."""
-    return Driver(log or run_log_for(js), agent, HostPorts(js, agent, partition), actor, run_id,
+    folded from its log (`runtime.host.recovery`); fed by `runtime.host.routing`. `holds(actor, p)`: whether
+    this host holds that slot's lease now (`HostPorts.may_act`)."""
+    return Driver(log or run_log_for(js), agent, HostPorts(js, agent, partition, holds), actor, run_id,
                      state=state, last_seq=last_seq, partition=partition, on_event=on_event, clock=clock)
 
 

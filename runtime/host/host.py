@@ -94,7 +94,7 @@ from nats.js.errors import BadRequestError
 from runtime import events as ev
 from runtime import kernel
 from runtime.commands import split_actor
-from runtime.host.actors import Actor, Actors, Task
+from runtime.host.actors import Actor, Actors, Task, slot_of
 from runtime.host.config import DEFAULT_MAX_RUNS, HostConfig, HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly, host_driver, run_log_for, standing
 from runtime.host.endpoint import Endpoints
@@ -111,6 +111,7 @@ from runtime.log import RunLog
 from runtime.log.payloads import PayloadError
 from runtime.log.threads import Conversations, Threads, conversation
 from runtime.logfields import log_context
+from runtime.nats.durability import REQUIRE_SYNC_ENV, SyncReport, UnsyncedStorage, storage_sync
 from runtime.nats.jetstream import jetstream_for
 from runtime.nats.kv import fleet_kv
 from runtime.nats.pull import Budget
@@ -121,6 +122,7 @@ from runtime.nats.topology import attach_topology, ensure_schedules, ensure_tran
 from runtime.streaming import StreamPublisher
 
 log = logging.getLogger("runtime.host")
+storage_log = log.getChild("storage")  # the start-up line on syncing (`sa up` folds it into its own)
 
 OPEN_RETRY_S = 0.5
 
@@ -142,15 +144,18 @@ class Host:
         self.total_partitions = 0
         self.started = time.time()
         self.ready = anyio.Event()
+        self.storage = SyncReport(())  # what the servers said of their syncing, at start
         self._tg: anyio.abc.TaskGroup | None = None
         self.log: RunLog = run_log_for(self.js)
+        self.log.writer = self.id  # every event this host appends names it (`Sa-Writer`)
         self.index = RunsIndex(self.js)
         self.threads = Threads(self.js)
         self.conversations = Conversations()  # what the runs this host drove ended with (threads go on)
         self._actors = Actors(budget=self.budget, stats=self.stats, serves=self.serves, spawn=self._spawn,
                               start=self._start, drive=self._drive, refold=self._refold)
         self.recovery = Recovery(self.js, self.log, agents, self._actors, self.index, self.config, self.stats,
-                                 serves=self.serves, on_event=on_event, conversations=self.conversations)
+                                 serves=self.serves, on_event=on_event, conversations=self.conversations,
+                                 host_id=self.id, holds=self.holds, lease_of=self._lease_of)
         self.router = Router(self.js, self._actors, self.index, self.budget, self.stats, serves=self.serves,
                              total_partitions=lambda: self.total_partitions, resume=self.recovery.resume,
                              admit=self._admit, refuse=self._refuse, unpark=self.recovery.unpark)
@@ -171,6 +176,15 @@ class Host:
 
     def serves(self, slot: Slot) -> bool:
         return self._served.serves(slot)
+
+    def holds(self, actor: str, p: int) -> bool:
+        """Whether this host may act for actor `actor`'s runs of partition `p` now: it serves the slot and,
+        serving by lease, holds that lease by a renewal recent on its monotonic clock (`Leases.valid`)."""
+        slot = slot_of(actor, p)
+        return self.serves(slot) and (self.leases is None or self.leases.valid(slot))
+
+    def _lease_of(self, slot: Slot) -> int:
+        return self.leases.revision(slot) if self.leases is not None else 0
 
     @property
     def actors(self) -> dict[str, Actor]:
@@ -206,6 +220,7 @@ class Host:
         bundle a fair share of its partitions held by lease (`runtime.host.leases`). Runs in flight are left
         to the next owner's takeover."""
         stop = stop or anyio.Event()
+        await self._check_storage()
         topology = await attach_topology(self.js)
         await retrying(lambda: ensure_transforms(self.js), what="updating the streams' subject transforms",
                        delay=OPEN_RETRY_S, logger=log)  # streams made by an older version
@@ -252,6 +267,19 @@ class Host:
                 while self.leases is not None and self._served.parts:  # the lease loop hands them back
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
+
+    async def _check_storage(self) -> None:
+        """Say in one line whether JetStream syncs each write before acknowledging it; refuse to serve
+        if it does not (or cannot be told to) and `HostConfig.require_sync` is set."""
+        servers = [s.geturl() for s in getattr(self.nc, "servers", None) or []]
+        self.storage = await storage_sync(servers, self.config.monitor)
+        line = f"host {self.id}: {self.storage.summary()}"
+        if self.storage.synced:
+            storage_log.info("%s", line)
+            return
+        if self.config.require_sync:
+            raise UnsyncedStorage(f"{line}; refusing to serve ({REQUIRE_SYNC_ENV} is set)")
+        storage_log.warning("%s", line)
 
     def _recovered_slots(self) -> list[Slot]:
         """The slots served now whose takeover's recovery is over (orphans are looked for in these)."""
@@ -303,7 +331,7 @@ class Host:
                 self.on_event(started)
             driver = host_driver(self.js, agent, actor, item.run_id, item.partition,
                                state=kernel.evolve(kernel.initial(agent.config, conv), started), last_seq=seq,
-                               on_event=self.on_event, log=self.log)
+                               on_event=self.on_event, log=self.log, holds=self.holds)
             driver.thread = task.thread
             driver.priority = started.priority if started.priority is not None else driver.priority
         else:  # this task already became a run (redelivered after a crash, or re-sent): resume or finish it

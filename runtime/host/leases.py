@@ -41,10 +41,10 @@ Bounds (defaults: TTL 2 s, renew every 0.5 s = TTL/4, fence after 1.5 s)
 * A host fences itself: if no renewal of a lease succeeded for `fence_after` = TTL - renew = 1.5 s (three
   renewals in a row failed), it stops serving that slot (its consumers, drivers and acks;
   `on_loss`) a whole renewal period before the lease can expire, so two hosts never serve a slot at
-  the same time as long as clocks tick at the same rate. If a later renewal still succeeds (NATS was only
-  slow, the key never expired), it resumes serving (`on_gain`, a full takeover of its own slot).
-  Exactly-one-writer per run does not rest on this: the expected-sequence append stops any stale writer
-  (`driver.Superseded`).
+  the same time (ages on the server's clock when the host's runs slow: `runtime.host.clock`). If a
+  later renewal still succeeds (NATS was only slow, the key never expired), it serves again (`on_gain`).
+  Exactly-one-writer per run does not rest on this: a takeover fences each run (`events.RunTaken`)
+  and the expected-sequence append stops any stale writer (`Superseded`).
 * A NATS outage longer than the fence (the ``leases`` stream electing a leader takes 4-6 s on a
   cluster) fences every host and may let leases expire: the slots are then taken again, by the
   same hosts or others, once NATS answers. That costs a recovery, never a run.
@@ -68,6 +68,7 @@ import anyio
 from nats.js import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError
 
+from runtime.host.clock import ClockRate
 from runtime.host.renewer import WEDGED_S, LeaseRenewer, connect_options
 from runtime.host.slots import DEFAULT_TTL_S, LeaseConfig, Slot, new_host_id, preference
 from runtime.nats.kv import fleet_kv, kv_entries, put_kv
@@ -159,10 +160,25 @@ class Leases:
         self._dirty = True  # something a look would see changed (a lease freed, a host came or went)
         self._looked = -math.inf  # monotonic time of the last look at both buckets
         self._hosts_seen: set[str] = set()  # the live hosts the last look found
+        self.clock = ClockRate(host_id)  # this host's clock against the server's (`runtime.host.clock`)
 
     @property
     def serving(self) -> list[Slot]:
         return sorted(slot for slot, h in self.held.items() if h.serving)
+
+    def valid(self, slot: Slot) -> bool:
+        """Whether this host may act for `slot` now: it serves it and a renewal succeeded less than
+        `fence_after` ago (`ClockRate.since`), asked at the moment of acting. A host paused past its lease
+        (SIGSTOP, a frozen VM) finds its monotonic clock jumped on waking and says no at once, before
+        `_fence_watch` has run; whatever still slips through is refused by the log's fence."""
+        held = self.held.get(slot)
+        return held is not None and held.serving and not held.lost and not held.releasing \
+            and self.clock.since(held.renewed) < self.config.fence_after
+
+    def revision(self, slot: Slot) -> int:
+        """The revision of this host's lease on `slot` (0 if it holds none): recorded in `run.taken`."""
+        held = self.held.get(slot)
+        return held.revision if held is not None else 0
 
     def _io_for(self, js: JetStreamContext) -> _LeaseIO:
         io = self._ios.get(id(js))
@@ -248,9 +264,14 @@ class Leases:
         jobs = [renew(slot, h) for slot, h in list(self.held.items()) if not h.gone]
         if self._beat_bytes is not None:
             jobs.append(io.heartbeat(self.host_id, self._beat_bytes, cfg.ttl, cfg.every))
-        for result in await asyncio.gather(*jobs, return_exceptions=True):
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for result in results:
             if isinstance(result, Exception):
                 log.debug("heartbeat failed: %s", result)
+        if self._beat_bytes is not None and not isinstance(results[-1], Exception):
+            rate = await self.clock.sample(js)  # the heartbeat just stored: its server time is now
+            if self._renewer is not None:  # renew on time by the server's clock
+                self._renewer.every = self.config.every * min(1.0, rate)
 
     async def tick(self) -> None:
         self.ticks += 1
@@ -291,13 +312,10 @@ class Leases:
             self._dirty = True  # short of its share: look again next tick
 
     def _must_look(self) -> bool:
-        """Whether this tick reads both buckets. Why not every tick: a look lists two buckets (an ephemeral
-        consumer each, created and deleted on the server), and an idle host that looked twice a second
-        spent most of its CPU, and some of its server's, finding nothing new. What can change the shares
-        is a lease freed or expired, a host starting or stopping: the watches (`_watch_releases`,
-        `_watch_hosts`) mark those at once, so a steady host looks only every `LOOK_EVERY_S` (a safety
-        net for a watch that missed something while its connection was away). Without the watches (a
-        test stepping `tick` by hand) every tick looks."""
+        """Whether this tick reads both buckets (an ephemeral consumer each): only when a watch saw a lease
+        freed or a host come or go, what changes the shares, or every `LOOK_EVERY_S` as a safety net; an
+        idle host that looked twice a second spent most of its CPU finding nothing new. Without the
+        watches (a test stepping `tick` by hand) every tick looks."""
         return not self._watching or self._dirty or time.monotonic() - self._looked >= LOOK_EVERY_S
 
     async def read(self) -> LeaseView:
@@ -407,7 +425,7 @@ class Leases:
             if held.serving:
                 held.serving = False
                 await self.on_loss(slot, "lost")
-        elif not held.serving and time.monotonic() - held.renewed < self.config.fence_after:
+        elif not held.serving and self.clock.since(held.renewed) < self.config.fence_after:
             held.serving = True  # fenced while NATS was away, but the lease never expired: serve again
             log.info("host %s: %s renewed after a fence; serving it again", self.host_id, _name(slot))
             await self.on_gain(slot)
@@ -448,14 +466,15 @@ class Leases:
         """Stop serving any slot whose lease could expire soon (renewals failing), act on what the
         lease thread found, and show the lease thread this loop lives."""
         while not stop.is_set():
-            now = self.alive = time.monotonic()
+            self.alive = time.monotonic()
             for slot, held in list(self.held.items()):
                 if held.releasing:
                     continue
-                if held.serving and not held.lost and now - held.renewed > self.config.fence_after:
+                age = self.clock.since(held.renewed)
+                if held.serving and not held.lost and age > self.config.fence_after:
                     held.serving = False
                     log.warning("host %s: %s not renewed for %.1f s: fenced (not serving it)",
-                                self.host_id, _name(slot), now - held.renewed)
+                                self.host_id, _name(slot), age)
                     await self.on_loss(slot, "fenced")
                 elif self._renewer is not None:
                     await self._settle(slot, held)
@@ -477,4 +496,5 @@ def _name(slot: Slot) -> str:
     return f"partition {slot[1]} of {slot[0]}"
 
 
-__all__ = ["DEFAULT_TTL_S", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id", "preference"]
+__all__ = ["DEFAULT_TTL_S", "LeaseConfig", "LeaseView", "Leases", "Slot", "new_host_id",
+           "preference"]

@@ -67,10 +67,13 @@ class Recovery:
     def __init__(self, js: JetStreamContext, run_log: RunLog, agents: dict[str, AgentRuntime],
                  actors: Actors, index: RunsIndex, config: HostConfig, stats: HostStats, *,
                  serves: Callable[[Slot], bool], on_event: Callable[[ev.Event], Any] | None,
-                 conversations: Conversations | None = None) -> None:
+                 conversations: Conversations | None = None, host_id: str = "",
+                 holds: Callable[[str, int], bool] | None = None,
+                 lease_of: Callable[[Slot], int] | None = None) -> None:
         self.js, self.log, self.agents, self.actors, self.index = js, run_log, agents, actors, index
         self.config, self.stats, self.serves, self.on_event = config, stats, serves, on_event
         self.conversations = conversations
+        self.host_id, self.holds, self.lease_of = host_id, holds, lease_of
 
     async def recover(self, slot: Slot) -> None:
         """Fold every unfinished run of `slot` (the `active` bucket's `p<N>.*` keys whose actor is of the
@@ -87,7 +90,7 @@ class Recovery:
 
         async def one(run_id: str, actor: str) -> None:
             async with limiter:
-                driver = await retrying(lambda: self.fold_existing(run_id, actor, p),
+                driver = await retrying(lambda: self.fold_existing(run_id, actor, p, fence=True),
                                         what=f"run {run_id}: folding it", delay=RECOVER_RETRY_S, logger=log)
             if driver is not None:
                 resumed.append(driver)
@@ -135,7 +138,7 @@ class Recovery:
                     if len(unheld) < ORPHANS_KEPT:
                         unheld[run_id] = revision
                     continue
-                driver = await self.fold_existing(run_id, actor, p)
+                driver = await self.fold_existing(run_id, actor, p, fence=True)
                 if driver is None or not self._hand_over(driver, slot):
                     continue  # it was over (its index is fixed now), or taken up meanwhile
                 log.warning("run %s: unfinished in partition %d of %s, which this host serves, but nothing "
@@ -164,8 +167,15 @@ class Recovery:
         self.actors.resume(driver)
         return True
 
-    async def fold_existing(self, run_id: str, actor: str, partition: int) -> RunDriver | None:
-        """A driver for an existing run from its log, or None if it is over (the index is then fixed)."""
+    async def fold_existing(self, run_id: str, actor: str, partition: int, *,
+                            fence: bool = False) -> RunDriver | None:
+        """A driver for an existing run from its log, or None if it is over (the index is then fixed).
+
+        With `fence` (a takeover, an orphan, a run refolded after a lost race: another host may have
+        driven it until now), the run is fenced before it is driven: `run.taken` is appended expecting
+        the last event this host read, so whichever host drove it before is refused by the log at its next
+        append, whether or not this host has done a step yet. `Superseded` if that host appended in
+        between (the caller folds again)."""
         agent = self.agents.get(split_actor(actor)[0])
         if agent is None:
             log.error("run %s belongs to %s, which no loaded bundle defines: not resumed", run_id, actor)
@@ -177,7 +187,7 @@ class Recovery:
             log.error("run %s cannot be folded (%s): not resumed", run_id, e)
             return None
         driver = host_driver(self.js, agent, actor, run_id, partition, state=state, last_seq=history.last_seq,
-                           on_event=self.on_event, log=self.log)
+                           on_event=self.on_event, log=self.log, holds=self.holds)
         started = history.events[0] if history.events else None
         if isinstance(started, ev.RunStarted):
             driver.task_id = started.task_id
@@ -190,6 +200,11 @@ class Recovery:
         if driver.state.done:
             await self.index.record(standing(driver))
             return None
+        if fence:
+            slot = slot_of(actor, partition)
+            await driver.append(ev.RunTaken(run_id=run_id, host=self.host_id,
+                                            lease=self.lease_of(slot) if self.lease_of is not None else 0))
+            await driver.flush()
         return driver
 
     @staticmethod
@@ -245,7 +260,7 @@ class Recovery:
         try:
             if await self.log.last(run_id, actor) is None:
                 return  # a task stopped before its run started: its redelivery starts it
-            driver = await self.fold_existing(run_id, actor, p)
+            driver = await self.fold_existing(run_id, actor, p, fence=True)
         except Exception as e:
             log.error("run %s: folding it back failed (%s); it resumes at the next "
                       "takeover of partition %d of %s", run_id, e, p, slot[0])

@@ -4,6 +4,7 @@
                the loser, `LogRejected` for an event no retry can land), read, follow, tail, copy a prefix
 - `payloads` — `Payloads`: values too big for an event, kept in the object store and referenced
 - `purge`    — `purge_runs`: a run's events, index entries and payloads removed together
+- `rebase`   — `rebased`: an event re-addressed to another run, every id re-derived (forks, diffs)
 - `threads`  — conversations that continue across runs: read back by reference to the run before
 """
 

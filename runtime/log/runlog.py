@@ -8,6 +8,7 @@
     tail = await log.tail("sa-otel")                  # every run's events, acked as handled (durable)
     sub = await log.watch_cancels(on_cancelled)       # every run cancelled from now on (tool workers)
     copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
+    raw = await log.stored(run_id)                    # every message as stored, undecoded (an audit)
     purged = await log.purge([run_id])                # a finished run deleted: events, payloads, index
 
 Where the events live: the JetStream stream EVENTS, one subject per event,
@@ -15,8 +16,9 @@ Where the events live: the JetStream stream EVENTS, one subject per event,
 contiguous; the stream sequence of its last event is what the next append expects.
 
 Single writer. Every append carries `Nats-Expected-Last-Subject-Sequence` for the run's subjects and
-`Nats-Msg-Id = <run>/<seq>`. If another writer appended in between, the stream refuses with "wrong last
-sequence" and the append raises `Superseded`: the loser stops, the log never forks. A retried append
+`Nats-Msg-Id = <run>/<seq>[/<writer>]` (`event_msg_id`). If another writer appended in between, the
+stream refuses with "wrong last sequence" and the append raises `Superseded`: the loser stops, the log
+never forks. A retried append
 whose first attempt did land (the ack was lost) is recognised by its Msg-Id being the run's last, and
 counts as done.
 
@@ -53,7 +55,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import msgspec
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
@@ -61,14 +62,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime import events as ev
-from runtime import kernel
 from runtime.log.payloads import Payloads
 from runtime.log.purge import Purged, purge_runs
+from runtime.log.rebase import rebased
 from runtime.nats import subjects as names
 from runtime.nats.connection import refused_publish
 from runtime.nats.pull import fetch_batch
 from runtime.nats.retry import retrying
-from runtime.types import Message, ToolCall
 
 log = logging.getLogger("runtime.log")
 
@@ -86,6 +86,17 @@ class LogRejected(RuntimeError):
     retrying cannot help, so the run must end with the reason instead."""
 
 
+@dataclass(frozen=True)
+class Stored:
+    """One message of a run as the stream holds it: its stream sequence, subject, bytes and writer (the
+    `Sa-Writer` header: the host that appended it; "" when written by another process)."""
+
+    stream_seq: int
+    subject: str
+    data: bytes
+    writer: str = ""
+
+
 @dataclass
 class RunHistory:
     """A run's events in order, the stream sequence of each, and the actor whose subjects hold them."""
@@ -101,6 +112,22 @@ class RunHistory:
         return self.stream_seqs[-1] if self.stream_seqs else 0
 
 
+def event_msg_id(event: ev.Event, writer: str = "") -> str:
+    """An event's `Nats-Msg-Id`: `<run>/<seq>`, then `/<writer>` when the writer has an id (a host), and
+    `/taken` for a fence (`events.RunTaken`).
+
+    A retry of one event by its writer is the same message, which JetStream drops within its dedup
+    window. Two writers' events with the same seq must not be: the stream would answer the stale one as
+    a duplicate of the other, with the other's stream sequence, as if it were stored; its writer would
+    then expect the run's true last sequence and its next append would land (a fence bypassed)."""
+    msg_id = f"{event.run_id}/{event.seq}"
+    if writer:
+        msg_id += f"/{writer}"
+    if isinstance(event, ev.RunTaken):
+        msg_id += "/taken"
+    return msg_id
+
+
 def run_filter(run_id: str, actor: str | None = None) -> str:
     """The subjects of one run's events (any actor when `actor` is not known)."""
     if actor:
@@ -111,9 +138,10 @@ def run_filter(run_id: str, actor: str | None = None) -> str:
 class RunLog:
     """The EVENTS stream seen as runs. Cheap to make; the object store is opened on first big payload."""
 
-    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None) -> None:
+    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None, writer: str = "") -> None:
         self.js = js
         self._payloads = payloads
+        self.writer = writer  # stored with each event appended (`Sa-Writer`): a host's id
 
     @property
     def payloads(self) -> Payloads:
@@ -138,10 +166,10 @@ class RunLog:
     async def _publish(self, event: ev.Event, expect: int, *, creating: bool) -> int | None:
         if event.seq < 0 or not event.actor:
             raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
-        msg_id = f"{event.run_id}/{event.seq}"
+        msg_id = event_msg_id(event, self.writer)
         subject = names.event_subject(event.actor, event.run_id, ev.kind_of(event))
         data = await self._encoded(event)
-        headers = names.occ_headers(event.actor, event.run_id, expect, msg_id)
+        headers = names.occ_headers(event.actor, event.run_id, expect, msg_id, self.writer)
         while True:
             try:
                 ack = await self.js.publish(subject, data, headers=headers)
@@ -204,26 +232,56 @@ class RunLog:
 
         With `resolve` (the default: folding, replay and verify need the real values) a stub comes back
         as its whole event; without it, events are as stored, refs included."""
-        flt = run_filter(run_id, actor)
-        try:  # the end from the leader (see `last`); the ordered consumer then waits for it on any replica
-            last = await self.js.get_last_msg(names.EVENTS, flt)
-        except NotFoundError:
-            return RunHistory(run_id, actor or "")
-        end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
-        out = RunHistory(run_id, actor or (last.subject or "").split(".")[1])
-        done = asyncio.get_running_loop().create_future()
-        events, seqs = out.events, out.stream_seqs
+        out = RunHistory(run_id, actor or "")
         failed: list[Exception] = []
 
-        async def on_msg(msg: Msg) -> None:  # per message: the least work possible
+        def take(msg: Msg, seq: int) -> bool:  # per message: the least work possible
+            try:
+                out.events.append(ev.decode(msg.data))
+                out.stream_seqs.append(seq)
+                return True
+            except Exception as e:  # raised to the caller below, not into nats-py's callback loop
+                failed.append(e)
+                return False
+
+        last = await self._scan(run_filter(run_id, actor), take, timeout)
+        if last is None:
+            return out
+        out.actor = actor or (last.subject or "").split(".")[1]
+        if failed:
+            raise failed[0]
+        if resolve and any(e.ref is not None for e in out.events):
+            out.events = [await self.resolve(e) for e in out.events]
+        return out
+
+    async def stored(self, run_id: str, actor: str | None = None, *, timeout: float = 30.0) -> list[Stored]:
+        """Every message of `run_id` as the stream holds it, undecoded, in stream order: what an audit
+        checks (`runtime.client.audit`), where `read` would stop at the first event it cannot decode."""
+        out: list[Stored] = []
+
+        def take(msg: Msg, seq: int) -> bool:
+            out.append(Stored(seq, msg.subject, msg.data, (msg.headers or {}).get(names.HDR_WRITER, "")))
+            return True
+
+        await self._scan(run_filter(run_id, actor), take, timeout)
+        return out
+
+    async def _scan(self, flt: str, take: Callable[[Msg, int], bool], timeout: float) -> Any:
+        """Hand every message of `flt` up to its last one now to `take(msg, stream seq)`, in order, until it
+        returns False: a consistent snapshot, even while the run is appended to. Returns that last message
+        (None: there is none). The end is asked of the leader (see `last`); the ordered consumer, in
+        callback mode, then waits for it on any replica."""
+        try:
+            last = await self.js.get_last_msg(names.EVENTS, flt)
+        except NotFoundError:
+            return None
+        end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Msg) -> None:
             seq = _stream_seq(msg)
-            if seq <= end:
-                try:
-                    events.append(ev.decode(msg.data))
-                    seqs.append(seq)
-                except Exception as e:  # raised to the caller below, not into nats-py's callback loop
-                    failed.append(e)
-                    seq = end
+            if seq <= end and not take(msg, seq):
+                seq = end
             if seq >= end and not done.done():
                 done.set_result(None)
 
@@ -233,11 +291,19 @@ class RunLog:
             await asyncio.wait_for(done, timeout)
         finally:
             await sub.unsubscribe()
-        if failed:
-            raise failed[0]
-        if resolve and any(e.ref is not None for e in out.events):
-            out.events = [await self.resolve(e) for e in out.events]
-        return out
+        return last
+
+    async def runs(self, actor: str | None = None) -> list[tuple[str, str]]:
+        """(actor, run id) of every run with an event in the stream (of `actor` only, if given), from the
+        stream's per-subject counts: one request, no message read."""
+        flt = f"events.{names.check_token(actor, 'agent')}.>" if actor else "events.>"
+        info = await self.js.stream_info(names.EVENTS, subjects_filter=flt)
+        found = set()
+        for subject in (info.state.subjects or {}):
+            parts = subject.split(".", 3)
+            if len(parts) == 4:
+                found.add((parts[1], parts[2]))
+        return sorted(found)
 
     async def started(self, run_id: str, actor: str) -> ev.RunStarted | None:
         """The run's `run.started` alone, in one direct get (None for a fork or a run not started): what a
@@ -407,35 +473,6 @@ class Tail:
         await self.psub.unsubscribe()
 
 
-def rebased(event: ev.Event, old_run: str, new_run: str) -> ev.Event:
-    """`event` re-addressed from `old_run` to `new_run`, with every id it carries re-derived."""
-    changes: dict[str, Any] = {"run_id": new_run, "ref": None}
-    for name in event.__struct_fields__:
-        value = getattr(event, name)
-        if name in ("request_id", "call_id"):
-            changes[name] = kernel.rebase_id(value, old_run, new_run)
-        elif name == "call":
-            changes[name] = _rebased_call(value, old_run, new_run)
-        elif name == "calls":
-            changes[name] = tuple(_rebased_call(c, old_run, new_run) for c in value)
-        elif name == "messages":
-            changes[name] = tuple(_rebased_message(m, old_run, new_run) for m in value)
-    return msgspec.structs.replace(event, **changes)
-
-
-def _rebased_call(call: ToolCall, old_run: str, new_run: str) -> ToolCall:
-    return ToolCall(kernel.rebase_id(call.id, old_run, new_run), call.name, call.arguments)
-
-
-def _rebased_message(message: Message, old_run: str, new_run: str) -> Message:
-    if not message.tool_calls and message.tool_call_id is None:
-        return message
-    return msgspec.structs.replace(
-        message, tool_calls=tuple(_rebased_call(c, old_run, new_run) for c in message.tool_calls),
-        tool_call_id=(kernel.rebase_id(message.tool_call_id, old_run, new_run)
-                      if message.tool_call_id is not None else None))
-
-
 def _stream_seq(msg: Msg) -> int:
     """The stream sequence of a JetStream message from its reply subject (`$JS.ACK.<stream>.<consumer>.
     <delivered>.<stream seq>...`, or the longer form with domain and account): `msg.metadata` builds a
@@ -447,5 +484,5 @@ def _stream_seq(msg: Msg) -> int:
         return int(msg.metadata.sequence.stream)
 
 
-__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Superseded", "Tail", "Tailed", "rebased",
-           "run_filter"]
+__all__ = ["LogRejected", "Purged", "RunHistory", "RunLog", "Stored", "Superseded", "Tail", "Tailed",
+           "event_msg_id", "rebased", "run_filter"]

@@ -13,6 +13,7 @@
 - `retry`        `retrying`: the one way to retry until NATS answers
 - `server`       the `nats-server` binary, its process supervisor, `EmbeddedNats`
 - `cluster`      `LocalCluster`: a 3-node cluster on loopback from deploy/nats/nats.conf
+- `durability`   whether the servers sync a write to disk before acknowledging it (`storage_sync`)
 
 The package's own names are the few a program needs to get onto NATS: connect, set up or attach to the
 topology, or start a server. Everything else is imported from its module

@@ -14,6 +14,16 @@ server (and the lock on its store) behind.
 so two servers never race for a port. It is ready when the ports file is written and
 `/healthz?js-enabled-only=true` answers 200 (about 30 ms). `sa up` starts one only when `NATS_URL` names
 no server (`runtime.nats.connection.servers_from_env`).
+
+Synced before acknowledged, by default. JetStream acknowledges a write once it is in the OS page cache and
+syncs its files every two minutes unless told `sync_interval: always`; a power loss or an OS crash then
+loses writes the runtime was told are stored (a recorded model reply, a tool's outcome, a task). The
+embedded server is one node with no replica to recover from, so it syncs every write (`sync="always"`):
+the cost, measured with `bench/peers.py`, is in docs/explanation/performance.md. `sync=None` keeps
+nats-server's lazy default (benchmarks comparing the two); `SA_NATS_SYNC` sets the default (`default` for
+nats-server's own, or a duration such as `1s`), for a laptop that prefers speed to the last writes.
+nats-server has no flag for it, so the setting goes into a small config file written next to the store
+(it `include`s a config given with `-c`).
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -33,6 +44,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.nats.retry import wait_until
+
+SYNC_ALWAYS = "always"  # JetStream `sync_interval`: fsync every write before acknowledging it
+SYNC_ENV = "SA_NATS_SYNC"  # the embedded server's `sync_interval`: "always" (default), a duration, "default"
+
+
+def sync_from_env() -> str | None:
+    """The embedded server's `sync_interval` from `SA_NATS_SYNC` (None for "default": nats-server's own,
+    every 2 minutes), "always" when unset."""
+    value = os.environ.get(SYNC_ENV, "").strip()
+    if not value:
+        return SYNC_ALWAYS
+    return None if value == "default" else value
 
 
 def find_nats_server() -> Path:
@@ -160,8 +183,11 @@ class EmbeddedNats:
     """
 
     def __init__(self, store_dir: str | Path | None = None, *, log_file: str | Path | None = None,
-                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 sync: str | None = "") -> None:
         self._owned_tmp: str | None = None
+        # JetStream's `sync_interval` ("always", or a duration such as "1s"); None: nats-server's default
+        self.sync = sync_from_env() if sync == "" else sync
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.log_file = Path(log_file) if log_file is not None else None
         self.extra_args = list(extra_args)
@@ -187,7 +213,7 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = Path(tempfile.mkdtemp(prefix="sa-nats-ports-"))
         args = ["-js", "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "--ports_file_dir", str(ports_dir),
-                "-sd", str(self.store_dir / "js"), *self.extra_args]
+                "-sd", str(self.store_dir / "js"), *self._config_args()]
         self.process = ServerProcess(args, log_file=self.log_file, env=self.env)
         supervise(self, grace=1.0)
         try:
@@ -198,6 +224,25 @@ class EmbeddedNats:
         finally:
             shutil.rmtree(ports_dir, ignore_errors=True)
         return self
+
+    def _config_args(self) -> list[str]:
+        """`extra_args`, with a config file that sets `sync_interval` in place of any `-c` (included)."""
+        if self.sync is None:
+            return list(self.extra_args)
+        assert self.store_dir is not None
+        rest, included = list(self.extra_args), None
+        for flag in ("-c", "--config", "-config"):
+            if flag in rest:
+                i = rest.index(flag)
+                included = Path(rest[i + 1]).resolve()
+                del rest[i:i + 2]
+        conf = self.store_dir / "sa-nats.conf"
+        lines = ["# written by structured-agents at each start (runtime.nats.server.EmbeddedNats)"]
+        if included is not None:  # nats-server resolves an include against this file's folder
+            lines.append(f'include "{os.path.relpath(included, conf.parent)}"')
+        lines.append(f"jetstream {{ sync_interval: {self.sync} }}")
+        conf.write_text("\n".join(lines) + "\n")
+        return ["-c", str(conf), *rest]
 
     def _wait_ready(self, process: ServerProcess, ports_dir: Path, timeout: float) -> None:
         ports_file = ports_dir / f"nats-server_{process.pid}.ports"
@@ -261,5 +306,5 @@ class EmbeddedNats:
         await anyio.to_thread.run_sync(self.stop)
 
 
-__all__ = ["EmbeddedNats", "ServerProcess", "default_store_dir", "find_nats_server", "monitor_get",
-           "release", "supervise"]
+__all__ = ["SYNC_ALWAYS", "SYNC_ENV", "EmbeddedNats", "ServerProcess", "default_store_dir",
+           "find_nats_server", "monitor_get", "release", "supervise", "sync_from_env"]

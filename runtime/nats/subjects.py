@@ -125,6 +125,9 @@ DEFAULT_TOOL_MAX_ACK_PENDING = 1024
 # -- headers and error codes ------------------------------------------------------------------------------
 
 HDR_MSG_ID = "Nats-Msg-Id"
+# on every event a host appends: the id of the host that wrote it (who drove the run then, for `sa audit`
+# and fault tests; the fencing itself is the expected sequence, never this header)
+HDR_WRITER = "Sa-Writer"
 HDR_TASK_SEQ = "Sa-Task-Seq"  # where a task with no id was first stored, on a host's copy (`host.routing`)
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
@@ -283,17 +286,20 @@ def run_events_filter(actor: str, run: str) -> str:
     return f"events.{check_token(actor, 'actor')}.{check_token(run, 'run id')}.>"
 
 
-def occ_headers(actor: str, run: str, last_seq: int, msg_id: str) -> dict[str, str]:
+def occ_headers(actor: str, run: str, last_seq: int, msg_id: str, writer: str = "") -> dict[str, str]:
     """Headers for appending to a run whose last stored event has stream sequence `last_seq` (0 = empty).
 
     A stale second writer gets err_code 10071 (`ERR_WRONG_LAST_SEQUENCE`) and must stop: a run has one
-    writer. The Msg-Id makes a retry of an append that did land a no-op.
+    writer. The Msg-Id makes a retry of an append that did land a no-op. `writer` names the process.
     """
-    return {
+    headers = {
         HDR_MSG_ID: msg_id,
         HDR_EXPECTED_SUBJECT_SEQ: str(last_seq),
         HDR_EXPECTED_SUBJECT_SEQ_SUBJECT: run_events_filter(actor, run),
     }
+    if writer:
+        headers[HDR_WRITER] = writer
+    return headers
 
 
 def stream_subject(actor: str, run: str) -> str:
@@ -455,7 +461,8 @@ __all__ = ["ACTIVE_BUCKET", "ACTIVE_PURGE_TTL_S", "ANONYMOUS", "APPLIED_BUCKET",
            "ERR_BATCH_DUPLICATE_MSG_ID", "ERR_WRONG_LAST_SEQUENCE", "ERR_WRONG_LAST_SEQUENCE_CONSTANT",
            "EVENTS", "FIRE_FILTERS", "HANDOFFS_PREFIX",
            "HDR_BATCH_COMMIT", "HDR_BATCH_ID", "HDR_BATCH_SEQ", "HDR_EXPECTED_SUBJECT_SEQ",
-           "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HDR_TASK_SEQ", "HOSTS_BUCKET", "LEASES_BUCKET",
+           "HDR_EXPECTED_SUBJECT_SEQ_SUBJECT", "HDR_MSG_ID", "HDR_TASK_SEQ", "HDR_WRITER", "HOSTS_BUCKET",
+           "LEASES_BUCKET",
            "PAYLOADS_BUCKET", "RESULTS", "RUNS_BUCKET", "SCHEDULER_CONSUMER", "SCHEDULES", "SCHEDULE_FILTER",
            "SCHEDULE_OPERATOR", "STREAM_PREFIX", "SUBRUNS_CONSUMER", "TASKS", "THREADS_BUCKET", "TOOLS",
            "TRACEPARENT", "TRACESTATE", "WORKERS_BUCKET", "WORKERS_CONSUMER", "WRONG_LAST_SEQUENCE",

@@ -18,7 +18,7 @@ REQUIRED_KINDS = {
     "script.printed", "script.completed", "script.failed", "tool.redelivered", "tool.completed",
     "tool.failed", "turn.completed", "run.completed", "run.failed", "run.cancelled", "approval.requested",
     "approval.granted", "approval.denied", "run.forked", "model.throttled", "timer.started", "timer.fired",
-    "question.asked", "question.answered",
+    "question.asked", "question.answered", "run.taken",
 }  # fmt: skip
 
 # ── a strategy for any event or command, derived from the Struct fields ───────────────────────────────

@@ -142,7 +142,9 @@ async def test_a_run_nothing_holds_is_adopted_by_the_host_serving_its_slot_and_o
         metrics.watch_host(env.host)
         adopted = metrics.registry.get_sample_value("sa_host_runs_adopted")
         asleep = (await RunLog(js).read("r-asleep")).events
-    assert kinds(events)[:2] == ["run.started", "model.requested"] and kinds(events)[-1] == "run.completed"
+    # fenced before it was driven: `run.taken` names the adopting host
+    assert kinds(events)[:3] == ["run.started", "run.taken", "model.requested"]
+    assert kinds(events)[-1] == "run.completed" and events[1].host == env.host.id
     assert "42" in str(events[-1])  # the calculator's answer: the run was driven to its real end
     calls = [e.call.id for e in events if isinstance(e, ev.ToolCalled)]
     assert calls and len(calls) == len(set(calls))  # driven by one driver: no call made twice
@@ -161,3 +163,27 @@ async def test_no_look_for_orphans_when_told_not_to(nats_server, js, tmp_path):
         await anyio.sleep(1.0)
         assert env.host.stats.runs_adopted == 0
         assert kinds((await RunLog(js).read("r-left")).events) == ["run.started"]
+
+
+async def test_a_takeover_fences_the_run_before_the_new_owner_does_a_step(nats_server, js, tmp_path):
+    """Folding a run to take it over appends `run.taken` first: the driver that held it, with the run's last
+    sequence as it knew it, is refused by the log at its next append, though the new driver did nothing."""
+    from runtime.log import Superseded
+
+    await bus.ensure_topology(js, partitions=2)
+    async with running_fleet(nats_server.url, js, write_bundle(tmp_path), worker=False) as env:
+        run_id = await publish_task(js, "calc", "compute: 6 * 7")
+        with anyio.fail_after(30):  # waiting for its job (no worker): nothing more to append for now
+            while not any(isinstance(e, ev.ToolCalled) for e in (await RunLog(js).read(run_id)).events):
+                await anyio.sleep(0.02)
+            while run_id not in env.host.drivers:
+                await anyio.sleep(0.02)
+        old = env.host.drivers[run_id]
+        new = await env.host.recovery.fold_existing(run_id, old.actor, old.partition, fence=True)
+        assert new is not None and new.last_seq > old.last_seq
+        stale = ev.stamp(ev.RunCancelled(run_id=run_id, reason="stale"), seq=old.state.seq, actor=old.actor)
+        with pytest.raises(Superseded):
+            await RunLog(js).append(stale, expect=old.last_seq)
+        events = (await RunLog(js).read(run_id)).events
+    assert isinstance(events[-1], ev.RunTaken) and events[-1].host == env.host.id
+    assert not any(isinstance(e, ev.RunCancelled) for e in events)

@@ -60,6 +60,14 @@ def test_every_node_runs_the_deploy_config(cluster: LocalCluster) -> None:
         assert cluster.env(i)["NATS_SERVER_NAME"] == node.name
 
 
+async def test_every_node_syncs_each_write_before_acknowledging_it(cluster: LocalCluster) -> None:
+    """deploy/nats/nats.conf sets `sync_interval: always`; each node's /varz (what a host asks) says so."""
+    from runtime.nats.durability import storage_sync
+
+    report = await storage_sync(cluster.urls, [n.monitor_url for n in cluster.nodes])
+    assert report.synced and {n.server for n in report.nodes} == {"n0", "n1", "n2"}
+
+
 async def test_the_topology_is_replicated_three_times(cjs, monkeypatch) -> None:
     monkeypatch.setenv(ENV_REPLICAS, "3")
     topo = await ensure_topology(cjs, partitions=4)

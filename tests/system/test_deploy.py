@@ -244,6 +244,9 @@ def test_helm_values_match_the_cluster_config() -> None:
     # a silent client dropped after ~6 s on both (bytes left in a cut connection must not land late)
     assert re.search(r'^ping_interval: "2s"$', conf, re.M) and cfg["merge"]["ping_interval"] == "2s"
     assert re.search(r"^ping_max: 2$", conf, re.M) and cfg["merge"]["ping_max"] == 2
+    # synced before acknowledged on both (the default syncs every 2 minutes)
+    assert re.search(r"^  sync_interval: always$", conf, re.M)
+    assert cfg["jetstream"]["merge"]["sync_interval"] == "always"
     assert values["container"]["image"]["repository"] == "nats"
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert compose["services"]["nats-0"]["image"] == f"nats:{values['container']['image']['tag']}"

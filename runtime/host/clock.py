@@ -1,0 +1,65 @@
+"""How fast this host's clock runs against the NATS server's: what a lease's age is judged on.
+
+Every lease bound (`runtime.host.leases`) is measured on the host's monotonic clock. A pause makes that
+clock jump (so `Leases.valid` says no at once after SIGCONT), but a clock can also run slow (a VM starved
+of ticks, libfaketime): measured on it, a lease looks younger than it is, and a host whose lease the server
+already expired would keep acting. The server's clock is the one that expires the keys, so each renewal
+round reads back the server's timestamp of the host's heartbeat just stored (one read on the lease thread,
+none on the hot path) and `ClockRate` compares how far the two clocks moved over the last rounds: host
+seconds per server second. A host clock found below `SLOW_CLOCK` of the server's has its elapsed times
+divided by that rate (`since`), its renewals made that much more often, and the host says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from nats.js import JetStreamContext
+
+from runtime.nats.subjects import HOSTS_BUCKET
+
+log = logging.getLogger("runtime.host")
+
+SLOW_CLOCK = 0.9  # a host clock measured below this rate of the server's is corrected for
+RATE_WINDOW_S = 3.0  # the rate is measured over at least this much of the server's time
+
+
+class ClockRate:
+    """This host's clock rate against the server's, measured from its heartbeats' server timestamps."""
+
+    def __init__(self, host_id: str) -> None:
+        self.host_id = host_id
+        self.rate = 1.0  # host monotonic seconds per server second
+        self._samples: deque[tuple[float, float]] = deque(maxlen=64)  # (host monotonic, server time)
+        self._told = False
+
+    def since(self, then: float) -> float:
+        """Seconds since monotonic time `then`, on the server's clock when this host's runs slow."""
+        return (time.monotonic() - then) / min(1.0, self.rate)
+
+    async def sample(self, js: JetStreamContext) -> float:
+        """Read back the server's timestamp of this host's heartbeat (just stored) and update `rate`;
+        the rate, or 1.0 while there are too few samples."""
+        sent = time.monotonic()
+        try:
+            msg = await js.get_last_msg(f"KV_{HOSTS_BUCKET}", f"$KV.{HOSTS_BUCKET}.{self.host_id}")
+        except Exception as e:  # NATS trouble: measured at a later round
+            log.debug("reading the heartbeat's time failed: %s", e)
+            return self.rate
+        if msg.time is None:
+            return self.rate
+        self._samples.append(((sent + time.monotonic()) / 2, msg.time.timestamp()))
+        first, last = self._samples[0], self._samples[-1]
+        if last[1] - first[1] < RATE_WINDOW_S:
+            return self.rate
+        self.rate = (last[0] - first[0]) / (last[1] - first[1])
+        if self.rate < SLOW_CLOCK and not self._told:
+            self._told = True
+            log.warning("host %s: its clock runs at %.2fx the NATS server's; its leases are judged on the "
+                        "server's clock", self.host_id, self.rate)
+        return self.rate
+
+
+__all__ = ["RATE_WINDOW_S", "SLOW_CLOCK", "ClockRate"]
