@@ -3,12 +3,15 @@
     sa regress bundles/shop-next --agent shop --outcome completed --since 7d --sample 200 --save week48
     sa regress bundles/shop-next --set week48 --max-regressions 0         # CI: fail on any regression
     sa regress bundles/shop --set week48 --system "Be brief." --expected expected --json
+    sa regress bundles/shop-next --set week48 --html week48.html     # one file to mail or archive
     sa regress bundles/shop --set week48 --model-url http://gpu2:8000/v1 --model qwen3 --rule refund=diverge
 
 Prints a progress bar (on stderr) while the runs are driven, then a table, one row per run: its verdict
 (`same`, `diverged`, `different-output`, `failed`), the seq where it first differs from its source
 (`sa replay SOURCE --diff RUN` shows it), turns, tokens and tool calls of both, whether each passes the
-graders, and `regression` / `fix`; then the totals. `--json` prints the report as one JSON object instead.
+graders, and `regression` / `fix`; then the totals. `--json` prints the report as one JSON object instead;
+`--html FILE` also writes it as one self-contained page (`runtime.regress.page`): the totals, and each run
+that changed beside its source around the first divergence.
 
 Exit codes: 0 done, with at most `--max-regressions` regressions (default 0) and no grader error; 1 more
 regressions than that, or a grader failed on some run; 2 bad input (an unknown run or set, runs of another
@@ -125,6 +128,8 @@ def regress(
     max_regressions: Annotated[int, typer.Option("--max-regressions", help="Exit 1 with more regressions "
                                                                            "than this.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write the report as one self-contained "
+                                                             "HTML file here.")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Drive recorded runs again on CANDIDATE, every recorded tool result served from the log, and report
@@ -147,7 +152,7 @@ def regress(
         _usage(str(e))
     url = resolve_nats(nats_url, "regress")
     try:
-        report = anyio.run(_regress, url, candidate, options, as_json, backend="asyncio")
+        report = anyio.run(_regress, url, candidate, options, as_json, html, backend="asyncio")
     except RegressError as e:
         _usage(str(e))
     if as_json:
@@ -164,8 +169,11 @@ def _ignored(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
     return out
 
 
-async def _regress(url: str, candidate: Path, options: dict[str, Any], quiet: bool) -> Report:
+async def _regress(url: str, candidate: Path, options: dict[str, Any], quiet: bool,
+                   html: Path | None) -> Report:
     from rich.progress import Progress
+
+    from runtime.regress import report_html
 
     async with client_for(url, "regress") as client:
         with Progress(console=console(stderr=True), transient=True, disable=quiet) as progress:
@@ -178,7 +186,10 @@ async def _regress(url: str, candidate: Path, options: dict[str, Any], quiet: bo
             def done(_: Any) -> None:
                 progress.advance(bar[0])
 
-            return await client.regress(candidate, on_start=started, on_done=done, **options)
+            report = await client.regress(candidate, on_start=started, on_done=done, **options)
+        if html is not None:
+            html.write_text(await report_html(client.js, report), encoding="utf-8")
+        return report
 
 
 def _usage(message: str) -> Any:

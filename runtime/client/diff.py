@@ -103,7 +103,7 @@ def _entries_before(log: Sequence[ev.Event], expanded: Sequence[ev.Event], same:
     return next((i for i, e in enumerate(log) if e.seq >= holder), len(log))
 
 
-def _aligned(a: Sequence[ev.Event], b: Sequence[ev.Event]) -> list[tuple[ev.Event | None, ev.Event | None]]:
+def aligned(a: Sequence[ev.Event], b: Sequence[ev.Event]) -> list[tuple[ev.Event | None, ev.Event | None]]:
     """`a` and `b` as rows: matched by kind (difflib's longest matching runs), the rest beside a gap or
     beside each other. A fork whose edited result ran no script lines up with its source's outcome, not
     with the `script.*` rows before it."""
@@ -145,7 +145,7 @@ def render(d: Divergence) -> Any:
     # each side in its detailed view from the first fact that differs (what a carried script run printed
     # is a row of its own, under the seq of the entry that holds it, so a difference in it shows), events of
     # the same kind side by side and an event the other side lacks beside a gap
-    for pair in _aligned(d.a_detail, d.b_detail):
+    for pair in aligned(d.a_detail, d.b_detail):
         cells: list[Text] = []
         for e in pair:
             # shown, not str: a recorded value is data, never rich markup nor a terminal's command
@@ -162,4 +162,4 @@ def render(d: Divergence) -> Any:
     return Group(head, table, shown("\n".join(ends)))
 
 
-__all__ = ["Divergence", "diverge", "fact", "render"]
+__all__ = ["Divergence", "aligned", "diverge", "fact", "render"]

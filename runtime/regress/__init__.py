@@ -10,12 +10,14 @@
 - `drive`     — each run driven again from its task as a real run in the log, marked as a regression
 - `graders`   — exact match, JSON Schema, `.pym` graders; the default: the source's output
 - `report`    — per run `same` / `diverged` / `different-output` / `failed`, regressions and fixes (`regress`)
+- `page`      — the report as one self-contained HTML file, each changed run beside its source (`report_html`)
 - `regression` — one regression end to end, everything checked before the first run (`Client.regress`)
 """
 
 from runtime.regress.cache import CachedModelClient, ModelCache
 from runtime.regress.candidate import Candidate, load_candidate
 from runtime.regress.graders import ExactMatch, Grader, JsonSchema, PymGrader, SameAsSource
+from runtime.regress.page import render_report, report_html
 from runtime.regress.ports import RegressPorts, Rule
 from runtime.regress.recorded import Matcher
 from runtime.regress.regression import regression
@@ -24,5 +26,5 @@ from runtime.regress.sets import RegressError, RunSet, Selection, load_set, read
 
 __all__ = ["CachedModelClient", "Candidate", "ExactMatch", "Grader", "JsonSchema", "Matcher", "ModelCache",
            "PymGrader", "RegressError", "RegressPorts", "Report", "Row", "Rule", "RunSet", "SameAsSource",
-           "Selection", "load_candidate", "load_set", "read_ids", "regress", "regression", "save_set",
-           "select"]
+           "Selection", "load_candidate", "load_set", "read_ids", "regress", "regression", "render_report",
+           "report_html", "save_set", "select"]

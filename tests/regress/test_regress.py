@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -406,14 +407,15 @@ def sa(*args: str, url: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=120)
 
 
-async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Recorded) -> None:
+async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Recorded,
+                                                                    tmp_path: Path) -> None:
     one, two = recorded.runs[1], recorded.runs[2]  # the brief model answers task 1 otherwise, task 2 the same
     with ScriptedModelServer(responder=brief_model) as server:
         common = ["--system", "Be brief.", "--model-url", server.base_url, "--model", "scripted",
                   "--expected", "expected"]
         gated = await anyio.to_thread.run_sync(lambda: sa(
             str(SHOP), "--agent", "shop", "--run", one, "--run", two, "--save", "cli-set", *common,
-            url=recorded.url))
+            "--html", str(tmp_path / "cli.html"), url=recorded.url))
         allowed = await anyio.to_thread.run_sync(lambda: sa(
             str(SHOP), "--set", "cli-set", "--max-regressions", "1", "--json", *common, url=recorded.url))
         unknown = await anyio.to_thread.run_sync(lambda: sa(
@@ -422,6 +424,8 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
     lines = {line.split()[1]: line for line in gated.stdout.splitlines() if line.startswith("│")}
     assert "different-output" in lines[one] and "regression" in lines[one] and "same" in lines[two]
     assert f"regressions: {one}" in gated.stdout and "; set cli-set" in gated.stdout
+    page = (tmp_path / "cli.html").read_text()  # `--html`: the same report as one page
+    assert f'id="run-{one}"' in page and f'id="run-{two}"' in page and "different-output" in page
     assert allowed.returncode == 0, allowed.stderr
     report = json.loads(allowed.stdout)
     assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
@@ -550,3 +554,77 @@ async def test_a_candidate_whose_run_fails_is_reported_failed_with_the_reason(re
     assert row.detail == "2 errors in a row (limit 2)"  # the run's own failure, as its log says
     assert any(isinstance(e, ev.ModelFailed) and "no such model" in e.error for e in events)
     assert report.model_calls == 2 and report.cached == 0  # an error is asked again, never cached
+
+
+HOSTILE = "<script>alert('pwned')</script></td></table><img src=https://evil.example/x>"
+
+
+def hostile_model(body: dict[str, Any]) -> str:
+    """Answers task 1 with markup (a reply is data, never the page's HTML), the others as recorded."""
+    reply = source_model(body)
+    if order_of(task_of(body)) == "O1" and "final_answer" in reply:
+        return hermes_call("final_answer", {"answer": HOSTILE})
+    return reply
+
+
+class Page(HTMLParser):
+    """What a browser would see of the report: its text by element id and class, tags and attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.verdicts: list[str] = []
+        self.seqs: list[str] = []
+        self._in: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._in.append(dict(attrs).get("class") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._in:
+            self._in.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        where = self._in[-1] if self._in else ""
+        if "verdict" in where.split():
+            self.verdicts.append(data)
+        if where == "seq":
+            self.seqs.append(data)
+
+
+async def test_the_html_report_shows_each_changed_run_beside_its_source_and_escapes_what_runs_said(
+        recorded: Recorded, tmp_path: Path) -> None:
+    from runtime.regress import report_html
+
+    chosen = [recorded.runs[1], recorded.runs[2], recorded.runs[3]]
+    with ScriptedModelServer(responder=hostile_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", runs=chosen, base_url=server.base_url,
+                                          model="scripted", graders=[ExactMatch("expected")])
+            page = await report_html(client.js, report)
+            source = (await client.log.read(recorded.runs[1])).events
+    (tmp_path / "report.html").write_text(page)
+    if os.environ.get("SA_KEEP_REPORT"):
+        Path(os.environ["SA_KEEP_REPORT"]).write_text(page)
+    row = by_source(report)[recorded.runs[1]]
+    answered = [e.seq for e in source if isinstance(e, ev.ModelResponded)][-1]
+    assert (row.verdict, row.diverged_at, row.change) == ("different-output", answered, "regression")
+    parsed = Page()
+    parsed.feed(page)
+    text = "".join(parsed.text)
+    for r in report.rows:  # every run id, source and regression, is on the page
+        assert r.source_run in text and r.run_id is not None and r.run_id in text
+    assert parsed.verdicts == [r.verdict for r in report.rows] == ["different-output", "same", "same"]
+    assert parsed.seqs == [str(answered)]  # the one run that changed, and where
+    assert "pass rate" in text and "source 100% → candidate 67%" in text
+    assert "<script" not in page.lower() and HOSTILE in text  # the reply is text on the page, escaped
+    assert not [t for t, a in parsed.tags if t in ("script", "img", "link", "iframe")]
+    assert all(a["href"].startswith("#") for t, a in parsed.tags if t == "a" and a.get("href"))  # in-page
+    csp = next(a["content"] for t, a in parsed.tags if t == "meta" and a.get("http-equiv"))
+    assert csp is not None and csp.startswith("default-src 'none'")
+    # the timelines side by side: the source's reply and the candidate's, at the first divergence
+    first = page.split('class=first>', 1)[1].split("</tr>", 1)[0]
+    assert f'<td class="n">{answered}</td>' in first and first.count("model.responded") == 2
