@@ -240,6 +240,22 @@ class Client:
 
         return await regression(self.js, candidate, **options)
 
+    async def regressions(self) -> dict[str, Any]:
+        """The saved regression sets (name, agent, how many runs) and the reports kept in the fleet, newest
+        first, without their rows (`runtime.regress.saved`)."""
+        from runtime.regress.saved import list_reports
+        from runtime.regress.sets import list_sets, load_set
+
+        sets = [await load_set(self.js, name) for name in await list_sets(self.js)]
+        return {"sets": [{"name": s.name, "agent": s.agent, "runs": len(s.runs), "created": s.created}
+                         for s in sets], "reports": await list_reports(self.js)}
+
+    async def regression_report(self, report_id: str) -> dict[str, Any]:
+        """A saved regression report whole, rows included; `runtime.regress.saved.NoReport` if none."""
+        from runtime.regress.saved import load_report
+
+        return await load_report(self.js, report_id)
+
     # -- conversations and the fleet -------------------------------------------------------------------
 
     async def threads(self, agent: str | None = None) -> list[ThreadRecord]:

@@ -11,6 +11,8 @@
 - `graders`   — exact match, JSON Schema, `.pym` graders; the default: the source's output
 - `report`    — per run `same` / `diverged` / `different-output` / `failed`, regressions and fixes (`regress`)
 - `page`      — the report as one self-contained HTML file, each changed run beside its source (`report_html`)
+- `saved`     — reports kept in the fleet by id, for the inspector (`save_report`, `list_reports`,
+                `load_report`)
 - `regression` — one regression end to end, everything checked before the first run (`Client.regress`)
 """
 

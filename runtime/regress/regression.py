@@ -6,7 +6,8 @@
 
 What `Client.regress` and `sa regress` call. Everything that can be refused is checked before the first run
 is driven (the selection or set, the candidate, the graders, the rules), so bad input writes nothing: no
-regression run, no set.
+regression run, no set. A regression that is done keeps its report in the fleet (`runtime.regress.saved`),
+where the inspector lists it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from runtime.regress.graders import Grader
 from runtime.regress.ports import Rule
 from runtime.regress.recorded import Matcher, PymCompare
 from runtime.regress.report import Report, regress
+from runtime.regress.saved import save_report
 from runtime.regress.sets import RegressError, RunSet, Selection, load_set, save_set, select
 
 
@@ -82,8 +84,10 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
             run_set = await save_set(js, save, run_set)
         if on_start is not None:
             on_start(run_set)
-        return await regress(js, run_set, candidate, graders=graders, rules=checked, matcher=matcher,
-                             concurrency=concurrency, on_done=on_done)
+        report = await regress(js, run_set, candidate, graders=graders, rules=checked, matcher=matcher,
+                               concurrency=concurrency, on_done=on_done)
+        report.id = await save_report(js, report)
+        return report
     finally:
         await candidate.aclose()
 

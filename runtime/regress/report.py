@@ -116,6 +116,7 @@ class Report:
     rows: list[Row]
     model_calls: int = 0  # requests that reached the candidate's model server
     cached: int = 0  # requests the reply cache answered
+    id: str = ""  # the id it was saved under in the fleet (`runtime.regress.saved`), once saved
 
     @property
     def regressions(self) -> list[Row]:

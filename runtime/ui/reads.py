@@ -13,6 +13,8 @@
     await reads.fleet()                                               # hosts, workers, queues, dead letters
     await reads.schedules()                                           # schedules and the runs they started
     await reads.agent(name)                                           # a bundle, its hosts, runs, failures
+    await reads.regressions()                                         # saved sets and regression reports
+    await reads.regression(report_id)                                 # one report, its runs side by side
 
 Why a layer of its own: the routes (`runtime.ui.routes`) speak HTTP and nothing else, and these speak to
 the fleet and nothing else, so each can be read, and changed, without the other. Going through `Client` and
@@ -210,6 +212,20 @@ class Reads:
     async def schedules(self) -> dict[str, Any]:
         """Every schedule (`sa schedule list`) with the runs its fires started."""
         return await self._schedules.read()
+
+    async def regressions(self) -> dict[str, Any]:
+        """The saved regression sets and the reports kept in the fleet, newest first
+        (`Client.regressions`)."""
+        return await self.client.regressions()
+
+    async def regression(self, report_id: str) -> dict[str, Any]:
+        """One saved regression report, rows included: each source run beside its regression run."""
+        from runtime.regress.saved import NoReport
+
+        try:
+            return await self.client.regression_report(report_id)
+        except NoReport as e:
+            raise NotFound(str(e)) from None
 
     async def agent(self, name: str) -> dict[str, Any]:
         """An agent's bundle, the hosts serving it, its runs and its failure kinds over time."""

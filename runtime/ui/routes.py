@@ -29,6 +29,10 @@
     GET  /api/pending                       approvals, tool jobs in flight, unfinished runs, what is stuck
     GET  /api/fleet                         hosts, partitions, workers, queues, dead letters (`sa status`)
     GET  /api/schedules                     every schedule, its runs (newest first) and how they ended
+    GET  /regressions                       saved regression sets and reports (page)
+    GET  /regressions/{report}              one report: each source run beside its regression run (page)
+    GET  /api/regressions                   {"sets": [...], "reports": [...]} (reports newest first, no rows)
+    GET  /api/regressions/{report}          the report whole (`runtime.regress.saved`)
     GET  /api/agents/{agent}                its bundle, the hosts serving it, its runs, failures over time
     POST /api/dead-letters/{seq}/replay     {} -> the dead letter sent back to its tool's workers
     GET  /api/health                        {"ok": true, "followers": open live views}
@@ -253,6 +257,16 @@ async def api_schedules(request: Request) -> Any:
 
 
 @answers
+async def api_regressions(request: Request) -> Any:
+    return await services(request).reads.regressions()
+
+
+@answers
+async def api_regression(request: Request) -> Any:
+    return await services(request).reads.regression(request.path_params["report"])
+
+
+@answers
 async def api_agent(request: Request) -> Any:
     return await services(request).reads.agent(request.path_params["agent"])
 
@@ -319,11 +333,15 @@ ROUTES: list[BaseRoute] = [
     Route("/pending", page("pending")),
     Route("/fleet", page("fleet")),
     Route("/schedules", page("schedules")),
+    Route("/regressions", page("regressions")),
+    Route("/regressions/{report}", page("regression")),
     Route("/agents/{agent}", page("agent")),
     Route("/api/health", health),
     Route("/api/pending", api_pending),
     Route("/api/fleet", api_fleet),
     Route("/api/schedules", api_schedules),
+    Route("/api/regressions", api_regressions),
+    Route("/api/regressions/{report}", api_regression),
     Route("/api/agents/{agent}", api_agent),
     Route("/api/dead-letters/{seq}/replay", api_replay_dead_letter, methods=["POST"]),
     Route("/api/approvals", api_approvals),

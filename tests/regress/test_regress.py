@@ -628,3 +628,49 @@ async def test_the_html_report_shows_each_changed_run_beside_its_source_and_esca
     # the timelines side by side: the source's reply and the candidate's, at the first divergence
     first = page.split('class=first>', 1)[1].split("</tr>", 1)[0]
     assert f'<td class="n">{answered}</td>' in first and first.count("model.responded") == 2
+
+
+async def test_the_inspector_lists_saved_reports_and_shows_each_run_beside_its_regression(
+        recorded: Recorded) -> None:
+    import httpx
+    from ui_helpers import serving
+
+    from runtime.ui.app import create_app
+
+    one, two = recorded.runs[1], recorded.runs[2]
+    with ScriptedModelServer(responder=brief_model) as server:
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", runs=[one, two], save="ui-set",
+                                          system_prompt="Be brief.", base_url=server.base_url,
+                                          model="scripted", graders=[ExactMatch("expected")])
+    async with await Client.connect(recorded.url) as app_client, \
+            serving(create_app(client=app_client)) as base, \
+            httpx.AsyncClient(base_url=base, timeout=30) as http:
+        listed = (await http.get("/api/regressions")).json()
+        got = await http.get(f"/api/regressions/{report.id}")
+        page = await http.get(f"/regressions/{report.id}")
+        index_page = await http.get("/regressions")
+        missing = await http.get("/api/regressions/20200101T000000-000-nope")
+        bad = await http.get("/api/regressions/a.b")
+        regression_run = (await http.get(f"/api/runs/{by_source(report)[one].run_id}")).json()
+        if os.environ.get("SA_SHOT"):  # a look as a person would: SA_SHOT=/tmp/x pytest -k inspector
+            for name, path in (("list", "/regressions"), ("one", f"/regressions/{report.id}")):
+                await anyio.run_process(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                                         "--virtual-time-budget=4000", "--window-size=1400,700",
+                                         f"--screenshot={os.environ['SA_SHOT']}-{name}.png", base + path],
+                                        check=False)
+    assert report.id and report.id in [r["id"] for r in listed["reports"]]
+    summary = next(r for r in listed["reports"] if r["id"] == report.id)
+    assert (summary["set"], summary["runs"], summary["regressions"]) == ("ui-set", 2, [one])
+    assert "rows" not in summary
+    assert {"name": "ui-set", "agent": "shop", "runs": 2} == {k: v for k, v in next(
+        s for s in listed["sets"] if s["name"] == "ui-set").items() if k != "created"}
+    saved = got.json()
+    assert [(r["source_run"], r["run_id"], r["verdict"], r["diverged_at"]) for r in saved["rows"]] == [
+        (r.source_run, r.run_id, r.verdict, r.diverged_at) for r in report.rows]
+    assert saved["rows"][0]["change"] == "regression" and saved["rows"][1]["verdict"] == "same"
+    assert page.status_code == 200 and "/static/regression.js" in page.text
+    assert index_page.status_code == 200 and "/static/regressions.js" in index_page.text
+    assert missing.status_code == 404 and "no saved report" in missing.json()["error"]
+    assert bad.status_code == 404 and "not a report id" in bad.json()["error"]
+    assert regression_run["events"][0]["kind"] == "run.started"  # its own timeline page reads it
