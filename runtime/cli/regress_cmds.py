@@ -70,7 +70,7 @@ def _pairs(given: list[str], option: str) -> list[tuple[str, str]]:
 
 
 def _graders(expected: str | None, schema: Path | None, pym: list[Path]) -> list[Grader]:
-    from runtime.regress import ExactMatch, JsonSchema, PymGrader, RegressError
+    from runtime.regress import ExactMatch, JsonSchema, JudgeGrader, PymGrader, RegressError
 
     graders: list[Grader] = []
     if expected:
@@ -80,7 +80,9 @@ def _graders(expected: str | None, schema: Path | None, pym: list[Path]) -> list
             graders.append(JsonSchema(json.loads(schema.read_text(encoding="utf-8"))))
         except (OSError, json.JSONDecodeError) as e:
             raise RegressError(f"--schema {schema}: not a readable JSON Schema: {e}") from None
-    graders += [PymGrader.load(p) for p in pym]
+    for given in pym:
+        judge = str(given).removeprefix("judge:")
+        graders.append(JudgeGrader.load(judge) if judge != str(given) else PymGrader.load(given))
     return graders
 
 
@@ -122,7 +124,8 @@ def regress(
                         ] = None,
     schema: Annotated[Path | None, typer.Option("--schema", help="Grade: the output is valid against this "
                                                                  "JSON Schema file.")] = None,
-    grader: Annotated[list[Path] | None, typer.Option("--grader", help="Grade with this .pym script "
+    grader: Annotated[list[Path] | None, typer.Option("--grader", help="Grade with this .pym script, or "
+                                                                       "judge:BUNDLE, a judge agent "
                                                                        "(repeatable).")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Runs driven at once.")] = 4,
     max_regressions: Annotated[int, typer.Option("--max-regressions", help="Exit 1 with more regressions "

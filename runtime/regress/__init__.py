@@ -8,7 +8,7 @@
                 follows its tool's `Rule` (`run`, `error`, `diverge`), nothing reaching the world
 - `cache`     — the model reply cache, keyed by the request bytes as sent (`CachedModelClient`)
 - `drive`     — each run driven again from its task as a real run in the log, marked as a regression
-- `graders`   — exact match, JSON Schema, `.pym` graders; the default: the source's output
+- `graders`   — exact match, JSON Schema, `.pym` graders, a judge agent; the default: the source's output
 - `report`    — per run `same` / `diverged` / `different-output` / `failed`, regressions and fixes (`regress`)
 - `page`      — the report as one self-contained HTML file, each changed run beside its source (`report_html`)
 - `saved`     — reports kept in the fleet by id, for the inspector (`save_report`, `list_reports`,
@@ -18,7 +18,7 @@
 
 from runtime.regress.cache import CachedModelClient, ModelCache
 from runtime.regress.candidate import Candidate, load_candidate
-from runtime.regress.graders import ExactMatch, Grader, JsonSchema, PymGrader, SameAsSource
+from runtime.regress.graders import ExactMatch, Grader, JsonSchema, JudgeGrader, PymGrader, SameAsSource
 from runtime.regress.page import render_report, report_html
 from runtime.regress.ports import RegressPorts, Rule
 from runtime.regress.recorded import Matcher
@@ -26,7 +26,7 @@ from runtime.regress.regression import regression
 from runtime.regress.report import Report, Row, regress
 from runtime.regress.sets import RegressError, RunSet, Selection, load_set, read_ids, save_set, select
 
-__all__ = ["CachedModelClient", "Candidate", "ExactMatch", "Grader", "JsonSchema", "Matcher", "ModelCache",
-           "PymGrader", "RegressError", "RegressPorts", "Report", "Row", "Rule", "RunSet", "SameAsSource",
-           "Selection", "load_candidate", "load_set", "read_ids", "regress", "regression", "render_report",
-           "report_html", "save_set", "select"]
+__all__ = ["CachedModelClient", "Candidate", "ExactMatch", "Grader", "JsonSchema", "JudgeGrader",
+           "Matcher", "ModelCache", "PymGrader", "RegressError", "RegressPorts", "Report", "Row", "Rule",
+           "RunSet", "SameAsSource", "Selection", "load_candidate", "load_set", "read_ids", "regress",
+           "regression", "render_report", "report_html", "save_set", "select"]

@@ -1,7 +1,7 @@
 """Graders: whether a run's ending is good, asked of the source run and of its regression alike.
 
     graders = [ExactMatch("expected"), JsonSchema({"type": "object", "required": ["answer"]}),
-               PymGrader.load("graders/polite.pym")]
+               PymGrader.load("graders/polite.pym"), JudgeGrader.load("bundles/judge")]
 
 A regression is a run that passes under the source and fails under the candidate; a fix, the other way round
 (`runtime.regress.report`). A run passes when every grader passes it. Without graders, `SameAsSource` is the
@@ -17,12 +17,20 @@ change of output is a regression (what a CI gate on "nothing changes" wants).
   it declares; it ends with `True`/`False` or `{"pass": bool, "reason": str}`. A script that does not load is
   refused before any run starts; one that fails on a run is a grader error, reported with that run (the run
   counts as not passing).
+* `JudgeGrader(bundle)` — a model as judge: a judge agent (a bundle, run in this process by
+  `runtime.agent.Agent`, the one driver) is given the task, the source's output and the candidate's, and ends
+  with its terminal tool's `{"better": "source" | "candidate" | "same", "why": str}`. The candidate passes
+  unless the judge prefers the source; the source passes when it completed (it is what the judge compares
+  with). A judge that fails, or ends with anything else, is a grader error of that run, saying what it did:
+  never a crash of the regression. A judge bundle that does not load, or has no terminal tool, is refused
+  before any run starts. `bundles/judge` is one.
 
 Every grader passes nothing that did not complete: a failed or cancelled run has no output to grade.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +160,65 @@ class PymGrader:
                                   '{"pass": bool, "reason": str}')
 
 
+BETTER = ("source", "candidate", "same")
+
+
+class JudgeGrader:
+    """A model-as-judge grader (see the module docstring)."""
+
+    def __init__(self, bundle: Any, *, client: Any = None) -> None:
+        self.bundle, self.client = bundle, client
+        self.name = f"judge {bundle.name}"
+
+    @classmethod
+    def load(cls, path: str | Path, *, client: Any = None) -> JudgeGrader:
+        """The judge bundle at `path` (`client`: a model client to use instead of the bundle's own)."""
+        from runtime.bundle import BundleError, load_bundle
+
+        try:
+            bundle = load_bundle(path)
+        except (BundleError, OSError) as e:
+            raise RegressError(f"the judge bundle at {path} does not load: {e}") from None
+        if bundle.spec.termination.terminal_tool is None:
+            raise RegressError(f"the judge bundle at {path} has no terminal tool: give it one (termination: "
+                               '{terminal_tool: verdict}) that returns {"better": "source" | "candidate" | '
+                               '"same", "why": str}')
+        return cls(bundle, client=client)
+
+    def prompt(self, ending: Ending, source: Ending) -> str:
+        """The judge's task: the agent's task and the two outputs, each as JSON."""
+        def shown(value: Any) -> str:
+            return json.dumps(value, ensure_ascii=False, default=str, indent=1)
+
+        return (f"The task the agent was given:\n{ending.input}\n\nThe source output (before):\n"
+                f"{shown(source.output)}\n\nThe candidate output (now):\n{shown(ending.output)}\n\n"
+                "Which does the task better? End with "
+                f"{self.bundle.spec.termination.terminal_tool}(better=source|candidate|same, why=...).")
+
+    async def grade(self, ending: Ending, source: Ending) -> Grade:
+        from runtime.agent import Agent
+
+        if (bad := _not_completed(ending)) is not None:
+            return bad
+        if ending is source:
+            return Grade(True)
+        try:
+            async with Agent(self.bundle, client=self.client) as agent:
+                outcome = await agent.run(self.prompt(ending, source))
+        except Exception as e:  # a judge that cannot run is this run's grader error, never the regression's
+            return Grade(False, error=f"{self.name} could not run: {type(e).__name__}: {e}")
+        if outcome.status != "completed":
+            return Grade(False, error=f"{self.name} {outcome.status}: {outcome.reason or 'no reason given'}")
+        verdict = outcome.output
+        if not (isinstance(verdict, dict) and verdict.get("better") in BETTER
+                and isinstance(verdict.get("why"), str)):
+            return Grade(False, error=f"{self.name} returned {verdict!r}: its terminal tool must return "
+                                      '{"better": "source" | "candidate" | "same", "why": str}')
+        if verdict["better"] == "source":
+            return Grade(False, f"the judge prefers the source's output: {verdict['why']}")
+        return Grade(True, verdict["why"])
+
+
 async def grade_all(graders: Sequence[Grader], ending: Ending,
                     source: Ending) -> tuple[bool, list[str], list[str]]:
     """Whether `ending` passes every grader; the reasons it did not; the graders' own errors."""
@@ -168,4 +235,5 @@ async def grade_all(graders: Sequence[Grader], ending: Ending,
     return passed, reasons, errors
 
 
-__all__ = ["Ending", "ExactMatch", "Grade", "Grader", "JsonSchema", "PymGrader", "SameAsSource", "grade_all"]
+__all__ = ["BETTER", "Ending", "ExactMatch", "Grade", "Grader", "JsonSchema", "JudgeGrader", "PymGrader",
+           "SameAsSource", "grade_all"]

@@ -674,3 +674,72 @@ async def test_the_inspector_lists_saved_reports_and_shows_each_run_beside_its_r
     assert missing.status_code == 404 and "no saved report" in missing.json()["error"]
     assert bad.status_code == 404 and "not a report id" in bad.json()["error"]
     assert regression_run["events"][0]["kind"] == "run.started"  # its own timeline page reads it
+
+
+def judge_bundle(tmp_path: Path, url: str, *, junk: bool = False) -> Path:
+    """The shipped judge on the scripted model at `url`; `junk`: its terminal tool returns another shape."""
+    judge = tmp_path / ("junk-judge" if junk else "judge")
+    shutil.copytree(ROOT / "bundles" / "judge", judge)
+    text = (judge / "bundle.yaml").read_text().replace("base_url: local", f"base_url: {url}")
+    text = text.replace("deadline: 5m}", "deadline: 5m, max_consecutive_errors: 1}")
+    (judge / "bundle.yaml").write_text(text.replace("name: smollm2-135m-instruct", "name: scripted"))
+    if junk:
+        script = (judge / "verdict.pym").read_text()
+        (judge / "verdict.pym").write_text(script.replace('{"better": better, "why": why.strip()}',
+                                                          '{"verdict": better}'))
+    return judge
+
+
+def judge_model(body: dict[str, Any]) -> Any:
+    """A judge: prefers the source's answer for task 1, is down for task 17, says `same` otherwise."""
+    from runtime.testing import Reply
+
+    prompt = task_of(body)
+    candidate = prompt.split("The candidate output (now):", 1)[1]
+    if "O17:" in candidate:
+        return Reply.error(400, "the judge's model refuses")
+    better = "source" if "O1:" in candidate else "same"
+    return hermes_call("verdict", {"better": better, "why": f"judged {order_of(prompt)}"})
+
+
+async def test_a_judge_agent_grades_the_candidate_against_the_source_and_its_failures_are_grader_errors(
+        recorded: Recorded, tmp_path: Path) -> None:
+    from runtime.cli.regress_cmds import _graders
+    from runtime.regress import JudgeGrader
+
+    chosen = [recorded.runs[1], recorded.runs[2], recorded.runs[17]]
+    with ScriptedModelServer(responder=brief_model) as server, \
+            ScriptedModelServer(responder=judge_model) as judge_server:
+        judge = JudgeGrader.load(judge_bundle(tmp_path, judge_server.base_url))
+        junk = JudgeGrader.load(judge_bundle(tmp_path, judge_server.base_url, junk=True))
+        async with await Client.connect(recorded.url) as client:
+            report = await client.regress(SHOP, agent="shop", runs=chosen, system_prompt="Be brief.",
+                                          base_url=server.base_url, model="scripted", graders=[judge])
+            junked = await client.regress(SHOP, agent="shop", runs=[recorded.runs[2]],
+                                          system_prompt="Be brief.", base_url=server.base_url,
+                                          model="scripted", graders=[junk])
+        asked = [task_of(body) for body in judge_server.requests]
+    one, two, seventeen = (by_source(report)[run] for run in chosen)
+    assert (one.verdict, one.change, one.candidate_pass) == ("different-output", "regression", False)
+    assert one.reasons == ["judge judge: the judge prefers the source's output: judged O1"]
+    assert (two.verdict, two.candidate_pass, two.grader_errors) == ("same", True, [])
+    assert seventeen.verdict == "different-output" and not seventeen.candidate_pass
+    failed = "judge judge failed: consecutive_errors: 1 errors in a row (limit 1)"  # the judge run's reason
+    assert seventeen.grader_errors == [failed] and report.grader_errors == [f"{recorded.runs[17]}: {failed}"]
+    # the judge saw the task and both outputs; it was asked of the candidates only
+    first = next(p for p in asked if "look order O1 up" in p)
+    assert '"O1 was delivered broken"' in first and '"O1: broken"' in first
+    assert {order_of(p) for p in asked} == {"O1", "O2", "O17"}
+    [row] = junked.rows
+    assert not row.candidate_pass and row.source_pass
+    assert row.grader_errors and "judge judge returned {'verdict': 'same'}: its terminal tool must return" \
+        in row.grader_errors[0]
+    # the CLI's `--grader judge:BUNDLE`; a judge that does not load, or has no terminal tool, is refused
+    assert isinstance(_graders(None, None, [Path(f"judge:{ROOT / 'bundles' / 'judge'}")])[0], JudgeGrader)
+    with pytest.raises(RegressError, match=r"the judge bundle at \S+ does not load"):
+        JudgeGrader.load(tmp_path / "nope")
+    no_end = judge_bundle(tmp_path / "x", "http://127.0.0.1:9/v1")
+    (no_end / "bundle.yaml").write_text((no_end / "bundle.yaml").read_text().replace(
+        "termination: {terminal_tool: verdict, max_turns: 2, deadline: 5m, max_consecutive_errors: 1}", ""))
+    with pytest.raises(RegressError, match="has no terminal tool"):
+        JudgeGrader.load(no_end)
