@@ -1,0 +1,203 @@
+"""Regressions over recorded runs: how fast, how cheap the second time, and what they cost live traffic.
+
+    .venv/bin/python bench/regress.py [--runs 200] [--live 100] [--concurrency 8]
+    .venv/bin/python bench/regress.py --runs 1000          # the figure the regressions issue asks for
+
+The fleet: embedded NATS, one `sa host` and one `sa worker` process, the shipped `bundles/demo` (the sandboxed
+calculator, then `final_answer`) pointed at the scripted OpenAI-compatible server in a process of its own
+(zero latency, `runtime.testing.ScriptedModelServer`). `--runs` tasks are recorded as production runs; then:
+
+(a) regressions per minute: the recorded set regressed on the same bundle (`Client.regress`, driven from this
+    process with `--concurrency` runs at once, every tool result served from the log, each regression run a
+    real run in the log), against re-running the same tasks live on the same fleet with the same number in
+    flight (each a new production run: the host, the worker's sandbox, the model);
+(b) the second regression of the same set on the same candidate: its model calls (0: every reply comes from
+    the cache) and its rate;
+(c) live task latency (start to result, `--live` tasks, 4 in flight) alone, and again while a regression of
+    the set runs beside it on a candidate whose system prompt differs (so the cache misses and the
+    regression calls the model as a real one would).
+
+Figures printed, nothing asserted: two cores shared with whatever else runs make every figure move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+LIVE_IN_FLIGHT = 4
+
+
+def responder(body: dict[str, Any]) -> str:
+    """The demo's two turns: the calculator on the task's expression, then its value as the answer."""
+    from runtime.testing import hermes_call
+
+    task = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    expression = task.removeprefix("compute: ")
+    done = [m for m in body["messages"]
+            if m["role"] != "system" and "<tool_response>" in str(m.get("content"))]
+    if not done:
+        return hermes_call("calculator", {"expression": expression})
+    value = str(done[-1]["content"]).split('"value":', 1)[-1].split("}", 1)[0].split(",")[0].strip(' "')
+    return hermes_call("final_answer", {"answer": f"{expression} = {value}"})
+
+
+def start_model_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The scripted server in its own process, so the bench's own process is charged none of its CPU."""
+    ready = tmp / "model.url"
+    paths = f"sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'bench')!r})"
+    code = (f"import sys, time; {paths}\n"
+            "from regress import responder\nfrom runtime.testing import ScriptedModelServer\n"
+            "s = ScriptedModelServer(responder=responder, record=False).start()\n"
+            f"open({str(ready)!r}, 'w').write(s.base_url)\ntime.sleep(10**6)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    while not ready.exists() or not ready.read_text():
+        if proc.poll() is not None:
+            raise RuntimeError("the scripted model server did not start")
+        time.sleep(0.05)
+    return proc, ready.read_text()
+
+
+def demo_bundle(tmp: Path, model_url: str) -> Path:
+    """bundles/demo as shipped, its model the scripted server and its calculator beside it (a worker serves
+    the tools of one folder)."""
+    folder = tmp / "demo"
+    shutil.copytree(ROOT / "bundles" / "demo", folder)
+    shutil.copy(ROOT / "agents" / "calculator.pym", folder / "tools" / "calculator.pym")
+    text = (folder / "bundle.yaml").read_text()
+    text = text.replace("../../agents/calculator.pym", "tools/calculator.pym")
+    text = text.replace("base_url: local", f"base_url: '{model_url}'").replace("name: smollm2-135m-instruct",
+                                                                              "name: scripted")
+    (folder / "bundle.yaml").write_text(text)
+    return folder
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+async def bounded(n: int, in_flight: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
+    gate = asyncio.Semaphore(in_flight)
+
+    async def run(i: int) -> Any:
+        async with gate:
+            return await one(i)
+
+    return await asyncio.gather(*(run(i) for i in range(n)))
+
+
+def task_of(i: int) -> str:
+    return f"compute: {i} * 3 + {i % 7}"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200, help="recorded runs to regress")
+    parser.add_argument("--live", type=int, default=100, help="live tasks timed for the latency figures")
+    parser.add_argument("--concurrency", type=int, default=8, help="runs a regression drives at once, and "
+                                                                   "live re-runs in flight")
+    args = parser.parse_args()
+
+    from bench.worker import start_workers, stop
+    from runtime.client import Client
+    from runtime.nats.server import EmbeddedNats
+
+    with tempfile.TemporaryDirectory(prefix="sa-bench-regress-") as name:
+        tmp = Path(name)
+        model, model_url = start_model_server(tmp)
+        server = EmbeddedNats(tmp / "nats")
+        server.start()
+        host = workers = None
+        try:
+            bundle = demo_bundle(tmp, model_url)
+            from bench.runtime import start_host
+
+            host = start_host(server.url, bundle, tmp / "host.log", "--max-runs", "4096")
+            workers = start_workers(server.url, bundle / "tools", 1, 8, tmp)
+            async with await Client.connect(server.url) as client:
+                ids: list[str] = []
+
+                async def live(i: int) -> float:
+                    t0 = time.perf_counter()
+                    handle = await client.start("demo", task_of(i))
+                    await handle.result(timeout=120)
+                    ids.append(handle.run_id)
+                    return time.perf_counter() - t0
+
+                t0 = time.perf_counter()
+                await bounded(args.runs, args.concurrency, live)
+                recorded_s = time.perf_counter() - t0
+                recorded = list(ids)
+                while sum(r.status == "completed" for r in await client.runs("demo")) < args.runs:
+                    await asyncio.sleep(0.1)
+                print(f"recorded {args.runs} runs of bundles/demo in {recorded_s:.1f} s "
+                      f"(1 host, 1 worker, {args.concurrency} in flight)")
+
+                t0 = time.perf_counter()
+                await bounded(args.runs, args.concurrency, live)  # the same tasks again, live
+                rerun_s = time.perf_counter() - t0
+
+                t0 = time.perf_counter()
+                first = await client.regress(bundle, agent="demo", runs=recorded, save="bench",
+                                             concurrency=args.concurrency)
+                first_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                second = await client.regress(bundle, set_name="bench", concurrency=args.concurrency)
+                second_s = time.perf_counter() - t0
+                counts = ", ".join(f"{n} {v}" for v, n in first.counts.items() if n)
+                print(f"(a) regression: {args.runs / first_s * 60:.0f} runs/min ({first_s:.1f} s; {counts}; "
+                      f"{first.model_calls} model calls) vs live re-run: "
+                      f"{args.runs / rerun_s * 60:.0f} runs/min "
+                      f"({rerun_s:.1f} s): {rerun_s / first_s:.2f}x")
+                print(f"(b) second regression: {second.model_calls} model calls, {second.cached} from the "
+                      "cache; "
+                      f"{args.runs / second_s * 60:.0f} runs/min ({second_s:.1f} s)")
+
+                alone = await bounded(args.live, LIVE_IN_FLIGHT, live)
+                beside = asyncio.create_task(client.regress(
+                    bundle, set_name="bench", concurrency=args.concurrency,
+                    system_prompt="Compute, briefly."))
+                during: list[float] = []
+
+                async def alongside(k: int) -> None:  # live tasks for as long as the regression runs
+                    i = k
+                    while not beside.done():
+                        during.append(await live(i))
+                        i += LIVE_IN_FLIGHT
+
+                await asyncio.gather(*(alongside(k) for k in range(LIVE_IN_FLIGHT)))
+                third = await beside
+                print(f"(c) live task latency, {LIVE_IN_FLIGHT} in flight: alone ({len(alone)} tasks) p50 "
+                      f"{statistics.median(alone) * 1000:.0f} ms p99 {pct(alone, 99) * 1000:.0f} ms; "
+                      f"beside a regression of the set ({len(during)} tasks while it ran, its "
+                      f"{third.model_calls} model calls not cached) p50 "
+                      f"{statistics.median(during) * 1000:.0f} ms p99 "
+                      f"{pct(during, 99) * 1000:.0f} ms")
+        finally:
+            if workers is not None:
+                stop(workers)
+            if host is not None:
+                host.terminate()
+                host.wait(20)
+            server.stop()
+            model.terminate()
+            model.wait(10)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
