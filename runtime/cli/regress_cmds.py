@@ -232,3 +232,5 @@ def _print(report: Report) -> None:
             out.print(f"{label}: " + " ".join(r.source_run for r in rows))
     for error in report.grader_errors:
         out.print(shown(f"grader error: {error}", style="red"))
+    if report.id:
+        out.print(f"report {report.id} kept in the fleet: `sa ui`, /regressions/{report.id}")

@@ -1,12 +1,13 @@
 """A regression's report as one self-contained HTML file (`sa regress ... --html report.html`).
 
-    html = await report_html(js, report)          # reads both runs of every row from the log
+    html = await report_html(js, report)          # reads both runs of every changed row from the log
     html = render_report(report, events_by_run)   # the same, from events already in hand (pure)
 
 The page holds the totals (pass rate of source and candidate, regressions and fixes by run, the token, turn
-and tool-call deltas, the model calls and how many the cache answered) and then one section per run: its
-verdict, the first seq where it differs from its source, and the two runs' timelines side by side around
-that seq, as `sa replay SOURCE --diff RUN` lines them up (`runtime.client.diff`: events of the same kind
+and tool-call deltas, the model calls and how many the cache answered), a table of every run, and then one
+section per run that changed (a `same` run is a row of the table, no more): its verdict, the first seq where
+it differs from its source, and the two runs' timelines side by side around that seq, as
+`sa replay SOURCE --diff RUN` lines them up (`runtime.client.diff`: events of the same kind
 beside each other, the event one side lacks beside a gap), each event described as `sa replay` describes it
 (`runtime.client.describe`).
 
@@ -105,14 +106,21 @@ def _runs_table(report: Report) -> str:
 
         at = "" if r.diverged_at is None else r.diverged_at
         body.append(
-            f'<tr class="{r.change}"><td class="mono"><a href="#{_anchor(r.source_run)}">'
-            f'{_e(r.source_run)}</a></td><td class="mono">{_e(r.run_id or "-")}</td>'
+            f'<tr class="{r.change}"><td class="mono">{_linked(r)}</td>'
+            f'<td class="mono">{_e(r.run_id or "-")}</td>'
             f'<td class="v-{r.verdict}">{_e(r.verdict)}</td><td class="n">{at}</td>'
             f'<td class="n">{pair("turns")}</td><td class="n">{pair("tokens")}</td>'
             f'<td class="n">{pair("tool_calls")}</td>'
             f"<td>{'yes' if r.source_pass else 'no'} → {'yes' if r.candidate_pass else 'no'}</td>"
             f"<td>{r.change}</td></tr>")
     return f'<table id="runs"><tr>{head}</tr>{"".join(body)}</table>'
+
+
+def _linked(row: Row) -> str:
+    """A run's id, linked to its section when it has one (a run that changed)."""
+    if row.verdict == "same":
+        return _e(row.source_run)
+    return f'<a href="#{_anchor(row.source_run)}">{_e(row.source_run)}</a>'
 
 
 def _cells(e: ev.Event | None) -> str:
@@ -170,7 +178,7 @@ def render_report(report: Report, events: Mapping[str, Sequence[ev.Event]], *,
     body = [f"<h1>{_e(title)}</h1>", f'<p class="muted">{_e(when)} · candidate <span class="mono">'
             f'{_e(report.candidate)}</span>' + (f" · set {_e(report.set)}" if report.set else "") + "</p>",
             "<h2>Totals</h2>", _totals(report), "<h2>Runs</h2>", _runs_table(report),
-            *(_run_section(r, events) for r in report.rows)]
+            *(_run_section(r, events) for r in report.rows if r.verdict != "same")]
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
             f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n" + "\n".join(body)
