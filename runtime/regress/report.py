@@ -197,6 +197,24 @@ async def compare(driven: Driven, graders: Sequence[Grader]) -> Row:
                candidate_pass=passed, reasons=reasons, grader_errors=source_errors + errors, detail=detail)
 
 
+async def _compare_all(driven: Sequence[Driven], graders: Sequence[Grader], concurrency: int) -> list[Row]:
+    """Every row, in the set's order, graded `concurrency` at a time: a judge grader is an agent run with a
+    model call per run, which would otherwise add up one after the other."""
+    import anyio
+
+    rows: list[Row | None] = [None] * len(driven)
+    gate = anyio.Semaphore(max(1, concurrency))
+
+    async def one(i: int, d: Driven) -> None:
+        async with gate:
+            rows[i] = await compare(d, graders)
+
+    async with anyio.create_task_group() as tg:
+        for i, d in enumerate(driven):
+            tg.start_soon(one, i, d)
+    return [r for r in rows if r is not None]
+
+
 async def regress(js: JetStreamContext, run_set: RunSet, candidate: Candidate, *,
                   graders: Sequence[Grader] = (), rules: Mapping[str, Rule] | None = None,
                   matcher: Matcher | None = None, concurrency: int = 4,
@@ -205,7 +223,7 @@ async def regress(js: JetStreamContext, run_set: RunSet, candidate: Candidate, *
     hits, misses = candidate.client.hits, candidate.client.misses
     driven = await drive_all(js, run_set, candidate, rules=rules, matcher=matcher, concurrency=concurrency,
                              on_done=on_done)
-    rows = [await compare(d, graders) for d in driven]
+    rows = await _compare_all(driven, graders, concurrency)
     return Report(run_set.name, run_set.agent, candidate.id, rows,
                   model_calls=candidate.client.misses - misses, cached=candidate.client.hits - hits)
 
