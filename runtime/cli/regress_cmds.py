@@ -4,6 +4,7 @@
     sa regress bundles/shop-next --set week48 --max-regressions 0         # CI: fail on any regression
     sa regress bundles/shop --set week48 --system "Be brief." --expected expected --json
     sa regress bundles/shop-next --set week48 --html week48.html     # one file to mail or archive
+    sa regress bundles/shop-next --set week48 --grader judge:bundles/judge     # a model as judge
     sa regress bundles/shop --set week48 --model-url http://gpu2:8000/v1 --model qwen3 --rule refund=diverge
 
 Prints a progress bar (on stderr) while the runs are driven, then a table, one row per run: its verdict
