@@ -213,7 +213,7 @@ def test_bundle_arguments_expand_a_folder_of_bundle_folders(tmp_path: Path):
     assert expand_bundles([one, one.parent]) == [one, one.parent]  # a bundle or its folder: as given
     assert expand_bundles([tmp_path / "missing"]) == [tmp_path / "missing"]  # loading it says why
     repo = Path(__file__).parents[2]
-    shipped = [repo / "bundles" / n for n in ("demo", "researcher", "shop")]
+    shipped = [repo / "bundles" / n for n in ("demo", "judge", "researcher", "shop")]
     assert expand_bundles([repo / "bundles"]) == shipped
 
 
