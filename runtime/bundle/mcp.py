@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle.problems import BundleError, Problem
+from runtime.bundle.problems import UNREACHABLE, Problem
 from runtime.bundle.schema import McpServerSpec
 from runtime.quantities import LimitsError, parse_duration, parse_size
 from runtime.scripts import Limits
@@ -26,9 +26,8 @@ from runtime.tools.mcp import (
     list_server_tools,
 )
 
-__all__ = ["UNREACHABLE", "mcp_section", "unreachable"]
+__all__ = ["UNREACHABLE", "mcp_section"]
 
-UNREACHABLE = "cannot be reached"  # in the problem of a server that could not be started or listed now
 
 
 def mcp_section(servers: dict[str, McpServerSpec], root: Path, global_limits: Limits, taken: set[str]
@@ -144,11 +143,3 @@ def _seconds(value: float | str | None, default: float, where: str, problems: li
         problems.append((where, "must be more than 0"))
         return None
     return seconds
-
-
-def unreachable(error: BundleError) -> list[str]:
-    """The problems of `error` when every one is an MCP server that cannot be reached now (a host leaves
-    such a bundle out and serves the others), else []."""
-    found = [f"{where}: {message}" for where, message in error.problems
-             if where.startswith("mcp.") and UNREACHABLE in message]
-    return found if found and len(found) == len(error.problems) else []

@@ -16,9 +16,10 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["BundleError", "Problem", "did_you_mean", "pydantic_problems", "validate"]
+__all__ = ["UNREACHABLE", "BundleError", "Problem", "did_you_mean", "pydantic_problems", "validate"]
 
 Problem = tuple[str, str]  # (yaml path, what is wrong; what is allowed); path "" for the whole file
+UNREACHABLE = "cannot be reached"  # in the problem of an MCP server that could not be started or listed now
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -31,6 +32,15 @@ class BundleError(ValueError):
         self.problems = problems
         lines = [f"{source}: {path}: {msg}" if path else f"{source}: {msg}" for path, msg in problems]
         super().__init__("\n".join(lines))
+
+    def outside(self) -> list[str]:
+        """The problems, as lines, when every one lies in what the bundle talks to rather than in the bundle
+        (an MCP server that cannot be reached now, a model server that cannot enforce its strategy), else
+        []. A host leaves such a bundle out and serves the others (`runtime.host.load_agents`); `sa up`
+        checks bundles the same way before it starts anything."""
+        found = [f"{where}: {message}" for where, message in self.problems
+                 if where == "model.server" or (where.startswith("mcp.") and UNREACHABLE in message)]
+        return found if found and len(found) == len(self.problems) else []
 
 
 def did_you_mean(word: str, allowed: Iterable[str]) -> str:

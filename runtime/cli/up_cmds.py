@@ -121,14 +121,13 @@ def _needs_local_model(paths: list[Path]) -> bool:
     """Load the bundles (exit 2 on an invalid one); True if one runs on the local model, which needs the
     `model` extra: a lean install says how to get it (exit 1) before anything starts."""
     from runtime.bundle import BundleError, load_bundle
-    from runtime.bundle.mcp import unreachable
 
     loaded = []
     for p in paths:
         try:
             loaded.append(load_bundle(p))
         except BundleError as e:
-            if unreachable(e):  # the host leaves it out and serves the others (`runtime.host.load_agents`)
+            if e.outside():  # the host leaves it out and serves the others (`runtime.host.load_agents`)
                 continue
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None

@@ -46,7 +46,7 @@ def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = 
         try:
             bundle = load_bundle(path)
         except BundleError as e:
-            elsewhere = _elsewhere(e)
+            elsewhere = e.outside()
             if not elsewhere:
                 raise
             log.error("not serving %s: %s", e.source, "; ".join(elsewhere))
@@ -67,17 +67,6 @@ def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = 
     if skipped and not agents:
         raise skipped[0]
     return agents
-
-
-def _elsewhere(error: Any) -> list[str]:
-    """The problems of a `BundleError` when every one lies outside the bundle (see `load_agents`), else []."""
-    from runtime.bundle.mcp import unreachable
-
-    servers = unreachable(error)
-    if servers:
-        return servers
-    found = [f"{where}: {message}" for where, message in error.problems if where == "model.server"]
-    return found if found and len(found) == len(error.problems) else []
 
 
 def _prepare_grammars(bundles: Iterable[Bundle]) -> None:
