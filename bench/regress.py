@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from testbed.fleet import scripted_server_process  # noqa: E402
+
 LIVE_IN_FLIGHT = 4
 
 
@@ -56,19 +58,8 @@ def responder(body: dict[str, Any]) -> str:
 
 
 def start_model_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The scripted server in its own process, so the bench's own process is charged none of its CPU."""
-    ready = tmp / "model.url"
-    paths = f"sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'bench')!r})"
-    code = (f"import sys, time; {paths}\n"
-            "from regress import responder\nfrom runtime.testing import ScriptedModelServer\n"
-            "s = ScriptedModelServer(responder=responder, record=False).start()\n"
-            f"open({str(ready)!r}, 'w').write(s.base_url)\ntime.sleep(10**6)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
-    while not ready.exists() or not ready.read_text():
-        if proc.poll() is not None:
-            raise RuntimeError("the scripted model server did not start")
-        time.sleep(0.05)
-    return proc, ready.read_text()
+    """The scripted server answering with this bench's `responder`, in its own process."""
+    return scripted_server_process(tmp, "regress", ROOT / "bench")
 
 
 def demo_bundle(tmp: Path, model_url: str) -> Path:

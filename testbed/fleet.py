@@ -27,6 +27,8 @@ from typing import Any
 
 from runtime.testing import Reply, hermes_call
 
+ROOT = Path(__file__).resolve().parent.parent
+
 CLI = [sys.executable, "-c", "from runtime.cli import main; main()"]
 _TASK = re.compile(r"fault (\d+) steps (\d+) spin (\d+) delay (\d+)")
 
@@ -119,4 +121,24 @@ def start_all(procs: list[SaProcess], timeout: float = 90.0) -> None:
         p.wait_ready(timeout)
 
 
-__all__ = ["CLI", "SaProcess", "StepModel", "start_all", "step_task"]
+
+
+def scripted_server_process(tmp: Path, module: str, path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`runtime.testing.ScriptedModelServer` answering with `module.responder` (a module found in `path`),
+    in a process of its own so the process measuring is charged none of its CPU; returns the process and
+    the server's base URL (its caller stops the process)."""
+    ready = tmp / "model.url"
+    paths = f"sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(path)!r})"
+    code = (f"import sys, time; {paths}\n"
+            f"from {module} import responder\nfrom runtime.testing import ScriptedModelServer\n"
+            "s = ScriptedModelServer(responder=responder, record=False).start()\n"
+            f"open({str(ready)!r}, 'w').write(s.base_url)\ntime.sleep(10**6)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    while not ready.exists() or not ready.read_text():
+        if proc.poll() is not None:
+            raise RuntimeError("the scripted model server did not start")
+        time.sleep(0.05)
+    return proc, ready.read_text()
+
+
+__all__ = ["CLI", "SaProcess", "StepModel", "scripted_server_process", "start_all", "step_task"]

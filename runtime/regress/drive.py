@@ -39,7 +39,7 @@ from runtime.log import RunHistory, RunLog
 from runtime.log.threads import conversation_for
 from runtime.regress.cache import regression_run
 from runtime.regress.candidate import Candidate
-from runtime.regress.ports import RegressPorts, Rule, Scratch, Tally
+from runtime.regress.ports import RegressPorts, Rule, Tally, scratch_workspace
 from runtime.regress.recorded import Matcher, Recorded
 from runtime.regress.sets import RunSet
 
@@ -95,7 +95,7 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
         with regression_run(run_id):
             async with anyio.create_task_group() as group:
                 ports = RegressPorts(group, dict(candidate.bundle.tools), recorded, rules,
-                                     data=Scratch(_static_files(candidate)), clock=clock,
+                                     data=scratch_workspace(_static_files(candidate)), clock=clock,
                                      source_run=source.run_id)
                 out.tally = ports.tally
                 driver = RunDriver(

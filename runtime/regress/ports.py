@@ -1,6 +1,6 @@
 """The run driver's ports for a regression: what the source run recorded is served, nothing touches the world.
 
-    ports = RegressPorts(group, tools, recorded, rules, data=Scratch(static_files), clock=time.time)
+    ports = RegressPorts(group, tools, recorded, rules, data=scratch_workspace(static_files), clock=time.time)
 
 `runtime.driver.run.RunDriver` drives a regression run exactly as any other; only where its effects go
 differs, and these ports decide it:
@@ -9,10 +9,10 @@ differs, and these ports decide it:
   source's recorded outcome, with the script run it recorded, as if the tool had just answered;
 * a call with no recorded match follows its tool's `Rule`:
   - `run`: run it here, as one process runs it (`runtime.driver.local.LocalPorts`), reading and writing the
-    regression's own scratch workspace (`Scratch`): its writes land there and are never applied anywhere
-    else. A script's `@external` functions answer with an error instead of reaching the world (an external
-    is a door to the world, and nothing recorded what it said to these arguments). The default for `.pym`
-    scripts only, which are pure: data in, result out;
+    regression's own scratch workspace (`scratch_workspace`): its writes land there and are never applied
+    anywhere else. A script's `@external` functions answer with an error instead of reaching the world (an
+    external is a door to the world, and nothing recorded what it said to these arguments). The default for
+    `.pym` scripts only, which are pure: data in, result out;
   - `error`: the call fails (`policy`) saying no recorded result exists; the model sees that and goes on.
     The default for Python tools, MCP tools and agents called as tools;
   - `diverge`: the run stops there (`run.cancelled` by `regression`, the call's own failure saying why), and
@@ -39,12 +39,12 @@ from typing import Any
 from anyio.abc import TaskGroup
 
 from runtime import events as ev
+from runtime.agent import LocalWorkspace
 from runtime.driver.local import LocalPorts
 from runtime.driver.ports import Driven, Inbound
 from runtime.jobs import ToolOutcome
 from runtime.regress.recorded import Recorded, RecordedCall
 from runtime.tools import ScriptTool, Tool
-from runtime.tools.data import DEFAULT_MOUNT, WriteError, parse_writes, text_or_bytes
 from runtime.types import ScriptNote, ToolCall, ToolError, ToolResult
 
 BY = "regression"  # who a regression's own verdicts, failures and stops are recorded as by
@@ -64,26 +64,11 @@ def default_rule(tool: Tool | None) -> Rule:
     return Rule.RUN if tool is None or isinstance(tool, ScriptTool) else Rule.ERROR
 
 
-class Scratch:
+def scratch_workspace(static: Mapping[str, str | bytes] | None = None) -> LocalWorkspace:
     """The regression run's own workspace: the bundle's static files, and the writes of the scripts it ran,
-    kept here for the rest of this run only (never applied to a workspace anyone else reads)."""
-
-    def __init__(self, static: Mapping[str, str | bytes] | None = None, *,
-                 mount: str = DEFAULT_MOUNT) -> None:
-        self.static: dict[str, str | bytes] = dict(static or {})
-        self.mount = mount.rstrip("/")
-        self.entries: dict[str, bytes] = {}
-
-    def files(self, call: ToolCall) -> dict[str, str | bytes]:
-        return {**self.static, **{f"{self.mount}/{k}": text_or_bytes(v) for k, v in self.entries.items()}}
-
-    def apply(self, call: ToolCall, result: ToolResult) -> ToolResult:
-        try:
-            writes = parse_writes(result.output, self.mount)
-        except WriteError as e:
-            return ToolResult.failure("output", str(e), duration_ms=result.duration_ms)
-        self.entries.update(writes)
-        return result
+    kept in memory for the rest of this run only (never applied to a workspace anyone else reads): the
+    in-process agent's workspace, with no folder behind it."""
+    return LocalWorkspace(static=static)
 
 
 @dataclass
@@ -105,7 +90,7 @@ class RegressPorts(LocalPorts):
     who = BY
 
     def __init__(self, group: TaskGroup, tools: Mapping[str, Tool], recorded: Recorded,
-                 rules: Mapping[str, Rule] | None = None, *, data: Scratch | None = None,
+                 rules: Mapping[str, Rule] | None = None, *, data: LocalWorkspace | None = None,
                  clock: Callable[[], float] = time.time, source_run: str = "") -> None:
         super().__init__(group, tools, data=data, approver=None, answerer=None, clock=clock)
         self.recorded, self.rules, self.source_run = recorded, dict(rules or {}), source_run
@@ -230,4 +215,4 @@ def _notes(recorded: ev.ToolCompleted | ev.ToolFailed, call: ToolCall) -> tuple[
     return tuple(notes)
 
 
-__all__ = ["BY", "RegressPorts", "Rule", "Scratch", "Tally", "default_rule"]
+__all__ = ["BY", "RegressPorts", "Rule", "Tally", "default_rule", "scratch_workspace"]
