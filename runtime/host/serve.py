@@ -30,13 +30,13 @@ def load_agents(bundles: Iterable[str | Path], *, local_model_url: str | None = 
                 client: Any = None) -> dict[str, AgentRuntime]:
     """Load and validate every bundle (raises `BundleError` listing every problem of the first bad one).
 
-    One exception: a bundle whose only problems lie in what it talks to is left out with an error in the
-    log naming the bundle and why, and the others are served; only when no bundle is left is the first
-    error raised. Those problems: an MCP server that cannot be reached now (not started, not answering:
-    `runtime.bundle.mcp.unreachable`), and a model server that cannot enforce the bundle's constraint
+    One exception: a bundle whose only problems lie in what it talks to is left out with an error in the log
+    naming the bundle and why, and the others are served; only when no bundle is left is the first error
+    raised. Those problems (`runtime.bundle.problems.BundleError.outside`): an MCP server that cannot be
+    reached now (not started, not answering), and a model server that cannot enforce the bundle's constraint
     strategy (`model.server`, or what `auto` found: `runtime.model.dialects`). Why: one host serves many
-    teams' bundles, and one team pointing its bundle at the wrong server must not take the others down;
-    a bundle that is wrong in itself (a typo, a bad schema) still stops the host, as `sa check` would."""
+    teams' bundles, and one team pointing its bundle at the wrong server must not take the others down; a
+    bundle that is wrong in itself (a typo, a bad schema) still stops the host, as `sa check` would."""
     from runtime.bundle import BundleError, load_bundle
     from runtime.model.dialects import DialectError
 
