@@ -121,20 +121,5 @@ async def ack_quietly(msg: Ackable) -> None:
         log.debug("ack failed: %s", e)
 
 
-async def release_quietly(msg: Ackable) -> None:
-    """Ask for `msg` to be delivered again now (a nak) by a driver that lost its run (`Superseded`): the
-    run's new owner (or this host's refold of it) gets it at once and finds its effect in the log or does
-    the work. Left unacked, it waited out the whole AckWait (30 s by default) before anyone saw it again, a
-    stall nothing reported. A nak only brings a delivery sooner, so it is sent whoever serves the slot now
-    (`release` on a host's guarded message; a message without either method is left to its AckWait)."""
-    release = getattr(msg, "release", None) or getattr(msg, "nak", None)
-    if release is None:
-        return
-    try:
-        await release()
-    except Exception as e:
-        log.debug("nak failed: %s", e)
-
-
 __all__ = ["Ackable", "Driven", "EventLog", "Inbound", "Item", "Model", "OutcomeStore", "Ports",
-           "ack_quietly", "release_quietly"]
+           "ack_quietly"]

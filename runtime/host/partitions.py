@@ -81,11 +81,6 @@ class Guarded:
         if self.serves(self.slot):
             await self.msg.term()
 
-    async def release(self) -> None:
-        """Nak whoever serves the slot now: a nak only brings the delivery sooner, to the slot's owner
-        (`runtime.driver.ports.release_quietly`), so unlike an ack it needs no ownership."""
-        await self.msg.nak()
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self.msg, name)
 
