@@ -77,8 +77,8 @@ def check_run(stored: Sequence[Stored]) -> list[Finding]:
     findings: list[Finding] = []
     events: list[tuple[int, ev.Event]] = []
     for msg in stored:
-        try:
-            events.append((msg.stream_seq, ev.decode(msg.data)))
+        try:  # a group (several events in one message) gives each of them its stream sequence
+            events += [(msg.stream_seq, event) for event in ev.decode_all(msg.data)]
         except ev.EventDecodeError as e:
             findings.append(Finding("decode", f"{msg.subject}: {e}", msg.stream_seq))
     if not events:

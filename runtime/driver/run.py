@@ -41,8 +41,9 @@ An inbound message is acked only after its events are appended: a host killed in
 
 Staged appends (why a turn costs few round trips)
 ------------------------------------------------
-`append` folds the event at once and stages it; `_flush` writes what is staged, in order, each event with
-its OCC expectation (one writer, no gap, no fork: exactly as one-by-one appends). Nothing leaves the
+`append` folds the event at once and stages it; `_flush` writes what is staged, in order, as one message
+when several events are staged (`RunLog.append_group`) with the run's OCC expectation (one writer, no gap,
+no fork: exactly as one-by-one appends, and stored or refused as a whole). Nothing leaves the
 process on the strength of a staged event: the driver flushes before a tool call is dispatched (the reply
 holding its call is durable first), before an inbound message is acked, before it waits, and when the run
 ends. Two overlaps: the model call, whose preceding events (an outcome's `tool.*`, `turn.completed`,
@@ -51,9 +52,13 @@ finished (a host killed in between has not recorded the reply, so the restarted 
 as the recovery contract allows; a superseded driver cancels its call); and the dispatch, whose calls travel
 while their `tool.called` records are appended (the ports call `flush` between the two).
 
-Why not one atomic batch per group (`Nats-Batch-*`, server 2.12+): an R1 file-backed stream syncs every
-atomic batch to disk on commit; measured here that is ~5 ms per batch, serialised server-wide (~250
-batches/s with 100 writers), against ~0.25 ms for a plain OCC append. Events stay one message each.
+Why one message and not an atomic batch (`Nats-Batch-*`, server 2.12+) or one message per event: with
+the store syncing every write (what the runtime ships), each message is one disk sync, and the appends of a
+group wait for each other (each expects the previous one's position): a tool turn's 3 events beside the
+model call were 3 syncs and 3 round trips in a row, now 1. An atomic batch would keep one message per event
+but its commit is serialised server-wide and costs more than the appends it replaces (`bench/syncs.py`:
+groups of 3 on a synced store, 2.4 ms per batch against 1.5 ms for 3 appends at 1 writer, 0.5k against
+2.2k groups/s at 100 writers).
 
 The endpoint's share: a model call waits for its turn at the endpoint (`runtime.model.limits`: the fleet's
 permits, in priority order and round robin across actors, and the agent's daily budget) inside the call,
@@ -395,14 +400,15 @@ class RunDriver(Generic[A]):
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
         """Dispatch each call not yet out (at most `max_concurrent` of this run's out), all at once.
 
-        What is staged (the reply holding the calls, what the kernel settled about them) is durable first:
-        no call leaves before it is in the log. The calls are then handed to the ports, each `tool.called`
-        (a record that the call was sent) staged, and flushed while the calls travel: a runner killed
-        between a call and its record is a case recovery handles anyway (the call, without a result, is
-        sent again under the same id; an outcome found first gets `tool.called` in `_outcome`)."""
-        await self._flush()
-        if self.state.done:  # the log refused what was staged and the run ended: send out nothing
-            return True
+        No call leaves before the reply holding it is in the log. Each call's `tool.called` (a record that
+        the call was sent) is staged; when the reply is still staged too (the turn's first dispatch), the
+        reply and the records go as one message before the calls leave: one round trip and one disk sync,
+        the round trip the reply needed anyway. Otherwise (the reply is durable: calls sent after an
+        approval, or as others finish) the calls leave first and their records are written while they
+        travel: a runner killed between a call and its record is a case recovery handles anyway (the call,
+        without a result, is sent again under the same id; an outcome found first gets `tool.called` in
+        `_outcome`)."""
+        reply_staged = bool(self._staged)
         progressed = False
         turn = self.state.turn
         calls: list[ToolCall] = []
@@ -415,6 +421,10 @@ class RunDriver(Generic[A]):
                 await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
                 progressed = True
             calls.append(call)
+        if reply_staged:
+            await self._flush()
+        if self.state.done:  # the log refused what was staged and the run ended: send out nothing
+            return True
         if not calls:
             return progressed
         self._may_act(f"dispatch {len(calls)} tool call(s)")
@@ -446,27 +456,44 @@ class RunDriver(Generic[A]):
         await self._flush()
 
     async def _flush(self) -> None:
-        """Write every staged event in order as the run's single writer, acking each message once the
-        events staged before it are written: an outcome's ack then leaves with the next event (one socket
-        write for both), not after the whole flush. Whatever still waits is acked at the end (a rejected
-        event drops what was staged after it)."""
+        """Write every staged event in order as the run's single writer: all of them as one message when
+        there are several (`append_group`), else one by one; then ack each inbound message whose events
+        are written. Whatever still waits is acked at the end (a rejected event drops what was staged
+        after it)."""
+        alone = False  # set once a group was refused: one by one then finds the event the log cannot take
         while self._staged:
-            event, before = self._staged[0]
             self._may_act("append")  # a host woken from a pause past its lease writes nothing more
+            if len(self._staged) > 1 and not alone:
+                staged = [event for event, _ in self._staged]
+                try:
+                    landed = await self.log.append_group(staged, expect=self.last_seq)
+                except LogRejected:
+                    landed = None  # nothing of it was stored: a group lands or fails whole
+                    alone = True
+                if landed is not None:
+                    self.last_seq = landed
+                    for _ in staged:
+                        await self._written_one()
+                    continue
+            event, before = self._staged[0]
             try:
                 self.last_seq = await self.log.append(event, expect=self.last_seq)
             except LogRejected as e:
                 await self._rejected(event, before, e)
                 continue
-            self._staged.popleft()
-            self._written += 1
-            if self.on_event is not None:
-                seen = self.on_event(event)
-                if inspect.isawaitable(seen):
-                    await seen
-            while self._acks and self._acks[0][0] <= self._written:
-                await ack_quietly(self._acks.popleft()[1])
+            await self._written_one()
         while self._acks:
+            await ack_quietly(self._acks.popleft()[1])
+
+    async def _written_one(self) -> None:
+        """The first staged event is in the log: unstage it, tell the watcher, ack what waited for it."""
+        event, _ = self._staged.popleft()
+        self._written += 1
+        if self.on_event is not None:
+            seen = self.on_event(event)
+            if inspect.isawaitable(seen):
+                await seen
+        while self._acks and self._acks[0][0] <= self._written:
             await ack_quietly(self._acks.popleft()[1])
 
     async def _rejected(self, event: ev.Event, before: kernel.State, error: LogRejected) -> None:

@@ -45,12 +45,14 @@ async def holders(js: Any) -> dict[int, str]:
 
 
 async def stored(js: Any) -> list[tuple[int, str, ev.Event, float]]:
-    """Every message of EVENTS: (stream sequence, writer, event, when the server stored it), in order."""
+    """Every event of EVENTS: (stream sequence, writer, event, when the server stored it), in order (the
+    events of a group share its message's)."""
     last = (await js.stream_info(EVENTS)).state.last_seq
     out = []
     for seq in range(1, last + 1):
         msg = await js.get_msg(EVENTS, seq)
-        out.append((seq, (msg.headers or {}).get(HDR_WRITER, ""), ev.decode(msg.data), msg.time.timestamp()))
+        writer = (msg.headers or {}).get(HDR_WRITER, "")
+        out += [(seq, writer, event, msg.time.timestamp()) for event in ev.decode_all(msg.data)]
     return out
 
 
