@@ -18,6 +18,8 @@ What each run is checked for (`check_run`, pure, over the messages as stored: `R
   structure, not the bundle's policies (`sa replay RUN --verify --bundle ...` checks those);
 * ``outcome``: a tool outcome (`tool.completed`, `tool.failed`) for a call no earlier event named (no
   `model.responded` proposed it, no fork's edit, no `tool.called` recorded it);
+* ``tail``: the log ends before the event the ``runs`` index says it reached (`RunIndex.seq`, written by the
+  host after its appends): the last events were lost, which no gap shows (`check_tail`);
 * ``no_log``: the ``runs`` index lists the run but the stream holds none of its events.
 
 On a schedule (`audit_every`, `sa audit --every 1h`): a pass every period until stopped, each pass's
@@ -49,7 +51,7 @@ from runtime.nats.records import RunIndex
 
 logger = logging.getLogger("runtime.audit")
 
-FAULTS = ("decode", "first", "gap", "fork", "fold", "outcome", "no_log")
+FAULTS = ("decode", "first", "gap", "fork", "fold", "outcome", "tail", "no_log")
 FULL_EVERY = 24  # a scheduled audit reads every log again on every 24th pass (daily, at --every 1h)
 
 
@@ -161,6 +163,24 @@ def _outcomes(events: list[tuple[int, ev.Event]]) -> list[Finding]:
     return out
 
 
+def check_tail(stored: Sequence[Stored], entry: RunIndex | None) -> list[Finding]:
+    """A ``tail`` finding when the run's log ends before the seq its ``runs`` index entry says it reached.
+    The host writes the entry after the events it folded are stored, so the entry never runs ahead of a
+    whole log; an entry without a seq (an older one) or no entry says nothing."""
+    if entry is None or entry.seq is None or not stored:
+        return []
+    try:
+        last = ev.decode(stored[-1].data)
+    except ev.EventDecodeError:
+        return []  # reported as ``decode``
+    if last.seq >= entry.seq:
+        return []
+    lost = f"seq {entry.seq}" if entry.seq == last.seq + 1 else f"seq {last.seq + 1} to {entry.seq}"
+    return [Finding("tail", f"the log ends at seq {last.seq} ({ev.kind_of(last)}), but the runs index says "
+                            f"it reached seq {entry.seq} ({entry.status}): {lost} lost",
+                    stored[-1].stream_seq)]
+
+
 @dataclass
 class Memo:
     """What a scheduled audit keeps between passes: each ended run proved whole, by (actor, run id), with
@@ -181,7 +201,8 @@ async def audit(js: JetStreamContext, *, actor: str | None = None, run_id: str |
     it is audited (a long audit's progress)."""
     log = log or RunLog(js)
     sizes = await log.sizes(actor)  # (actor, run) in the stream -> its messages
-    report = Audit(runs=await _unlogged(js, {run for _, run in sizes}, actor, run_id))
+    indexed = await _index(js)
+    report = Audit(runs=_unlogged(indexed, {run for _, run in sizes}, actor, run_id))
     todo = []
     for key, count in sorted(sizes.items()):
         if run_id is not None and key[1] != run_id:
@@ -198,7 +219,7 @@ async def audit(js: JetStreamContext, *, actor: str | None = None, run_id: str |
             on_run(r, done, total)
     for a, run in todo:  # one by one: reading a few at once was slower here (the reader is CPU-bound)
         stored = await log.stored(run, a)
-        checked = RunAudit(run, a, len(stored), check_run(stored))
+        checked = RunAudit(run, a, len(stored), check_run(stored) + check_tail(stored, indexed.get(run)))
         report.runs.append(checked)
         if memo is not None:
             if checked.whole and stored and _kind(stored[-1].subject) in TERMINAL_KINDS:
@@ -211,19 +232,26 @@ async def audit(js: JetStreamContext, *, actor: str | None = None, run_id: str |
     return report
 
 
-async def _unlogged(js: JetStreamContext, in_stream: set[str], actor: str | None,
-                    run_id: str | None) -> list[RunAudit]:
+async def _index(js: JetStreamContext) -> dict[str, RunIndex]:
+    """Every readable entry of the ``runs`` index (an unreadable one is not a run's log: left to `sa
+    runs`)."""
+    out = {}
+    for run, kv_entry in (await kv_entries(await runs_kv(js))).items():
+        try:
+            out[run] = RunIndex.decode(kv_entry.value)
+        except Exception:
+            continue
+    return out
+
+
+def _unlogged(indexed: dict[str, RunIndex], in_stream: set[str], actor: str | None,
+              run_id: str | None) -> list[RunAudit]:
     """A ``no_log`` finding for each run the ``runs`` index lists (of `actor`, or `run_id`) that has no
     event in the stream."""
     out = []
-    for run, kv_entry in sorted((await kv_entries(await runs_kv(js))).items()):
-        if run in in_stream or (run_id is not None and run != run_id):
-            continue
-        try:
-            entry = RunIndex.decode(kv_entry.value)
-        except Exception:  # an unreadable entry is not a run's log: left to `sa runs`
-            continue
-        if actor is not None and entry.actor != actor:
+    for run, entry in sorted(indexed.items()):
+        if run in in_stream or (run_id is not None and run != run_id) or \
+                (actor is not None and entry.actor != actor):
             continue
         out.append(RunAudit(run, entry.actor, 0, [Finding(
             "no_log", f"the runs index says {entry.status!r}, but the stream holds no event of the run")]))
@@ -283,4 +311,4 @@ async def audit_every(js: JetStreamContext, every: float, stop: anyio.Event, *,
 
 
 __all__ = ["FAULTS", "FULL_EVERY", "Audit", "Finding", "Memo", "Progress", "RunAudit", "audit", "audit_every",
-           "check_run", "log_findings"]
+           "check_run", "check_tail", "log_findings"]
