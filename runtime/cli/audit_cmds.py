@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 PROGRESS_EVERY = 1000  # a scheduled pass logs how far it is every this many runs
 
-logger = logging.getLogger("runtime.audit")
+logger = logging.getLogger("runtime.client.audit")
 
 
 @app.command()

@@ -49,7 +49,7 @@ from runtime.log.runlog import TERMINAL_KINDS, Stored
 from runtime.nats.kv import kv_entries, runs_kv
 from runtime.nats.records import RunIndex
 
-logger = logging.getLogger("runtime.audit")
+logger = logging.getLogger("runtime.client.audit")
 
 FAULTS = ("decode", "first", "gap", "fork", "fold", "outcome", "tail", "no_log")
 FULL_EVERY = 24  # a scheduled audit reads every log again on every 24th pass (daily, at --every 1h)

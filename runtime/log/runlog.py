@@ -145,8 +145,7 @@ class RunLog:
         self.js = js
         self._payloads = payloads
         self.writer = writer  # stored with each event appended (`Sa-Writer`): a host's id
-        # what the reads read: EVENTS, or a copy that keeps its subjects (a mirror: `runtime.log.backup`)
-        self.stream = stream
+        self.stream = stream  # what reads read: EVENTS, or a mirror of it (`runtime.log.backup`)
 
     @property
     def payloads(self) -> Payloads:
@@ -301,14 +300,12 @@ class RunLog:
         return last
 
     async def runs(self, actor: str | None = None) -> list[tuple[str, str]]:
-        """(actor, run id) of every run with an event in the stream (of `actor` only, if given), from the
-        stream's per-subject counts: one request, no message read."""
+        """(actor, run id) of every run with an event in the stream (of `actor` only, if given)."""
         return sorted(await self.sizes(actor))
 
     async def sizes(self, actor: str | None = None) -> dict[tuple[str, str], int]:
-        """How many messages the stream holds of each run, by (actor, run id) (of `actor` only, if given):
-        the stream's per-subject counts, one request and no message read. What lets a scheduled audit
-        (`runtime.client.audit`) skip an ended run it proved whole, as long as nothing was lost since."""
+        """Messages the stream holds per (actor, run id) (of `actor` only, if given), from its per-subject
+        counts: one request, no message read (a scheduled audit's `runtime.client.audit.Memo`)."""
         flt = f"events.{names.check_token(actor, 'agent')}.>" if actor else "events.>"
         info = await self.js.stream_info(self.stream, subjects_filter=flt)
         found: dict[tuple[str, str], int] = {}
