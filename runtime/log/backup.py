@@ -27,8 +27,9 @@ restore fail instead of interleaving). Each keeps its writer and gets its Msg-Id
 added, a token of this restore: the original Msg-Id (or an earlier restore's) may still be in the stream's
 dedup window, which would drop the message as a duplicate of the one that was lost. The restore refuses
 (`RestoreRefused`) when the copy holds no event of the run, is not whole itself, or lacks events EVENTS holds
-(it is behind): putting it back would lose more than it restores. If the ``runs`` index has no entry for the
-run, the copy's last value of it is put back too.
+(it is behind): putting it back would lose more than it restores. The run's ``runs`` index entry then names
+the restored log's last stream sequence; if the index has no entry for the run, the copy's last value of it
+is put back.
 """
 
 from __future__ import annotations
@@ -36,14 +37,16 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
-from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from runtime import events as ev
 from runtime.log.runlog import RunLog, Stored, run_filter
 from runtime.nats import subjects as names
 from runtime.nats.kv import runs_kv
+from runtime.nats.records import RunIndex
 
 COPY_STREAM = "EVENTS_COPY"
 INDEX_COPY_STREAM = "RUNS_COPY"
@@ -161,23 +164,40 @@ async def restore_run(copy_js: JetStreamContext, js: JetStreamContext, run_id: s
             raise RestoreRefused(f"run {run_id}: another writer appended while it was restored (a host "
                                  "driving it): wait for the run to end, then restore again") from None
         last = ack.seq
-    return Restored(run_id, actor, len(kept), len(held), await _restore_index(copy_js, js, run_id,
+    return Restored(run_id, actor, len(kept), len(held), await _restore_index(copy_js, js, run_id, last,
                                                                                index_stream))
 
 
-async def _restore_index(copy_js: JetStreamContext, js: JetStreamContext, run_id: str, stream: str) -> bool:
-    """The copy's ``runs`` index entry of the run, put back if the index has none; True if it was."""
+async def _restore_index(copy_js: JetStreamContext, js: JetStreamContext, run_id: str, last: int,
+                         stream: str) -> bool:
+    """The run's ``runs`` index entry, its `last_seq` set to the restored log's last stream sequence (what
+    the next append expects, and what the inspector's cache is keyed on): the entry the index has, or the
+    copy's last value of it put back when the index has none. True if it was put back. A write that finds
+    the entry changed meanwhile leaves it: a host wrote a newer one."""
     kv = await runs_kv(js)
+    restored = False
     try:
-        await kv.get(run_id)
+        found = await kv.get(run_id)
+        value, revision = found.value, found.revision
+    except KeyNotFoundError:  # no entry (or a deleted one): the copy's
+        value, revision = await _last_value(copy_js, stream, f"$KV.{names.RUNS_BUCKET}.{run_id}"), None
+        restored = value is not None
+    if not value:
         return False
-    except KeyNotFoundError:  # no entry (or a deleted one): put the copy's back
+    try:
+        entry = RunIndex.decode(value)
+    except Exception:  # not an entry this version can read: put back as it was
+        data = value
+    else:
+        data = msgspec.structs.replace(entry, last_seq=last).encode()
+    try:
+        if revision is None:
+            await kv.put(run_id, data)
+        else:
+            await kv.update(run_id, data, last=revision)
+    except KeyWrongLastSequenceError:
         pass
-    value = await _last_value(copy_js, stream, f"$KV.{names.RUNS_BUCKET}.{run_id}")
-    if value is None:
-        return False
-    await kv.put(run_id, value)
-    return True
+    return restored
 
 
 async def _last_value(js: JetStreamContext, stream: str, subject: str) -> bytes | None:

@@ -31,6 +31,7 @@ from runtime.log.backup import (
     runs_to_restore,
 )
 from runtime.nats.kv import runs_kv
+from runtime.nats.records import RunIndex
 from runtime.nats.server import EmbeddedNats
 from runtime.nats.subjects import EVENTS
 
@@ -104,7 +105,10 @@ async def test_a_run_lost_from_events_is_restored_from_the_mirror_whole(nats_ser
     assert {run: len(await log.stored(run)) for run in runs} == sizes
     for run in runs:  # each re-folds to exactly the state it had before the loss
         assert await folded(log, run) == before[run], run
-    assert (await (await runs_kv(js)).get(forgotten)).value is not None
+    for run in (gone, forgotten):  # the index names where the restored log ends (what a next append expects)
+        entry = RunIndex.decode((await (await runs_kv(js)).get(run)).value)
+        last = await log.last(run)
+        assert last is not None and (entry.status, entry.last_seq) == ("completed", last[0])
     assert await runs_to_restore(js, js) == []
 
     last = await log.last(gapped)
