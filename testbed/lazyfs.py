@@ -48,6 +48,7 @@ import errno
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -96,6 +97,7 @@ class Disk:
         self.trash.mkdir(exist_ok=True)
         self.removed = 0
         self.off = False  # after a crash: every operation fails
+        self.lost_by_kind: dict[str, int] = {}  # what the last crash dropped: bytes by `_kind` of file
         self.counters = dict.fromkeys(("writes", "syncs", "dir_syncs"), 0)
 
     def real(self, path: str) -> str:
@@ -195,6 +197,7 @@ class Disk:
         """Undo what was not synced (module docstring); what was lost, counted."""
         self.off = True
         lost = {"name_ops": len(self.journal), "files": 0, "bytes": 0, "undo_errors": 0}
+        kinds: dict[str, int] = {}
         for op in reversed(self.journal):
             try:
                 if op.src is None:
@@ -210,8 +213,11 @@ class Disk:
             if path is None or not os.path.isfile(path):
                 continue
             size = os.path.getsize(path)
+            dropped = max(0, size - d.synced_size) + sum(len(p) for p in d.pages.values())
             lost["files"] += 1
-            lost["bytes"] += max(0, size - d.synced_size) + sum(len(p) for p in d.pages.values())
+            lost["bytes"] += dropped
+            name = os.path.relpath(path, self.root)
+            kinds[_kind(name)] = kinds.get(_kind(name), 0) + dropped
             with open(path, "r+b") as f:
                 f.truncate(d.synced_size)
                 for page, data in d.pages.items():
@@ -219,12 +225,19 @@ class Disk:
                     f.write(data)
         self.dirty = {}
         _remove_tree(str(self.trash))
+        self.lost_by_kind = kinds
         return lost
 
     def stats(self) -> dict[str, Any]:
         return {"unsynced_files": len(self.dirty), "pending_name_ops": len(self.journal),
                 "saved_pages": sum(len(d.pages) for d in self.dirty.values()), "strict": self.strict,
                 **self.counters}
+
+
+def _kind(relpath: str) -> str:
+    """A lost file named by its kind, not its instance: digits become N (`.../msgs/12.blk` -> `msgs/N.blk`),
+    the last two parts kept."""
+    return re.sub(r"\d+", "N", "/".join(Path(relpath).parts[-2:]))
 
 
 def _walk(root: Path, skip: str) -> list[str]:
@@ -423,7 +436,7 @@ def _serve_control(disk: Disk, lock: threading.Lock, path: str) -> None:
                 command = line.strip()
                 with lock:
                     if command == "crash":
-                        answer: dict[str, Any] = {"lost": disk.crash()}
+                        answer: dict[str, Any] = {"lost": disk.crash(), "by_kind": disk.lost_by_kind}
                     elif command == "sync":
                         disk.dirty.clear()
                         disk.commit()
@@ -459,6 +472,7 @@ class LazyFS:
         self.log = log or self.backing.parent / f"{self.backing.name}.lazyfs.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.lost: list[dict[str, int]] = []  # what each crash dropped
+        self.lost_by_kind: list[dict[str, int]] = []  # and in which kind of file (bytes)
 
     def start(self, timeout: float = 15.0) -> LazyFS:
         """Mount (a new process); returns when the mount and its control socket answer."""
@@ -497,8 +511,10 @@ class LazyFS:
     def crash(self) -> dict[str, int]:
         """Power lost: drop what was not synced, and unmount (start again to power on). Whatever writes
         to the mount should be dead first (SIGKILL): a process still writing gets EIO."""
-        lost = dict(self.command("crash")["lost"])
+        answer = self.command("crash")
+        lost = dict(answer["lost"])
         self.lost.append(lost)
+        self.lost_by_kind.append(dict(answer["by_kind"]))
         self._unmount()
         return lost
 
