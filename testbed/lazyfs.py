@@ -235,9 +235,19 @@ class Disk:
 
 
 def _kind(relpath: str) -> str:
-    """A lost file named by its kind, not its instance: digits become N (`.../msgs/12.blk` -> `msgs/N.blk`),
-    the last two parts kept."""
-    return re.sub(r"\d+", "N", "/".join(Path(relpath).parts[-2:]))
+    """A lost file named by its kind, not its instance, for a JetStream store: a stream's files by stream
+    (`EVENTS/msgs/N.blk`), a raft group's log by the kind of group (`raft S/msgs/N.blk`: a stream's, C: a
+    consumer's, _meta_: the meta layer's); digits become N. Other paths: their last two parts."""
+    parts = Path(relpath).parts
+    if "_js_" in parts and len(parts) > parts.index("_js_") + 1:
+        i = parts.index("_js_") + 1
+        group = parts[i] if parts[i] == "_meta_" else parts[i][:1]
+        tail = "raft " + "/".join((group, *parts[i + 1:]))
+    elif "streams" in parts:
+        tail = "/".join(parts[parts.index("streams") + 1:])
+    else:
+        tail = "/".join(parts[-2:])
+    return re.sub(r"\d+", "N", tail)
 
 
 def _walk(root: Path, skip: str) -> list[str]:
