@@ -2,7 +2,7 @@
 with the shipped `sync_interval: always` and with nats-server's default, and a table of what was lost.
 
     sudo .venv/bin/python bench/powerloss.py [--runs 40] [--window 8] [--seed 40] [--sync always,default]
-                                             [--only all,paused,truncate,bitflip]
+                                             [--only all,paused,truncate,bitflip] [--strict]
 
 One bed per sync mode (`testbed.powerbed`): a 3-node NATS cluster (R3 streams, deploy/nats/nats.conf with
 its sync line as shipped or removed) whose every node stores JetStream on a `testbed.lazyfs` mount, which
@@ -14,6 +14,9 @@ Each phase publishes `--runs` step tasks over `--window` seconds and, a third of
              writes; the leader powers on, then the frozen node resumes
   truncate   a node that does not lead EVENTS is killed, its last EVENTS block file cut to half, restarted
   bitflip    the same with one bit of that file flipped
+
+`--strict` runs the file systems in their strict model (a new file's name durable only once its directory is
+synced; `testbed.lazyfs`), where the default is ext4's (any sync commits every name).
 
 After each, once every run ended (or 60 s passed: the runs left are `stuck`): `acked lost` (events a run's
 log held just before the fault, gone or changed after), `sa audit`'s findings, the checker's anomaly counts
@@ -61,7 +64,7 @@ def faults(seed: int) -> dict[str, tuple[str, PowerFault]]:
 async def run_mode(sync: str, args: argparse.Namespace) -> list[tuple[str, Result]]:
     root = Path(tempfile.mkdtemp(prefix=f"bench-powerloss-{sync}-"))
     model = StepModel()
-    bed = await PowerBed(root, responder=model, sync=sync).astart()
+    bed = await PowerBed(root, responder=model, sync=sync, strict=args.strict).astart()
     out = []
     try:
         driver = load(bed, args.seed)
@@ -110,6 +113,8 @@ if __name__ == "__main__":
     parser.add_argument("--only", default="all,paused,truncate,bitflip")
     parser.add_argument("--sync", default="always,default",
                         help="always: the shipped config; default: nats-server's (sync every 2 minutes)")
+    parser.add_argument("--strict", action="store_true",
+                        help="disks where only a directory's sync makes its names durable (testbed.lazyfs)")
     args = parser.parse_args()
     why = unavailable()
     if why is not None:

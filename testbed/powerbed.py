@@ -26,7 +26,8 @@ The faults (`Fault` as in `testbed.netfaults`: the bed in, (recovery seconds, no
   misses writes; the leader powers on, then the frozen node resumes (Jepsen's split-brain recipe: two
   nodes, each missing some acknowledged writes, make a majority).
 * `corrupt_block`: one node (not the EVENTS leader) stopped (SIGKILL), the last block file of its EVENTS
-  replica truncated to half or one bit of it flipped, restarted.
+  replica truncated to half or one bit of it flipped, restarted, then made EVENTS' leader (a step-down that
+  prefers it), so that what it serves and appends to from then on is its own copy.
 
 Each phase also counts acknowledged events lost (`acked_lost`): events every run's log held when read by
 the load driver just before the fault (so stored and acknowledged), missing or different afterwards; and
@@ -36,6 +37,7 @@ the load driver just before the fault (so stored and acknowledged), missing or d
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import random
@@ -184,6 +186,22 @@ class PowerBed:
         info = await read_stores(lambda: self.js.stream_info(EVENTS), "who leads EVENTS")
         return self.cluster.index_of(str(info.cluster.leader))
 
+    async def make_leader(self, i: int, tries: int = 6) -> bool:
+        """Move EVENTS' leadership to node `i` (a step-down naming it preferred, repeated while another is
+        elected); whether it leads."""
+        name = self.cluster.nodes[i].name
+        body = json.dumps({"placement": {"preferred": name}}).encode()
+        for _ in range(tries):
+            if await self.events_leader() == i:
+                return True
+            with anyio.move_on_after(10):
+                try:
+                    await self.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{EVENTS}", body, timeout=5)
+                except Exception as e:  # no leader for a moment: asked again
+                    log.info("powerbed: step-down of EVENTS: %r", e)
+            await anyio.sleep(1.0)
+        return await self.events_leader() == i
+
     def events_blocks(self, i: int) -> list[Path]:
         """Node `i`'s EVENTS block files, oldest first."""
         found = self.cluster.nodes[i].store_dir.glob("jetstream/*/streams/EVENTS/msgs/*.blk")
@@ -279,7 +297,9 @@ def corrupt_block(how: str, seed: int = 0) -> PowerFault:
         for disk in bed.disks:
             disk.command("sync")  # the damage is on disk, not a write a crash could undo
         await anyio.to_thread.run_sync(bed.cluster.restart, victim, 60.0)
-        return await _stored_again(bed), {"node": bed.cluster.nodes[victim].name, "damage": what}
+        recovery = await _stored_again(bed)
+        leads = await bed.make_leader(victim)  # what it serves from now on is its own (damaged) copy
+        return recovery, {"node": bed.cluster.nodes[victim].name, "damage": what, "then_led_events": leads}
 
     return fault
 
