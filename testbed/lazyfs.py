@@ -229,7 +229,12 @@ class Disk:
         return lost
 
     def stats(self) -> dict[str, Any]:
-        return {"unsynced_files": len(self.dirty), "pending_name_ops": len(self.journal),
+        def rel(path: str | None) -> str:
+            return "" if path is None else os.path.relpath(path, self.root)
+
+        pending = [f"{rel(op.src)} -> {rel(op.dst)}" if op.src else f"created {rel(op.dst)}"
+                   for op in self.journal[:20]]
+        return {"unsynced_files": len(self.dirty), "pending_name_ops": len(self.journal), "pending": pending,
                 "saved_pages": sum(len(d.pages) for d in self.dirty.values()), "strict": self.strict,
                 **self.counters}
 
