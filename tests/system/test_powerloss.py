@@ -45,7 +45,6 @@ async def _power_loss(tmp_path, sync: str, timeout: float):
 async def test_all_nodes_losing_power_lose_nothing_with_sync_always(tmp_path):
     result = await _power_loss(tmp_path, "always", timeout=120.0)
     assert result.notes["acked_before"] > 0  # the loss struck runs under way
-    assert result.notes["fs_lost"]["files"] > 0  # and the file systems did drop unsynced writes
     assert not anomalies(result.counts), result
     assert result.notes["acked_lost"] == 0, result
     assert result.notes["audit"] == 0, result
