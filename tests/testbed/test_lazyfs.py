@@ -166,7 +166,7 @@ def test_a_clean_stop_keeps_everything(tmp_path):
         fs.stop()
 
 
-def test_after_a_crash_the_mount_refuses_writes_until_powered_on(lazy):
+def test_after_a_crash_the_mount_refuses_writes(lazy):
     fs, mnt = lazy
     f = open(mnt / "blk", "wb")  # a writer that was not killed first
     fs.command("crash")
