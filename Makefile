@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance llamacpp clean browser faketime docs mcp-servers
+.PHONY: install test demo bench lint conformance llamacpp clean browser faketime fuse docs mcp-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,16 @@ faketime:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q faketime; fi
 
+# The power-loss file system (testbed/lazyfs.py: tests/testbed/test_lazyfs.py, tests/system/test_powerloss.py)
+# is FUSE through mfusepy, which loads libfuse3 at import; fusermount3 mounts it. Both from Debian's fuse3.
+FUSERMOUNT := /usr/bin/fusermount3
+
+fuse:
+	@if [ ! -x $(FUSERMOUNT) ]; then \
+		echo "installing fuse3 (for the power-loss tests)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q fuse3; fi
+
 # The MCP reference servers the tests run (mcp-server-time, mcp-server-git from PyPI; the npm file-system
 # server), each pinned and installed into a folder of its own under .venv-mcp/ (tests/mcp_helpers.py: the
 # tests install them the same way on first use). Offline, their tests skip saying why.
@@ -65,7 +75,7 @@ mcp-servers: $(STAMP)
 		|| echo "some MCP reference servers could not be installed now: their tests will skip saying why"
 
 # ruff, then mypy (configured in pyproject.toml's [tool.mypy]), then the tests
-test: lint browser faketime mcp-servers
+test: lint browser faketime fuse mcp-servers
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -14,7 +14,8 @@
 - `constraint_cmds` — `sa constraint` (the decoding constraint sent for a set of tools)
 - `model_cmds`      — `sa model serve` (the embedded CPU model server)
 - `dlq_cmds`        — `sa dlq`, `sa dlq replay` (dead-lettered tool jobs)
-- `audit_cmds`      — `sa audit` (every run's log re-read and proved whole)
+- `audit_cmds`      — `sa audit` (every run's log re-read and proved whole; `--every`: on a schedule)
+- `backup_cmds`     — `sa backup start / status / restore` (a mirror of the log, runs restored from it)
 - `observe_cmds`    — `sa otel` (traces to an OpenTelemetry collector); `--metrics-port`, `--log-format`
 - `ui_cmds`         — `sa ui` (the run inspector in a browser)
 - `mcp_cmds`        — `sa mcp serve` (the fleet's agents as tools of any MCP client)
@@ -41,6 +42,7 @@ from runtime.cli import (  # noqa: F401, I001  (importing registers the commands
     model_cmds,
     dlq_cmds,
     audit_cmds,
+    backup_cmds,
     observe_cmds,
     ui_cmds,
     mcp_cmds,

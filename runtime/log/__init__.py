@@ -6,6 +6,7 @@
 - `purge`    — `purge_runs`: a run's events, index entries and payloads removed together
 - `rebase`   — `rebased`: an event re-addressed to another run, every id re-derived (forks, diffs)
 - `threads`  — conversations that continue across runs: read back by reference to the run before
+- `backup`   — a mirror of EVENTS and the runs index kept elsewhere, and a run restored from it
 """
 
 from runtime.log.purge import Purged, purge_runs

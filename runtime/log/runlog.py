@@ -9,6 +9,7 @@
     sub = await log.watch_cancels(on_cancelled)       # every run cancelled from now on (tool workers)
     copy = await log.copy_prefix(run_id, 8, "r-new")  # a new run whose log is the first 8 events
     raw = await log.stored(run_id)                    # every message as stored, undecoded (an audit)
+    sizes = await log.sizes()                         # messages per (actor, run), from one stream info
     purged = await log.purge([run_id])                # a finished run deleted: events, payloads, index
 
 Where the events live: the JetStream stream EVENTS, one subject per event,
@@ -88,13 +89,14 @@ class LogRejected(RuntimeError):
 
 @dataclass(frozen=True)
 class Stored:
-    """One message of a run as the stream holds it: its stream sequence, subject, bytes and writer (the
-    `Sa-Writer` header: the host that appended it; "" when written by another process)."""
+    """One message of a run as the stream holds it: its stream sequence, subject, bytes, writer (the
+    `Sa-Writer` header: the host that appended it; "" when written by another process) and Msg-Id."""
 
     stream_seq: int
     subject: str
     data: bytes
     writer: str = ""
+    msg_id: str = ""
 
 
 @dataclass
@@ -150,10 +152,12 @@ def run_filter(run_id: str, actor: str | None = None) -> str:
 class RunLog:
     """The EVENTS stream seen as runs. Cheap to make; the object store is opened on first big payload."""
 
-    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None, writer: str = "") -> None:
+    def __init__(self, js: JetStreamContext, *, payloads: Payloads | None = None, writer: str = "",
+                 stream: str = names.EVENTS) -> None:
         self.js = js
         self._payloads = payloads
         self.writer = writer  # stored with each event appended (`Sa-Writer`): a host's id
+        self.stream = stream  # what reads read: EVENTS, or a mirror of it (`runtime.log.backup`)
 
     @property
     def payloads(self) -> Payloads:
@@ -254,7 +258,7 @@ class RunLog:
         cut off and is catching up answers with an older last event, and a host folding a run from it
         re-made a model call the log had already recorded (`bench/partitions.py`, a minority cut)."""
         try:
-            msg = await self.js.get_last_msg(names.EVENTS, run_filter(run_id, actor))
+            msg = await self.js.get_last_msg(self.stream, run_filter(run_id, actor))
         except NotFoundError:
             return None
         # nats-py types `seq` Optional; a message read from the stream always has one
@@ -297,7 +301,9 @@ class RunLog:
         out: list[Stored] = []
 
         def take(msg: Msg, seq: int) -> bool:
-            out.append(Stored(seq, msg.subject, msg.data, (msg.headers or {}).get(names.HDR_WRITER, "")))
+            headers = msg.headers or {}
+            out.append(Stored(seq, msg.subject, msg.data, headers.get(names.HDR_WRITER, ""),
+                              headers.get(names.HDR_MSG_ID, "")))
             return True
 
         await self._scan(run_filter(run_id, actor), take, timeout)
@@ -309,7 +315,7 @@ class RunLog:
         (None: there is none). The end is asked of the leader (see `last`); the ordered consumer, in
         callback mode, then waits for it on any replica."""
         try:
-            last = await self.js.get_last_msg(names.EVENTS, flt)
+            last = await self.js.get_last_msg(self.stream, flt)
         except NotFoundError:
             return None
         end: int = last.seq  # type: ignore[assignment]  # a message read from the stream has a seq
@@ -322,7 +328,7 @@ class RunLog:
             if seq >= end and not done.done():
                 done.set_result(None)
 
-        sub = await self.js.subscribe(flt, stream=names.EVENTS, ordered_consumer=True, cb=on_msg,
+        sub = await self.js.subscribe(flt, stream=self.stream, ordered_consumer=True, cb=on_msg,
                                       deliver_policy=DeliverPolicy.ALL)
         try:
             await asyncio.wait_for(done, timeout)
@@ -331,23 +337,28 @@ class RunLog:
         return last
 
     async def runs(self, actor: str | None = None) -> list[tuple[str, str]]:
-        """(actor, run id) of every run with an event in the stream (of `actor` only, if given), from the
-        stream's per-subject counts: one request, no message read."""
+        """(actor, run id) of every run with an event in the stream (of `actor` only, if given)."""
+        return sorted(await self.sizes(actor))
+
+    async def sizes(self, actor: str | None = None) -> dict[tuple[str, str], int]:
+        """Messages the stream holds per (actor, run id) (of `actor` only, if given), from its per-subject
+        counts: one request, no message read (a scheduled audit's `runtime.client.audit.Memo`)."""
         flt = f"events.{names.check_token(actor, 'agent')}.>" if actor else "events.>"
-        info = await self.js.stream_info(names.EVENTS, subjects_filter=flt)
-        found = set()
-        for subject in (info.state.subjects or {}):
+        info = await self.js.stream_info(self.stream, subjects_filter=flt)
+        found: dict[tuple[str, str], int] = {}
+        for subject, count in (info.state.subjects or {}).items():
             parts = subject.split(".", 3)
             if len(parts) == 4:
-                found.add((parts[1], parts[2]))
-        return sorted(found)
+                key = (parts[1], parts[2])
+                found[key] = found.get(key, 0) + count
+        return found
 
     async def started(self, run_id: str, actor: str) -> ev.RunStarted | None:
         """The run's `run.started` alone, in one direct get (None for a fork or a run not started): what a
         tool worker needs to know of the task (its metadata), without reading the whole run."""
         subject = names.event_subject(actor, run_id, "run.started")
         try:
-            msg = await self.js.get_last_msg(names.EVENTS, subject)
+            msg = await self.js.get_last_msg(self.stream, subject)
         except NotFoundError:
             return None
         event = await self.resolve(ev.decode_all(msg.data or b"")[0])
@@ -368,7 +379,7 @@ class RunLog:
         async def on_msg(msg: Msg) -> None:
             send.send_nowait(msg.data)
 
-        sub = await self.js.subscribe(run_filter(run_id, actor), stream=names.EVENTS, ordered_consumer=True,
+        sub = await self.js.subscribe(run_filter(run_id, actor), stream=self.stream, ordered_consumer=True,
                                       cb=on_msg, deliver_policy=DeliverPolicy.ALL)
         try:
             async with receive:

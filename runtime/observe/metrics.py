@@ -1,4 +1,5 @@
-"""Prometheus metrics of hosts and workers: `sa host --metrics-port N`, `sa worker --metrics-port N`.
+"""Prometheus metrics of hosts, workers and the scheduled audit: `sa host --metrics-port N`, `sa worker
+--metrics-port N`, `sa audit --every 1h --metrics-port N` (`AuditMetrics`).
 
     metrics = HostMetrics()
     host = Host(nc, agents, on_event=metrics.observe)   # counters from the events the host appends
@@ -250,6 +251,46 @@ class WorkerMetrics:
         self.registry.register(_WorkerStatsCollector(worker))
 
 
+class AuditMetrics:
+    """A scheduled audit's metrics (`sa audit --every 1h --metrics-port N`), set after each pass
+    (`runtime.client.audit.audit_every`): what the last finished pass found, when it finished, and how many
+    passes could not finish. Gauges, not counters, for the findings: a log that lost an event stays broken
+    until it is restored, so the alert holds as long as the damage does and clears when a pass finds the
+    log whole again (`deploy/prometheus/alerts.yaml`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from runtime.client.audit import FAULTS
+
+        r = self.registry = registry or _process_registry()
+        self.findings = Gauge("sa_audit_findings", "Findings of the last finished audit pass, by fault (gap, "
+                              "fork, decode, first, fold, outcome, no_log)", ["fault"], registry=r)
+        self._faults = FAULTS
+        for fault in FAULTS:  # every series present from the start: an alert on it never sees "no data"
+            self.findings.labels(fault).set(0)
+        self.runs_checked = Gauge("sa_audit_runs_checked", "Runs the last finished pass covered (read again, "
+                                  "or ended, proved whole and unchanged since)", registry=r)
+        self.runs_broken = Gauge("sa_audit_runs_broken", "Runs with a finding in the last finished pass",
+                                 registry=r)
+        self.last_run = Gauge("sa_audit_last_run_timestamp_seconds", "When the last audit pass finished "
+                              "(Unix time; 0 before the first)", registry=r)
+        self.duration = Gauge("sa_audit_duration_seconds", "How long the last finished pass took",
+                              registry=r)
+        self.errors = Counter("sa_audit_errors", "Audit passes that could not finish (NATS unreachable, a "
+                              "permission refused)", registry=r)
+
+    def record(self, report: Any, seconds: float, now: float) -> None:
+        """Set the gauges from a finished pass (`runtime.client.audit.Audit`) that took `seconds`."""
+        counts = dict.fromkeys(self._faults, 0)
+        for _run, finding in report.findings:
+            counts[finding.fault] = counts.get(finding.fault, 0) + 1
+        for fault, n in counts.items():
+            self.findings.labels(fault).set(n)
+        self.runs_checked.set(len(report.runs) + report.unchanged)
+        self.runs_broken.set(sum(not r.whole for r in report.runs))
+        self.duration.set(seconds)
+        self.last_run.set(now)
+
+
 def _process_registry() -> CollectorRegistry:
     """A registry with the process metrics a Prometheus user expects of any process (resident memory,
     CPU seconds, open and maximum file descriptors, start time: `process_*`) and the Python runtime's
@@ -274,8 +315,8 @@ def serve_metrics(port: int, registry: CollectorRegistry, addr: str = LOOPBACK) 
 
 
 def metric_names() -> set[str]:
-    """Every `sa_*` metric family a host or a worker exposes (the dashboard's vocabulary), without
-    suffixes; the standard `process_*` / `python_*` families come on top."""
+    """Every `sa_*` metric family a host, a worker or a scheduled audit exposes (the dashboard's
+    vocabulary), without suffixes; the standard `process_*` / `python_*` families come on top."""
     host, worker = HostMetrics(), WorkerMetrics()
 
     class _Stub:  # just enough of a host and a worker for the gauges to register
@@ -290,8 +331,9 @@ def metric_names() -> set[str]:
 
     host.watch_host(_Stub())
     worker.watch_worker(_Stub())
-    return {m.name for r in (host.registry, worker.registry) for m in r.collect() if m.name.startswith("sa_")}
+    registries = (host.registry, worker.registry, AuditMetrics().registry)
+    return {m.name for r in registries for m in r.collect() if m.name.startswith("sa_")}
 
 
-__all__ = ["LOOPBACK", "MAX_OPEN_TURNS", "UNKNOWN_AGENT", "HostMetrics", "QueueMetrics", "WorkerMetrics",
-           "metric_names", "serve_metrics"]
+__all__ = ["LOOPBACK", "MAX_OPEN_TURNS", "UNKNOWN_AGENT", "AuditMetrics", "HostMetrics", "QueueMetrics",
+           "WorkerMetrics", "metric_names", "serve_metrics"]

@@ -73,3 +73,27 @@ async def test_sa_audit_names_each_run_and_fault_storage_left(nats_server, js, t
     assert "5 run(s) audited: 5 with 5 finding(s)" in " ".join(out.split())
     code, out, _ = await sa(nats_server.url, "audit", gap, "--json")
     assert code == 1 and [f["fault"] for f in json.loads(out)["findings"]] == ["gap"]
+
+
+async def test_a_log_that_lost_its_last_events_is_found_by_the_runs_index(nats_server, js, tmp_path: Path):
+    """Losing a run's last events leaves no gap in its seqs: the log just ends early, and folds to a run still
+    waiting for a tool outcome. The runs index, written by the host after the events it folded were stored,
+    says how far the log reached: the audit names the lost tail."""
+    await bus.ensure_topology(js, partitions=2, tool_ack_wait=2.0)
+    async with running_fleet(nats_server.url, js, write_bundle(tmp_path)) as env:
+        runs = [await publish_task(js, "calc", f"compute: {i} + 1") for i in range(2)]
+        for run in runs:
+            await env.wait_run(run)
+    log = RunLog(js)
+    cut, whole = runs
+    stored = await log.stored(cut)
+    for message in stored[-2:]:  # its last two events, run.completed among them
+        await js.delete_msg(EVENTS, message.stream_seq)
+    report = await audit(js)
+    findings = {r.run_id: [(f.fault, f.detail) for f in r.findings] for r in report.runs}
+    last = len(stored) - 1
+    assert findings == {whole: [], cut: [("tail", f"the log ends at seq {last - 2} (tool.completed), but the "
+                                                  f"runs index says it reached seq {last} (completed): seq "
+                                                  f"{last - 1} to {last} lost")]}
+    code, out, _ = await sa(nats_server.url, "audit", "--json")
+    assert code == 1 and [f["fault"] for f in json.loads(out)["findings"]] == ["tail"]
