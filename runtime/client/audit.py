@@ -170,7 +170,7 @@ def check_tail(stored: Sequence[Stored], entry: RunIndex | None) -> list[Finding
     if entry is None or entry.seq is None or not stored:
         return []
     try:
-        last = ev.decode(stored[-1].data)
+        last = ev.decode_all(stored[-1].data)[-1]
     except ev.EventDecodeError:
         return []  # reported as ``decode``
     if last.seq >= entry.seq:

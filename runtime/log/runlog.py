@@ -66,9 +66,9 @@ from runtime import events as ev
 from runtime.log.payloads import Payloads
 from runtime.log.purge import Purged, purge_runs
 from runtime.log.rebase import rebased
+from runtime.log.tail import Tail, Tailed
 from runtime.nats import subjects as names
 from runtime.nats.connection import refused_publish
-from runtime.nats.pull import fetch_batch
 from runtime.nats.retry import retrying
 
 log = logging.getLogger("runtime.log")
@@ -481,78 +481,6 @@ class RunLog:
             out.stream_seqs.append(await self.append(event, expect=out.last_seq))
             out.events.append(event)
         return out
-
-
-class _Message:
-    """One stored message handed out as several `Tailed` (a group of events): acked once every one of them
-    is, and never if one is nak'd or termed (the message then comes back whole, or not at all)."""
-
-    def __init__(self, msg: Msg, events: int) -> None:
-        self.msg, self.pending, self.settled = msg, events, False
-
-    async def ack(self) -> None:
-        self.pending -= 1
-        if self.pending == 0 and not self.settled:
-            self.settled = True
-            await self.msg.ack()
-
-    async def nak(self, delay: float | None) -> None:
-        if not self.settled:
-            self.settled = True
-            await self.msg.nak(delay=delay)
-
-    async def term(self) -> None:
-        if not self.settled:
-            self.settled = True
-            await self.msg.term()
-
-
-@dataclass
-class Tailed:
-    """One event from a `Tail`, or why its message could not be decoded (`event` None); ack it once
-    handled. The events of a group (`RunLog.append_group`) come one `Tailed` each; their message is acked
-    when all of them are."""
-
-    event: ev.Event | None
-    error: str
-    message: _Message
-
-    @property
-    def msg(self) -> Msg:
-        return self.message.msg
-
-    async def ack(self) -> None:
-        await self.message.ack()
-
-    async def nak(self, delay: float | None = None) -> None:
-        await self.message.nak(delay)
-
-    async def term(self) -> None:
-        await self.message.term()
-
-
-class Tail:
-    """A durable reader of every run's events (`RunLog.tail`); events come as stored (stubs unresolved)."""
-
-    def __init__(self, psub: JetStreamContext.PullSubscription) -> None:
-        self.psub = psub
-
-    async def fetch(self, batch: int, timeout: float = 1.0) -> list[Tailed]:
-        """Up to `batch` messages' events not yet acked, in stream order (redeliveries may come later than
-        newer events); `[]` after `timeout` with none, or during NATS trouble."""
-        out: list[Tailed] = []
-        for msg in await fetch_batch(self.psub, batch, timeout):
-            try:
-                events = ev.decode_all(msg.data)
-            except ev.EventDecodeError as e:
-                out.append(Tailed(None, str(e), _Message(msg, 1)))
-                continue
-            message = _Message(msg, len(events))
-            out += [Tailed(event, "", message) for event in events]
-        return out
-
-    async def close(self) -> None:
-        await self.psub.unsubscribe()
 
 
 def _stream_seq(msg: Msg) -> int:
