@@ -406,25 +406,105 @@ def as_role(role: str) -> dict[str, str]:
     return {"NATS_USER": role, "NATS_PASSWORD": PASSWORDS[role]}
 
 
-async def test_a_publisher_starts_runs_but_cannot_read_them_and_an_operator_cannot_start_one(secured,
-                                                                                            tmp_path):
-    """The how-to's account of the roles, held to: neither shipped role alone runs an agent to its output."""
+def publisher_session(url: str, *args: str) -> Any:
+    params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl", *args],
+                                   env={**child_env(url), **as_role("publisher")})
+    return stdio_client(params)
+
+
+async def test_publisher_credentials_alone_run_an_agent_follow_it_and_cancel_a_call(secured, tmp_path):
+    """`sa mcp serve` as the shipped publisher: a call gets its progress and structured output, a cancelled
+    call's run ends cancelled, and its own runs read back as resources, all through the hosts
+    (`runtime.host.starters`); a run it did not start is not offered to it."""
     async with secured_fleet(secured.url, tmp_path) as admin:
-        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl"],
-                                       env={**child_env(secured.url), **as_role("publisher")})
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        other = await admin.start("ctl", "compute for someone else", task_id="pub-other")
+        assert await other.result(timeout=60) == {"answer": "compute for someone else"}
+        async with publisher_session(secured.url) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             [tool] = (await session.list_tools()).tools  # named with --agents: no heartbeat read needed
             assert tool.name == "ctl" and "No live host" not in (tool.description or "")
-            with anyio.fail_after(120):
-                result = await session.call_tool("ctl", {"input": "compute as publisher", "task_id": "pub-1"})
-            said = text_of(result)
-            assert result.is_error and "was started but its log cannot be read" in said, said
-            assert "user 'publisher'" in said and "permissions violation" in said
-        run_id = run_id_for("ctl", "pub-1")
-        assert result.meta[RUN_ID_META] == run_id
-        assert await admin.get(run_id).result(timeout=30) == {"answer": "compute as publisher"}
+            seen: list[str] = []
 
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                seen.append(message or "")
+
+            with anyio.fail_after(120):
+                result = await session.call_tool("ctl", {"input": "compute as publisher", "task_id": "pub-1"},
+                                                 progress_callback=progress)
+            assert not result.is_error, text_of(result)
+            assert result.structured_content == {"answer": "compute as publisher"}
+            run_id = result.meta[RUN_ID_META]
+            assert run_id == run_id_for("ctl", "pub-1")
+            assert any("tool submit called" in m for m in seen), seen
+
+            await call_then_cancel_once_spinning(session, "spin as publisher", "pub-spin")
+            with anyio.fail_after(60):
+                ending = await admin.get(run_id_for("ctl", "pub-spin")).ending()
+            assert isinstance(ending, ev.RunCancelled), ev.kind_of(ending)
+            assert (ending.reason, ending.by) == ("cancelled by the MCP client", "starter")
+
+            [contents] = (await session.read_resource(f"run://{run_id}")).contents
+            assert "run.completed" in contents.text and run_id in contents.text
+            listed = [str(r.uri) for r in (await session.list_resources()).resources]
+            assert f"run://{run_id}" in listed and f"run://{other.run_id}" not in listed
+            with pytest.raises(Exception, match="needs an operator's credentials"):
+                await session.read_resource(f"run://{other.run_id}")
+        assert await admin.get(run_id).status() == "completed"
+
+
+async def test_publisher_credentials_cannot_read_or_cancel_a_run_they_did_not_start(secured, tmp_path):
+    """What stops a publisher from reaching runs that are not its own: the server refuses it the log, and a
+    host answers a starter's request only with the key the run started with, whoever holds the same
+    credentials, and even after it re-sends the run's task under its own key."""
+    from runtime.log import RunLog
+    from runtime.mcp.started import StartedRuns, StarterRefused
+    from runtime.nats.connection import explain_refusal
+    from runtime.nats.credentials import Credentials
+
+    async with secured_fleet(secured.url, tmp_path) as admin:
+        login = Credentials(user="publisher", password=PASSWORDS["publisher"]).connect_options()
+        async with (await Client.connect(secured.url, **login) as victim,
+                    await Client.connect(secured.url, **login) as thief):
+            owner = StartedRuns(victim.nc, b"the victim's secret, 32 bytes!!")
+            mallory = StartedRuns(thief.nc, b"another secret, of the same user")
+            keyless = await admin.start("ctl", "compute without a key", task_id="keyless")
+            assert await keyless.result(timeout=60) == {"answer": "compute without a key"}
+            run_id = run_id_for("ctl", "victim-spin")
+            await victim.start("ctl", "spin for the victim", task_id="victim-spin",
+                               metadata=owner.metadata(run_id))
+            with anyio.fail_after(60):  # running its spin tool
+                async for event in admin.get(run_id).events():
+                    if isinstance(event, ev.ToolCalled):
+                        break
+
+            with pytest.raises(Exception) as refused:  # the log itself: refused by the server
+                await RunLog(thief.nc.jetstream(timeout=2.0)).read(run_id, timeout=5)
+            assert "permissions violation" in (explain_refusal(refused.value) or ""), refused.value
+            for target in (run_id, keyless.run_id):
+                with pytest.raises(StarterRefused, match="not started with this key"):
+                    async for _ in mallory.events("ctl", target):
+                        pass
+                with pytest.raises(StarterRefused, match="not started with this key"):
+                    await mallory.cancel("ctl", target, "mine now")
+            # the run's task again, under the thief's key: stored once (one task id), and a task for a run
+            # that exists starts nothing, so the key the run recorded stays the victim's
+            await thief.start("ctl", "spin for the victim", task_id="victim-spin",
+                              metadata=mallory.metadata(run_id))
+            with pytest.raises(StarterRefused, match="not started with this key"):
+                await mallory.cancel("ctl", run_id, "mine now")
+            assert await admin.get(run_id).status() == "running"
+
+            await owner.cancel("ctl", run_id, "the starter stops it")  # the key was the only thing missing
+            with anyio.fail_after(60):
+                ending = await admin.get(run_id).ending()
+            assert isinstance(ending, ev.RunCancelled) and ending.reason == "the starter stops it"
+            followed = [e async for e in owner.events("ctl", run_id)]
+            assert [e.seq for e in followed] == list(range(len(followed)))
+            assert isinstance(followed[-1], ev.RunCancelled)
+
+
+async def test_an_operator_alone_cannot_start_a_run(secured, tmp_path):
+    async with secured_fleet(secured.url, tmp_path) as admin:
         params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve"],
                                        env={**child_env(secured.url), **as_role("operator")})
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -440,7 +520,8 @@ async def test_a_publisher_starts_runs_but_cannot_read_them_and_an_operator_cann
 def with_mcp_user(tmp_path_factory) -> Any:
     """nats-server with the shipped roles (admin, host, worker, operator, publisher) and a user `mcp` whose
     permissions are the publisher's and the operator's together: what the how-to tells a secured fleet to
-    give `sa mcp serve`."""
+    give `sa mcp serve` that should also offer every run (not only its own) as a resource and list the
+    agents from the hosts' heartbeats."""
     def rule(allow: list[str]) -> str:
         return "allow: " + json.dumps(allow)
 
@@ -461,8 +542,10 @@ def with_mcp_user(tmp_path_factory) -> Any:
         server.stop()
 
 
-async def test_a_user_with_the_publisher_and_operator_permissions_runs_an_agent(with_mcp_user, tmp_path):
+async def test_a_user_with_the_publisher_and_operator_permissions_reads_every_run(with_mcp_user, tmp_path):
     async with secured_fleet(with_mcp_user.url, tmp_path) as admin:
+        other = await admin.start("ctl", "compute for someone else", task_id="mcp-other")
+        assert await other.result(timeout=60) == {"answer": "compute for someone else"}
         login = {"NATS_USER": "mcp", "NATS_PASSWORD": f"{PASSWORDS['admin']}-mcp"}
         params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve"],
                                        env={**child_env(with_mcp_user.url), **login})
@@ -472,6 +555,9 @@ async def test_a_user_with_the_publisher_and_operator_permissions_runs_an_agent(
             result = await session.call_tool("ctl", {"input": "compute as mcp"})
             assert result.structured_content == {"answer": "compute as mcp"}, text_of(result)
             run_id = result.meta[RUN_ID_META]
-            [contents] = (await session.read_resource(f"run://{run_id}")).contents
-            assert "run.completed" in contents.text
+            for shown in (run_id, other.run_id):  # its own, and one it did not start: read from the log
+                [contents] = (await session.read_resource(f"run://{shown}")).contents
+                assert "run.completed" in contents.text and shown in contents.text
+            listed = [str(r.uri) for r in (await session.list_resources()).resources]
+            assert {f"run://{run_id}", f"run://{other.run_id}"} <= set(listed)
         assert await admin.get(run_id).status() == "completed"
