@@ -229,6 +229,28 @@ async def test_a_connection_that_ends_without_a_cancel_leaves_the_run_going(nats
         assert isinstance(ending, ev.RunCancelled) and ending.reason == "stopped by the test"
 
 
+async def test_a_run_is_followed_by_the_servers_holding_its_key(nats_server, topo, tmp_path):
+    """A later `sa mcp serve` given the same --key-file follows a run an earlier one started (a call with its
+    task id returns its output); one with another secret is told it did not start that run, and starts
+    nothing."""
+    key_file = tmp_path / "mcp.key"
+    async with fleet(nats_server.url, tmp_path) as client:
+        async with stdio_session(nats_server.url, "--key-file", str(key_file)) as session:
+            first = await session.call_tool("ctl", {"input": "compute once", "task_id": "kf-1"})
+        assert first.structured_content == {"answer": "compute once"}, text_of(first)
+        assert oct(key_file.stat().st_mode & 0o777) == "0o600" and len(key_file.read_text().strip()) >= 16
+        async with stdio_session(nats_server.url, "--key-file", str(key_file)) as session:
+            again = await session.call_tool("ctl", {"input": "compute once", "task_id": "kf-1"})
+        assert again.structured_content == {"answer": "compute once"}, text_of(again)
+        assert again.meta[RUN_ID_META] == first.meta[RUN_ID_META]
+        async with stdio_session(nats_server.url) as session:
+            stranger = await session.call_tool("ctl", {"input": "compute once", "task_id": "kf-1"})
+        assert stranger.is_error and "which this server did not start" in text_of(stranger), text_of(stranger)
+        assert "not started with this key" in text_of(stranger)
+        runs = [r.run_id for r in await client.runs("ctl") if r.task_id == "kf-1"]
+        assert runs == [first.meta[RUN_ID_META]]
+
+
 async def test_one_request_id_sent_twice_starts_one_run(nats_server, topo, tmp_path):
     """A client that repeats a request (same id, same arguments: a retry) gets the same run; a request id
     reused for other arguments is another call."""
