@@ -543,7 +543,8 @@ def with_mcp_user(tmp_path_factory) -> Any:
     """nats-server with the shipped roles (admin, host, worker, operator, publisher) and a user `mcp` whose
     permissions are the publisher's and the operator's together: what the how-to tells a secured fleet to
     give `sa mcp serve` that should also offer every run (not only its own) as a resource and list the
-    agents from the hosts' heartbeats."""
+    agents from the hosts' heartbeats; and a user `oldpub` with the publisher's permissions of an auth
+    config older than the starters' subjects."""
     def rule(allow: list[str]) -> str:
         return "allow: " + json.dumps(allow)
 
@@ -553,8 +554,12 @@ def with_mcp_user(tmp_path_factory) -> Any:
     sub = sorted({*publisher.sub_allow, *operator.sub_allow})
     users = [User(role, role, PASSWORDS[role]) for role in PASSWORDS]
     config = server_config(users).rstrip().removesuffix("}").rstrip().removesuffix("]")
+    old = [s for s in publisher.pub_allow if not s.startswith("starter.")]
     config += (f'    {{user: "mcp", password: "{PASSWORDS["admin"]}-mcp", permissions: {{\n'
-               f"      publish: {{{rule(pub)}}}\n      subscribe: {{{rule(sub)}}}\n    }}}}\n  ]\n}}\n")
+               f"      publish: {{{rule(pub)}}}\n      subscribe: {{{rule(sub)}}}\n    }}}}\n"
+               f'    {{user: "oldpub", password: "{PASSWORDS["admin"]}-old", permissions: {{\n'
+               f"      publish: {{{rule(old)}}}\n      subscribe: {{{rule(['_INBOX_oldpub.>'])}}}\n    }}}}\n"
+               "  ]\n}\n")
     path = tmp_path_factory.mktemp("auth") / "auth.conf"
     path.write_text(config)
     server = EmbeddedNats(extra_args=["-c", str(path)]).start()
@@ -583,3 +588,21 @@ async def test_a_user_with_the_publisher_and_operator_permissions_reads_every_ru
             listed = [str(r.uri) for r in (await session.list_resources()).resources]
             assert {f"run://{run_id}", f"run://{other.run_id}"} <= set(listed)
         assert await admin.get(run_id).status() == "completed"
+
+
+async def test_credentials_that_may_not_ask_the_hosts_are_told_the_refusal(with_mcp_user, tmp_path):
+    """A publisher from an auth config older than the starters' subjects: the task is sent, and the call
+    says at once that following it was refused, and why, instead of waiting for ever."""
+    async with secured_fleet(with_mcp_user.url, tmp_path) as admin:
+        login = {"NATS_USER": "oldpub", "NATS_PASSWORD": f"{PASSWORDS['admin']}-old"}
+        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl"],
+                                       env={**child_env(with_mcp_user.url), **login})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(60):
+                result = await session.call_tool("ctl", {"input": "compute as oldpub", "task_id": "old-1"})
+        said = text_of(result)
+        assert result.is_error and "may not publish on starter.ctl.follow" in said, said
+        assert "permissions violation" in said
+        output = await admin.get(run_id_for("ctl", "old-1")).result(timeout=60)
+        assert output == {"answer": "compute as oldpub"}
