@@ -72,6 +72,7 @@ class StartedRuns:
         self.nc = nc
         self.secret = secret
         self.actors: dict[str, str] = {}  # the runs this process started, and their actors, newest last
+        self.unanswered = False  # said once: no host answered a request
 
     def key(self, run_id: str) -> str:
         return start_key(self.secret, run_id)
@@ -106,6 +107,7 @@ class StartedRuns:
                         _check_allowed(starter_subject(actor, "follow"))
                         break
                     if (msg.headers or {}).get("Status") == "503":  # no host answers (yet)
+                        self._no_host(actor)
                         await anyio.sleep(NO_HOST_PAUSE_S)
                         break
                     reply = decode_reply(msg.data)
@@ -142,6 +144,7 @@ class StartedRuns:
                                             timeout=REQUEST_TIMEOUT_S)
             except (NoRespondersError, NatsTimeoutError):
                 _check_allowed(starter_subject(actor, "cancel"))
+                self._no_host(actor)
                 await anyio.sleep(NO_HOST_PAUSE_S)
                 continue
             reply: StarterReply = decode_reply(msg.data)
@@ -153,6 +156,14 @@ class StartedRuns:
             if not reply.started:
                 raise NotStarted(f"run {run_id} has no event yet")
             return
+
+
+    def _no_host(self, actor: str) -> None:
+        if not self.unanswered:
+            self.unanswered = True
+            log.warning("no host answers the requests about runs of %s (%s): none runs yet, or the hosts "
+                        "are of a version without them; asking again until one does", actor,
+                        starter_subject(actor, "follow"))
 
 
 def _check_allowed(subject: str) -> None:

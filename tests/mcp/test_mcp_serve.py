@@ -32,6 +32,7 @@ from runtime import nats as bus
 from runtime.commands import run_id_for
 from runtime.nats.auth import User, permissions, server_config
 from runtime.nats.server import EmbeddedNats
+from runtime.nats.subjects import TASKS
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -249,6 +250,29 @@ async def test_a_run_is_followed_by_the_servers_holding_its_key(nats_server, top
         assert "not started with this key" in text_of(stranger)
         runs = [r.run_id for r in await client.runs("ctl") if r.task_id == "kf-1"]
         assert runs == [first.meta[RUN_ID_META]]
+
+
+async def test_a_call_made_before_any_host_runs_returns_once_one_does(nats_server, topo, tmp_path):
+    """No host answers the starters' requests yet (the task waits in TASKS): the call waits, asking again,
+    and returns the output once a host and a worker start."""
+    async with stdio_session(nats_server.url, "--agents", "ctl") as session:
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await session.call_tool("ctl", {"input": "compute early", "task_id": "early"}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(60):  # the task is stored: the server now asks hosts that are not there
+                while (await topo.stream_info(TASKS)).state.messages == 0:
+                    await anyio.sleep(0.1)
+            async with fleet(nats_server.url, tmp_path) as client:
+                with anyio.fail_after(120):
+                    while not results:
+                        await anyio.sleep(0.1)
+                assert await client.get(run_id_for("ctl", "early")).status() == "completed"
+        [result] = results
+        assert result.structured_content == {"answer": "compute early"}, text_of(result)
 
 
 async def test_one_request_id_sent_twice_starts_one_run(nats_server, topo, tmp_path):
