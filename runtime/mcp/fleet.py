@@ -37,6 +37,7 @@ resource) needs an operator's rights to the log, and is offered to credentials t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -280,7 +281,8 @@ class FleetTools:
         this server's secret (an earlier process given the same `--key-file`)."""
         known = self.runs.actors.get(run_id)
         if known is not None:
-            return known, await self._read_started(known, run_id)
+            with contextlib.suppress(StarterRefused):  # a run its task id had started before (another's)
+                return known, await self._read_started(known, run_id)
         why = "these credentials may not read the run log"
         if self.reads_log is not False:
             handle = self.client.get(run_id)
