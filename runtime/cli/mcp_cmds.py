@@ -2,12 +2,18 @@
 
     sa mcp serve [--agents A,B] [--nats URL]              stdio: an MCP client starts it
     sa mcp serve --http [--port 8379] [--token-file F]    streamable HTTP on 127.0.0.1, token required
+    sa mcp serve --key-file F                             follow the runs an earlier server started
 
 On stdio, stdout is the MCP wire: everything this command says goes to stderr. On HTTP, a request must carry
 ``Authorization: Bearer <token>``: the token is read from `--token-file` (a new one is written there, readable
 by its owner only, when the file does not exist), or made for this run and printed on stderr. The NATS server
 and credentials are found like every other command's (`--nats`, NATS_URL, a running `sa up`; NATS_CREDS,
-NATS_USER/NATS_PASSWORD, ...).
+NATS_USER/NATS_PASSWORD, ...); a publisher's are enough (`runtime.mcp.started`).
+
+Each run it starts carries the digest of a key derived from a secret, and it follows and cancels the run by
+showing the hosts that key. The secret is made for each process unless `--key-file` names one (read, or
+written there, readable by its owner only, when the file does not exist): then a call naming a `task_id`
+that an earlier `sa mcp serve` started is followed after a restart too.
 """
 
 from __future__ import annotations
@@ -28,14 +34,14 @@ mcp_app = typer.Typer(help="The fleet as a Model Context Protocol server.", no_a
 app.add_typer(mcp_app, name="mcp")
 
 
-def _token(path: Path | None) -> tuple[str, str]:
+def _token(path: Path | None, what: str = "token") -> tuple[str, str]:
     """(the token, where it came from); a `path` that does not exist gets a new token, mode 0600."""
     if path is None:
         return secrets.token_urlsafe(32), "made for this run"
     if path.exists():
         token = path.read_text().strip()
         if not token:
-            typer.echo(f"sa mcp serve: the token file {path} is empty; write a token in it or remove it "
+            typer.echo(f"sa mcp serve: the {what} file {path} is empty; write a {what} in it or remove it "
                        "(a new one is then made there)", err=True)
             raise typer.Exit(2)
         return token, f"read from {path}"
@@ -59,6 +65,10 @@ def serve(
     token_file: Annotated[Path | None, typer.Option(
         "--token-file", help="The bearer token of --http: read from this file, or written to it when it does "
                              "not exist (default: a new token, printed on stderr).")] = None,
+    key_file: Annotated[Path | None, typer.Option(
+        "--key-file", help="The secret the keys of the runs it starts are derived from: read from this file, "
+                           "or written to it when it does not exist (default: a new one per process, so "
+                           "only this process follows its runs).")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats", envvar="NATS_URL")] = None,
 ) -> None:
     """Serve the fleet's agents as MCP tools: a call is a run, returning its output; runs are resources."""
@@ -69,6 +79,11 @@ def serve(
     from runtime.mcp import MCP_PATH, serve_http, serve_stdio
 
     url = resolve_nats(nats_url, "mcp serve")
+    secret = _token(key_file, "key")[0].encode() if key_file is not None else None
+    if secret is not None and len(secret) < 16:
+        typer.echo(f"sa mcp serve: the key in {key_file} is {len(secret)} bytes; a key needs at least 16 "
+                   "(remove the file and a new one is made there)", err=True)
+        raise typer.Exit(2)
     chosen = [a.strip() for a in agents.split(",") if a.strip()] if agents else None
     sock: socket.socket | None = None
     token = ""
@@ -95,7 +110,7 @@ def serve(
         # a server lives as long as its client wants it: reconnect to NATS for as long as it takes
         client = await Client.connect(url, name="sa-mcp", max_reconnect_attempts=-1)
         try:
-            server = FleetTools(client, agents=chosen).server()
+            server = FleetTools(client, agents=chosen, secret=secret).server()
             if sock is not None:
                 await serve_http(server, sock, token)
             else:

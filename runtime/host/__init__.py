@@ -25,6 +25,7 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
                  actors), token counts per minute and per day
 - `scheduler`  — the cluster's clock (SCHEDULES): schedules' fires become tasks, wake-ups wake commands
 - `sleep`      — a run asleep on a timer: its wake-ups scheduled in the cluster, deleted if it ends first
+- `starters`   — `StarterDesk`: a run's starter (a publisher) follows and cancels it, proved by its key
 - `answers`    — what a person sends a run (an answer, an approver's verdict), checked and recorded; a
                  question's timeout recorded when the parked run wakes
 

@@ -77,6 +77,7 @@ Where each part lives
 - `runtime.host.scheduler`   `Scheduler`: the cluster's clock turned into tasks (schedules' fires) and wake
                              commands (sleeping runs' timers); a bundle's `schedules:` stored at start
 - `runtime.host.sleep`       a run asleep on a timer: its wake-ups scheduled, or deleted if it ends first
+- `runtime.host.starters`    `StarterDesk`: a run's starter (a publisher) follows and cancels it, by its key
 """
 from __future__ import annotations
 
@@ -105,6 +106,7 @@ from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
 from runtime.host.scheduler import Scheduler, ensure_bundle_schedules
 from runtime.host.served import AgentRuntime
+from runtime.host.starters import StarterDesk
 from runtime.host.summary import summarise
 from runtime.host.unserved import Unserved
 from runtime.log import RunLog
@@ -240,6 +242,7 @@ class Host:
             self._tg = tg
             tg.start_soon(endpoints.run)
             tg.start_soon(Scheduler(self.nc, self.js, self.stats).run, stop)
+            tg.start_soon(StarterDesk(self.nc, self.js, self.log).run, stop)  # runs' starters' asks
             tg.start_soon(self.recovery.watch_orphans, self._recovered_slots, stop)
             if self.config.partitions is not None:
                 wanted = sorted(set(self.config.partitions))

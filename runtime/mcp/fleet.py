@@ -4,11 +4,12 @@
     server = fleet.server()                             # an `mcp` low-level Server: tools, resources
 
 Each agent is a tool named after its bundle, described by the bundle's `description:`, taking
-``{input, task_id?, thread?}``. A call starts a run with `Client.start` and waits for its end, reading the
-run's log as it goes: every turn and tool call becomes an MCP progress notification (when the caller sent a
-progress token), and the ending becomes the call's result: the output (as `structuredContent` too when it is
-an object), or ``isError`` naming the reason and detail the log recorded. A run is a resource,
-``run://<run_id>``, whose text is the timeline `sa replay` prints.
+``{input, task_id?, thread?}``. A call starts a run with `Client.start` and waits for its end, following
+the run's events through the hosts as it goes: every turn and tool call becomes an MCP progress notification
+(when the caller sent a progress token), and the ending becomes the call's result: the output (as
+`structuredContent` too when it is an object), or ``isError`` naming the reason and detail the log
+recorded. A run is a resource, ``run://<run_id>``, whose text is the timeline `sa replay` prints: any run
+for credentials that may read the log, the runs this server started for any.
 
 Why a call is idempotent, and how: MCP has no idempotency key, and a client (or the proxy in front of it) may
 send a call again after a broken connection. The task id decides the run (`runtime.commands.run_id_for`), so a
@@ -22,21 +23,26 @@ fresh task id: pass `task_id` to make it repeatable.
 Why a client's cancel cancels the run: an MCP client that gives up on a call means the work is not wanted, and
 a run left going would spend model tokens for nobody. The SDK cancels the handler's scope when the client
 sends ``notifications/cancelled`` (or, on the 2026 HTTP wire, closes the call's stream, which is how that
-wire says cancel); the handler then cancels the run (`RunHandle.cancel`), shielded, before it lets the
+wire says cancel); the handler then asks a host to cancel the run, shielded, before it lets the
 cancellation through. A connection that merely ends (a stdio client that exits, this server stopping, an
 older HTTP client's stream dropping, which the specification says is not a cancel) leaves the run going:
 runs are durable, and a call with the same task id picks it up again.
 
-It reaches the fleet through `runtime.client` and nothing else, so this face can do no more than the
-credentials it connects with allow (`docs/how-to/serve-agents-over-mcp.md` says which role that is).
+Why a publisher's credentials suffice: the call publishes the task (a publisher's right) with the digest of
+a key only this server holds, and follows and cancels the run by asking the hosts with that key
+(`runtime.mcp.started`), never by reading the log or sending commands itself, so `sa mcp serve` can do
+nothing a publisher cannot, and nothing at all to a run it did not start. Reading a run it did not start (a
+resource) needs an operator's rights to the log, and is offered to credentials that have them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
+import os
 import uuid
 from collections.abc import Sequence
 from contextlib import aclosing
@@ -51,8 +57,10 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from runtime import events as ev
-from runtime.client import Client, ControlError, NotSent, RunFailedError
+from runtime.client import Client, NotSent, RunFailedError
 from runtime.client.handle import outcome
+from runtime.commands import run_id_for
+from runtime.mcp.started import NotStarted, StartedRuns, StarterRefused
 from runtime.nats.connection import explain_refusal
 
 log = logging.getLogger("runtime.mcp")
@@ -86,13 +94,16 @@ class FleetTools:
 
     `agents` chooses the tools (bundle names); None offers every bundle a live host serves, read from the
     hosts' heartbeats at each `tools/list`. `scope` names this server process in derived task ids (a fresh one
-    by default: two `sa mcp serve` processes never derive the same task id)."""
+    by default: two `sa mcp serve` processes never derive the same task id). `secret` makes the keys of the
+    runs it starts (`runtime.mcp.started`; a fresh one by default: only this process follows its runs)."""
 
     def __init__(self, client: Client, *, agents: Sequence[str] | None = None,
-                 scope: str | None = None) -> None:
+                 scope: str | None = None, secret: bytes | None = None) -> None:
         self.client = client
         self.agents = list(agents) if agents else None
         self.scope = scope or uuid.uuid4().hex[:12]
+        self.runs = StartedRuns(client.nc, secret or os.urandom(32))
+        self.reads_log: bool | None = None  # whether the credentials may read the run log (None: not tried)
 
     # -- tools -----------------------------------------------------------------------------------------
 
@@ -126,32 +137,37 @@ class FleetTools:
         problem = _check_arguments(args)
         if problem is not None:
             return _error(problem)
-        task_id = args.get("task_id") or self.derived_task_id(ctx, agent, args)
+        task_id = args.get("task_id") or self.derived_task_id(ctx, agent, args) or uuid.uuid4().hex
         try:
+            run_id = run_id_for(agent, task_id)
             # shielded: a task stored while the call is being cancelled is a run to cancel, not to lose
             with anyio.CancelScope(shield=True):
-                handle = await self.client.start(agent, args["input"], task_id=task_id,
-                                                 thread=args.get("thread"))
+                await self.client.start(agent, args["input"], task_id=task_id, thread=args.get("thread"),
+                                        metadata=self.runs.metadata(run_id))
         except NotSent as e:
             return _error(f"the task for {agent} was not sent ({e.reason}): {e}")
         except ValueError as e:  # a name that can never be (an agent, a thread)
             return _error(str(e))
-        log.info("call %s started run %s (task %s)", agent, handle.run_id, task_id)
+        self.runs.remember(agent, run_id)
+        log.info("call %s started run %s (task %s)", agent, run_id, task_id)
         try:
-            ending = await self._follow(ctx, handle)
+            ending = await self._follow(ctx, agent, run_id)
         except anyio.get_cancelled_exc_class():
             if _client_cancelled(ctx):
                 with anyio.CancelScope(shield=True):
-                    await _cancel(handle, "cancelled by the MCP client")
+                    await self._cancel(agent, run_id, "cancelled by the MCP client")
             else:
                 log.info("run %s goes on: its call ended with the connection, not by a cancel (a call with "
-                         "its task id returns it)", handle.run_id)
+                         "its task id returns it)", run_id)
             raise
-        except Exception as e:  # the run log cannot be read: say so, with the run to look at later
+        except StarterRefused as e:  # its task id was used before, by another starter
+            return _error(f"task {task_id} of {agent} is run {run_id}, which this server did not start, so "
+                          f"it may not follow it: {e}. Call with another task_id", run_id=run_id)
+        except Exception as e:  # NATS refused or failed: say so, with the run to look at later
             why = explain_refusal(e) or f"{type(e).__name__}: {e}"
-            return _error(f"run {handle.run_id} was started but its log cannot be read ({why}); read it with "
-                          f"credentials that may (`sa replay {handle.run_id}`)", run_id=handle.run_id)
-        return _result(handle.run_id, ending)
+            return _error(f"run {run_id} was started but cannot be followed ({why}); read it with an "
+                          f"operator's credentials (`sa replay {run_id}`)", run_id=run_id)
+        return _result(run_id, ending)
 
     def derived_task_id(self, ctx: ServerRequestContext[Any], agent: str, args: dict[str, Any]) -> str | None:
         """The task id of a call that names none: from its request id where that id names one call (stdio, an
@@ -170,12 +186,13 @@ class FleetTools:
         key = f"{where}\x00{ctx.request_id}\x00{what}".encode()
         return f"mcp-{hashlib.blake2b(key, digest_size=10).hexdigest()}"
 
-    async def _follow(self, ctx: ServerRequestContext[Any], handle: Any) -> ev.Event:
-        """Read the run live to its end, reporting each turn and tool call as progress; its terminal event."""
+    async def _follow(self, ctx: ServerRequestContext[Any], agent: str, run_id: str) -> ev.Event:
+        """Follow the run to its end through the hosts, reporting each turn and tool call as progress; its
+        terminal event."""
         steps = 0
         turn = 1
         last: ev.Event | None = None
-        async with aclosing(handle.events()) as events:
+        async with aclosing(self.runs.events(agent, run_id)) as events:
             async for event in events:
                 last = event
                 message = _progress(event, turn)
@@ -186,10 +203,30 @@ class FleetTools:
                     try:
                         await ctx.session.report_progress(steps, None, message)
                     except Exception as e:  # a client gone: the run is followed to its end all the same
-                        log.debug("run %s: progress not sent (%s)", handle.run_id, e)
+                        log.debug("run %s: progress not sent (%s)", run_id, e)
         if last is None:
-            raise RuntimeError(f"the log of run {handle.run_id} ended without a terminal event")
+            raise RuntimeError(f"the log of run {run_id} ended without a terminal event")
         return last
+
+    async def _cancel(self, agent: str, run_id: str, reason: str) -> None:
+        """Cancel the run of a call its client cancelled, within `CANCEL_WAIT_S`. A run is cancelled by a
+        command its host applies, so a run no host has started yet (its task still queued) is waited for
+        first; one that does not start in time is left to run, and the log says so."""
+        with anyio.move_on_after(CANCEL_WAIT_S) as waited:
+            while True:
+                try:
+                    await self.runs.cancel(agent, run_id, reason)
+                    log.info("run %s cancelled: the MCP client cancelled its call", run_id)
+                    return
+                except NotStarted:
+                    await anyio.sleep(0.2)
+                except Exception:
+                    log.exception("run %s: the cancel of a call its client cancelled was not sent", run_id)
+                    return
+        if waited.cancelled_caught:
+            log.warning("run %s: its call was cancelled but the run was not within %.0f s (no host has "
+                        "started it yet?); an operator cancels it with `sa cancel %s`", run_id, CANCEL_WAIT_S,
+                        run_id)
 
     # -- resources -------------------------------------------------------------------------------------
 
@@ -203,16 +240,26 @@ class FleetTools:
 
     async def list_resources(self, ctx: ServerRequestContext[Any],
                              params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        """The most recent runs of the agents offered (from the runs index, an operator's read); for
+        credentials that may not read it, the runs this process started."""
         chosen = set(self.agents) if self.agents is not None else None
-        try:
-            runs = await self.client.runs()
-        except Exception as e:
-            raise MCPError(INVALID_PARAMS, f"these NATS credentials may not read the runs index ({e})"
-                           ) from None
-        rows = [r for r in runs if chosen is None or r.actor.split(":")[0] in chosen][:RUNS_LISTED]
+        if self.reads_log is not False:
+            try:
+                runs = await self.client.runs()
+            except Exception as e:
+                log.info("the runs index cannot be read (%s): resources are the runs this server started",
+                         explain_refusal(e) or e)
+                self.reads_log = False
+            else:
+                self.reads_log = True
+                rows = [r for r in runs if chosen is None or r.actor.split(":")[0] in chosen][:RUNS_LISTED]
+                return types.ListResourcesResult(resources=[
+                    types.Resource(name=r.run_id, uri=f"{RUN_SCHEME}{r.run_id}", mime_type="text/plain",
+                                   description=f"a run of {r.actor}: {r.status}") for r in rows])
+        mine = list(self.runs.actors.items())[::-1][:RUNS_LISTED]
         return types.ListResourcesResult(resources=[
-            types.Resource(name=r.run_id, uri=f"{RUN_SCHEME}{r.run_id}", mime_type="text/plain",
-                           description=f"a run of {r.actor}: {r.status}") for r in rows])
+            types.Resource(name=run_id, uri=f"{RUN_SCHEME}{run_id}", mime_type="text/plain",
+                           description=f"a run of {actor} this server started") for run_id, actor in mine])
 
     async def read_resource(self, ctx: ServerRequestContext[Any],
                             params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
@@ -221,16 +268,47 @@ class FleetTools:
             raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}: runs are read as "
                                                f"{RUN_SCHEME}<run_id>")
         run_id = uri[len(RUN_SCHEME):].strip("/")
-        handle = self.client.get(run_id)
-        try:
-            events = await handle.replay()
-        except ValueError as e:  # not a run id (a subject token)
-            raise MCPError(RESOURCE_NOT_FOUND, f"{uri}: {e}") from None
+        actor, events = await self._read_run(run_id)
         if not events:
             raise MCPError(RESOURCE_NOT_FOUND, f"no events for run {run_id!r}")
-        text = replay_text(events, title=f"run {run_id} · {handle.actor}")
+        text = replay_text(events, title=f"run {run_id} · {actor}")
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="text/plain",
                                                                              text=text)])
+
+    async def _read_run(self, run_id: str) -> tuple[str, list[ev.Event]]:
+        """(its actor, its events): a run this process started through the hosts; any run from the log
+        where the credentials may read it; else, through the hosts, a run of an offered agent started with
+        this server's secret (an earlier process given the same `--key-file`)."""
+        known = self.runs.actors.get(run_id)
+        if known is not None:
+            with contextlib.suppress(StarterRefused):  # a run its task id had started before (another's)
+                return known, await self._read_started(known, run_id)
+        why = "these credentials may not read the run log"
+        if self.reads_log is not False:
+            handle = self.client.get(run_id)
+            try:
+                return handle.actor or "", await handle.replay()
+            except ValueError as e:  # not a run id (a subject token)
+                raise MCPError(RESOURCE_NOT_FOUND, f"{RUN_SCHEME}{run_id}: {e}") from None
+            except Exception as e:
+                why = explain_refusal(e) or f"{type(e).__name__}: {e}"
+                self.reads_log = False
+        for agent in self.agents or []:
+            try:
+                return agent, await self._read_started(agent, run_id)
+            except (StarterRefused, MCPError):
+                continue
+        raise MCPError(RESOURCE_NOT_FOUND, f"run {run_id!r} is not one this server started, and reading any "
+                                           f"other run needs an operator's credentials ({why})")
+
+    async def _read_started(self, actor: str, run_id: str) -> list[ev.Event]:
+        """The events the log holds now of a run this server started, through the hosts."""
+        try:
+            async with aclosing(self.runs.events(actor, run_id, follow=False)) as events:
+                return [event async for event in events]
+        except NotStarted:
+            raise MCPError(RESOURCE_NOT_FOUND, f"no events for run {run_id!r} yet (its task waits for a "
+                                               "host)") from None
 
     # -- the server ------------------------------------------------------------------------------------
 
@@ -314,26 +392,6 @@ def _client_cancelled(ctx: ServerRequestContext[Any]) -> bool:
     if isinstance(requested, anyio.Event) and requested.is_set():
         return True
     return ctx.request is not None and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-
-
-async def _cancel(handle: Any, reason: str) -> None:
-    """Cancel the run of a call its client cancelled, within `CANCEL_WAIT_S`. A run is cancelled by a command
-    its host applies, so a run no host has started yet (its task still queued) is waited for first; one that
-    does not start in time is left to run, and the log says so with the command that cancels it."""
-    with anyio.move_on_after(CANCEL_WAIT_S) as waited:
-        try:
-            async with aclosing(handle.events()) as events:
-                async for _ in events:  # its first event: a host has it
-                    break
-            await handle.cancel(reason)
-            log.info("run %s cancelled: the MCP client cancelled its call", handle.run_id)
-        except ControlError:  # it ended first
-            pass
-        except Exception:
-            log.exception("run %s: the cancel of a call the MCP client cancelled was not sent", handle.run_id)
-    if waited.cancelled_caught:
-        log.warning("run %s: its call was cancelled but the run was not within %.0f s (no host has started "
-                    "it yet?); cancel it with `sa cancel %s`", handle.run_id, CANCEL_WAIT_S, handle.run_id)
 
 
 def _result(run_id: str, ending: ev.Event) -> types.CallToolResult:

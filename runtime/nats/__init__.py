@@ -5,6 +5,7 @@
 - `connection`   `connect` (reconnecting forever) and `close`
 - `credentials`  how a process authenticates: credentials file, user and password, TLS
 - `auth`         the roles of a secured cluster and what each may publish and subscribe
+- `starter`      what a run's starter may ask the hosts (follow, cancel), proved by its key: the wire format
 - `jetstream`    `jetstream_for(nc)`: the JetStream context with the leaner acked publish
 - `topology`     the streams and consumers: `ensure_topology`, `read_topology`, `attach_topology`
 - `retention`    how long EVENTS and the payloads keep what they hold

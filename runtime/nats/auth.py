@@ -10,7 +10,10 @@ shipped file and this table cannot drift (tests/system/test_deploy.py compares t
 The roles (subjects in `runtime.nats.subjects`):
 
 * **publisher** — publishes tasks on ``agents.<agent>.tasks`` for the agents it is given (all by default),
-  and nothing else: no commands, no reading runs.
+  and asks the hosts about the runs it started on ``starter.<agent>.follow`` / ``.cancel``
+  (`runtime.nats.starter`): a host answers only a request carrying the key the run started with, so a
+  publisher follows and cancels its own runs and nobody else's. Nothing else: no commands, no reading the
+  log, the runs index or the payload store.
 * **operator** — publishes cancel / approve / deny / answer on ``ops.*.<its own name>`` only, so the name a
   host records as ``by`` is the one the server authenticated; reads runs (EVENTS, the runs index, the fleet
   buckets, the threads, payloads, dead letters) and schedules (SCHEDULES) for `sa runs`, `sa replay`,
@@ -19,6 +22,7 @@ The roles (subjects in `runtime.nats.subjects`):
   durable readers of EVENTS (`sa otel`). Adding, pausing or deleting a schedule is an admin's: a schedule
   starts runs of any agent.
 * **host** — the JetStream API (it creates the topology and its partition consumers), events, tool jobs,
+  the starters' requests (``starter.*.follow`` / ``.cancel``, which it answers: `runtime.host.starters`),
   buckets, forwarding a command under its operator's name, and the tasks of schedules' fires (the
   cluster's clock has no user of its own: a host turns each fire into a task, `runtime.host.scheduler`);
   it may not publish sub-run tasks or tool outcomes.
@@ -60,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.nats.starter import STARTER_OPS, STARTER_PREFIX
 from runtime.nats.subjects import (
     ACTIVE_BUCKET,
     APPLIED_BUCKET,
@@ -128,7 +133,8 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         return None
     if role == "publisher":
         return Permissions([*(f"agents.{a}.tasks" for a in agents), "$JS.API.INFO",
-                            f"$JS.API.STREAM.INFO.{TASKS}"], inbox)
+                            f"$JS.API.STREAM.INFO.{TASKS}",
+                            *(f"{STARTER_PREFIX}.{a}.*" for a in agents)], inbox)  # its own runs, by key
     if role == "operator":
         buckets = (RUNS_BUCKET, ACTIVE_BUCKET, LEASES_BUCKET, HOSTS_BUCKET, WORKERS_BUCKET, ATTEMPTS_BUCKET,
                    THREADS_BUCKET)
@@ -139,7 +145,8 @@ def permissions(role: str, name: str, *, agents: Sequence[str] = ("*",)) -> Perm
         return Permissions([f"{COMMANDS_PREFIX}.*.{name}", *_JS_INFO, *_reads(*streams), *schedules,
                             f"$JS.ACK.{EVENTS}.>"], [*inbox, f"{STREAM_PREFIX}.>"])
     if role == "host":
-        return Permissions([">"], inbox, pub_deny=["agents.*.subtasks", "results.>"])
+        return Permissions([">"], [*inbox, *(f"{STARTER_PREFIX}.*.{op}" for op in STARTER_OPS)],
+                           pub_deny=["agents.*.subtasks", "results.>"])
     if role == "worker":
         # Workspace buckets are named per workspace (`ws_<name>`): a subject permission cannot match part
         # of a token, so the worker gets every bucket except the hosts' own state.

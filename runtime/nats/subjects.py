@@ -58,8 +58,10 @@ SCHEDULES  ``schedules.def.<name>``,             WorkQueue  the cluster's clock 
 =========  ====================================  =========  ==================================================
 
 Core NATS subjects (never stored): ``stream.<actor>.<run>`` (a run's live model output, `stream_subject`),
-``stream.<actor>.<run>.script`` (a job of the run still running, `script_subject`) and ``handoffs.<worker
-key>`` (a worker offering a tool-job delivery to one that has the job's tool version, `handoff_subject`).
+``stream.<actor>.<run>.script`` (a job of the run still running, `script_subject`), ``handoffs.<worker
+key>`` (a worker offering a tool-job delivery to one that has the job's tool version, `handoff_subject`) and
+``starter.<actor>.follow`` / ``.cancel`` (a run's starter asking the hosts about it with the run's key: the
+names and the format are `runtime.nats.starter`'s).
 
 Buckets (`runtime.nats.kv` opens them and says what each holds): KV ``runs`` (the run index), KV
 ``ws_<workspace>`` per workspace (`workspace_bucket`), KV ``applied`` (applied workspace writes), the fleet

@@ -174,6 +174,8 @@ class McpClients:
             try:
                 raw = await _send(session.client, tool.remote, arguments, resume)
             except Exception as e:
+                if resume and resume.get("kind") == "elicit" and _state_refused(e):
+                    return _stale_state(tool, e, t0)
                 return self._broken(session, tool, e, t0)
             if getattr(raw, "result_type", None) == "input_required" or hasattr(raw, "input_requests"):
                 return _asked(tool, raw)
@@ -222,6 +224,36 @@ async def _send(client: Any, remote: str, arguments: dict[str, Any], resume: dic
             raise
         await client.list_tools()
         return await client.session.call_tool(remote, arguments, allow_input_required=True, **given)
+
+
+def _state_refused(error: Exception) -> bool:
+    """Whether the server refused the `requestState` an answer was sent back with (the SDK says only
+    "invalid or expired", on purpose)."""
+    from mcp.shared.exceptions import MCPError
+
+    if not isinstance(error, MCPError):
+        return False
+    data = getattr(getattr(error, "error", None), "data", None)
+    return (isinstance(data, dict) and data.get("reason") == "invalid_request_state") or \
+        "requeststate" in str(error).lower()
+
+
+def _stale_state(tool: McpTool, error: Exception, t0: float) -> ToolResult:
+    """The failure of an answer the server no longer takes: why that happens on a fleet, and the fix.
+
+    A server seals the state it sends with its question, and the official SDK seals it by default with a
+    key of its own process, valid for 10 minutes. A person's answer is durable (the run parks for as long as
+    it takes) and its call's next round may run on any worker, whose own process of a stdio server never
+    saw that key, or after the server restarted: the server then refuses it. The answer is not lost (it is
+    in the log); the model reads this and may call the tool again to ask anew."""
+    return ToolResult.failure(
+        "external", f"{tool.server.name}/{tool.remote} refused the answer to its question ({error}): it no "
+        "longer takes the state it sent with the question. A server seals that state with a key of its own "
+        "process and for a limited time unless told otherwise, so an answer given later, or sent on from "
+        "another worker or after the server restarted, is refused. Give the server a request-state key all "
+        "its processes share and a lifetime as long as a person may take to answer (the official SDK: "
+        "MCPServer(..., request_state_security=RequestStateSecurity(keys=[...], ttl=...))); calling the tool "
+        "again asks anew", detail="mcp_state", duration_ms=_ms(t0))
 
 
 def _reason(error: BaseException | None, server: McpServer) -> str:

@@ -32,6 +32,7 @@ from runtime import nats as bus
 from runtime.commands import run_id_for
 from runtime.nats.auth import User, permissions, server_config
 from runtime.nats.server import EmbeddedNats
+from runtime.nats.subjects import TASKS
 from runtime.testing import ScriptedModelServer
 
 pytestmark = pytest.mark.anyio
@@ -229,6 +230,51 @@ async def test_a_connection_that_ends_without_a_cancel_leaves_the_run_going(nats
         assert isinstance(ending, ev.RunCancelled) and ending.reason == "stopped by the test"
 
 
+async def test_a_run_is_followed_by_the_servers_holding_its_key(nats_server, topo, tmp_path):
+    """A later `sa mcp serve` given the same --key-file follows a run an earlier one started (a call with its
+    task id returns its output); one with another secret is told it did not start that run, and starts
+    nothing."""
+    key_file = tmp_path / "mcp.key"
+    async with fleet(nats_server.url, tmp_path) as client:
+        async with stdio_session(nats_server.url, "--key-file", str(key_file)) as session:
+            first = await session.call_tool("ctl", {"input": "compute once", "task_id": "kf-1"})
+        assert first.structured_content == {"answer": "compute once"}, text_of(first)
+        assert oct(key_file.stat().st_mode & 0o777) == "0o600" and len(key_file.read_text().strip()) >= 16
+        async with stdio_session(nats_server.url, "--key-file", str(key_file)) as session:
+            again = await session.call_tool("ctl", {"input": "compute once", "task_id": "kf-1"})
+        assert again.structured_content == {"answer": "compute once"}, text_of(again)
+        assert again.meta[RUN_ID_META] == first.meta[RUN_ID_META]
+        async with stdio_session(nats_server.url) as session:
+            stranger = await session.call_tool("ctl", {"input": "compute once", "task_id": "kf-1"})
+        assert stranger.is_error and "which this server did not start" in text_of(stranger), text_of(stranger)
+        assert "not started with this key" in text_of(stranger)
+        runs = [r.run_id for r in await client.runs("ctl") if r.task_id == "kf-1"]
+        assert runs == [first.meta[RUN_ID_META]]
+
+
+async def test_a_call_made_before_any_host_runs_returns_once_one_does(nats_server, topo, tmp_path):
+    """No host answers the starters' requests yet (the task waits in TASKS): the call waits, asking again,
+    and returns the output once a host and a worker start."""
+    async with stdio_session(nats_server.url, "--agents", "ctl") as session:
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await session.call_tool("ctl", {"input": "compute early", "task_id": "early"}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(60):  # the task is stored: the server now asks hosts that are not there
+                while (await topo.stream_info(TASKS)).state.messages == 0:
+                    await anyio.sleep(0.1)
+            async with fleet(nats_server.url, tmp_path) as client:
+                with anyio.fail_after(120):
+                    while not results:
+                        await anyio.sleep(0.1)
+                assert await client.get(run_id_for("ctl", "early")).status() == "completed"
+        [result] = results
+        assert result.structured_content == {"answer": "compute early"}, text_of(result)
+
+
 async def test_one_request_id_sent_twice_starts_one_run(nats_server, topo, tmp_path):
     """A client that repeats a request (same id, same arguments: a retry) gets the same run; a request id
     reused for other arguments is another call."""
@@ -406,25 +452,105 @@ def as_role(role: str) -> dict[str, str]:
     return {"NATS_USER": role, "NATS_PASSWORD": PASSWORDS[role]}
 
 
-async def test_a_publisher_starts_runs_but_cannot_read_them_and_an_operator_cannot_start_one(secured,
-                                                                                            tmp_path):
-    """The how-to's account of the roles, held to: neither shipped role alone runs an agent to its output."""
+def publisher_session(url: str, *args: str) -> Any:
+    params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl", *args],
+                                   env={**child_env(url), **as_role("publisher")})
+    return stdio_client(params)
+
+
+async def test_publisher_credentials_alone_run_an_agent_follow_it_and_cancel_a_call(secured, tmp_path):
+    """`sa mcp serve` as the shipped publisher: a call gets its progress and structured output, a cancelled
+    call's run ends cancelled, and its own runs read back as resources, all through the hosts
+    (`runtime.host.starters`); a run it did not start is not offered to it."""
     async with secured_fleet(secured.url, tmp_path) as admin:
-        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl"],
-                                       env={**child_env(secured.url), **as_role("publisher")})
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        other = await admin.start("ctl", "compute for someone else", task_id="pub-other")
+        assert await other.result(timeout=60) == {"answer": "compute for someone else"}
+        async with publisher_session(secured.url) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             [tool] = (await session.list_tools()).tools  # named with --agents: no heartbeat read needed
             assert tool.name == "ctl" and "No live host" not in (tool.description or "")
-            with anyio.fail_after(120):
-                result = await session.call_tool("ctl", {"input": "compute as publisher", "task_id": "pub-1"})
-            said = text_of(result)
-            assert result.is_error and "was started but its log cannot be read" in said, said
-            assert "user 'publisher'" in said and "permissions violation" in said
-        run_id = run_id_for("ctl", "pub-1")
-        assert result.meta[RUN_ID_META] == run_id
-        assert await admin.get(run_id).result(timeout=30) == {"answer": "compute as publisher"}
+            seen: list[str] = []
 
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                seen.append(message or "")
+
+            with anyio.fail_after(120):
+                result = await session.call_tool("ctl", {"input": "compute as publisher", "task_id": "pub-1"},
+                                                 progress_callback=progress)
+            assert not result.is_error, text_of(result)
+            assert result.structured_content == {"answer": "compute as publisher"}
+            run_id = result.meta[RUN_ID_META]
+            assert run_id == run_id_for("ctl", "pub-1")
+            assert any("tool submit called" in m for m in seen), seen
+
+            await call_then_cancel_once_spinning(session, "spin as publisher", "pub-spin")
+            with anyio.fail_after(60):
+                ending = await admin.get(run_id_for("ctl", "pub-spin")).ending()
+            assert isinstance(ending, ev.RunCancelled), ev.kind_of(ending)
+            assert (ending.reason, ending.by) == ("cancelled by the MCP client", "starter")
+
+            [contents] = (await session.read_resource(f"run://{run_id}")).contents
+            assert "run.completed" in contents.text and run_id in contents.text
+            listed = [str(r.uri) for r in (await session.list_resources()).resources]
+            assert f"run://{run_id}" in listed and f"run://{other.run_id}" not in listed
+            with pytest.raises(Exception, match="needs an operator's credentials"):
+                await session.read_resource(f"run://{other.run_id}")
+        assert await admin.get(run_id).status() == "completed"
+
+
+async def test_publisher_credentials_cannot_read_or_cancel_a_run_they_did_not_start(secured, tmp_path):
+    """What stops a publisher from reaching runs that are not its own: the server refuses it the log, and a
+    host answers a starter's request only with the key the run started with, whoever holds the same
+    credentials, and even after it re-sends the run's task under its own key."""
+    from runtime.log import RunLog
+    from runtime.mcp.started import StartedRuns, StarterRefused
+    from runtime.nats.connection import explain_refusal
+    from runtime.nats.credentials import Credentials
+
+    async with secured_fleet(secured.url, tmp_path) as admin:
+        login = Credentials(user="publisher", password=PASSWORDS["publisher"]).connect_options()
+        async with (await Client.connect(secured.url, **login) as victim,
+                    await Client.connect(secured.url, **login) as thief):
+            owner = StartedRuns(victim.nc, b"the victim's secret, 32 bytes!!")
+            mallory = StartedRuns(thief.nc, b"another secret, of the same user")
+            keyless = await admin.start("ctl", "compute without a key", task_id="keyless")
+            assert await keyless.result(timeout=60) == {"answer": "compute without a key"}
+            run_id = run_id_for("ctl", "victim-spin")
+            await victim.start("ctl", "spin for the victim", task_id="victim-spin",
+                               metadata=owner.metadata(run_id))
+            with anyio.fail_after(60):  # running its spin tool
+                async for event in admin.get(run_id).events():
+                    if isinstance(event, ev.ToolCalled):
+                        break
+
+            with pytest.raises(Exception) as refused:  # the log itself: refused by the server
+                await RunLog(thief.nc.jetstream(timeout=2.0)).read(run_id, timeout=5)
+            assert "permissions violation" in (explain_refusal(refused.value) or ""), refused.value
+            for target in (run_id, keyless.run_id):
+                with pytest.raises(StarterRefused, match="not started with this key"):
+                    async for _ in mallory.events("ctl", target):
+                        pass
+                with pytest.raises(StarterRefused, match="not started with this key"):
+                    await mallory.cancel("ctl", target, "mine now")
+            # the run's task again, under the thief's key: stored once (one task id), and a task for a run
+            # that exists starts nothing, so the key the run recorded stays the victim's
+            await thief.start("ctl", "spin for the victim", task_id="victim-spin",
+                              metadata=mallory.metadata(run_id))
+            with pytest.raises(StarterRefused, match="not started with this key"):
+                await mallory.cancel("ctl", run_id, "mine now")
+            assert await admin.get(run_id).status() == "running"
+
+            await owner.cancel("ctl", run_id, "the starter stops it")  # the key was the only thing missing
+            with anyio.fail_after(60):
+                ending = await admin.get(run_id).ending()
+            assert isinstance(ending, ev.RunCancelled) and ending.reason == "the starter stops it"
+            followed = [e async for e in owner.events("ctl", run_id)]
+            assert [e.seq for e in followed] == list(range(len(followed)))
+            assert isinstance(followed[-1], ev.RunCancelled)
+
+
+async def test_an_operator_alone_cannot_start_a_run(secured, tmp_path):
+    async with secured_fleet(secured.url, tmp_path) as admin:
         params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve"],
                                        env={**child_env(secured.url), **as_role("operator")})
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -440,7 +566,9 @@ async def test_a_publisher_starts_runs_but_cannot_read_them_and_an_operator_cann
 def with_mcp_user(tmp_path_factory) -> Any:
     """nats-server with the shipped roles (admin, host, worker, operator, publisher) and a user `mcp` whose
     permissions are the publisher's and the operator's together: what the how-to tells a secured fleet to
-    give `sa mcp serve`."""
+    give `sa mcp serve` that should also offer every run (not only its own) as a resource and list the
+    agents from the hosts' heartbeats; and a user `oldpub` with the publisher's permissions of an auth
+    config older than the starters' subjects."""
     def rule(allow: list[str]) -> str:
         return "allow: " + json.dumps(allow)
 
@@ -450,8 +578,12 @@ def with_mcp_user(tmp_path_factory) -> Any:
     sub = sorted({*publisher.sub_allow, *operator.sub_allow})
     users = [User(role, role, PASSWORDS[role]) for role in PASSWORDS]
     config = server_config(users).rstrip().removesuffix("}").rstrip().removesuffix("]")
+    old = [s for s in publisher.pub_allow if not s.startswith("starter.")]
     config += (f'    {{user: "mcp", password: "{PASSWORDS["admin"]}-mcp", permissions: {{\n'
-               f"      publish: {{{rule(pub)}}}\n      subscribe: {{{rule(sub)}}}\n    }}}}\n  ]\n}}\n")
+               f"      publish: {{{rule(pub)}}}\n      subscribe: {{{rule(sub)}}}\n    }}}}\n"
+               f'    {{user: "oldpub", password: "{PASSWORDS["admin"]}-old", permissions: {{\n'
+               f"      publish: {{{rule(old)}}}\n      subscribe: {{{rule(['_INBOX_oldpub.>'])}}}\n    }}}}\n"
+               "  ]\n}\n")
     path = tmp_path_factory.mktemp("auth") / "auth.conf"
     path.write_text(config)
     server = EmbeddedNats(extra_args=["-c", str(path)]).start()
@@ -461,8 +593,10 @@ def with_mcp_user(tmp_path_factory) -> Any:
         server.stop()
 
 
-async def test_a_user_with_the_publisher_and_operator_permissions_runs_an_agent(with_mcp_user, tmp_path):
+async def test_a_user_with_the_publisher_and_operator_permissions_reads_every_run(with_mcp_user, tmp_path):
     async with secured_fleet(with_mcp_user.url, tmp_path) as admin:
+        other = await admin.start("ctl", "compute for someone else", task_id="mcp-other")
+        assert await other.result(timeout=60) == {"answer": "compute for someone else"}
         login = {"NATS_USER": "mcp", "NATS_PASSWORD": f"{PASSWORDS['admin']}-mcp"}
         params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve"],
                                        env={**child_env(with_mcp_user.url), **login})
@@ -472,6 +606,27 @@ async def test_a_user_with_the_publisher_and_operator_permissions_runs_an_agent(
             result = await session.call_tool("ctl", {"input": "compute as mcp"})
             assert result.structured_content == {"answer": "compute as mcp"}, text_of(result)
             run_id = result.meta[RUN_ID_META]
-            [contents] = (await session.read_resource(f"run://{run_id}")).contents
-            assert "run.completed" in contents.text
+            for shown in (run_id, other.run_id):  # its own, and one it did not start: read from the log
+                [contents] = (await session.read_resource(f"run://{shown}")).contents
+                assert "run.completed" in contents.text and shown in contents.text
+            listed = [str(r.uri) for r in (await session.list_resources()).resources]
+            assert {f"run://{run_id}", f"run://{other.run_id}"} <= set(listed)
         assert await admin.get(run_id).status() == "completed"
+
+
+async def test_credentials_that_may_not_ask_the_hosts_are_told_the_refusal(with_mcp_user, tmp_path):
+    """A publisher from an auth config older than the starters' subjects: the task is sent, and the call
+    says at once that following it was refused, and why, instead of waiting for ever."""
+    async with secured_fleet(with_mcp_user.url, tmp_path) as admin:
+        login = {"NATS_USER": "oldpub", "NATS_PASSWORD": f"{PASSWORDS['admin']}-old"}
+        params = StdioServerParameters(command=SA[0], args=[*SA[1:], "mcp", "serve", "--agents", "ctl"],
+                                       env={**child_env(with_mcp_user.url), **login})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(60):
+                result = await session.call_tool("ctl", {"input": "compute as oldpub", "task_id": "old-1"})
+        said = text_of(result)
+        assert result.is_error and "may not publish on starter.ctl.follow" in said, said
+        assert "permissions violation" in said
+        output = await admin.get(run_id_for("ctl", "old-1")).result(timeout=60)
+        assert output == {"answer": "compute as oldpub"}

@@ -32,6 +32,7 @@ from runtime.nats.connection import explain_refusal
 from runtime.nats.credentials import Credentials
 from runtime.nats.kv import runs_kv
 from runtime.nats.server import EmbeddedNats
+from runtime.nats.starter import starter_subject
 from runtime.nats.subjects import (
     EVENTS,
     HDR_MSG_ID,
@@ -185,6 +186,22 @@ async def op_stream_model_output(js: Any, role: str) -> None:
     await _core_publish(js, stream_subject(AGENT, RUN))
 
 
+async def op_ask_as_starter(js: Any, role: str) -> None:
+    """Ask the hosts about a run one started (`runtime.nats.starter`): the host checks the key, not this."""
+    await _core_publish(js, starter_subject(AGENT, "follow"))
+    await _core_publish(js, starter_subject(AGENT, "cancel"))
+
+
+async def op_answer_starters(js: Any, role: str) -> None:
+    """Hear starters' requests, which carry their keys (`runtime.host.starters`)."""
+    nc = js._nc
+    subs = [await nc.subscribe(starter_subject(AGENT, op)) for op in ("follow", "cancel")]
+    await nc.flush()
+    await anyio.sleep(0.2)
+    for sub in subs:
+        await sub.unsubscribe()
+
+
 async def op_read_threads(js: Any, role: str) -> None:
     kv = await js.key_value("threads")
     assert (await kv.get(thread_key(AGENT, "seeded"))).value == b"thread"
@@ -227,6 +244,8 @@ OPS = {
     "follow a run's scripts": op_follow_scripts,
     "tell that a script runs": op_tell_script_runs,
     "stream model output": op_stream_model_output,
+    "ask about a run as its starter": op_ask_as_starter,
+    "answer starters": op_answer_starters,
     "read the threads": op_read_threads,
     "write the threads": op_write_threads,
     "write the runs index": op_write_runs_kv,
@@ -237,14 +256,15 @@ OPS = {
 }
 
 ALLOWED: dict[str, set[str]] = {
-    "publisher": {"publish a task"},
+    "publisher": {"publish a task", "ask about a run as its starter"},
     "operator": {"command as itself", "read an event", "replay a run", "read the runs index",
                  "follow a run's stream", "follow a run's scripts", "read the threads", "list schedules"},
     "host": {"command as itself", "command as another", "read an event", "replay a run", "write an event",
              "publish a tool job", "take a tool job", "read the runs index", "write the runs index",
              "take over a task partition", "purge events", "read the threads", "write the threads",
              "publish a task",  # a schedule's fire becomes a task (runtime.host.scheduler)
-             "list schedules", "add a schedule", "tell that a script runs", "stream model output"},
+             "list schedules", "add a schedule", "tell that a script runs", "stream model output",
+             "ask about a run as its starter", "answer starters"},  # the host answers starters
     "worker": {"read an event", "replay a run", "publish a tool result", "take a tool job",
                "read the runs index", "read the threads", "start a sub-run",  # agent tools: sub-runs
                "command as itself", "list schedules",
