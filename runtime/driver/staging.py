@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import takewhile
 from typing import Any
 
 from runtime import events as ev
@@ -38,6 +39,8 @@ from runtime.driver.ports import Ackable, EventLog, ack_quietly
 from runtime.log import LogRejected
 
 Rejected = Callable[[ev.Event, kernel.State, LogRejected], Awaitable[None]]
+# written alone, never in a group: a run's start (its subject is how readers find a run's task) and a fence
+_ALONE = (ev.RunStarted, ev.RunTaken)
 
 
 class Staged:
@@ -73,8 +76,9 @@ class Staged:
         alone = False  # set once a group was refused: one by one then finds the event the log cannot take
         while self.events:
             may_act("append")  # a host woken from a pause past its lease writes nothing more
-            if len(self.events) > 1 and not alone:
-                group = [event for event, _ in self.events]
+            group = [] if alone else list(takewhile(lambda e: not isinstance(e, _ALONE),
+                                                     (event for event, _ in self.events)))
+            if len(group) > 1:
                 try:
                     landed = await self.log.append_group(group, expect=self.last_seq)
                 except LogRejected:

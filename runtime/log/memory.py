@@ -72,6 +72,8 @@ class MemoryRunLog:
             return await self.append(events[0], expect=expect)
         for event in events:
             _stamped(event)
+            if isinstance(event, ev.RunStarted | ev.RunTaken):
+                raise ValueError(f"{ev.kind_of(event)} is a message of its own, never in a group")
         run_id = events[0].run_id
         if any(e.run_id != run_id for e in events):
             raise ValueError(f"a group holds the events of one run: not all of them are {run_id}'s")

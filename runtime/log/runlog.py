@@ -192,6 +192,8 @@ class RunLog:
             _check_stamped(event)
             if event.run_id != first.run_id:
                 raise ValueError(f"a group holds the events of one run: {event.run_id} is not {first.run_id}")
+            if isinstance(event, ev.RunStarted | ev.RunTaken):  # found by its subject: a message of its own
+                raise ValueError(f"{ev.kind_of(event)} is a message of its own, never in a group")
         encoded = [await self._encoded(event) for event in events]
         if sum(len(data) for data in encoded) > self.payloads.threshold:
             return None
