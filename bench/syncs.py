@@ -13,9 +13,9 @@ than the k appends it replaces.
 
 (b) `bench/peers.py --only runtime` at 100 in flight under `strace -f -e fsync` (seccomp-filtered, so only
 the traced calls stop), every fsync attributed to the stream whose file it syncs. Printed: fsyncs per tool
-turn by stream. The workload's run is 5 turns and 27 events (run.started, 5 x model.requested,
-model.responded, tool.called, tool.completed, turn.completed, run.completed), so runs = EVENTS' message
-fsyncs / 27. Needs `strace`; the traced run is slower than an untraced one, and only the counts are read.
+turn by stream. The workload's run is 5 turns and one task; a task is stored once and deleted once when
+acked (TASKS is a work queue: the delete writes, and syncs, a tombstone), so runs = TASKS' message fsyncs / 2.
+Needs `strace`; the traced run is slower than an untraced one, and only the counts are read.
 
 Figures, not assertions.
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-EVENTS_PER_RUN, TURNS_PER_RUN = 27, 5
+SYNCS_PER_TASK, TURNS_PER_RUN = 2, 5
 
 
 async def _groups(nc, mode: str, writers: int, groups: int, k: int) -> tuple[float, float]:
@@ -122,9 +122,9 @@ def syncs_of_a_turn(agents: int) -> None:
             found = STREAM_FILE.match(line)
             if found:
                 counts[found.group(1) + (f" ({found.group(3)})" if found.group(3) else " (meta)")] += 1
-    runs = counts["EVENTS (msgs)"] / EVENTS_PER_RUN
+    runs = counts["TASKS (msgs)"] / SYNCS_PER_TASK
     if not runs:
-        raise SystemExit("no fsync of EVENTS was traced: is the embedded server syncing (SA_NATS_SYNC)?")
+        raise SystemExit("no fsync of TASKS was traced: is the embedded server syncing (SA_NATS_SYNC)?")
     turns = runs * TURNS_PER_RUN
     print(f"{sum(counts.values())} fsyncs, {runs:.0f} runs ({turns:.0f} tool turns)")
     print(f"{'stream (file)':28} {'per turn':>9}")
