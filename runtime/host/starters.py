@@ -17,6 +17,7 @@ asks again), so a flood of requests cannot hold a host's memory or its connectio
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -82,8 +83,9 @@ class StarterDesk:
                 await stop.wait()
             finally:
                 with anyio.CancelScope(shield=True):
-                    for sub in subs:
-                        await sub.unsubscribe()
+                    for sub in subs:  # the connection may be closed already: a host stopping, or dying
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
                 tg.cancel_scope.cancel()
 
     async def _answer(self, msg: Msg) -> None:
