@@ -171,3 +171,37 @@ async def test_a_sleeping_run_whose_wake_up_was_lost_wakes_at_the_next_takeover_
     assert kinds(events)[-1] == "run.completed"
     fired = next(e for e in events if isinstance(e, ev.TimerFired))
     assert fired.by == "host"  # the takeover found it due in `active`, and woke it itself
+
+
+async def test_a_command_whose_run_cannot_be_fenced_here_is_handed_back_not_left_to_its_ack_wait(
+        nats_server, topo, tmp_path):
+    """A command for a sleeping run folds it back and fences it (`Recovery.unpark`); a host that cannot show
+    it holds the run's slot (woken past its lease) is refused at that fence, and hands the command back (a
+    nak) for the owner: before, the refusal escaped the handler and the command waited out its whole
+    AckWait (60 s here) before anyone saw it again."""
+    from runtime.commands import publish_command
+    from runtime.host import HostConfig
+
+    config = HostConfig(task_ack_wait=60.0)
+    async with running_fleet(nats_server.url, topo, timer_bundle(tmp_path), responder=sleeper,
+                             worker=False, config=config) as env:
+        client = Client(env.host.nc)
+        run_id = await publish_task(topo, "napper", "sleep 3600")
+        await sleeping(client, run_id)
+        recovery = env.host.recovery
+        lease_ok, refused = recovery.holds, []
+
+        def no_lease(actor: str, p: int) -> bool:  # as a host woken past its lease finds
+            refused.append(actor)
+            return False
+
+        recovery.holds = no_lease
+        await publish_command(topo, "napper", ev.Cancel(run_id=run_id, reason="not needed", by="ops"))
+        with anyio.fail_after(20):  # refused, handed back, delivered again and refused again: no AckWait
+            while len(refused) < 2:
+                await anyio.sleep(0.05)
+        recovery.holds = lease_ok  # the lease is back (or the owner takes it): the command is applied
+        with anyio.fail_after(20):
+            while kinds(events := (await RunLog(topo).read(run_id)).events)[-1] != "run.cancelled":
+                await anyio.sleep(0.05)
+    assert kinds(events)[-3:] == ["timer.started", "run.taken", "run.cancelled"]  # nothing while refused
