@@ -13,7 +13,7 @@ A clock can also jump (libfaketime's offset changed, a VM restored from a snapsh
 lease looks older than it is, the host stops acting until its next renewal. Backward is not: the host's
 timers (renewals among them) wait out the jump while its network work goes on, and a lease renewed just
 before it looked younger by the whole jump, so a host whose lease the server had expired kept appending
-and fenced the new owner's runs back (tried: 2 of 3 runs of tests/system/test_pauses.py's ``jump``). A
+and fenced the new owner's runs back (tried: 4 of 5 runs of tests/system/test_pauses.py's ``jump``). A
 monotonic clock that reads less than it read before has jumped back, so `now` adds `JUMP_PENALTY_S`
 from then on: every renewal time taken before the jump looks that old, no lease is valid until it is
 renewed again (`Leases` takes its renewal times from `now`), and the rate is measured afresh.
@@ -22,6 +22,7 @@ renewed again (`Leases` takes its renewal times from `now`), and the rate is mea
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -48,20 +49,25 @@ class ClockRate:
         self._offset = 0.0  # what `now` adds to the monotonic clock: JUMP_PENALTY_S per jump back
         self._high = monotonic()  # the latest reading of the monotonic clock seen
         self.jumps = 0  # how many times the clock was seen to jump back
+        self._lock = threading.Lock()
 
     def now(self) -> float:
         """The host's monotonic clock, moved `JUMP_PENALTY_S` ahead at each jump back (module docstring):
         a time taken from here before a jump is that much in the past after it. Never decreases."""
-        raw = self._monotonic()
-        if raw < self._high:
-            self._offset += self._high - raw + JUMP_PENALTY_S
-            self.jumps += 1
-            self._samples.clear()
-            self.rate = 1.0
+        with self._lock:  # read and compared as one: the lease thread and the host's loop both ask
+            raw = self._monotonic()
+            back = self._high - raw
+            if back > 0:
+                self._offset += back + JUMP_PENALTY_S
+                self.jumps += 1
+                self._samples.clear()
+                self.rate = 1.0
+            self._high = raw
+            now = raw + self._offset
+        if back > 0:
             log.warning("host %s: its clock jumped %.1f s back; its leases count as unrenewed until they "
-                        "are renewed again", self.host_id, self._high - raw)
-        self._high = raw
-        return raw + self._offset
+                        "are renewed again", self.host_id, back)
+        return now
 
     def since(self, then: float) -> float:
         """Seconds since `then` (a time from `now`), on the server's clock when this host's runs slow."""
