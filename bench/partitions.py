@@ -112,7 +112,8 @@ def pause_host(name: str) -> Fault:
 
 
 async def _written_after(js: Any, first: int, writer: str) -> int:
-    """Events `writer` stored from stream sequence `first` on, in runs it did not fence first itself."""
+    """Events `writer` stored from stream sequence `first` on, in runs it did not start or fence first itself
+    (a run it started there, or took back with `run.taken`, is its own: it won a lease again)."""
     last = (await js.stream_info(EVENTS)).state.last_seq
     retaken: set[str] = set()
     stale = 0
@@ -121,7 +122,7 @@ async def _written_after(js: Any, first: int, writer: str) -> int:
         if (msg.headers or {}).get(HDR_WRITER) != writer:
             continue
         event = ev.decode(msg.data)
-        if isinstance(event, ev.RunTaken):
+        if isinstance(event, ev.RunTaken | ev.RunStarted):
             retaken.add(event.run_id)
         elif event.run_id not in retaken:
             stale += 1
