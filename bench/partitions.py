@@ -18,6 +18,14 @@ in, injects one fault (`testbed.netfaults`):
   nats leader     the node leading EVENTS cut off for 8 s; recovery: the same
   host flap       h1's link down and up every 2 s for --flap seconds; recovery: from the last heal until
                   it holds a partition again
+  host pause      h0 SIGSTOPped (a GC pause, a frozen VM) until the other host holds every partition it
+                  had, then SIGCONT at once; recovery: until then (bound: TTL + 1 s); also counted: events
+                  h0 stored after that (its `Sa-Writer` header) in runs it did not take back itself (must
+                  be 0: the new owner's `run.taken` fences them, and h0's lease check stops it first)
+  worker pause    w0 SIGSTOPped while workers hold jobs, for two AckWaits, then SIGCONT (its late
+                  outcomes must change nothing); recovery: as for the worker cut
+  leader pause    the NATS node leading EVENTS SIGSTOPped for 10 s (past a Raft election), then SIGCONT:
+                  it comes back a follower of a newer term; recovery: until EVENTS stored an event again
 
 Every phase also reports the slowest start of one of its tasks (publish to `run.started`). `--join` runs
 instead the scenario of issue 28's idle host (a second host joins under load; see `join`).
@@ -30,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import tempfile
 import time
@@ -40,7 +50,10 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.nats.subjects import partition_of  # noqa: E402
+from typing import Any  # noqa: E402
+
+from runtime import events as ev  # noqa: E402
+from runtime.nats.subjects import EVENTS, HDR_WRITER, TOOLS, WORKERS_CONSUMER, partition_of  # noqa: E402
 from testbed.checker import anomalies  # noqa: E402
 from testbed.fleet import StepModel  # noqa: E402
 from testbed.netbed import Bed  # noqa: E402
@@ -64,7 +77,104 @@ def faults(flap: float) -> dict[str, tuple[str, Fault]]:
     return {"host": ("host cut (h0)", cut_host("h0")), "worker": ("worker cut (w0)", cut_worker("w0")),
             "minority": ("nats minority cut", cut_nats("minority")),
             "leader": ("nats leader cut (EVENTS)", cut_nats("leader")),
-            "flap": (f"host flap (h1, 2 s, {flap:g} s)", flap_host("h1", period=2.0, duration=flap))}
+            "flap": (f"host flap (h1, 2 s, {flap:g} s)", flap_host("h1", period=2.0, duration=flap)),
+            "hostpause": ("host pause (h0)", pause_host("h0")),
+            "workerpause": ("worker pause (w0)", pause_worker("w0")),
+            "leaderpause": ("nats leader pause (EVENTS)", pause_leader(10.0))}
+
+
+def pause_host(name: str) -> Fault:
+    """SIGSTOP host `name` until its partitions are all held by another host; SIGCONT at once (see the
+    module docstring)."""
+
+    async def fault(bed: Bed) -> tuple[float | None, dict[str, Any]]:
+        victim = bed.host(name)
+        assert victim.proc is not None
+        mine = {s for s, h in (await lease_holders(bed.js)).items() if h == victim.id}
+        t = time.time()
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        moved = None
+        try:
+            while moved is None and time.time() - t < 60:
+                with anyio.move_on_after(2):
+                    holders = await lease_holders(bed.js)
+                    if all(holders.get(s) not in (None, victim.id) for s in mine):
+                        moved = round(time.time() - t, 2)
+                await anyio.sleep(0.05)
+            first = (await bed.js.stream_info(EVENTS)).state.last_seq + 1
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        await anyio.sleep(3.0)  # what it does on waking
+        return moved, {"slots": len(mine), "bound_s": bed.lease_ttl + 1,
+                       "stale_appends_stored": await _written_after(bed.js, first, victim.id)}
+
+    return fault
+
+
+async def _written_after(js: Any, first: int, writer: str) -> int:
+    """Events `writer` stored from stream sequence `first` on, in runs it did not start or fence first itself
+    (a run it started there, or took back with `run.taken`, is its own: it won a lease again)."""
+    last = (await js.stream_info(EVENTS)).state.last_seq
+    retaken: set[str] = set()
+    stale = 0
+    for seq in range(first, last + 1):
+        msg = await js.get_msg(EVENTS, seq)
+        if (msg.headers or {}).get(HDR_WRITER) != writer:
+            continue
+        for event in ev.decode_all(msg.data):  # a group: several events in one message
+            if isinstance(event, ev.RunTaken | ev.RunStarted):
+                retaken.add(event.run_id)
+            elif event.run_id not in retaken:
+                stale += 1
+    return stale
+
+
+def pause_worker(name: str) -> Fault:
+    """SIGSTOP worker `name` while workers hold jobs, for two AckWaits; then SIGCONT."""
+
+    async def fault(bed: Bed) -> tuple[float | None, dict[str, Any]]:
+        victim = next(p for p in bed.workers if p.name == name)
+        assert victim.proc is not None
+        with anyio.fail_after(60):  # mid-job: jobs held by workers
+            while (await bed.js.consumer_info(TOOLS, WORKERS_CONSUMER)).num_ack_pending < 2:
+                await anyio.sleep(0.02)
+        t = time.time()
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        try:
+            await anyio.sleep(2 * bed.tool_ack_wait + 1)
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        return None, {"at": t, "healed": time.time(), "bound_s": bed.tool_ack_wait}
+
+    return fault
+
+
+def pause_leader(hold: float) -> Fault:
+    """SIGSTOP the NATS node leading EVENTS for `hold` seconds; then SIGCONT."""
+
+    async def fault(bed: Bed) -> tuple[float | None, dict[str, Any]]:
+        info = await bed.js.stream_info(EVENTS)
+        leader, before = str(info.cluster.leader), info.state.last_seq
+        meta = await anyio.to_thread.run_sync(bed.meta_leader)
+        pid = bed.nats[leader].pid
+        t = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        stored = None
+        try:
+            while stored is None and time.time() - t < hold:
+                with anyio.move_on_after(1):
+                    try:
+                        if (await bed.js.stream_info(EVENTS)).state.last_seq > before:
+                            stored = round(time.time() - t, 2)
+                    except Exception:  # asked the paused node, or electing
+                        pass
+                await anyio.sleep(0.1)
+            await anyio.sleep(max(0.0, t + hold - time.time()))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return stored, {"node": leader, "was_meta_leader": leader == meta, "paused_s": hold}
+
+    return fault
 
 
 async def main(args: argparse.Namespace) -> list[Result]:
@@ -133,7 +243,8 @@ if __name__ == "__main__":
     parser.add_argument("--window", type=float, default=15.0)
     parser.add_argument("--flap", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=28)
-    parser.add_argument("--only", default="host,worker,minority,leader,flap")
+    parser.add_argument("--only",
+                        default="host,worker,minority,leader,flap,hostpause,workerpause,leaderpause")
     parser.add_argument("--join", action="store_true",
                         help="only the host-join scenario (issue 28's idle host): a second host joins while "
                         "tasks are published; slowest starts, kept vs moved")

@@ -126,5 +126,21 @@ async def ack_quietly(msg: Ackable) -> None:
         log.debug("ack failed: %s", e)
 
 
+async def release_quietly(msg: Ackable, delay: float | None = None) -> None:
+    """Ask for `msg` to be delivered again now, or after `delay` seconds (a nak), by a driver or host that
+    may not act for its run (`Superseded`): the run's owner (or this host's refold of it) gets it soon and
+    finds its effect in the log or does the work. Left unacked, it waited out the whole AckWait (30 s by
+    default) before anyone saw it again, a stall nothing reported. A nak only brings a delivery sooner, so
+    it is sent whoever serves the slot now (`release` on a host's guarded message; a message without
+    either method is left to its AckWait)."""
+    release = getattr(msg, "release", None) or getattr(msg, "nak", None)
+    if release is None:
+        return
+    try:
+        await (release() if delay is None else release(delay=delay))
+    except Exception as e:
+        log.debug("nak failed: %s", e)
+
+
 __all__ = ["Ackable", "Driven", "EventLog", "Inbound", "Item", "Model", "OutcomeStore", "Ports",
-           "ack_quietly"]
+           "ack_quietly", "release_quietly"]

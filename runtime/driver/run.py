@@ -64,7 +64,7 @@ import anyio
 from runtime import events as ev
 from runtime import kernel
 from runtime.driver.inputs import apply_answer, apply_verdict, parked_wakes, settle_due
-from runtime.driver.ports import EventLog, Inbound, Item, Model, Ports
+from runtime.driver.ports import EventLog, Inbound, Item, Model, Ports, release_quietly
 from runtime.driver.staging import Staged
 from runtime.jobs import ToolOutcome
 from runtime.log import LogRejected, Superseded
@@ -135,7 +135,20 @@ class RunDriver(Generic[A]):
         await self._flush()
 
     async def run(self) -> kernel.State:
-        """Drive until the run is over (or parked); returns the state. `Superseded`: a lost OCC race."""
+        """Drive until the run is over (or parked); returns the state. `Superseded`: a lost OCC race (or
+        the ports said this process may act for the run no more); the messages this driver held unacked
+        are handed back first, so their redelivery does not wait for the AckWait."""
+        try:
+            return await self._run()
+        except Superseded:
+            held = [item.msg for item in self.inbox if item.msg is not None]
+            held += self.staged.release()
+            self.inbox.clear()
+            for msg in held:
+                await release_quietly(msg)
+            raise
+
+    async def _run(self) -> kernel.State:
         while not self.state.done:
             await self._drain_inbox()
             if self.state.done:

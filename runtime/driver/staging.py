@@ -65,6 +65,12 @@ class Staged:
         """Ack `msg` once what is staged now is written (its events are then durable)."""
         self.acks.append((self.written + len(self.events), msg))
 
+    def release(self) -> list[Ackable]:
+        """Give up the messages waiting for what is staged (a driver refused by the log hands them back)."""
+        held = [msg for _, msg in self.acks]
+        self.acks.clear()
+        return held
+
     def drop(self) -> None:
         """Forget what is staged (a rejected event and what came after it); what waited for it is acked
         with what is staged next."""

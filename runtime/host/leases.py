@@ -82,7 +82,7 @@ LOOK_EVERY_S = 5.0  # a host with nothing new to see reads the lease and host bu
 @dataclass
 class _Held:
     revision: int
-    renewed: float  # monotonic time the last successful renewal (or the acquisition) was sent
+    renewed: float  # when the last successful renewal (or the acquisition) was sent (`ClockRate.now`)
     serving: bool = True
     lost: bool = False  # a renewal found it gone or taken (set on the lease thread, acted on by the host's)
     releasing: bool = False  # handing it over: `on_loss` runs, renewals go on until the delete
@@ -249,7 +249,7 @@ class Leases:
         io, cfg, holder = self._io_for(js), self.config, self.host_id.encode()
 
         async def renew(slot: Slot, held: _Held) -> None:
-            sent = time.monotonic()
+            sent = self.clock.now()  # jumps of the clock counted (`ClockRate.now`)
             try:
                 rev = await io.put(slot, holder, held, 0, cfg.ttl, cfg.every)
             except KeyWrongLastSequenceError:
@@ -380,7 +380,7 @@ class Leases:
     # -- one lease ---------------------------------------------------------------------------------------
 
     async def _acquire(self, slot: Slot, revision: int) -> None:
-        sent = time.monotonic()
+        sent = self.clock.now()
         try:
             rev = await self._io("put", slot, self.host_id.encode(), None, revision, self.config.ttl,
                                  self.config.every)
@@ -398,7 +398,7 @@ class Leases:
         held = self.held.get(slot)
         if held is None:
             return
-        sent = time.monotonic()
+        sent = self.clock.now()
         try:
             rev = await self._io("put", slot, self.host_id.encode(), held, 0, self.config.ttl,
                                  self.config.every)

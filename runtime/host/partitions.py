@@ -81,6 +81,11 @@ class Guarded:
         if self.serves(self.slot):
             await self.msg.term()
 
+    async def release(self, delay: float | None = None) -> None:
+        """Nak whoever serves the slot now: a nak only brings the delivery sooner, to the slot's owner
+        (`runtime.driver.ports.release_quietly`), so unlike an ack it needs no ownership."""
+        await self.msg.nak(delay=delay)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.msg, name)
 

@@ -171,11 +171,12 @@ class Recovery:
                             fence: bool = False) -> RunDriver | None:
         """A driver for an existing run from its log, or None if it is over (the index is then fixed).
 
-        With `fence` (a takeover, an orphan, a run refolded after a lost race: another host may have
-        driven it until now), the run is fenced before it is driven: `run.taken` is appended expecting
-        the last event this host read, so whichever host drove it before is refused by the log at its next
-        append, whether or not this host has done a step yet. `Superseded` if that host appended in
-        between (the caller folds again)."""
+        With `fence` (a takeover, an orphan, a run refolded after a lost race, a run folded back for a
+        command or an outcome: another host may have driven it until now), the run is fenced before it is
+        driven: `run.taken` is appended expecting the last event this host read, so whichever host drove it
+        before is refused by the log at its next append, whether or not this host has done a step yet.
+        `Superseded` if that host appended in between (the caller folds again), or if this host cannot
+        show it holds the run's slot (`Ports.may_act`): a host that lost its lease fences nobody."""
         agent = self.agents.get(split_actor(actor)[0])
         if agent is None:
             log.error("run %s belongs to %s, which no loaded bundle defines: not resumed", run_id, actor)
@@ -235,11 +236,17 @@ class Recovery:
         """The driver of run `run_id` of partition `p` for a command that found none (a run asleep on a
         timer, `runtime.host.sleep`): folded from its log and queued first in its actor's mailbox, marked
         `parked` so the host puts it back in ``active`` before it applies anything. None if the run is
-        over (its index is then fixed) or not this host's to drive."""
+        over (its index is then fixed) or not this host's to drive.
+
+        Fenced like a takeover (`run.taken` first): the command or outcome can reach this host before a
+        takeover's recovery fenced the run, and another host (one paused past its lease, or with a slow
+        clock) may still hold a driver of it; unfenced, that driver's next append would be stored, since
+        this one had written nothing yet. `Superseded` if this host may no longer act for the run's slot,
+        or another writer appended while it was folded: the caller hands the message back."""
         driver = self.actors.drivers.get(run_id)
         if driver is not None:
             return driver
-        driver = await self.fold_existing(run_id, actor, p)
+        driver = await self.fold_existing(run_id, actor, p, fence=True)
         if driver is None:
             return self.actors.drivers.get(run_id)
         driver.parked = True  # set before it is queued: the host indexes it awake before applying anything

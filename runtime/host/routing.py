@@ -43,6 +43,7 @@ from nats.js import JetStreamContext
 from runtime import events as ev
 from runtime import kernel
 from runtime.commands import PARENT_RUN, BadCommand, decode, refused_task, run_id_for, split_actor
+from runtime.driver.ports import release_quietly
 from runtime.host.actors import Actors, Task
 from runtime.host.config import HostStats
 from runtime.host.driver import Inbound, RunDriver, ack_quietly
@@ -50,6 +51,7 @@ from runtime.host.leases import Slot
 from runtime.host.partitions import Guarded
 from runtime.host.runs_index import RunsIndex
 from runtime.jobs import JobDecodeError, ToolOutcome
+from runtime.log import Superseded
 from runtime.nats.pull import Budget
 from runtime.nats.records import QUEUED, RunIndex
 from runtime.nats.subjects import (
@@ -187,10 +189,18 @@ class Router:
         back from its log takes it first; True if it was handled (or the run turned out to have ended:
         acked). For a command the run is usually asleep on a timer; for an outcome that came back
         `OUTCOME_FOLD_AFTER` times, a takeover's recovery missed the run, and without this the outcome
-        would be dropped after `OUTCOME_MAX_DELIVERIES` and nothing would drive the run again."""
+        would be dropped after `OUTCOME_MAX_DELIVERIES` and nothing would drive the run again. The fold
+        fences the run; refused (`Superseded`: this host cannot show it holds the slot, or another writer
+        appended meanwhile), the message is handed back (a nak) for the owner, not left to its AckWait."""
         if self.unpark is None:
             return False
-        driver = await self.unpark(item.run_id, ix.actor, ix.partition)
+        try:
+            driver = await self.unpark(item.run_id, ix.actor, ix.partition)
+        except Superseded as e:  # this host lost the slot, or another writer appended while it folded
+            log.info("run %s: not folded back here (%s); its %s is handed back", item.run_id, e,
+                     "outcome" if isinstance(item, ToolOutcome) else item.__struct_config__.tag)
+            await release_quietly(msg, delay=OUTCOME_RETRY_S)
+            return True
         if driver is not None:
             if isinstance(item, ToolOutcome):
                 log.warning("run %s: its tool outcome found no driver here; folded back from its log",

@@ -310,3 +310,50 @@ async def test_every_offered_tool_needs_an_implementation_except_the_terminal_on
         await run_task(
             ev.Task(agent="a", input="go"), cfg, client=None, adapter=get_adapter("openai"), tools=[]
         )
+
+
+class _Held:
+    """An inbound message as a driver holds it: records what the driver did with it."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    async def ack(self) -> None:
+        self.done.append("ack")
+
+    async def nak(self) -> None:
+        self.done.append("nak")
+
+
+async def test_a_superseded_driver_hands_back_the_messages_it_held_at_once() -> None:
+    """Another writer appended to the run between this driver's steps: its next append is refused
+    (`Superseded`), and the command it was applying is handed back (a nak: redelivered to the run's owner
+    now) instead of left unacked for the whole AckWait, which stalled a tool outcome 30 s after a takeover."""
+    from runtime.driver.local import LocalModel, LocalPorts
+    from runtime.driver.ports import Inbound
+    from runtime.driver.run import RunDriver
+    from runtime.log import Superseded
+    from runtime.log.memory import MemoryRunLog
+    from runtime.model import ModelStep
+
+    qwen = get_adapter("qwen3")
+    tool = ToolSchema("t", "A tool.", {"type": "object"})
+    config = kernel.KernelConfig(system_prompt="Compute.", tools=(tool,))
+    log = MemoryRunLog()
+    async with ModelClient(base_url="http://127.0.0.1:9/v1", model="m") as client, \
+            anyio.create_task_group() as group:
+        ports = LocalPorts(group, {}, data=None, approver=None, answerer=None, clock=lambda: 1.0)
+        driver: RunDriver[LocalModel] = RunDriver(
+            log, LocalModel(ModelStep.for_config(qwen, config, None), client), ports, "calc", "sup1",
+            state=kernel.initial(config), last_seq=0, clock=lambda: 1.0)
+        await driver.append(ev.RunStarted(run_id="sup1", input="x"))
+        await driver.flush()
+        taken = ev.stamp(ev.RunTaken(run_id="sup1", host="other"), seq=2, actor="calc")
+        await log.append(taken, expect=driver.last_seq)  # the new owner's fence
+        held = _Held()
+        driver.deliver(Inbound(ev.Cancel(run_id="sup1", reason="stop", by="op"), held))
+        with pytest.raises(Superseded):
+            await driver.run()
+        group.cancel_scope.cancel()
+    assert held.done == ["nak"], held.done
+    assert [ev.kind_of(e) for e in (await log.read("sup1")).events] == ["run.started", "run.taken"]

@@ -253,3 +253,20 @@ async def test_a_steady_host_looks_at_the_buckets_only_when_something_changed(na
                 await wait_until(lambda: len(a.host.partitions) < 5)
                 assert len(looks) > before  # b's heartbeat made a look: that is how a saw it
                 assert_disjoint_cover([a, b], 5)
+
+
+def test_a_clock_that_jumps_back_leaves_no_lease_valid_until_it_is_renewed():
+    """A host's monotonic clock read back (libfaketime's offset changed, a VM restored): a lease renewed
+    just before looked younger by the whole jump, and the host kept acting for a slot whose lease the
+    server had expired (tests/system/test_pauses.py's `jump`). `ClockRate.now` moves far ahead instead, so
+    every renewal time from before the jump is ancient; a renewal after it counts as usual."""
+    from runtime.host import clock as clock_module
+
+    readings = iter([100.0, 100.0, 101.0, 95.0, 95.5, 96.0])  # a jump of 6 s back after 101
+    clock = clock_module.ClockRate("h", monotonic=lambda: next(readings))
+    renewed = clock.now()  # 100: renewed
+    assert clock.since(renewed) == 1.0  # 101: a second later, as read
+    assert clock.since(renewed) >= clock_module.JUMP_PENALTY_S  # 95: jumped back, the lease is not trusted
+    assert clock.jumps == 1
+    again = clock.now()  # 95.5: renewed after the jump
+    assert clock.since(again) == pytest.approx(0.5) and clock.jumps == 1  # 96: as read again

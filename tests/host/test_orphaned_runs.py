@@ -187,3 +187,29 @@ async def test_a_takeover_fences_the_run_before_the_new_owner_does_a_step(nats_s
         events = (await RunLog(js).read(run_id)).events
     assert isinstance(events[-1], ev.RunTaken) and events[-1].host == env.host.id
     assert not any(isinstance(e, ev.RunCancelled) for e in events)
+
+
+async def test_a_run_folded_back_for_a_command_is_fenced_before_it_is_driven(nats_server, js, tmp_path):
+    """A command (or an outcome) that finds no driver folds its run back (`Recovery.unpark`), and can reach
+    the run's new owner before its takeover fenced the run: the host that drove it until then (paused past
+    its lease, or with a slow clock) must be refused at its next append, though the new driver wrote
+    nothing yet. Unfenced, that stale append was stored (issue 40: a run unparked for its outcome, driven
+    by two hosts)."""
+    from runtime.log import Superseded
+
+    await bus.ensure_topology(js, partitions=2)
+    async with running_fleet(nats_server.url, js, write_bundle(tmp_path), worker=False) as env:
+        run_id = "r-unparked"
+        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="compute: 6 * 7")
+        last = await RunLog(js).create(started)  # what the old owner wrote, and knows as the run's last
+        assert last is not None
+        kv = await fleet_kv(js, ACTIVE_BUCKET)
+        await kv.put(active_key(partition_of("calc", 2), run_id), active_value("calc", 4e9))  # asleep
+        driver = await env.host.recovery.unpark(run_id, "calc", partition_of("calc", 2))
+        assert driver is not None and driver.last_seq > last
+        stale = ev.stamp(ev.RunCancelled(run_id=run_id, reason="stale"), seq=1, actor="calc")
+        with pytest.raises(Superseded):  # the old owner's next append
+            await RunLog(js).append(stale, expect=last)
+        events = (await RunLog(js).read(run_id)).events
+    assert kinds(events)[:2] == ["run.started", "run.taken"] and events[1].host == env.host.id
+    assert not any(isinstance(e, ev.RunCancelled) for e in events)

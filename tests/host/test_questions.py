@@ -105,8 +105,8 @@ async def test_a_question_answered_after_the_host_was_killed_continues_the_run(n
                 await anyio.to_thread.run_sync(host.stop)
     assert verified.ok, verified.problems
     assert kinds(events) == ["run.started", "model.requested", "model.responded", "question.asked",
-                             "question.answered", "turn.completed", "model.requested", "model.responded",
-                             "turn.completed", "run.completed"]
+                             "run.taken", "question.answered", "turn.completed", "model.requested",
+                             "model.responded", "turn.completed", "run.completed"]
     assert [e.answer for e in events if isinstance(e, ev.QuestionAnswered)] == ["yes"]  # only the valid one
     assert tool_output(events[-1]) == {"answer": "yes"}
     assert len(server.requests) == 2  # the recorded model call was not made again after the takeover
@@ -171,7 +171,7 @@ async def test_cancel_ends_a_waiting_run_at_once(nats_server, topo, tmp_path):
         ending = await client.control.cancel(run_id, reason="not needed", by="ops")
         assert isinstance(ending, ev.RunCancelled)
         events = (await RunLog(topo).read(run_id)).events
-        assert kinds(events)[-2:] == ["question.asked", "run.cancelled"]
+        assert kinds(events)[-3:] == ["question.asked", "run.taken", "run.cancelled"]  # folded back, fenced
         assert await _stored(topo, timer_subject(f"{run_id}/1.0")) == 0
         assert await client.questions() == []
         with pytest.raises(ControlError, match="already cancelled"):
@@ -185,7 +185,7 @@ async def test_the_tasks_deadline_ends_a_run_waiting_for_an_answer(nats_server, 
         events = await env.wait_run(run_id)  # parked with no timeout: the deadline's wake-up ends it
         verified = await Client(env.host.nc).get(run_id).verify()
     assert verified.ok, verified.problems
-    assert kinds(events)[-3:] == ["question.asked", "tool.failed", "run.failed"]
+    assert kinds(events)[-4:] == ["question.asked", "run.taken", "tool.failed", "run.failed"]
     assert events[-2].error.kind == "timeout" and "before the task's deadline" in events[-2].error.message
     assert events[-1].reason == "deadline" and events[-2].ts >= events[0].ts + 2
 

@@ -85,9 +85,10 @@ async def test_a_sleeping_run_holds_nothing_and_the_cluster_wakes_it(nats_server
         events = await env.wait_run(run_id)
         verified = await client.get(run_id).verify()
     assert verified.ok and verified.checked >= 1, verified.problems  # timer.started is decided again
+    # folded back for its wake-up, fenced first (`run.taken`: the host that parked it may be another one)
     assert kinds(events) == ["run.started", "model.requested", "model.responded", "timer.started",
-                             "timer.fired", "turn.completed", "model.requested", "model.responded",
-                             "turn.completed", "run.completed"]
+                             "run.taken", "timer.fired", "turn.completed", "model.requested",
+                             "model.responded", "turn.completed", "run.completed"]
     fired = next(e for e in events if isinstance(e, ev.TimerFired))
     assert fired.call_id == call_id and fired.by == "schedule" and fired.ts >= started.due
     assert json.loads(events[-1].output.removeprefix("awake after "))["due"]
@@ -107,13 +108,14 @@ async def test_cancel_ends_a_sleeping_run_at_once_and_deletes_its_wake_up(nats_s
         ending = await client.control.cancel(run_id, reason="not needed any more", by="ops")
         assert isinstance(ending, ev.RunCancelled) and ending.reason == "not needed any more"
         events = (await RunLog(topo).read(run_id)).events
-        assert kinds(events)[-2:] == ["timer.started", "run.cancelled"]  # cancelled while it slept
+        # cancelled while it slept: folded back (and fenced) for the cancel
+        assert kinds(events)[-3:] == ["timer.started", "run.taken", "run.cancelled"]
         assert await stored(topo, timer_subject(call_id)) == 0  # and its wake-up is gone
-        info = await client.run_info(run_id)
-        assert info is not None and info.status == "cancelled"
+        with anyio.fail_after(10):  # the index follows the log: written once the ending is
+            while (info := await client.run_info(run_id)) is None or info.status != "cancelled" or \
+                    any(key.endswith(run_id) for key in await kv_entries(env.host.index.active)):
+                await anyio.sleep(0.05)
         assert run_id not in env.host.drivers
-        active = await kv_entries(env.host.index.active)
-        assert not any(key.endswith(run_id) for key in active)
 
 
 async def test_a_run_sleeping_across_kill_9_of_every_host_wakes_and_completes(nats_server, topo, tmp_path):
@@ -169,3 +171,37 @@ async def test_a_sleeping_run_whose_wake_up_was_lost_wakes_at_the_next_takeover_
     assert kinds(events)[-1] == "run.completed"
     fired = next(e for e in events if isinstance(e, ev.TimerFired))
     assert fired.by == "host"  # the takeover found it due in `active`, and woke it itself
+
+
+async def test_a_command_whose_run_cannot_be_fenced_here_is_handed_back_not_left_to_its_ack_wait(
+        nats_server, topo, tmp_path):
+    """A command for a sleeping run folds it back and fences it (`Recovery.unpark`); a host that cannot show
+    it holds the run's slot (woken past its lease) is refused at that fence, and hands the command back (a
+    nak) for the owner: before, the refusal escaped the handler and the command waited out its whole
+    AckWait (60 s here) before anyone saw it again."""
+    from runtime.commands import publish_command
+    from runtime.host import HostConfig
+
+    config = HostConfig(task_ack_wait=60.0)
+    async with running_fleet(nats_server.url, topo, timer_bundle(tmp_path), responder=sleeper,
+                             worker=False, config=config) as env:
+        client = Client(env.host.nc)
+        run_id = await publish_task(topo, "napper", "sleep 3600")
+        await sleeping(client, run_id)
+        recovery = env.host.recovery
+        lease_ok, refused = recovery.holds, []
+
+        def no_lease(actor: str, p: int) -> bool:  # as a host woken past its lease finds
+            refused.append(actor)
+            return False
+
+        recovery.holds = no_lease
+        await publish_command(topo, "napper", ev.Cancel(run_id=run_id, reason="not needed", by="ops"))
+        with anyio.fail_after(20):  # refused, handed back, delivered again and refused again: no AckWait
+            while len(refused) < 2:
+                await anyio.sleep(0.05)
+        recovery.holds = lease_ok  # the lease is back (or the owner takes it): the command is applied
+        with anyio.fail_after(20):
+            while kinds(events := (await RunLog(topo).read(run_id)).events)[-1] != "run.cancelled":
+                await anyio.sleep(0.05)
+    assert kinds(events)[-3:] == ["timer.started", "run.taken", "run.cancelled"]  # nothing while refused

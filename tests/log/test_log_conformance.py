@@ -125,7 +125,7 @@ async def test_a_group_of_unstamped_or_mixed_runs_is_refused(log: Any) -> None:
         await log.append_group([events[1], ev.TurnCompleted(run_id="c7", turn=1)], expect=last)
     with pytest.raises(ValueError, match="the events of one run"):
         await log.append_group([events[1], a_run("other")[2]], expect=last)
-    with pytest.raises(ValueError, match="run.started is a message of its own"):  # found by its subject
+    with pytest.raises(ValueError, match=r"run\.started is a message of its own"):  # found by its subject
         await log.append_group(a_run("c8")[:2], expect=0)
     assert [e.seq for e in (await log.read("c7")).events] == [0]
 

@@ -518,7 +518,7 @@ def test_the_helm_values_and_manifests_use_the_generated_users_and_roles() -> No
                 roles[c["name"]] = env_of["NATS_USER"]["value"]
                 assert env_of["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
                     "name": "sa-nats-auth", "key": roles[c["name"]]}
-    assert roles == {"host": "host", "worker": "worker", "otel": "operator"}
+    assert roles == {"host": "host", "worker": "worker", "otel": "operator", "audit": "operator"}
 
 
 async def test_a_standard_client_without_the_users_inbox_prefix_is_told_which_to_use(
