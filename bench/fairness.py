@@ -176,13 +176,13 @@ async def workload(tmp: Path, args: argparse.Namespace, *, limit: int | None,
 async def _watch(nc, out: Outcome) -> None:
     """Follow the runs' ends, their model calls' queue time and their throttles on core subscriptions."""
     async def on_event(msg) -> None:
-        event = ev.decode(msg.data)
-        if isinstance(event, ev.ModelResponded):
-            out.queued[event.run_id] = out.queued.get(event.run_id, 0.0) + event.queued_ms
-        elif isinstance(event, ev.ModelThrottled):
-            out.throttled += 1
-        elif isinstance(event, ev.RunCompleted | ev.RunFailed | ev.RunCancelled):
-            out.ended.setdefault(event.run_id, (ev.kind_of(event).split(".")[1], time.time()))
+        for event in ev.decode_all(msg.data):
+            if isinstance(event, ev.ModelResponded):
+                out.queued[event.run_id] = out.queued.get(event.run_id, 0.0) + event.queued_ms
+            elif isinstance(event, ev.ModelThrottled):
+                out.throttled += 1
+            elif isinstance(event, ev.RunCompleted | ev.RunFailed | ev.RunCancelled):
+                out.ended.setdefault(event.run_id, (ev.kind_of(event).split(".")[1], time.time()))
 
     for kind in ("model.responded", "model.throttled", "run.completed", "run.failed", "run.cancelled"):
         await nc.subscribe(f"events.*.*.{kind}", cb=on_event, pending_msgs_limit=1_000_000)

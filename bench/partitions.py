@@ -121,11 +121,11 @@ async def _written_after(js: Any, first: int, writer: str) -> int:
         msg = await js.get_msg(EVENTS, seq)
         if (msg.headers or {}).get(HDR_WRITER) != writer:
             continue
-        event = ev.decode(msg.data)
-        if isinstance(event, ev.RunTaken | ev.RunStarted):
-            retaken.add(event.run_id)
-        elif event.run_id not in retaken:
-            stale += 1
+        for event in ev.decode_all(msg.data):  # a group: several events in one message
+            if isinstance(event, ev.RunTaken | ev.RunStarted):
+                retaken.add(event.run_id)
+            elif event.run_id not in retaken:
+                stale += 1
     return stale
 
 

@@ -180,7 +180,7 @@ class Endings:
         return self
 
     async def _on_end(self, msg: Any) -> None:
-        event = ev.decode(msg.data)
+        event = ev.decode_all(msg.data)[-1]  # a group that ends a run ends with its ending
         waiter = self._waiting.pop(event.run_id, None)
         if waiter is not None:
             waiter.set_result(event)

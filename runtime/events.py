@@ -825,6 +825,38 @@ def decode(data: bytes) -> Event:
     return _upcast(event, lambda: msgspec.msgpack.decode(data, type=_V1Envelope))
 
 
+_raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def encode_group(encoded: Sequence[bytes]) -> bytes:
+    """Several events, each already encoded (`encode`, or a stub's), as one message of the log: a msgpack
+    array of them. Why: the writer of a run often has a few events ready at once (an outcome, the turn's
+    end, the next model request), and one message is one round trip and one disk sync where one message
+    each is several, in a row (each append expects the previous one's position). The array also lands or
+    fails as a whole. An event alone stays a message of its own (a msgpack map), so a log written before
+    groups existed reads as it always did."""
+    return _msgpack.encode([msgspec.Raw(data) for data in encoded])
+
+
+def is_group(data: bytes) -> bool:
+    """Whether a stored message holds several events (`encode_group`: an array) rather than one (a map)."""
+    return bool(data) and (0x90 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD))
+
+
+def decode_all(data: bytes) -> list[Event]:
+    """The events of one stored message, in order: one for a message of its own, several for a group
+    (`encode_group`). `EventDecodeError` as `decode` raises it."""
+    if not is_group(data):
+        return [decode(data)]
+    try:
+        parts = _raw_list.decode(data)
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"not a valid group of events: {exc}") from exc
+    if not parts:
+        raise EventDecodeError("an empty group of events: a writer stores at least one")
+    return [decode(bytes(part)) for part in parts]
+
+
 def to_json(ev: Event | Command, *, indent: int = 0) -> str:
     """JSON for humans (`sa replay --json`, logs); `indent > 0` pretty-prints. The C1 control characters
     (U+0080-U+009F) are escaped too, though JSON allows them raw: a model's or a tool's text printed to a
@@ -1011,14 +1043,17 @@ __all__ = [
     "can_offload",
     "command_from_json",
     "decode",
+    "decode_all",
     "decode_command",
     "encode",
     "encode_command",
+    "encode_group",
     "expand",
     "expand_all",
     "externalize",
     "from_json",
     "internalize",
+    "is_group",
     "kind_of",
     "outcome_events",
     "payload_bytes",

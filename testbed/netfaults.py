@@ -278,7 +278,7 @@ async def stale_appends(js: Any, first: int, healed: float, margin: float = 1.0)
                 break
             for msg in msgs:
                 stored = msg.metadata.timestamp.timestamp()
-                if stored > healed and ev.decode(msg.data).ts < healed - margin:
+                if stored > healed and ev.decode_all(msg.data)[0].ts < healed - margin:
                     stale += 1
             if not msgs or msgs[-1].metadata.num_pending == 0:
                 break

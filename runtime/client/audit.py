@@ -96,8 +96,8 @@ def check_run(stored: Sequence[Stored]) -> list[Finding]:
     findings: list[Finding] = []
     events: list[tuple[int, ev.Event]] = []
     for msg in stored:
-        try:
-            events.append((msg.stream_seq, ev.decode(msg.data)))
+        try:  # a group (several events in one message) gives each of them its stream sequence
+            events += [(msg.stream_seq, event) for event in ev.decode_all(msg.data)]
         except ev.EventDecodeError as e:
             findings.append(Finding("decode", f"{msg.subject}: {e}", msg.stream_seq))
     if not events:
@@ -170,7 +170,7 @@ def check_tail(stored: Sequence[Stored], entry: RunIndex | None) -> list[Finding
     if entry is None or entry.seq is None or not stored:
         return []
     try:
-        last = ev.decode(stored[-1].data)
+        last = ev.decode_all(stored[-1].data)[-1]
     except ev.EventDecodeError:
         return []  # reported as ``decode``
     if last.seq >= entry.seq:

@@ -43,12 +43,17 @@ class OutcomeStore(Protocol):
 
 class EventLog(Protocol):
     """What the driver needs of a run log: an append with an expected last sequence (`Superseded` when
-    another writer got there first, `LogRejected` when it can never take the event), and its payloads."""
+    another writer got there first, `LogRejected` when it can never take the event), the same for a group of
+events in one message, and its payloads."""
 
     @property
     def payloads(self) -> OutcomeStore: ...
 
     async def append(self, event: ev.Event, *, expect: int) -> int: ...
+
+    async def append_group(self, events: Sequence[ev.Event], *, expect: int) -> int | None:
+        """Several events as one message (one round trip, one sync); None when they do not fit one."""
+        ...
 
 
 class Model(Protocol):

@@ -18,16 +18,12 @@ go, so it is behind two narrow interfaces:
   `sa answer` / the client, or the in-process approver and answerer, whose replies arrive as the same
   commands: one primitive for outside input, `runtime.driver.inputs`).
 
-Every event is written through the run log (`RunLog.append`, from `_flush`): stamped with the run's next
+Every event is written through the run log (`runtime.driver.staging`): stamped with the run's next
 `seq` by `RunDriver.append`, written with the expected last sequence of the run. So the driver is the single
 writer of its run: if another writer appended in between, the log raises `Superseded` and this driver stops
 instead of writing a second branch. What `decide` settles by itself (a denial, an approval request, a turn's
 end, the run's end) arrives as an event and is appended as it is; the driver performs only the two effects
 that need the world.
-
-An event the log can never take (`LogRejected`: too large even with its payload in the object store) must
-not wedge the run: the driver drops it and everything staged after it, and ends the run with `run.failed`
-(reason `log_rejected`, saying which event and why). The actor then takes its next task.
 
 What is never done twice (the recovery contract of `runtime.kernel`):
 * a model call whose reply is in the log (`decide` does not return it); a `model.requested` already
@@ -39,21 +35,11 @@ What is never done twice (the recovery contract of `runtime.kernel`):
 
 An inbound message is acked only after its events are appended: a host killed in between gets it again.
 
-Staged appends (why a turn costs few round trips)
-------------------------------------------------
-`append` folds the event at once and stages it; `_flush` writes what is staged, in order, each event with
-its OCC expectation (one writer, no gap, no fork: exactly as one-by-one appends). Nothing leaves the
-process on the strength of a staged event: the driver flushes before a tool call is dispatched (the reply
-holding its call is durable first), before an inbound message is acked, before it waits, and when the run
-ends. Two overlaps: the model call, whose preceding events (an outcome's `tool.*`, `turn.completed`,
-`model.requested`) are appended *while* the request is in flight, `model.responded` staged only after both
-finished (a host killed in between has not recorded the reply, so the restarted host makes the call again,
-as the recovery contract allows; a superseded driver cancels its call); and the dispatch, whose calls travel
-while their `tool.called` records are appended (the ports call `flush` between the two).
-
-Why not one atomic batch per group (`Nats-Batch-*`, server 2.12+): an R1 file-backed stream syncs every
-atomic batch to disk on commit; measured here that is ~5 ms per batch, serialised server-wide (~250
-batches/s with 100 writers), against ~0.25 ms for a plain OCC append. Events stay one message each.
+Staged appends (why a turn costs few round trips): `append` folds an event and stages it; a flush writes
+what is staged, several events as one message (`runtime.driver.staging`, which says when the driver flushes
+and why). An event the log can never take (`LogRejected`) must not wedge the run: the driver drops it and
+what was staged after it, and ends the run with `run.failed` (reason `log_rejected`, saying which event and
+why). The actor then takes its next task.
 
 The endpoint's share: a model call waits for its turn at the endpoint (`runtime.model.limits`: the fleet's
 permits, in priority order and round robin across actors, and the agent's daily budget) inside the call,
@@ -67,7 +53,6 @@ its events are made, because the model's next prompt needs it.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections import deque
@@ -79,7 +64,8 @@ import anyio
 from runtime import events as ev
 from runtime import kernel
 from runtime.driver.inputs import apply_answer, apply_verdict, parked_wakes, settle_due
-from runtime.driver.ports import EventLog, Inbound, Item, Model, Ports, ack_quietly, release_quietly
+from runtime.driver.ports import EventLog, Inbound, Item, Model, Ports, release_quietly
+from runtime.driver.staging import Staged
 from runtime.jobs import ToolOutcome
 from runtime.log import LogRejected, Superseded
 from runtime.model.limits import Throttle, Ticket
@@ -106,7 +92,8 @@ class RunDriver(Generic[A]):
                  clock: Callable[[], float] = time.time) -> None:
         self.log, self.agent, self.ports, self.actor, self.run_id = log, agent, ports, actor, run_id
         self.partition = partition  # the run's partition of its bundle in the fleet (0 in one process)
-        self.state, self.last_seq = state, last_seq
+        self.state = state
+        self.staged = Staged(log, last_seq, on_event)  # folded, not yet in the log; what waits for it
         self.task_id: str | None = None  # for the runs index
         self.forked: tuple[str, int] | None = None  # a fork's source run and seq, for the runs index
         self.thread: str | None = None  # the conversation the run belongs to (`runtime.log.threads`)
@@ -118,12 +105,6 @@ class RunDriver(Generic[A]):
         self.in_flight: set[str] = set()  # call ids dispatched by this driver that have no result yet
         self._model_scope: anyio.CancelScope | None = None
         self._cancelling = False
-        # folded, not yet in the log (see "Staged appends"), each with the state before it
-        self._staged: deque[tuple[ev.Event, kernel.State]] = deque()
-        # messages to ack once everything staged before them is in the log: each with the count of events
-        # appended by then (written and staged), acked as soon as that many are written (`_written`)
-        self._acks: deque[tuple[int, Any]] = deque()
-        self._written = 0
         # called when the run starts or stops waiting for an approver (the host rewrites its index entry)
         self.on_status: Callable[[RunDriver[Any]], Awaitable[None]] | None = None
         self._waiting_indexed = False
@@ -161,9 +142,8 @@ class RunDriver(Generic[A]):
             return await self._run()
         except Superseded:
             held = [item.msg for item in self.inbox if item.msg is not None]
-            held += [msg for _, msg in self._acks]
+            held += self.staged.release()
             self.inbox.clear()
-            self._acks.clear()
             for msg in held:
                 await release_quietly(msg)
             raise
@@ -292,7 +272,7 @@ class RunDriver(Generic[A]):
             item = self.inbox.popleft()
             await self._apply(item.item)
             if item.msg is not None:
-                self._acks.append((self._written + len(self._staged), item.msg))
+                self.staged.ack_after(item.msg)
 
     async def _apply(self, item: Item) -> None:
         state = self.state
@@ -409,14 +389,15 @@ class RunDriver(Generic[A]):
     async def _dispatch(self, effect: kernel.CallTools) -> bool:
         """Dispatch each call not yet out (at most `max_concurrent` of this run's out), all at once.
 
-        What is staged (the reply holding the calls, what the kernel settled about them) is durable first:
-        no call leaves before it is in the log. The calls are then handed to the ports, each `tool.called`
-        (a record that the call was sent) staged, and flushed while the calls travel: a runner killed
-        between a call and its record is a case recovery handles anyway (the call, without a result, is
-        sent again under the same id; an outcome found first gets `tool.called` in `_outcome`)."""
-        await self._flush()
-        if self.state.done:  # the log refused what was staged and the run ended: send out nothing
-            return True
+        No call leaves before the reply holding it is in the log. Each call's `tool.called` (a record that
+        the call was sent) is staged; when the reply is still staged too (the turn's first dispatch), the
+        reply and the records go as one message before the calls leave: one round trip and one disk sync,
+        the round trip the reply needed anyway. Otherwise (the reply is durable: calls sent after an
+        approval, or as others finish) the calls leave first and their records are written while they
+        travel: a runner killed between a call and its record is a case recovery handles anyway (the call,
+        without a result, is sent again under the same id; an outcome found first gets `tool.called` in
+        `_outcome`)."""
+        reply_staged = bool(self.staged)
         progressed = False
         turn = self.state.turn
         calls: list[ToolCall] = []
@@ -429,6 +410,10 @@ class RunDriver(Generic[A]):
                 await self.append(ev.ToolCalled(run_id=self.run_id, call=call))
                 progressed = True
             calls.append(call)
+        if reply_staged:
+            await self._flush()
+        if self.state.done:  # the log refused what was staged and the run ended: send out nothing
+            return True
         if not calls:
             return progressed
         self._may_act(f"dispatch {len(calls)} tool call(s)")
@@ -452,7 +437,7 @@ class RunDriver(Generic[A]):
         it; `_flush` writes it (see "Staged appends" in the module docstring)."""
         event = ev.stamp(event, seq=self.state.seq, ts=self.clock(), actor=self.actor)
         before, self.state = self.state, kernel.evolve(self.state, event)
-        self._staged.append((event, before))
+        self.staged.add(event, before)
         return event
 
     async def flush(self) -> None:
@@ -460,28 +445,12 @@ class RunDriver(Generic[A]):
         await self._flush()
 
     async def _flush(self) -> None:
-        """Write every staged event in order as the run's single writer, acking each message once the
-        events staged before it are written: an outcome's ack then leaves with the next event (one socket
-        write for both), not after the whole flush. Whatever still waits is acked at the end (a rejected
-        event drops what was staged after it)."""
-        while self._staged:
-            event, before = self._staged[0]
-            self._may_act("append")  # a host woken from a pause past its lease writes nothing more
-            try:
-                self.last_seq = await self.log.append(event, expect=self.last_seq)
-            except LogRejected as e:
-                await self._rejected(event, before, e)
-                continue
-            self._staged.popleft()
-            self._written += 1
-            if self.on_event is not None:
-                seen = self.on_event(event)
-                if inspect.isawaitable(seen):
-                    await seen
-            while self._acks and self._acks[0][0] <= self._written:
-                await ack_quietly(self._acks.popleft()[1])
-        while self._acks:
-            await ack_quietly(self._acks.popleft()[1])
+        await self.staged.flush(self._may_act, self._rejected)
+
+    @property
+    def last_seq(self) -> int:
+        """The stream sequence of the run's last event written: what the next append expects."""
+        return self.staged.last_seq
 
     async def _rejected(self, event: ev.Event, before: kernel.State, error: LogRejected) -> None:
         """The log can never take `event`: forget it and what was staged after it (the state goes back
@@ -489,7 +458,7 @@ class RunDriver(Generic[A]):
         if isinstance(event, ev.RunFailed) and event.reason == "log_rejected":
             raise error  # not even the ending fits: nothing more this driver can do
         log.error("run %s: %s; the run fails", self.run_id, error)
-        self._staged.clear()  # what waited for the dropped events waits for the ending instead
+        self.staged.drop()  # what waited for the dropped events waits for the ending instead
         self.state = before
         await self.append(ev.RunFailed(run_id=self.run_id, reason="log_rejected",
                                        detail=f"{ev.kind_of(event)} (seq {event.seq}) could not be recorded: "

@@ -2,6 +2,7 @@
 
 - `runlog`   — `RunLog`: create a run, append as its single writer (expected-sequence check; `Superseded` for
                the loser, `LogRejected` for an event no retry can land), read, follow, tail, copy a prefix
+- `tail`     — `Tail`: every run's events through a durable consumer, acked as handled (a group's once whole)
 - `payloads` — `Payloads`: values too big for an event, kept in the object store and referenced
 - `purge`    — `purge_runs`: a run's events, index entries and payloads removed together
 - `rebase`   — `rebased`: an event re-addressed to another run, every id re-derived (forks, diffs)

@@ -141,7 +141,7 @@ async def restore_run(copy_js: JetStreamContext, js: JetStreamContext, run_id: s
     if not kept:
         raise RestoreRefused(f"the copy ({stream}) holds no event of run {run_id}: nothing to restore")
     actor = kept[0][1].subject.split(".")[1]
-    copied = [seq for seq, _ in kept]
+    copied = [seq for seqs, _ in kept for seq in seqs]
     if copied != list(range(len(copied))):
         raise RestoreRefused(f"the copy of run {run_id} is not whole either (its seqs are {_span(copied)}): "
                              "restoring it would not make the run whole")
@@ -153,8 +153,8 @@ async def restore_run(copy_js: JetStreamContext, js: JetStreamContext, run_id: s
     if held:
         await js.purge_stream(names.EVENTS, subject=run_filter(run_id, actor))
     last, token = 0, secrets.token_hex(4)
-    for seq, message in kept:
-        msg_id = f"{message.msg_id or f'{run_id}/{seq}'}{RESTORED}{token}"
+    for seqs, message in kept:  # as stored: a group (several events in one message) stays one
+        msg_id = f"{message.msg_id or f'{run_id}/{seqs[0]}'}{RESTORED}{token}"
         headers = names.occ_headers(actor, run_id, last, msg_id, message.writer)
         try:
             ack = await js.publish(message.subject, message.data, headers=headers)
@@ -164,8 +164,8 @@ async def restore_run(copy_js: JetStreamContext, js: JetStreamContext, run_id: s
             raise RestoreRefused(f"run {run_id}: another writer appended while it was restored (a host "
                                  "driving it): wait for the run to end, then restore again") from None
         last = ack.seq
-    return Restored(run_id, actor, len(kept), len(held), await _restore_index(copy_js, js, run_id, last,
-                                                                               index_stream))
+    index_restored = await _restore_index(copy_js, js, run_id, last, index_stream)
+    return Restored(run_id, actor, len(copied), len(_seqs(held)), index_restored)
 
 
 async def _restore_index(copy_js: JetStreamContext, js: JetStreamContext, run_id: str, last: int,
@@ -219,29 +219,34 @@ def _seqs(stored: list[Stored]) -> list[int]:
     out = []
     for message in stored:
         try:
-            out.append(ev.decode(message.data).seq)
+            out += [event.seq for event in ev.decode_all(message.data)]
         except ev.EventDecodeError:
             continue
     return out
 
 
-def _distinct(stored: list[Stored], run_id: str) -> list[tuple[int, Stored]]:
-    """The copy's messages of a run, once each, by seq in stream order: a run restored before is in the copy
-    twice, the same bytes each time (the first kept). Refused: a message that is not an event, or two
-    different events with the same seq (a fork the source had, which a restore must not pick a side of)."""
+def _distinct(stored: list[Stored], run_id: str) -> list[tuple[tuple[int, ...], Stored]]:
+    """The copy's messages of a run, once each, with the seqs of their events (several for a group), in
+    stream order: a run restored before is in the copy twice, the same bytes each time (the first kept).
+    Refused: a message that is not an event, or two different messages starting at the same seq (a fork the
+    source had, which a restore must not pick a side of)."""
     out: dict[int, Stored] = {}
+    seqs_of: dict[int, tuple[int, ...]] = {}
     for message in stored:
         try:
-            seq = ev.decode(message.data).seq
+            seqs = tuple(event.seq for event in ev.decode_all(message.data))
+            seq = seqs[0]
         except ev.EventDecodeError as e:
             raise RestoreRefused(f"the copy of run {run_id} holds a message that is not an event (stream seq "
                                  f"{message.stream_seq}: {e})") from None
         first = out.setdefault(seq, message)
+        seqs_of.setdefault(seq, seqs)
         if first.data != message.data:
             raise RestoreRefused(f"the copy of run {run_id} holds two different events with seq {seq} "
                                  f"(stream seqs {first.stream_seq} and {message.stream_seq}): a fork, left "
                                  "to a person")
-    return sorted(out.items(), key=lambda item: item[1].stream_seq)
+    kept = [(seqs_of[seq], message) for seq, message in out.items()]
+    return sorted(kept, key=lambda item: item[1].stream_seq)
 
 
 def _span(seqs: list[int]) -> str:

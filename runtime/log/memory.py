@@ -4,7 +4,8 @@ Why it exists: the in-process `Agent` is the same run driver as a host's (`runti
 with the same contract as the JetStream one (`runtime.log.RunLog`): `create` appends a run's first event only
 if the run has none, `append` takes an expected last sequence and raises `Superseded` when another writer got
 there first, an unstamped event is a bug (`ValueError`), `read` gives the events back in order as the schema
-decodes them, `last` names the last event's sequence and id. Sequences count across all runs of the log, as
+decodes them, `last` names the last event's sequence and id, `append_group` stores several events as
+one message. Sequences count across all runs of the log, as
 a stream's do. Events are kept encoded, so an event the schema cannot round-trip fails here exactly as it
 would on the stream. `tests/log/test_log_conformance.py` holds both logs to these rules.
 
@@ -14,11 +15,12 @@ themselves.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from runtime import events as ev
 from runtime.jobs import ToolOutcome
-from runtime.log.runlog import RunHistory, Superseded
+from runtime.log.runlog import RunHistory, Superseded, group_msg_id
 
 
 class InlinePayloads:
@@ -63,20 +65,44 @@ class MemoryRunLog:
                              f"run's last sequence to be {expect}, it is {last})")
         return self._write(event)
 
+    async def append_group(self, events: Sequence[ev.Event], *, expect: int) -> int | None:
+        """Append stamped `events` of one run as one message expecting `expect` (as a stream holds a group:
+        one sequence for all of them); its sequence. Never None: memory has no message size."""
+        if len(events) == 1:
+            return await self.append(events[0], expect=expect)
+        for event in events:
+            _stamped(event)
+            if isinstance(event, ev.RunStarted | ev.RunTaken):
+                raise ValueError(f"{ev.kind_of(event)} is a message of its own, never in a group")
+        run_id = events[0].run_id
+        if any(e.run_id != run_id for e in events):
+            raise ValueError(f"a group holds the events of one run: not all of them are {run_id}'s")
+        last = self._last_seq(run_id)
+        if last != expect:
+            raise Superseded(f"run {run_id}: another writer appended first (this one expected the run's "
+                             f"last sequence to be {expect}, it is {last})")
+        self._seq += 1
+        self._runs.setdefault(run_id, []).append((self._seq, ev.encode_group([ev.encode(e) for e in events])))
+        return self._seq
+
     async def last(self, run_id: str, actor: str | None = None) -> tuple[int, str] | None:
         """The sequence and id (`<run>/<seq>`) of the run's last event, or None if it has none."""
         stored = self._runs.get(run_id)
         if not stored:
             return None
         seq, data = stored[-1]
-        return seq, f"{run_id}/{ev.decode(data).seq}"
+        events = ev.decode_all(data)
+        return seq, group_msg_id(events) if len(events) > 1 else f"{run_id}/{events[0].seq}"
 
     async def read(self, run_id: str, actor: str | None = None) -> RunHistory:
         """Every event of `run_id` in order (an empty history if there is none)."""
-        stored = self._runs.get(run_id, [])
-        events = [ev.decode(data) for _, data in stored]
-        return RunHistory(run_id, actor or (events[0].actor if events else ""), events,
-                          [seq for seq, _ in stored])
+        history = RunHistory(run_id, actor or "")
+        for seq, data in self._runs.get(run_id, []):
+            for event in ev.decode_all(data):  # a group's events share its sequence, as on a stream
+                history.events.append(event)
+                history.stream_seqs.append(seq)
+        history.actor = history.actor or (history.events[0].actor if history.events else "")
+        return history
 
     def _last_seq(self, run_id: str) -> int:
         stored = self._runs.get(run_id)

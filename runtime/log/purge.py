@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from runtime import events as ev
 from runtime.log.payloads import Payloads, StoredObject
 from runtime.nats.kv import fleet_kv, kv_entries, runs_kv
 from runtime.nats.records import RunIndex
@@ -57,6 +58,18 @@ class Purged:
 def _kind_of_subject(subject: str) -> str:
     """`events.<actor>.<run>.run.completed` -> `run.completed`."""
     return ".".join(subject.split(".")[3:])
+
+
+async def _events_held(js: JetStreamContext, flt: str, last: bytes) -> int:
+    """How many events the run's log holds, from its first and last messages alone (seqs are contiguous;
+    a message may hold several events: `runtime.events.decode_all`); the messages' count when either
+    cannot be read as events."""
+    try:
+        first = await js.get_msg(EVENTS, seq=1, subject=flt, next=True, direct=True)
+        return ev.decode_all(last)[-1].seq - ev.decode_all(first.data or b"")[0].seq + 1
+    except (ev.EventDecodeError, NotFoundError, IndexError):
+        info = await js.stream_info(EVENTS, subjects_filter=flt)
+        return sum((info.state.subjects or {}).values())
 
 
 async def purge_runs(js: JetStreamContext, payloads: Payloads, run_ids: list[str], *,
@@ -98,8 +111,7 @@ async def purge_runs(js: JetStreamContext, payloads: Payloads, run_ids: list[str
         report.objects = [o.name for o in mine]
         report.object_bytes = sum(o.size for o in mine)
         if last is not None:
-            info = await js.stream_info(EVENTS, subjects_filter=flt)
-            report.events = sum((info.state.subjects or {}).values())
+            report.events = await _events_held(js, flt, last.data or b"")
         if not dry_run:
             await payloads.delete_objects(mine)
             if last is not None:

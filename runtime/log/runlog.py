@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,9 +66,9 @@ from runtime import events as ev
 from runtime.log.payloads import Payloads
 from runtime.log.purge import Purged, purge_runs
 from runtime.log.rebase import rebased
+from runtime.log.tail import Tail, Tailed
 from runtime.nats import subjects as names
 from runtime.nats.connection import refused_publish
-from runtime.nats.pull import fetch_batch
 from runtime.nats.retry import retrying
 
 log = logging.getLogger("runtime.log")
@@ -130,6 +130,18 @@ def event_msg_id(event: ev.Event, writer: str = "") -> str:
     return msg_id
 
 
+def group_msg_id(events: Sequence[ev.Event], writer: str = "") -> str:
+    """A group's `Nats-Msg-Id` (`RunLog.append_group`): `<run>/<first seq>-<last seq>`, then `/<writer>`, for
+    the reasons `event_msg_id` gives. A group never holds a fence (`run.taken` is appended alone)."""
+    msg_id = f"{events[0].run_id}/{events[0].seq}-{events[-1].seq}"
+    return f"{msg_id}/{writer}" if writer else msg_id
+
+
+def _check_stamped(event: ev.Event) -> None:
+    if event.seq < 0 or not event.actor:
+        raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
+
+
 def run_filter(run_id: str, actor: str | None = None) -> str:
     """The subjects of one run's events (any actor when `actor` is not known)."""
     if actor:
@@ -167,20 +179,46 @@ class RunLog:
         assert seq is not None
         return seq
 
+    async def append_group(self, events: Sequence[ev.Event], *, expect: int) -> int | None:
+        """Append stamped `events` of one run, in order, as ONE message expecting `expect` as the run's last
+        stream sequence (`events.encode_group`): one round trip and one disk sync for all of them, stored
+        or refused as a whole. Returns the message's stream sequence (every event of the group has it), or
+        None when together they are over the payload threshold: append them one by one then. Raises
+        `Superseded` or `LogRejected` as `append` does (nothing of the group is stored then)."""
+        if len(events) == 1:
+            return await self.append(events[0], expect=expect)
+        first, last = events[0], events[-1]
+        for event in events:
+            _check_stamped(event)
+            if event.run_id != first.run_id:
+                raise ValueError(f"a group holds the events of one run: {event.run_id} is not {first.run_id}")
+            if isinstance(event, ev.RunStarted | ev.RunTaken):  # found by its subject: a message of its own
+                raise ValueError(f"{ev.kind_of(event)} is a message of its own, never in a group")
+        encoded = [await self._encoded(event) for event in events]
+        if sum(len(data) for data in encoded) > self.payloads.threshold:
+            return None
+        what = f"events {first.seq}-{last.seq} ({', '.join(ev.kind_of(e) for e in events)})"
+        return await self._store(last, ev.encode_group(encoded), group_msg_id(events, self.writer), expect,
+                                 what=what, creating=False)
+
     async def _publish(self, event: ev.Event, expect: int, *, creating: bool) -> int | None:
-        if event.seq < 0 or not event.actor:
-            raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
-        msg_id = event_msg_id(event, self.writer)
+        _check_stamped(event)
+        return await self._store(event, await self._encoded(event), event_msg_id(event, self.writer), expect,
+                                 what=f"{ev.kind_of(event)} seq {event.seq}", creating=creating)
+
+    async def _store(self, event: ev.Event, data: bytes, msg_id: str, expect: int, *, what: str,
+                     creating: bool) -> int | None:
+        """Store one message of `event`'s run (`event` alone, or the last of a group: its kind names the
+        subject, so a reader of run endings by subject sees a group that ends the run)."""
         subject = names.event_subject(event.actor, event.run_id, ev.kind_of(event))
-        data = await self._encoded(event)
         headers = names.occ_headers(event.actor, event.run_id, expect, msg_id, self.writer)
         while True:
             try:
                 ack = await self.js.publish(subject, data, headers=headers)
             except BadRequestError as e:
                 if e.err_code not in names.WRONG_LAST_SEQUENCE:
-                    raise LogRejected(f"the EVENTS stream refused {ev.kind_of(event)} seq {event.seq} of run "
-                                      f"{event.run_id}: {e.description or e}") from None
+                    raise LogRejected(f"the EVENTS stream refused {what} of run {event.run_id}: "
+                                      f"{e.description or e}") from None
                 if creating:
                     return None  # the run exists (perhaps from our own attempt whose ack was lost)
                 # asked of the leader, which a cluster may be electing right now (503): a read, retried
@@ -192,16 +230,16 @@ class RunLog:
                 raise Superseded(f"run {event.run_id}: another writer appended first (this one expected "
                                  f"the run's last stream sequence to be {expect})") from None
             except MaxPayloadError as e:
-                raise LogRejected(f"{ev.kind_of(event)} seq {event.seq} of run {event.run_id} is "
+                raise LogRejected(f"{what} of run {event.run_id} is "
                                   f"{len(data):,} bytes even with its big fields in the object store, over "
                                   f"what the server accepts in one message ({e})") from None
             except Exception as e:  # timeouts, no responders during an election, reconnects
                 refused = refused_publish(subject)
                 if refused is not None:  # not an outage: this user may not write events, ever
-                    raise LogRejected(f"NATS refused to store {ev.kind_of(event)} seq {event.seq} of run "
+                    raise LogRejected(f"NATS refused to store {what} of run "
                                       f"{event.run_id}: {refused} (writing events takes the host or admin "
                                       "role)") from None
-                log.warning("run %s: append of seq %d failed (%s: %s); retrying", event.run_id, event.seq,
+                log.warning("run %s: append of %s failed (%s: %s); retrying", event.run_id, what,
                             type(e).__name__, e)
                 await anyio.sleep(APPEND_RETRY_S)
                 continue
@@ -241,8 +279,9 @@ class RunLog:
 
         def take(msg: Msg, seq: int) -> bool:  # per message: the least work possible
             try:
-                out.events.append(ev.decode(msg.data))
-                out.stream_seqs.append(seq)
+                for event in ev.decode_all(msg.data):  # a group's events share its stream sequence
+                    out.events.append(event)
+                    out.stream_seqs.append(seq)
                 return True
             except Exception as e:  # raised to the caller below, not into nats-py's callback loop
                 failed.append(e)
@@ -324,7 +363,7 @@ class RunLog:
             msg = await self.js.get_last_msg(self.stream, subject)
         except NotFoundError:
             return None
-        event = await self.resolve(ev.decode(msg.data or b""))
+        event = await self.resolve(ev.decode_all(msg.data or b"")[0])
         return event if isinstance(event, ev.RunStarted) else None
 
     async def resolve(self, event: ev.Event) -> ev.Event:
@@ -347,10 +386,10 @@ class RunLog:
         try:
             async with receive:
                 async for data in receive:
-                    event = ev.decode(data)
-                    yield await self.resolve(event) if resolve else event
-                    if ev.kind_of(event) in TERMINAL_KINDS:
-                        return
+                    for event in ev.decode_all(data):
+                        yield await self.resolve(event) if resolve else event
+                        if ev.kind_of(event) in TERMINAL_KINDS:
+                            return
         finally:
             await sub.unsubscribe()
             send.close()
@@ -392,12 +431,13 @@ class RunLog:
 
         async def on_msg(msg: Msg) -> None:
             try:
-                event = ev.decode(msg.data)
+                events = ev.decode_all(msg.data)
             except ev.EventDecodeError as e:
                 log.warning("ignoring an undecodable event on %s: %s", msg.subject, e)
                 return
-            if isinstance(event, ev.RunCancelled):
-                on_cancelled(event)
+            for event in events:
+                if isinstance(event, ev.RunCancelled):
+                    on_cancelled(event)
 
         return await self.js._nc.subscribe(CANCELLED_FILTER, cb=on_msg)
 
@@ -443,45 +483,6 @@ class RunLog:
             out.stream_seqs.append(await self.append(event, expect=out.last_seq))
             out.events.append(event)
         return out
-
-
-@dataclass
-class Tailed:
-    """One event from a `Tail`, or why it could not be decoded (`event` None); ack it once handled."""
-
-    event: ev.Event | None
-    error: str
-    msg: Msg
-
-    async def ack(self) -> None:
-        await self.msg.ack()
-
-    async def nak(self, delay: float | None = None) -> None:
-        await self.msg.nak(delay=delay)
-
-    async def term(self) -> None:
-        await self.msg.term()
-
-
-class Tail:
-    """A durable reader of every run's events (`RunLog.tail`); events come as stored (stubs unresolved)."""
-
-    def __init__(self, psub: JetStreamContext.PullSubscription) -> None:
-        self.psub = psub
-
-    async def fetch(self, batch: int, timeout: float = 1.0) -> list[Tailed]:
-        """Up to `batch` events not yet acked, in stream order (redeliveries may come later than newer
-        events); `[]` after `timeout` with none, or during NATS trouble."""
-        out: list[Tailed] = []
-        for msg in await fetch_batch(self.psub, batch, timeout):
-            try:
-                out.append(Tailed(ev.decode(msg.data), "", msg))
-            except ev.EventDecodeError as e:
-                out.append(Tailed(None, str(e), msg))
-        return out
-
-    async def close(self) -> None:
-        await self.psub.unsubscribe()
 
 
 def _stream_seq(msg: Msg) -> int:

@@ -167,7 +167,8 @@ class SubrunWatch:
             while True:
                 for item in await tail.fetch(32, timeout=1.0):
                     try:
-                        if item.event is not None:
+                        # a run's end shares its message with the events written with it (a group)
+                        if item.event is not None and ev.kind_of(item.event) in TERMINAL_KINDS:
                             await self.handle(item.event)
                     except Exception as e:  # NATS trouble: the end comes back after AckWait
                         log.warning("sub-run watch: cannot handle %s: %s", item.msg.subject, e)

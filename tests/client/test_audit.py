@@ -45,7 +45,7 @@ async def test_sa_audit_names_each_run_and_fault_storage_left(nats_server, js, t
 
     log = RunLog(js)
     gap, garbage, forged, purged = runs
-    lost = (await log.stored(gap))[2]  # its third event, purged by stream sequence
+    lost = (await log.stored(gap))[1]  # its second message (model.requested alone), purged by stream sequence
     await js.delete_msg(EVENTS, lost.stream_seq)
     await js.publish(event_subject("calc", garbage, "tool.completed"), b"\x93not an event")
     history = await log.read(forged)
@@ -62,7 +62,7 @@ async def test_sa_audit_names_each_run_and_fault_storage_left(nats_server, js, t
     assert faults == {gap: ["gap"], garbage: ["decode"], forged: ["outcome"], purged: ["no_log"],
                       "r-ghost": ["no_log"]}
     (missing,) = next(r for r in report.runs if r.run_id == gap).findings
-    assert missing.detail.startswith("seq 2 missing before") and missing.stream_seq is not None
+    assert missing.detail.startswith("seq 1 missing before") and missing.stream_seq is not None
     assert (await audit(js, run_id=forged)).runs[0].findings[0].detail.startswith(
         f"tool.completed for call {forged}/9.0, which no earlier event named")
     assert {r.run_id for r in (await audit(js, actor="calc")).runs} == set(faults)
@@ -86,14 +86,16 @@ async def test_a_log_that_lost_its_last_events_is_found_by_the_runs_index(nats_s
             await env.wait_run(run)
     log = RunLog(js)
     cut, whole = runs
-    stored = await log.stored(cut)
-    for message in stored[-2:]:  # its last two events, run.completed among them
+    written = (await log.read(cut)).events
+    for message in (await log.stored(cut))[-2:]:  # its last two messages, run.completed among them
         await js.delete_msg(EVENTS, message.stream_seq)
+    left = (await log.read(cut)).events
+    assert 0 < len(left) < len(written) - 1 and left == written[:len(left)]
     report = await audit(js)
     findings = {r.run_id: [(f.fault, f.detail) for f in r.findings] for r in report.runs}
-    last = len(stored) - 1
-    assert findings == {whole: [], cut: [("tail", f"the log ends at seq {last - 2} (tool.completed), but the "
-                                                  f"runs index says it reached seq {last} (completed): seq "
-                                                  f"{last - 1} to {last} lost")]}
+    end, last = left[-1], len(written) - 1
+    said = (f"the log ends at seq {end.seq} ({ev.kind_of(end)}), but the runs index says it reached seq "
+            f"{last} (completed): seq {end.seq + 1} to {last} lost")
+    assert findings == {whole: [], cut: [("tail", said)]}
     code, out, _ = await sa(nats_server.url, "audit", "--json")
     assert code == 1 and [f["fault"] for f in json.loads(out)["findings"]] == ["tail"]

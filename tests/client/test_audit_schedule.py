@@ -54,7 +54,7 @@ async def test_a_scheduled_pass_reads_again_only_the_runs_that_changed(nats_serv
     second = await audit(js, memo=memo)
     assert (second.runs, second.unchanged) == ([], 3)  # nothing read again
 
-    lost = (await log.stored(runs[1]))[4]  # storage loses one message of an ended run proved whole
+    lost = (await log.stored(runs[1]))[1]  # storage loses one message of an ended run proved whole
     await js.delete_msg(EVENTS, lost.stream_seq)
     third = await audit(js, memo=memo)
     assert ([r.run_id for r in third.runs], third.unchanged) == ([runs[1]], 2)
@@ -120,7 +120,7 @@ def scrape(port: int) -> dict[str, float]:
 async def test_sa_audit_every_serves_metrics_logs_each_finding_and_stops_on_sigterm(nats_server, js,
                                                                                     tmp_path: Path):
     runs = await record_runs(nats_server.url, js, tmp_path, 2)
-    lost = (await RunLog(js).stored(runs[0]))[3]
+    lost = (await RunLog(js).stored(runs[0]))[1]  # model.requested, alone in its message
     await js.delete_msg(EVENTS, lost.stream_seq)
     port = free_port()
     env = {**os.environ, "NATS_URL": nats_server.url, "XDG_DATA_HOME": "/nonexistent-sa"}
@@ -149,7 +149,7 @@ async def test_sa_audit_every_serves_metrics_logs_each_finding_and_stops_on_sigt
     lines = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
     errors = [line for line in lines if line["level"] == "ERROR"]
     assert errors and all((e["run_id"], e["agent"], e["fault"]) == (runs[0], "calc", "gap") for e in errors)
-    assert "gap at stream seq" in errors[0]["message"] and "seq 3 missing" in errors[0]["message"]
+    assert "gap at stream seq" in errors[0]["message"] and "seq 1 missing" in errors[0]["message"]
     assert any("sa audit: stopped after" in line["message"] for line in lines)
 
 

@@ -105,6 +105,25 @@ def test_every_event_round_trips_through_msgpack_and_json(event: ev.Event):
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.lists(any_event, min_size=1, max_size=5))
+def test_a_group_of_events_is_one_message_that_decodes_to_each_of_them(events: list[ev.Event]):
+    group = ev.encode_group([ev.encode(e) for e in events])
+    assert ev.is_group(group) and ev.decode_all(group) == events
+    assert not ev.is_group(ev.encode(events[0]))  # one event alone stays a message of its own, as always
+    assert ev.decode_all(ev.encode(events[0])) == events[:1]
+
+
+def test_a_broken_group_is_a_clear_error():
+    one = ev.encode(ev.TurnCompleted(run_id="r", turn=1))
+    with pytest.raises(ev.EventDecodeError, match="empty group"):
+        ev.decode_all(ev.encode_group([]))
+    with pytest.raises(ev.EventDecodeError, match="unknown event kind"):
+        ev.decode_all(ev.encode_group([one, msgspec.msgpack.encode({"kind": "no.such", "run_id": "r"})]))
+    with pytest.raises(ev.EventDecodeError, match="not a valid group"):
+        ev.decode_all(ev.encode_group([one])[:-3])
+
+
+@settings(max_examples=100, deadline=None)
 @given(any_command)
 def test_every_command_round_trips(command: ev.Command):
     assert ev.decode_command(ev.encode_command(command)) == command

@@ -19,13 +19,13 @@ from runtime.commands import publish_task
 from runtime.host import load_agents
 from runtime.host.driver import Inbound, host_driver
 from runtime.jobs import ToolJob, ToolOutcome
-from runtime.log import RunLog, Superseded, run_filter
+from runtime.log import RunLog, Superseded
 from runtime.log.payloads import Payloads
 from runtime.model.client import ModelClient
-from runtime.nats.subjects import EVENTS, PAYLOADS_BUCKET
+from runtime.nats.subjects import PAYLOADS_BUCKET
 from runtime.nats.topology import ensure_topology
 from runtime.testing import ScriptedModelServer, last_message
-from runtime.types import ToolResult
+from runtime.types import ToolCall, ToolResult
 
 pytestmark = pytest.mark.anyio
 
@@ -59,10 +59,8 @@ class PublishLog:
     def what(subject: str, payload: bytes) -> str:
         if subject.startswith("tools."):
             return f"job {ToolJob.decode(payload).call_id}"
-        if subject.endswith(".tool.called"):
-            return f"called {ev.decode(payload).call.id}"
-        if subject.endswith(".model.responded"):
-            return f"responded {ev.decode(payload).seq}"
+        if subject.startswith("events."):  # one event, or a group of them: named by their seqs
+            return "events " + ",".join(str(e.seq) for e in ev.decode_all(payload))
         return subject
 
     async def publish(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
@@ -118,42 +116,21 @@ async def test_no_job_is_published_before_the_reply_holding_its_call_is_in_the_l
     assert len(called) == 3 and len(every) == 4  # and the submit
     reply_of = {c.id: e.seq for e in events if isinstance(e, ev.ModelResponded) for c in e.calls}
     log = spy.log
-    for call_id in every:
+    for call_id in every:  # each job leaves once the message holding its reply is stored
         job_sent = log.index(("sent", f"job {call_id}"))
-        assert log.index(("acked", f"responded {reply_of[call_id]}")) < job_sent, log
-    # a turn's jobs leave before their `tool.called` records (a record is not needed before its job: the
-    # worker's time is the turn's); every call's record lands before its outcome's
-    assert max(log.index(("sent", f"job {c}")) for c in called) < log.index(("sent", f"called {called[0]}"))
+        holding = next(i for i, (step, what) in enumerate(log) if step == "acked"
+                       and what.startswith("events ") and str(reply_of[call_id]) in what[7:].split(","))
+        assert holding < job_sent, log
+    # the turn's reply and its 3 calls' records are one message (a group), acked before the first job leaves
+    history = await RunLog(js).read(run_id)
+    reply = reply_of[called[0]]
+    records = [i for i, e in enumerate(history.events)
+               if isinstance(e, ev.ToolCalled) and e.call.id in called]
+    assert {history.stream_seqs[i] for i in records} == {history.stream_seqs[reply]}
     for call_id in every:
         at = {e.seq for e in events if isinstance(e, ev.ToolCalled) and e.call.id == call_id}
         done = {e.seq for e in events if isinstance(e, ev.ToolCompleted) and e.call_id == call_id}
         assert len(at) == 1 and len(done) == 1 and at.pop() < done.pop()
-
-
-class LostRecords(PublishLog):
-    """A host killed after a job left and before its `tool.called` landed: that append never completes."""
-
-    def __init__(self, js: Any) -> None:
-        super().__init__(js)
-        self.job_sent = anyio.Event()
-        self.jobs: list[ToolJob] = []
-
-    async def publish(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
-        if subject.endswith(".tool.called"):
-            await anyio.sleep_forever()
-        ack = await super().publish(subject, payload, **kw)
-        if subject.startswith("tools."):
-            self.jobs.append(ToolJob.decode(payload))
-            self.job_sent.set()
-        return ack
-
-    async def send(self, subject: str, payload: bytes = b"", **kw: Any) -> Any:
-        """The job is out once stored: its ack is awaited here, before the driver appends its record."""
-        pending = await super().send(subject, payload, **kw)
-        await pending.acked()
-        self.jobs.append(ToolJob.decode(payload))
-        self.job_sent.set()
-        return Acked()
 
 
 class AckLog:
@@ -176,9 +153,11 @@ class Acked:
 
 async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_events(nats_server, topo,
                                                                                          tmp_path: Path):
-    """The job goes out while its `tool.called` is appended; a host killed in between leaves a log whose
-    reply holds the call and no `tool.called`. The next driver of the run, handed the job's outcome first,
-    records `tool.called` before the outcome's events: the log reads as if the record had landed."""
+    """A call sent once its reply is durable (after an approval, or as others finish) leaves before its
+    `tool.called` is appended; a host killed in between leaves a log whose reply holds the call and no
+    `tool.called`. (The turn's first calls go out only after their records: one message with the reply.)
+    The next driver of the run, handed the job's outcome first, records `tool.called` before the
+    outcome's events: the log reads as if the record had landed."""
     js = topo
     bundle = write_bundle(tmp_path, terminal=None)  # the run ends on the model's reply in text
 
@@ -190,20 +169,14 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
         client = ModelClient(base_url=server.base_url, model="scripted", max_retries=0)
         agent = load_agents([bundle], client=client)["calc"]
         run_id = "r-lost-record"
-        started = ev.RunStarted(run_id=run_id, seq=0, ts=1.0, actor="calc", input="add")
-        seq = await RunLog(js).append(started, expect=0)
-        state = kernel.evolve(kernel.initial(agent.config), started)
-        lossy = LostRecords(js)
-        first = host_driver(lossy, agent, "calc", run_id, 0, state=state, last_seq=seq, log=RunLog(lossy))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(first.run)
-            with anyio.fail_after(30):
-                await lossy.job_sent.wait()
-            tg.cancel_scope.cancel()  # killed: the job is out, its `tool.called` is not in the log
-        before = await RunLog(js).read(run_id)
-        assert kinds(before.events) == ["run.started", "model.requested", "model.responded"]
-        (job,) = lossy.jobs
-        outcome = ToolOutcome.for_job(job, ToolResult(output=3), worker="w")
+        call = ToolCall(id=f"{run_id}/1.0", name="calculator", arguments={"expression": "1 + 2"})
+        crashed = [ev.stamp(e, seq=i, ts=1.0 + i, actor="calc") for i, e in enumerate([
+            ev.RunStarted(run_id=run_id, input="add"),
+            ev.ModelRequested(run_id=run_id, request_id=f"{run_id}/1", turn=1),
+            ev.ModelResponded(run_id=run_id, request_id=f"{run_id}/1", turn=1, calls=(call,))])]
+        before = await RunLog(js).write_run(crashed)  # the call left; its record never landed
+        outcome = ToolOutcome(run_id=run_id, actor="calc", call_id=call.id, tool="calculator",
+                              result=ToolResult(output=3), worker="w")
         spy = PublishLog(js)
         second = host_driver(spy, agent, "calc", run_id, 0, last_seq=before.last_seq,
                            state=kernel.fold(agent.config, before.events), log=RunLog(spy))
@@ -212,15 +185,14 @@ async def test_an_outcome_whose_tool_called_never_landed_gets_it_before_its_own_
             final = await second.run()
         await client.aclose()
     assert final.status == "completed"
-    # the outcome's message is acked once its events are written, with the next event (one socket write),
-    # not after everything staged with them (`turn.completed`, `model.requested`)
+    # the record, the outcome's events, the turn's end and the next request are one message (a group, named
+    # by its last event), and the outcome's message is acked once that is stored, before anything else
     acked_at = spy.log.index(("ack", "outcome"))
-    completed = next(i for i, (kind, what) in enumerate(spy.log)
-                     if kind == "acked" and what.endswith(".tool.completed"))
-    turn_done = next(i for i, (kind, what) in enumerate(spy.log)
-                     if kind == "sent" and what.endswith(".turn.completed"))
-    assert completed < acked_at < turn_done, spy.log
+    stored = [i for i, (kind, _) in enumerate(spy.log) if kind == "acked"]
+    assert spy.log[stored[0]] == ("acked", "events 3,4,5,6"), spy.log
+    assert stored[0] < acked_at < stored[1], spy.log
     log = await RunLog(js).read(run_id)
+    assert len(set(log.stream_seqs[3:7])) == 1 < len(set(log.stream_seqs[6:8]))  # seq 3-6: one message
     assert kinds(log.events) == ["run.started", "model.requested", "model.responded", "tool.called",
                                  "tool.completed", "turn.completed", "model.requested", "model.responded",
                                  "turn.completed", "run.completed"]
@@ -284,14 +256,11 @@ async def test_a_20_mb_tool_output_runs_through_a_host_and_replays_byte_exact(na
     requested = [e for e in live if isinstance(e, ev.ModelRequested)]
     assert requested[1].ref is not None and requested[1].messages == ()  # the prompt with 20 MB in it
 
-    # what is in EVENTS: every message of the run is small
-    sizes: list[int] = []
-    sub = await js.subscribe(run_filter(run_id), stream=EVENTS, ordered_consumer=True)
-    for _ in live:
-        sizes.append(len((await sub.next_msg(timeout=5)).data))
-    await sub.unsubscribe()
+    # what is in EVENTS: every message of the run is small (a group too: stubs, not values)
+    stored = await RunLog(js).stored(run_id)
+    sizes = [len(m.data) for m in stored]
     threshold = Payloads(js).threshold
-    assert len(sizes) == len(live) and max(sizes) < threshold
+    assert sum(len(ev.decode_all(m.data)) for m in stored) == len(live) and max(sizes) < threshold
 
     # replay resolves the refs: byte-exact output, and the prompt carries it as the tool response
     log = await RunLog(js).read(run_id)

@@ -100,6 +100,36 @@ async def test_an_unstamped_event_is_refused_and_nothing_is_written(log: Any) ->
     assert await log.last("c4", "calc") is None
 
 
+async def test_a_group_is_one_message_stored_or_refused_whole(log: Any) -> None:
+    events = a_run("c6")
+    last = await log.create(events[0])
+    with pytest.raises(Superseded, match="another writer appended first"):
+        await log.append_group(events[1:4], expect=last - 1)  # a stale writer's group: none of it lands
+    assert [e.seq for e in (await log.read("c6")).events] == [0]
+    group = await log.append_group(events[1:4], expect=last)
+    assert group is not None and group > last
+    assert await log.last("c6", "calc") == (group, "c6/1-3")  # a retried group is known by its id
+    last = await log.append(events[4], expect=group)  # what the next append expects: the group's sequence
+    last = await log.append_group(events[5:], expect=last)  # a group of one is a plain append
+    history = await log.read("c6")
+    assert history.events == events
+    assert history.stream_seqs[1] == history.stream_seqs[2] == history.stream_seqs[3] == group
+    assert len(set(history.stream_seqs)) == 4 and history.last_seq == last
+    assert await log.last("c6", "calc") == (last, "c6/5")
+
+
+async def test_a_group_of_unstamped_or_mixed_runs_is_refused(log: Any) -> None:
+    events = a_run("c7")
+    last = await log.create(events[0])
+    with pytest.raises(ValueError, match="not stamped"):
+        await log.append_group([events[1], ev.TurnCompleted(run_id="c7", turn=1)], expect=last)
+    with pytest.raises(ValueError, match="the events of one run"):
+        await log.append_group([events[1], a_run("other")[2]], expect=last)
+    with pytest.raises(ValueError, match=r"run\.started is a message of its own"):  # found by its subject
+        await log.append_group(a_run("c8")[:2], expect=0)
+    assert [e.seq for e in (await log.read("c7")).events] == [0]
+
+
 async def test_payloads_give_back_what_they_were_given(log: Any) -> None:
     value = {"rows": ["x" * 100] * 4_000}  # over the threshold: the JetStream log moves it out
     stored = await log.payloads.offload(value, run="c5")

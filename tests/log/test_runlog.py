@@ -171,3 +171,31 @@ async def test_a_clustered_wrong_last_sequence_is_an_occ_conflict_not_a_refusal(
     assert again == last and cluster.unavailable == 0
     with pytest.raises(Superseded):  # another writer's event is there: superseded, not rejected
         await clustered.append(events[2], expect=last - 1)
+
+
+async def test_a_tail_hands_out_a_groups_events_and_acks_its_message_once_all_are(log: RunLog) -> None:
+    """A durable reader (the trace exporter) gets each event of a group as an item; the message is acked
+    only when every one of them is, so a reader that stopped halfway gets the whole group again."""
+    events = a_run("rw9")
+    last = await log.create(events[0])
+    assert last is not None
+    await log.append_group(events[1:], expect=last)
+    tail = await log.tail("rw9-reader", ack_wait=1.0)
+    try:
+        with anyio.fail_after(10):
+            items = []
+            while len(items) < len(events):
+                items += [i for i in await tail.fetch(16) if i.event is not None and i.event.run_id == "rw9"]
+        assert [i.event for i in items] == events
+        for item in items[:-1]:  # all but the group's last: its message stays unacked
+            await item.ack()
+        with anyio.fail_after(10):
+            again: list = []
+            while not again:
+                again = [i for i in await tail.fetch(16) if i.event is not None and i.event.run_id == "rw9"]
+        assert [i.event for i in again] == events[1:]  # the group, whole, after its AckWait
+        for item in again:
+            await item.ack()
+        assert [i for i in await tail.fetch(16, timeout=1.5) if i.event and i.event.run_id == "rw9"] == []
+    finally:
+        await tail.close()

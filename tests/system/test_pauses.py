@@ -65,12 +65,14 @@ async def holders(js: Any) -> dict[int, str]:
 
 
 async def stored(js: Any) -> list[tuple[int, str, ev.Event, float]]:
-    """Every message of EVENTS: (stream sequence, writer, event, when the server stored it), in order."""
+    """Every event of EVENTS: (stream sequence, writer, event, when the server stored it), in order (the
+    events of a group share its message's)."""
     last = (await js.stream_info(EVENTS)).state.last_seq
     out = []
     for seq in range(1, last + 1):
         msg = await js.get_msg(EVENTS, seq)
-        out.append((seq, (msg.headers or {}).get(HDR_WRITER, ""), ev.decode(msg.data), msg.time.timestamp()))
+        writer = (msg.headers or {}).get(HDR_WRITER, "")
+        out += [(seq, writer, event, msg.time.timestamp()) for event in ev.decode_all(msg.data)]
     return out
 
 
@@ -257,7 +259,8 @@ async def test_a_worker_paused_past_its_ack_wait_applies_nothing_twice(nats_serv
 async def _kinds_stored(js: Any) -> str:
     """Every event kind stored in EVENTS so far, as one string (`tool.redelivered` shows a job run again)."""
     last = (await js.stream_info(EVENTS)).state.last_seq
-    kinds = {ev.kind_of(ev.decode((await js.get_msg(EVENTS, seq)).data)) for seq in range(1, last + 1)}
+    kinds = {ev.kind_of(e) for seq in range(1, last + 1)
+             for e in ev.decode_all((await js.get_msg(EVENTS, seq)).data)}
     return " ".join(sorted(kinds))
 
 

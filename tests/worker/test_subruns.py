@@ -81,9 +81,7 @@ async def started_runs(js: Any) -> list[ev.RunStarted]:
             msg = await js.get_msg(EVENTS, seq)
         except Exception:
             continue
-        e = ev.decode(msg.data)
-        if isinstance(e, ev.RunStarted):
-            out.append(e)
+        out += [e for e in ev.decode_all(msg.data) if isinstance(e, ev.RunStarted)]
     return out
 
 
@@ -238,7 +236,7 @@ async def all_events(js: Any) -> list[ev.Event]:
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         try:
-            out.append(ev.decode((await js.get_msg(EVENTS, seq)).data))
+            out += ev.decode_all((await js.get_msg(EVENTS, seq)).data)
         except Exception:
             continue
     return out
