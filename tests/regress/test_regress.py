@@ -745,3 +745,55 @@ async def test_a_judge_agent_grades_the_candidate_against_the_source_and_its_fai
         "termination: {terminal_tool: verdict, max_turns: 2, deadline: 5m, max_consecutive_errors: 1}", ""))
     with pytest.raises(RegressError, match="has no terminal tool"):
         JudgeGrader.load(no_end)
+
+
+async def regress_jobs_waiting(client: Client) -> int:
+    """Pull requests out on the regression jobs' consumer: one per live host with a free regression slot."""
+    from runtime.regress.fleet import CONSUMER, STREAM
+
+    return (await client.js.consumer_info(STREAM, CONSUMER)).num_waiting
+
+
+async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_nothing(
+        recorded: Recorded, shop: Shop) -> None:
+    """Two hosts and a worker: the runs are driven by the hosts' regression slots (both take some), the
+    report is the in-process one, the cache answers a second regression on the fleet, nothing reaches the
+    shop (a look-up refused, a refund of 6 run on the host with its external refused)."""
+    before = len(shop.calls)
+    options: dict[str, Any] = {"agent": "shop", "until": recorded.split, "model": "scripted",
+                               "graders": [ExactMatch("expected")]}
+    with ScriptedModelServer(responder=other_model) as server:
+        options["base_url"] = server.base_url
+        async with running_host(recorded.url, [SHOP, RESEARCHER], server) as one, \
+                running_host(recorded.url, [SHOP, RESEARCHER], server) as two, \
+                running_worker(recorded.url, [SHOP, RESEARCHER]):
+            async with await Client.connect(recorded.url) as client:
+                with anyio.fail_after(20):  # both hosts wait for a job (one pull out for their free slots)
+                    while await regress_jobs_waiting(client) < 2:
+                        await anyio.sleep(0.05)
+                on_fleet = await client.regress(SHOP, where="fleet", save="fleet-shop", **options)
+                asked = len(server.requests)
+                same_set = {"set_name": "fleet-shop", "base_url": server.base_url, "model": "scripted",
+                            "graders": [ExactMatch("expected")]}
+                again = await client.regress(SHOP, **same_set)
+                assert len(server.requests) == asked  # the second regression asked the model nothing
+                here = await client.regress(SHOP, where="local", **same_set)
+                history = await RunLog(client.js).read(on_fleet.rows[0].run_id or "")
+                indexed = {r.run_id for r in await client.runs("shop")}
+                left = (await client.js.stream_info("REGRESS")).state.messages
+            driven = (one.regressions.driven, two.regressions.driven)
+    assert len(shop.calls) == before  # no look-up, no refund reached the shop
+    assert (on_fleet.where, again.where, here.where) == ("fleet", "fleet", "local")  # `auto`: the fleet
+    assert sum(driven) == 2 * N and all(driven), driven  # both hosts drove runs of both regressions
+    fleet_json, here_json = comparable(on_fleet), comparable(here)
+    assert fleet_json.pop("where") == "fleet" and here_json.pop("where") == "local"
+    assert fleet_json == here_json
+    changed_runs = {recorded.runs[n] for n in range(N) if n % 8 == 2 or (n % 3 == 0 and n % 6 == 3)}
+    assert {r.source_run for r in on_fleet.rows if r.verdict != "same"} == changed_runs
+    assert any(r.ran == 1 for r in on_fleet.rows) and any(r.refused == 1 for r in on_fleet.rows)
+    assert on_fleet.model_calls > 0 and again.model_calls == 0 and again.cached == on_fleet.model_calls
+    assert comparable(again) == comparable(on_fleet)
+    first = history.events[0]  # a regression run like the in-process ones: marked, unindexed
+    assert isinstance(first, ev.RunStarted) and first.regression is not None
+    assert first.regression.set == "fleet-shop" and first.task_id is None
+    assert on_fleet.rows[0].run_id not in indexed and left == 0
