@@ -43,6 +43,7 @@ class HostConfig:
     monitor: list[str] | None = None
     # runs of regressions (`sa regress`) this host drives at once, below its production runs; 0: none
     regress_slots: int = DEFAULT_REGRESS_SLOTS
+    regress_nice: int = 10  # ... in a child process at this much lower a CPU priority (`host.regressions`)
 
 
 @dataclass

@@ -101,7 +101,6 @@ from runtime.host.endpoint import Endpoints
 from runtime.host.leases import Leases, Slot, new_host_id
 from runtime.host.partitions import Partitions
 from runtime.host.recovery import Recovery
-from runtime.host.regressions import RegressionSlots
 from runtime.host.routing import Router
 from runtime.host.runs_index import RunsIndex
 from runtime.host.scheduler import Scheduler, ensure_bundle_schedules
@@ -237,12 +236,12 @@ class Host:
                        logger=log)
         endpoints = Endpoints(self.nc, self.js, lease_s=self.config.permit_lease, replicas=topology.replicas)
         await endpoints.attach(self.agents.values())  # the bundles' `endpoint:` shares and daily budgets
-        self.regressions = RegressionSlots(self.js, endpoints.gates, slots=self.config.regress_slots,
-                                           host_id=self.id, model_url=self._local_model_url())
+        from runtime.host.regressions import RegressionChild  # not at import: it is its child's entry point
+
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(endpoints.run)
-            tg.start_soon(self.regressions.run)  # other teams' regressions, in a few slots, below these runs
+            tg.start_soon(RegressionChild(self, endpoints.gates).run)  # `sa regress` runs, niced, in a child
             tg.start_soon(Scheduler(self.nc, self.js, self.stats).run, stop)
             tg.start_soon(self.recovery.watch_orphans, self._recovered_slots, stop)
             if self.config.partitions is not None:
@@ -271,11 +270,6 @@ class Host:
                 while self.leases is not None and self._served.parts:  # the lease loop hands them back
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
-
-    def _local_model_url(self) -> str | None:
-        """Where this host's `base_url: local` bundles reach the embedded model (a candidate of one too)."""
-        return next((a.client.base_url for a in self.agents.values()
-                     if a.bundle.spec.model.base_url == "local"), None)
 
     async def _check_storage(self) -> None:
         """Say in one line whether JetStream syncs each write before acknowledging it; refuse to serve

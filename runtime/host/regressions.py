@@ -1,29 +1,41 @@
-"""A host's regression slots: runs of a regression driven here, a few at a time, below production.
+"""A host's regression slots: runs of other processes' regressions, a few at a time, below production.
 
-    slots = RegressionSlots(js, endpoints.gates, slots=2, host_id=host.id, model_url=url)
-    await slots.run()                                   # until cancelled, beside the host's own runs
+    tg.start_soon(RegressionChild(host, endpoints.gates).run)   # in `Host.run`: the child, while it serves
 
 `runtime.regress.fleet` says what a regression job is and how its client waits for the answers; this is the
-host's half. Each free slot keeps one pull out on the ``regressors`` consumer; a job taken is driven by
-`runtime.regress.fleet.serve_job` (the same per-run function an in-process regression calls), with the
-job's message kept alive while it runs, then answered and acked. So a host gives a regression at most
-`HostConfig.regress_slots` runs at once (0: none, the host takes no regression jobs), whatever the size of
-the regression: its production runs keep the rest of the host.
+host's half. Each host with `HostConfig.regress_slots` (0: none) starts one child process,
+``python -m runtime.host.regressions``, that drives at most that many regression runs at once, whatever the
+size of the regression, and stops with the host.
 
-The candidate's model calls go through this host's gate for the same endpoint when its bundles limit it
-(`runtime.host.endpoint`: the fleet-wide permits), at the regression's priority, the lowest: a production
-call waiting for a permit is always given it first, and a regression never takes more than the endpoint's
-share. A candidate pointed at an endpoint no bundle of this host limits keeps the gate its own `endpoint:`
-section gives it in one process.
+Why a child process, and why niced (`HostConfig.regress_nice`): a regression run costs a host what a
+production run costs (appends, model calls, the sandbox for a script with no recorded result), and in the
+host's own event loop it would queue beside every production turn, which no priority can reorder. In a
+process of its own at a lower CPU priority, the operating system runs the host's production runs first
+whenever both want the CPU, and the regression takes what is left. `bench/regress.py --fleet` measures it.
+
+In the child, `RegressionSlots` keeps one pull out on the ``regressors`` consumer while it has a free slot;
+a job taken is driven by `runtime.regress.fleet.serve_job` (the same per-run function an in-process
+regression calls), its message kept alive while it runs, then answered and acked.
+
+The candidate's model calls wait for the host's endpoint permits (`runtime.host.endpoint`, the fleet-wide
+share: the child opens the same permits, with the host's limit, for each endpoint the host's bundles
+limit), at the regression's priority, the lowest: a production call waiting for a permit is always given it
+first, and a regression never takes more than the endpoint's share. A candidate pointed at an endpoint no
+bundle of the host limits keeps the gate its own `endpoint:` section gives it in one process.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import signal
+import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -31,14 +43,19 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from runtime.host.endpoint import client_key
+from runtime.host.endpoint import FleetGate, client_key
 from runtime.model.limits import Gate
 from runtime.nats.retry import retrying
+
+if TYPE_CHECKING:
+    from runtime.host.host import Host
 
 log = logging.getLogger("runtime.host")
 
 FETCH_S = 5.0  # a slot's pull lives this long before it is sent again
 RETRY_S = 1.0
+RESTART_S = 5.0
+GIVE_UP_S = 60.0  # a host that cannot make or use the jobs' stream for this long serves no regressions
 
 
 class RegressionSlots:
@@ -59,9 +76,14 @@ class RegressionSlots:
             return
         from runtime.regress.fleet import CONSUMER, STREAM, Candidates, ensure_jobs
 
-        await retrying(lambda: ensure_jobs(self.js), what="creating the regression jobs' stream",
-                       delay=RETRY_S, logger=log)
-        sub = await self.js.pull_subscribe_bind(CONSUMER, STREAM)
+        try:
+            await retrying(lambda: ensure_jobs(self.js), what="creating the regression jobs' stream",
+                           delay=RETRY_S, give_up=GIVE_UP_S, logger=log)
+            sub = await self.js.pull_subscribe_bind(CONSUMER, STREAM)
+        except Exception as e:  # a role that may not (a secured fleet's host user): production goes on
+            log.error("host %s takes no regression jobs: the %s stream cannot be used (%s)", self.host_id,
+                      STREAM, e)
+            return
         free = anyio.Semaphore(self.slots)
         with tempfile.TemporaryDirectory(prefix="sa-regress-") as tmp:
             candidates = Candidates(self.js, Path(tmp), model_url=self.model_url, prepare=self._gate)
@@ -123,4 +145,86 @@ async def _keep_alive(msg: Msg, every: float) -> None:
             log.warning("a regression job could not be kept: %s", e)
 
 
-__all__ = ["RegressionSlots"]
+class RegressionChild:
+    """The host's side: its regression slots' child process, started with the host, stopped with it (and
+    started again if it dies)."""
+
+    def __init__(self, host: Host, gates: Mapping[str, Gate]) -> None:
+        self.host, self.gates = host, gates
+
+    def argv(self) -> list[str]:
+        host = self.host
+        argv = [sys.executable, "-m", "runtime.host.regressions", "--slots", str(host.config.regress_slots),
+                "--nice", str(host.config.regress_nice), "--host", host.id]
+        argv += [f"--server={s.geturl()}" for s in getattr(host.nc, "servers", None) or []]
+        for key, gate in self.gates.items():
+            if isinstance(gate, FleetGate):
+                argv += [f"--gate={key}={gate.limit}={gate.lease_s}={gate.replicas}"]
+        model_url = next((a.client.base_url for a in host.agents.values()
+                          if a.bundle.spec.model.base_url == "local"), None)
+        return argv + ([f"--model-url={model_url}"] if model_url else [])
+
+    async def run(self) -> None:
+        if self.host.config.regress_slots <= 0:
+            return
+        while True:
+            process = await anyio.open_process(self.argv(), stdin=subprocess.DEVNULL, stdout=None,
+                                               stderr=None)
+            try:
+                code = await process.wait()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if process.returncode is None:
+                        process.terminate()
+                        with anyio.move_on_after(10):
+                            await process.wait()
+                        if process.returncode is None:
+                            process.kill()
+                            await process.wait()
+            log.error("host %s: its regression slots' process ended (exit %s); started again", self.host.id,
+                      code)
+            await anyio.sleep(RESTART_S)
+
+
+async def _child(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runtime.host.regressions",
+                                     description="A host's regression slots (started by the host).")
+    parser.add_argument("--slots", type=int, required=True)
+    parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--host", default="")
+    parser.add_argument("--server", action="append", default=None)
+    parser.add_argument("--gate", action="append", default=[], help="KEY=LIMIT=LEASE_S=REPLICAS")
+    parser.add_argument("--model-url", default=None)
+    args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
+    from runtime.nats.connection import close, connect
+    from runtime.nats.jetstream import jetstream_for
+
+    nc = await connect(args.server, name=f"sa-regress-{args.host}")
+    try:
+        gates: dict[str, FleetGate] = {}
+        for spec in args.gate:
+            key, limit, lease_s, replicas = spec.split("=")
+            gate = FleetGate(nc, key, int(limit), lease_s=float(lease_s), replicas=int(replicas))
+            await gate.open()
+            gates[key] = gate
+        slots = RegressionSlots(jetstream_for(nc), gates, slots=args.slots, host_id=args.host,
+                                model_url=args.model_url)
+        async with anyio.create_task_group() as tg:
+            for gate in gates.values():
+                tg.start_soon(gate.run)
+            tg.start_soon(slots.run)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    break
+            tg.cancel_scope.cancel()
+    finally:
+        await close(nc)
+
+
+__all__ = ["RegressionChild", "RegressionSlots"]
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    anyio.run(_child, sys.argv[1:], backend="asyncio")

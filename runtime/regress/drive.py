@@ -62,6 +62,7 @@ class Driven:
     error: str | None = None
     hits: int = 0  # its model requests answered from the cache
     misses: int = 0  # ... and asked of the model
+    host: str = ""  # the host that drove it ("" : this process)
 
 
 REGRESSION_PRIORITY = ev.MIN_PRIORITY  # a regression's model calls wait behind every production call

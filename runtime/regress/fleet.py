@@ -195,7 +195,7 @@ async def _read_back(runs: RunLog, source_run: str, done: Done) -> Driven:
     """A host's `Done` as the `Driven` an in-process run gives: both runs read from the log."""
     source = await runs.read(source_run)
     out = Driven(source, run_id=done.run_id, error=done.error, hits=done.hits, misses=done.misses,
-                 tally=msgspec.convert(done.tally, Tally) if done.tally else Tally())
+                 host=done.host, tally=msgspec.convert(done.tally, Tally) if done.tally else Tally())
     if done.run_id is not None:
         out.events = list((await runs.read(done.run_id)).events)
     return out

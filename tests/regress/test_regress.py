@@ -756,9 +756,10 @@ async def regress_jobs_waiting(client: Client) -> int:
 
 async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_nothing(
         recorded: Recorded, shop: Shop) -> None:
-    """Two hosts and a worker: the runs are driven by the hosts' regression slots (both take some), the
-    report is the in-process one, the cache answers a second regression on the fleet, nothing reaches the
-    shop (a look-up refused, a refund of 6 run on the host with its external refused)."""
+    """Two hosts and a worker: the runs are driven by the hosts' regression slots (each host's child
+    process: both take some), the report is the in-process one, the cache answers a second regression on
+    the fleet, nothing reaches the shop (a look-up refused, a refund of 6 run on the host with its external
+    refused)."""
     before = len(shop.calls)
     options: dict[str, Any] = {"agent": "shop", "until": recorded.split, "model": "scripted",
                                "graders": [ExactMatch("expected")]}
@@ -771,17 +772,19 @@ async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_no
                 with anyio.fail_after(20):  # both hosts wait for a job (one pull out for their free slots)
                     while await regress_jobs_waiting(client) < 2:
                         await anyio.sleep(0.05)
-                on_fleet = await client.regress(SHOP, where="fleet", save="fleet-shop", **options)
+                hosts: list[str] = []
+                on_fleet = await client.regress(SHOP, where="fleet", save="fleet-shop",
+                                                on_done=lambda d: hosts.append(d.host), **options)
                 asked = len(server.requests)
                 same_set = {"set_name": "fleet-shop", "base_url": server.base_url, "model": "scripted",
                             "graders": [ExactMatch("expected")]}
-                again = await client.regress(SHOP, **same_set)
+                again = await client.regress(SHOP, on_done=lambda d: hosts.append(d.host), **same_set)
                 assert len(server.requests) == asked  # the second regression asked the model nothing
                 here = await client.regress(SHOP, where="local", **same_set)
                 history = await RunLog(client.js).read(on_fleet.rows[0].run_id or "")
                 indexed = {r.run_id for r in await client.runs("shop")}
                 left = (await client.js.stream_info("REGRESS")).state.messages
-            driven = (one.regressions.driven, two.regressions.driven)
+            driven = (hosts.count(one.id), hosts.count(two.id))
     assert len(shop.calls) == before  # no look-up, no refund reached the shop
     assert (on_fleet.where, again.where, here.where) == ("fleet", "fleet", "local")  # `auto`: the fleet
     assert sum(driven) == 2 * N and all(driven), driven  # both hosts drove runs of both regressions
@@ -789,7 +792,8 @@ async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_no
     assert fleet_json.pop("where") == "fleet" and here_json.pop("where") == "local"
     assert fleet_json == here_json
     changed_runs = {recorded.runs[n] for n in range(N) if n % 8 == 2 or (n % 3 == 0 and n % 6 == 3)}
-    assert {r.source_run for r in on_fleet.rows if r.verdict != "same"} == changed_runs
+    assert {r.source_run for r in on_fleet.rows if r.verdict != "same"} == changed_runs, [
+        (r.source_run, r.verdict, r.diverged_at, r.detail) for r in on_fleet.rows if r.verdict != "same"]
     assert any(r.ran == 1 for r in on_fleet.rows) and any(r.refused == 1 for r in on_fleet.rows)
     assert on_fleet.model_calls > 0 and again.model_calls == 0 and again.cached == on_fleet.model_calls
     assert comparable(again) == comparable(on_fleet)
