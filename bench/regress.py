@@ -207,7 +207,11 @@ async def main() -> None:
             for host in hosts:
                 host.terminate()
             for host in hosts:
-                host.wait(20)
+                try:
+                    host.wait(60)
+                except subprocess.TimeoutExpired:
+                    print(f"a host did not stop in 60 s (see {tmp}/host*.log): killed")
+                    host.kill()
             server.stop()
             model.terminate()
             model.wait(10)

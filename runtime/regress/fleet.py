@@ -98,6 +98,7 @@ class Done(msgspec.Struct, frozen=True, kw_only=True):
     hits: int = 0
     misses: int = 0
     host: str = ""
+    actor: str | None = None  # the source run's actor, and so the regression run's (a narrower read)
 
 
 def stream_config() -> StreamConfig:
@@ -141,13 +142,14 @@ def new_regression_key() -> str:
 # -- the client's side ------------------------------------------------------------------------------------
 
 async def drive_on_fleet(js: JetStreamContext, run_set: RunSet, candidate: Candidate, *,
-                         rules: Mapping[str, Rule] | None = None,
+                         shipped: str | None = None, rules: Mapping[str, Rule] | None = None,
                          ignore: Mapping[str, Sequence[str]] | None = None,
                          match: Mapping[str, str | Path] | None = None,
                          on_done: Callable[[Driven], Any] | None = None) -> list[Driven]:
     """Have the fleet's hosts drive every run of `run_set` on `candidate` (see the module docstring); the
-    results in the set's order, as `drive.drive_all` returns them."""
-    name = await ship(js, candidate.bundle)
+    results in the set's order, as `drive.drive_all` returns them. `shipped`: the candidate's name in the
+    object store, if `shipped.ship` stored it already."""
+    name = shipped or await ship(js, candidate.bundle)
     await ensure_jobs(js)
     key = new_regression_key()
     done_kv = await fleet_kv(js, DONE_BUCKET)
@@ -193,11 +195,11 @@ async def drive_on_fleet(js: JetStreamContext, run_set: RunSet, candidate: Candi
 
 async def _read_back(runs: RunLog, source_run: str, done: Done) -> Driven:
     """A host's `Done` as the `Driven` an in-process run gives: both runs read from the log."""
-    source = await runs.read(source_run)
+    source = await runs.read(source_run, done.actor)
     out = Driven(source, run_id=done.run_id, error=done.error, hits=done.hits, misses=done.misses,
                  host=done.host, tally=msgspec.convert(done.tally, Tally) if done.tally else Tally())
     if done.run_id is not None:
-        out.events = list((await runs.read(done.run_id)).events)
+        out.events = list((await runs.read(done.run_id, done.actor)).events)
     return out
 
 
@@ -217,6 +219,8 @@ class Candidates:
     """The candidates one host has unpacked and loaded, by shipped name and overrides (a thousand jobs of
     one regression load their candidate once); `prepare` sees each as it is loaded (the host gives its
     model client the endpoint's fleet-wide gate)."""
+
+    KEEP = 8  # candidates kept loaded; the least recently used beyond that is closed
 
     def __init__(self, js: JetStreamContext, folder: Path, *, model_url: str | None = None,
                  prepare: Callable[[Candidate], Any] | None = None) -> None:
@@ -238,6 +242,11 @@ class Candidates:
                 if self.prepare is not None:
                     self.prepare(candidate)
                 self._loaded[key] = candidate
+                while len(self._loaded) > self.KEEP:
+                    oldest = next(iter(self._loaded))
+                    with contextlib.suppress(Exception):
+                        await self._loaded.pop(oldest).aclose()
+            self._loaded[key] = self._loaded.pop(key)  # the most recently used last
             return self._loaded[key]
 
     def matcher(self, job: Job) -> Matcher:
@@ -267,7 +276,8 @@ async def serve_job(js: JetStreamContext, job: Job, candidates: Candidates, *, h
     driven = await drive_source(RunLog(js), job.run, candidate, set_name=job.set, rules=rules,
                                 matcher=matcher)
     return Done(index=job.index, run_id=driven.run_id, error=driven.error, hits=driven.hits,
-                misses=driven.misses, tally=msgspec.to_builtins(driven.tally), host=host)
+                misses=driven.misses, tally=msgspec.to_builtins(driven.tally), host=host,
+                actor=driven.source.actor or None)
 
 
 async def answer(js: JetStreamContext, job: Job, done: Done) -> None:

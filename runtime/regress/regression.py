@@ -99,8 +99,8 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
         if on_start is not None:
             on_start(run_set)
         if shipped is not None:
-            driven = await drive_on_fleet(js, run_set, candidate, rules=checked, ignore=ignore, match=match,
-                                          on_done=on_done)
+            driven = await drive_on_fleet(js, run_set, candidate, shipped=shipped, rules=checked,
+                                          ignore=ignore, match=match, on_done=on_done)
         else:
             driven = await drive_all(js, run_set, candidate, rules=checked, matcher=matcher,
                                      concurrency=concurrency, on_done=on_done)
