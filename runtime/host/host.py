@@ -241,7 +241,7 @@ class Host:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(endpoints.run)
-            tg.start_soon(RegressionChild(self, endpoints.gates).run)  # `sa regress` runs, niced, in a child
+            tg.start_soon(RegressionChild(self.config, self.id, self.nc, self.agents, endpoints.gates).run)
             tg.start_soon(Scheduler(self.nc, self.js, self.stats).run, stop)
             tg.start_soon(self.recovery.watch_orphans, self._recovered_slots, stop)
             if self.config.partitions is not None:

@@ -48,7 +48,10 @@ from runtime.model.limits import Gate
 from runtime.nats.retry import retrying
 
 if TYPE_CHECKING:
-    from runtime.host.host import Host
+    from nats.aio.client import Client as NATS
+
+    from runtime.host.config import HostConfig
+    from runtime.host.served import AgentRuntime
 
 log = logging.getLogger("runtime.host")
 
@@ -149,23 +152,23 @@ class RegressionChild:
     """The host's side: its regression slots' child process, started with the host, stopped with it (and
     started again if it dies)."""
 
-    def __init__(self, host: Host, gates: Mapping[str, Gate]) -> None:
-        self.host, self.gates = host, gates
+    def __init__(self, config: HostConfig, host_id: str, nc: NATS, agents: Mapping[str, AgentRuntime],
+                 gates: Mapping[str, Gate]) -> None:
+        self.config, self.host_id, self.nc, self.agents, self.gates = config, host_id, nc, agents, gates
 
     def argv(self) -> list[str]:
-        host = self.host
-        argv = [sys.executable, "-m", "runtime.host.regressions", "--slots", str(host.config.regress_slots),
-                "--nice", str(host.config.regress_nice), "--host", host.id]
-        argv += [f"--server={s.geturl()}" for s in getattr(host.nc, "servers", None) or []]
+        argv = [sys.executable, "-m", "runtime.host.regressions", "--slots", str(self.config.regress_slots),
+                "--nice", str(self.config.regress_nice), "--host", self.host_id]
+        argv += [f"--server={s.geturl()}" for s in getattr(self.nc, "servers", None) or []]
         for key, gate in self.gates.items():
             if isinstance(gate, FleetGate):
                 argv += [f"--gate={key}={gate.limit}={gate.lease_s}={gate.replicas}"]
-        model_url = next((a.client.base_url for a in host.agents.values()
+        model_url = next((a.client.base_url for a in self.agents.values()
                           if a.bundle.spec.model.base_url == "local"), None)
         return argv + ([f"--model-url={model_url}"] if model_url else [])
 
     async def run(self) -> None:
-        if self.host.config.regress_slots <= 0:
+        if self.config.regress_slots <= 0:
             return
         while True:
             process = await anyio.open_process(self.argv(), stdin=subprocess.DEVNULL, stdout=None,
@@ -181,7 +184,7 @@ class RegressionChild:
                         if process.returncode is None:
                             process.kill()
                             await process.wait()
-            log.error("host %s: its regression slots' process ended (exit %s); started again", self.host.id,
+            log.error("host %s: its regression slots' process ended (exit %s); started again", self.host_id,
                       code)
             await anyio.sleep(RESTART_S)
 
