@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -48,14 +49,21 @@ from testbed.fleet import scripted_server_process  # noqa: E402
 LIVE_IN_FLIGHT = 4
 
 
+_serving: list[threading.Semaphore] = []
+
+
 def responder(body: dict[str, Any]) -> str:
     """The demo's two turns: the calculator on the task's expression, then its value as the answer (after
-    `BENCH_MODEL_MS`, the model's time per request)."""
+    `BENCH_MODEL_MS`, the model's time per request, serving at most `BENCH_MODEL_SLOTS` at once, the others
+    queued: a model server's capacity, which a regression must not take from live traffic)."""
     import os
 
     from runtime.testing import hermes_call
 
-    time.sleep(float(os.environ.get("BENCH_MODEL_MS", "0")) / 1000)
+    if not _serving:
+        _serving.append(threading.Semaphore(int(os.environ.get("BENCH_MODEL_SLOTS", "0")) or 10**6))
+    with _serving[0]:
+        time.sleep(float(os.environ.get("BENCH_MODEL_MS", "0")) / 1000)
     task = next(m["content"] for m in body["messages"] if m["role"] == "user")
     expression = task.removeprefix("compute: ")
     done = [m for m in body["messages"]
@@ -117,6 +125,8 @@ async def main() -> None:
                                                              "driven by the hosts' regression slots")
     parser.add_argument("--regress-slots", type=int, default=2, help="each host's regression slots (--fleet)")
     parser.add_argument("--model-ms", type=float, default=0.0, help="the model's time per request")
+    parser.add_argument("--model-slots", type=int, default=0, help="requests the model server serves at once "
+                                                                   "(0: any number)")
     parser.add_argument("--max-in-flight", type=int, default=None, help="the endpoint's fleet-wide share: "
                                                                         "model requests at once")
     args = parser.parse_args()
@@ -128,6 +138,7 @@ async def main() -> None:
     from runtime.nats.server import EmbeddedNats
 
     os.environ["BENCH_MODEL_MS"] = str(args.model_ms)  # read by the model server's process
+    os.environ["BENCH_MODEL_SLOTS"] = str(args.model_slots)
     where = "fleet" if args.fleet else "local"
     size = 2 if args.fleet else 1
     with tempfile.TemporaryDirectory(prefix="sa-bench-regress-") as name:
@@ -147,8 +158,8 @@ async def main() -> None:
                                         "--regress-slots", slots))
             workers = start_workers(server.url, bundle / "tools", size, 8, tmp)
             fleet = (f"{size} host(s) ({slots} regression slots each), {size} worker(s), model "
-                     f"{args.model_ms:g} ms" + (f", endpoint share {args.max_in_flight}" if args.max_in_flight
-                                                else ""))
+                     f"{args.model_ms:g} ms" + (f", {args.model_slots} at once" if args.model_slots else "")
+                     + (f", endpoint share {args.max_in_flight}" if args.max_in_flight else ""))
             async with await Client.connect(server.url) as client:
                 ids: list[str] = []
 

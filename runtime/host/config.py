@@ -13,7 +13,6 @@ from runtime.host.leases import LeaseConfig
 from runtime.nats.durability import require_sync_from_env
 
 DEFAULT_MAX_RUNS = 256
-DEFAULT_REGRESS_SLOTS = 2  # regression runs a host drives at once beside its own (`host.regressions`)
 DEFAULT_UNSERVED_AFTER_S = 60.0  # longer than a host's restart, short enough for a typo to be told
 
 
@@ -41,8 +40,9 @@ class HostConfig:
     require_sync: bool = field(default_factory=require_sync_from_env)
     # the servers' monitoring URLs to ask that of; None: SA_NATS_MONITOR, else port 8222 of each server
     monitor: list[str] | None = None
-    # runs of regressions (`sa regress`) this host drives at once, below its production runs; 0: none
-    regress_slots: int = DEFAULT_REGRESS_SLOTS
+    # runs of regressions (`sa regress`) this host drives at once, below its production runs; 0: none (an
+    # embedded host, `sa up`, a test's host); `sa host --regress-slots`, 2 by default
+    regress_slots: int = 0
     regress_nice: int = 10  # ... in a child process at this much lower a CPU priority (`host.regressions`)
 
 
@@ -70,4 +70,4 @@ class HostStats:
     runs_parked: int = 0  # times a run went to sleep on a timer, holding nothing
 
 
-__all__ = ["DEFAULT_MAX_RUNS", "DEFAULT_REGRESS_SLOTS", "DEFAULT_UNSERVED_AFTER_S", "HostConfig", "HostStats"]
+__all__ = ["DEFAULT_MAX_RUNS", "DEFAULT_UNSERVED_AFTER_S", "HostConfig", "HostStats"]

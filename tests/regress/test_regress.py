@@ -31,6 +31,7 @@ from runtime import events as ev
 from runtime.bundle import load_bundle
 from runtime.client import Client
 from runtime.client.verify import verify
+from runtime.host import HostConfig
 from runtime.log import RunLog
 from runtime.nats.kv import workspace_kv
 from runtime.regress import ExactMatch, JsonSchema, PymGrader, RegressError, Report
@@ -765,8 +766,9 @@ async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_no
                                "graders": [ExactMatch("expected")]}
     with ScriptedModelServer(responder=other_model) as server:
         options["base_url"] = server.base_url
-        async with running_host(recorded.url, [SHOP, RESEARCHER], server) as one, \
-                running_host(recorded.url, [SHOP, RESEARCHER], server) as two, \
+        slots = HostConfig(task_ack_wait=2.0, regress_slots=2)
+        async with running_host(recorded.url, [SHOP, RESEARCHER], server, config=slots) as one, \
+                running_host(recorded.url, [SHOP, RESEARCHER], server, config=slots) as two, \
                 running_worker(recorded.url, [SHOP, RESEARCHER]):
             async with await Client.connect(recorded.url) as client:
                 with anyio.fail_after(20):  # both hosts wait for a job (one pull out for their free slots)
