@@ -1,13 +1,17 @@
 """Regressions over recorded runs: how fast, how cheap the second time, and what they cost live traffic.
 
     .venv/bin/python bench/regress.py [--runs 200] [--live 100] [--concurrency 8]
-    .venv/bin/python bench/regress.py --fleet --runs 1000 --model-ms 20 --max-in-flight 8   # the issue's
+    .venv/bin/python bench/regress.py --fleet --runs 1000 --model-ms 50 --model-slots 4 --max-in-flight 4
+    .venv/bin/python bench/regress.py --fleet --runs 300 --model-ms 300 --model-slots 4 --max-in-flight 4 \
+        --regress-slots 1                    # the endpoint scarce: does live traffic keep its latency?
 
 The fleet: embedded NATS, one `sa host` and one `sa worker` process (`--fleet`: two of each, every host with
 `--regress-slots` regression slots), the shipped `bundles/demo` (the sandboxed calculator, then
 `final_answer`) pointed at the scripted OpenAI-compatible server in a process of its own
-(`runtime.testing.ScriptedModelServer`, answering after `--model-ms`; with `--max-in-flight`, the bundle's
-`endpoint:` share: that many model requests at once across the fleet). `--runs` tasks are recorded as
+(`runtime.testing.ScriptedModelServer`, answering after `--model-ms`, `--model-slots` requests at once, the
+others queued; with `--max-in-flight`, the bundle's `endpoint:` share: that many model requests at once across
+the fleet). Every task is the one actor `demo`'s, so the live tasks run one at a time in arrival order: their
+latency is their queue's. `--runs` tasks are recorded as
 production runs; then:
 
 (a) regressions per minute: the recorded set regressed on the same bundle (`Client.regress`; without
