@@ -199,6 +199,7 @@ async def _child(argv: Sequence[str]) -> None:
     parser.add_argument("--gate", action="append", default=[], help="KEY=LIMIT=LEASE_S=REPLICAS")
     parser.add_argument("--model-url", default=None)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the host too: it ends this with SIGTERM
     if args.nice:
         os.nice(args.nice)
     from runtime.nats.connection import close, connect
@@ -218,7 +219,7 @@ async def _child(argv: Sequence[str]) -> None:
             for gate in gates.values():
                 tg.start_soon(gate.run)
             tg.start_soon(slots.run)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
                 async for _ in signals:
                     break
             tg.cancel_scope.cancel()

@@ -421,6 +421,8 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
             str(SHOP), "--set", "cli-set", "--max-regressions", "1", "--json", *common, url=recorded.url))
         unknown = await anyio.to_thread.run_sync(lambda: sa(
             str(SHOP), "--agent", "shop", "--run", "r-nope", *common, url=recorded.url))
+        both = await anyio.to_thread.run_sync(lambda: sa(
+            str(SHOP), "--set", "cli-set", "--local", "--fleet", *common, url=recorded.url))
     assert gated.returncode == 1, gated.stderr
     lines = {line.split()[1]: line for line in gated.stdout.splitlines() if line.startswith("│")}
     assert "different-output" in lines[one] and "regression" in lines[one] and "same" in lines[two]
@@ -432,6 +434,8 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
     assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
     assert report["tokens"]["candidate"] == sum(r["candidate"]["tokens"] for r in report["rows"]) > 0
     assert unknown.returncode == 2 and "sa regress: no run 'r-nope'" in unknown.stderr
+    assert both.returncode == 2 and "--local and --fleet say opposite things" in both.stderr
+    assert ", driven here:" in gated.stdout  # no host takes regression jobs: driven by `sa regress` itself
 
 
 async def test_a_run_in_a_thread_goes_on_from_its_recorded_conversation(recorded: Recorded) -> None:
@@ -750,9 +754,14 @@ async def test_a_judge_agent_grades_the_candidate_against_the_source_and_its_fai
 
 async def regress_jobs_waiting(client: Client) -> int:
     """Pull requests out on the regression jobs' consumer: one per live host with a free regression slot."""
+    from nats.js.errors import NotFoundError
+
     from runtime.regress.fleet import CONSUMER, STREAM
 
-    return (await client.js.consumer_info(STREAM, CONSUMER)).num_waiting
+    try:
+        return (await client.js.consumer_info(STREAM, CONSUMER)).num_waiting
+    except NotFoundError:  # no host has made the jobs' stream yet
+        return 0
 
 
 async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_nothing(
