@@ -171,8 +171,9 @@ class RegressionChild:
         if self.config.regress_slots <= 0:
             return
         while True:
-            process = await anyio.open_process(self.argv(), stdin=subprocess.DEVNULL, stdout=None,
-                                               stderr=None)
+            # its stdin is a pipe from this process: when the host dies (even by SIGKILL), the child reads
+            # its end and stops, so no orphan goes on taking jobs
+            process = await anyio.open_process(self.argv(), stdin=subprocess.PIPE, stdout=None, stderr=None)
             try:
                 code = await process.wait()
             finally:
@@ -219,6 +220,12 @@ async def _child(argv: Sequence[str]) -> None:
             for gate in gates.values():
                 tg.start_soon(gate.run)
             tg.start_soon(slots.run)
+
+            async def orphaned() -> None:  # the host's end of stdin closed: the host is gone
+                await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(orphaned)
             with anyio.open_signal_receiver(signal.SIGTERM) as signals:
                 async for _ in signals:
                     break
