@@ -62,6 +62,9 @@ def host(
     max_runs: Annotated[int, typer.Option(min=1, help="Back-pressure: runs driven plus tasks waiting in "
                                                       "mailboxes; at the bound this host stops pulling "
                                                       "tasks.")] = 256,
+    regress_slots: Annotated[int, typer.Option(min=0, help="Runs of regressions (`sa regress`) this host "
+                                                           "drives at once, below its production runs; 0: "
+                                                           "none.")] = 2,
     orphan_check: Annotated[float, typer.Option(min=0, help="Seconds between this host's looks for runs of "
                                                             "its partitions that nothing drives (one a "
                                                             "takeover missed is driven after two looks); 0: "
@@ -111,7 +114,8 @@ def host(
             serving.started()
 
         config = HostConfig(task_ack_wait=task_ack_wait, lease=LeaseConfig(ttl=lease_ttl), max_runs=max_runs,
-                            orphan_check=orphan_check or None, require_sync=require_sync)
+                            orphan_check=orphan_check or None, require_sync=require_sync,
+                            regress_slots=regress_slots)
         await serving.apply_retention(url, bounds, partitions)
         async with anyio.create_task_group() as tg:
             tg.start_soon(serving.stop_on_signal, stop, verbose)

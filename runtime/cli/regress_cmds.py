@@ -7,6 +7,10 @@
     sa regress bundles/shop-next --set week48 --grader judge:bundles/judge     # a model as judge
     sa regress bundles/shop --set week48 --model-url http://gpu2:8000/v1 --model qwen3 --rule refund=diverge
 
+Where: by the fleet's hosts, in their regression slots and below their production runs, when some host takes
+regression jobs (`sa host --regress-slots`, 2 by default); else in this process. `--local` drives them here
+whatever the fleet, `--fleet` on the fleet whatever (waiting for a host).
+
 Prints a progress bar (on stderr) while the runs are driven, then a table, one row per run: its verdict
 (`same`, `diverged`, `different-output`, `failed`), the seq where it first differs from its source
 (`sa replay SOURCE --diff RUN` shows it), turns, tokens and tool calls of both, whether each passes the
@@ -128,7 +132,12 @@ def regress(
     grader: Annotated[list[Path] | None, typer.Option("--grader", help="Grade with this .pym script, or "
                                                                        "judge:BUNDLE, a judge agent "
                                                                        "(repeatable).")] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Runs driven at once.")] = 4,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Runs driven at once (in process: "
+                                                                   "--local).")] = 4,
+    local: Annotated[bool, typer.Option("--local", help="Drive the runs in this process, not on the fleet's "
+                                                        "hosts.")] = False,
+    fleet: Annotated[bool, typer.Option("--fleet", help="Drive the runs on the fleet's hosts, waiting for "
+                                                        "one if none takes regression jobs now.")] = False,
     max_regressions: Annotated[int, typer.Option("--max-regressions", help="Exit 1 with more regressions "
                                                                            "than this.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -142,6 +151,9 @@ def regress(
 
     from runtime.regress import RegressError, read_ids
 
+    if local and fleet:
+        _usage("--local and --fleet say opposite things: give one (neither: the fleet when a host takes "
+               "regression jobs, else here)")
     try:
         chosen = [*(runs or []), *(read_ids(runs_file) if runs_file else ())]
         options: dict[str, Any] = {
@@ -151,7 +163,8 @@ def regress(
             "system_prompt": system, "base_url": model_url, "model": model,
             "rules": dict(_pairs(rule or [], "--rule")), "ignore": _ignored(_pairs(ignore or [], "--ignore")),
             "match": dict(_pairs(match or [], "--match")),
-            "graders": _graders(expected, schema, grader or []), "concurrency": concurrency}
+            "graders": _graders(expected, schema, grader or []), "concurrency": concurrency,
+            "where": "local" if local else "fleet" if fleet else "auto"}
     except (ValueError, OSError) as e:
         _usage(str(e))
     url = resolve_nats(nats_url, "regress")
@@ -221,7 +234,8 @@ def _print(report: Report) -> None:
                                           f"{'yes' if r.candidate_pass else 'no'}", r.change)
     out.print(table)
     counts = ", ".join(f"{n} {verdict}" for verdict, n in report.counts.items() if n)
-    out.print(f"{len(report.rows)} run(s) of {report.agent} on candidate {report.candidate}: {counts}")
+    out.print(f"{len(report.rows)} run(s) of {report.agent} on candidate {report.candidate}, driven "
+              f"{'by the fleet' if report.where == 'fleet' else 'here'}: {counts}")
     source, cand = report.pass_rate("source"), report.pass_rate("candidate")
     out.print(f"pass rate: source {source:.0%}, candidate {cand:.0%}; "
               f"{len(report.regressions)} regression(s), {len(report.fixes)} fix(es); "

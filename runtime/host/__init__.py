@@ -23,6 +23,8 @@ Modules, one concept each (`host` first: its docstring says how a task flows and
 - `unserved`   — tasks of agents no live host serves: waited for, failed `unknown_agent` after a while
 - `endpoint`   — the model endpoint's fleet-wide share: permits in NATS (priority, then round robin across
                  actors), token counts per minute and per day
+- `regressions` — the host's regression slots: runs of other processes' regressions (`runtime.regress.fleet`),
+                 a few at a time, their model calls at the lowest priority
 - `scheduler`  — the cluster's clock (SCHEDULES): schedules' fires become tasks, wake-ups wake commands
 - `sleep`      — a run asleep on a timer: its wake-ups scheduled in the cluster, deleted if it ends first
 - `starters`   — `StarterDesk`: a run's starter (a publisher) follows and cancels it, proved by its key

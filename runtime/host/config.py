@@ -40,6 +40,10 @@ class HostConfig:
     require_sync: bool = field(default_factory=require_sync_from_env)
     # the servers' monitoring URLs to ask that of; None: SA_NATS_MONITOR, else port 8222 of each server
     monitor: list[str] | None = None
+    # runs of regressions (`sa regress`) this host drives at once, below its production runs; 0: none (an
+    # embedded host, `sa up`, a test's host); `sa host --regress-slots`, 2 by default
+    regress_slots: int = 0
+    regress_nice: int = 10  # ... in a child process at this much lower a CPU priority (`host.regressions`)
 
 
 @dataclass

@@ -238,9 +238,12 @@ class Host:
                        logger=log)
         endpoints = Endpoints(self.nc, self.js, lease_s=self.config.permit_lease, replicas=topology.replicas)
         await endpoints.attach(self.agents.values())  # the bundles' `endpoint:` shares and daily budgets
+        from runtime.host.regressions import RegressionChild  # not at import: it is its child's entry point
+
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(endpoints.run)
+            tg.start_soon(RegressionChild(self.config, self.id, self.nc, self.agents, endpoints.gates).run)
             tg.start_soon(Scheduler(self.nc, self.js, self.stats).run, stop)
             tg.start_soon(StarterDesk(self.nc, self.js, self.log).run, stop)  # runs' starters' asks
             tg.start_soon(self.recovery.watch_orphans, self._recovered_slots, stop)

@@ -8,6 +8,8 @@
                 follows its tool's `Rule` (`run`, `error`, `diverge`), nothing reaching the world
 - `cache`     — the model reply cache, keyed by the request bytes as sent (`CachedModelClient`)
 - `drive`     — each run driven again from its task as a real run in the log, marked as a regression
+- `shipped`   — the candidate bundle's files in the fleet's object store, for the hosts that drive its runs
+- `fleet`     — the runs driven by the fleet's hosts instead of this process: one job per run, answers back
 - `graders`   — exact match, JSON Schema, `.pym` graders, a judge agent; the default: the source's output
 - `report`    — per run `same` / `diverged` / `different-output` / `failed`, regressions and fixes (`regress`)
 - `page`      — the report as one self-contained HTML file, each changed run beside its source (`report_html`)

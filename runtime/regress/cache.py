@@ -96,17 +96,30 @@ def request_key(base_url: str, body: bytes, run_id: str | None) -> str:
 
 class CachedModelClient(ModelClient):
     """A `ModelClient` whose non-streamed requests are answered from a `ModelCache` when the same bytes were
-    sent before; `hits` and `misses` count them (a miss is a real request to the server)."""
+    sent before; `hits` and `misses` count them (a miss is a real request to the server), in all and per
+    regression run (`counted`: what one run cost, wherever it was driven)."""
 
     def __init__(self, cache: ModelCache, **client: Any) -> None:
         super().__init__(**client)
         self.cache = cache
         self.hits = self.misses = 0
+        self._per_run: dict[str, list[int]] = {}
+
+    def counted(self, run_id: str) -> tuple[int, int]:
+        """The hits and misses of regression run `run_id` (forgotten once asked)."""
+        hits, misses = self._per_run.pop(run_id, [0, 0])
+        return hits, misses
+
+    def _count(self, hit: bool) -> None:
+        run = _run.get()
+        if run is not None:
+            self._per_run.setdefault(run, [0, 0])[0 if hit else 1] += 1
 
     async def _once(self, params: dict[str, Any]) -> _Reply:
         body, _ = self._request(params)
         key = request_key(self.base_url, body, _run.get())
         cached = await self.cache.get(key)
+        self._count(cached is not None)
         if cached is not None:
             self.hits += 1
             c = msgspec.msgpack.decode(cached, type=_Cached)

@@ -9,7 +9,9 @@ is a run like any other for everything that reads the log: `sa replay`, `sa repl
 `sa runs purge`. What makes it not production: its `run.started` carries `regression` (`RegressionOf`: the
 source run, the set, the candidate), it has no task id (no task of anyone's is deduplicated against it), it
 is not written to the runs index (so `sa runs`, schedules and takeovers never see it) nor to the `active`
-bucket (no host resumes it), and its model calls are charged to no budget. A source run in a thread is driven
+bucket (no host resumes it), its model calls are charged to no budget, and they wait at the endpoint's
+fleet-wide share at `REGRESSION_PRIORITY`, the lowest (behind every production run's calls; `run.started`
+keeps the source's own priority, so the two logs compare equal). A source run in a thread is driven
 again from the same recorded conversation (its `run.started` names the same previous run), but the regression
 run is not a run of the thread: the thread's next run still continues the thread's own latest run.
 
@@ -17,6 +19,9 @@ A run the driver cannot finish (its source has no events, a candidate whose tool
 a write) is reported as failed with the reason, and ended in the log (`run.failed`, `regression_failed`) when
 it was started; the others go on. At most `concurrency` runs are driven at
 once, in the order of the set.
+
+Where: `drive_all` drives them here, in this process; `runtime.regress.fleet` has the fleet's hosts drive
+them. Both call `drive_source` for each run, so what a run does in a regression does not depend on where.
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ class Driven:
     events: list[ev.Event] = field(default_factory=list)
     tally: Tally = field(default_factory=Tally)
     error: str | None = None
+    hits: int = 0  # its model requests answered from the cache
+    misses: int = 0  # ... and asked of the model
+    host: str = ""  # the host that drove it ("" : this process)
+
+
+REGRESSION_PRIORITY = ev.MIN_PRIORITY  # a regression's model calls wait behind every production call
 
 
 def new_regression_id() -> str:
@@ -102,6 +113,7 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
                     runs, LocalModel(candidate.step, candidate.client), ports, source.actor or first.actor,
                     run_id, state=kernel.initial(config, conversation), last_seq=0,
                     on_event=out.events.append, clock=clock)
+                driver.priority = REGRESSION_PRIORITY
                 await driver.append(started)
                 await driver.run()
                 group.cancel_scope.cancel()  # a script the deadline outran
@@ -110,7 +122,18 @@ async def drive_one(runs: RunLog, source: RunHistory, candidate: Candidate, *, s
         out.error = f"{type(e).__name__}: {e}"
         if driver is not None and driver.state.status != "new" and not driver.state.done:
             await _ended_anyway(driver, out.error)
+    out.hits, out.misses = candidate.client.counted(run_id)
     return out
+
+
+async def drive_source(runs: RunLog, run: str, candidate: Candidate, *, set_name: str = "",
+                       rules: Mapping[str, Rule] | None = None, matcher: Matcher | None = None) -> Driven:
+    """Drive recorded run `run` again on `candidate` (`drive_one`), or say why not (no events for it): what
+    one run of a regression is, in this process or on a host of the fleet."""
+    source = await runs.read(run)
+    if not source.events:
+        return Driven(source, error=f"no run {run!r}: the log has no events for it (purged?)")
+    return await drive_one(runs, source, candidate, set_name=set_name, rules=rules, matcher=matcher)
 
 
 async def _ended_anyway(driver: RunDriver[LocalModel], why: str) -> None:
@@ -134,12 +157,8 @@ async def drive_all(js: JetStreamContext, run_set: RunSet, candidate: Candidate,
 
     async def one(run: str) -> None:
         async with limit:
-            source = await runs.read(run)
-            if not source.events:
-                done = Driven(source, error=f"no run {run!r}: the log has no events for it (purged?)")
-            else:
-                done = await drive_one(runs, source, candidate, set_name=run_set.name, rules=rules,
-                                       matcher=matcher)
+            done = await drive_source(runs, run, candidate, set_name=run_set.name, rules=rules,
+                                      matcher=matcher)
             results[run] = done
             if on_done is not None:
                 on_done(done)
@@ -150,4 +169,4 @@ async def drive_all(js: JetStreamContext, run_set: RunSet, candidate: Candidate,
     return [results[run] for run in run_set.runs]
 
 
-__all__ = ["Driven", "drive_all", "drive_one", "new_regression_id"]
+__all__ = ["REGRESSION_PRIORITY", "Driven", "drive_all", "drive_one", "drive_source", "new_regression_id"]

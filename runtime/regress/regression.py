@@ -8,6 +8,11 @@ What `Client.regress` and `sa regress` call. Everything that can be refused is c
 is driven (the selection or set, the candidate, the graders, the rules), so bad input writes nothing: no
 regression run, no set. A regression that is done keeps its report in the fleet (`runtime.regress.saved`),
 where the inspector lists it.
+
+Where the runs are driven (`where`): `fleet`, by the fleet's hosts in their regression slots, below their
+production runs (`runtime.regress.fleet`); `local`, here, in this process (`runtime.regress.drive`); `auto`
+(the default), on the fleet when some host takes regression jobs now, else here. Each run is driven by the
+same function either way, so the report is the same; only the graders always run here.
 """
 
 from __future__ import annotations
@@ -20,13 +25,17 @@ from nats.js import JetStreamContext
 
 from runtime.regress.cache import ModelCache
 from runtime.regress.candidate import load_candidate
-from runtime.regress.drive import Driven
+from runtime.regress.drive import Driven, drive_all
+from runtime.regress.fleet import drive_on_fleet, fleet_serves
 from runtime.regress.graders import Grader
 from runtime.regress.ports import Rule
 from runtime.regress.recorded import Matcher, PymCompare
-from runtime.regress.report import Report, regress
+from runtime.regress.report import Report, report_of
 from runtime.regress.saved import save_report
 from runtime.regress.sets import RegressError, RunSet, Selection, load_set, save_set, select
+from runtime.regress.shipped import ship
+
+WHERE = ("auto", "fleet", "local")
 
 
 def rules_of(given: Mapping[str, str | Rule] | None, tools: Sequence[str]) -> dict[str, Rule]:
@@ -52,10 +61,13 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
                      ignore: Mapping[str, Sequence[str]] | None = None,
                      match: Mapping[str, str | Path] | None = None, graders: Sequence[Grader] = (),
                      concurrency: int = 4, on_start: Callable[[RunSet], Any] | None = None,
-                     on_done: Callable[[Driven], Any] | None = None) -> Report:
+                     on_done: Callable[[Driven], Any] | None = None, where: str = "auto") -> Report:
     """Regress a saved set (`set_name`) or a selection of `agent`'s runs (saved as `save` when given) on the
     candidate bundle at `candidate_path` with its overrides; `rules`, `ignore` (argument keys) and `match`
-    (`.pym` matchers) per tool. `RegressError` for bad input, nothing written."""
+    (`.pym` matchers) per tool; driven `where` (see the module docstring; `concurrency` is how many at once
+    here). `RegressError` for bad input, nothing written."""
+    if where not in WHERE:
+        raise RegressError(f"where must be one of {', '.join(WHERE)}, not {where!r}")
     if set_name is not None:
         if any(v is not None for v in (outcome, since, until, sample)) or runs:
             raise RegressError("a saved set is regressed as it was saved: give a set or a selection, not "
@@ -80,12 +92,20 @@ async def regression(js: JetStreamContext, candidate_path: str | Path, *, agent:
                                    f"its tools: {', '.join(sorted(names))}")
         matcher = Matcher({tool: frozenset(keys) for tool, keys in (ignore or {}).items()},
                           {tool: PymCompare.load(path) for tool, path in (match or {}).items()})
+        on_fleet = where == "fleet" or (where == "auto" and await fleet_serves(js))
+        shipped = await ship(js, candidate.bundle) if on_fleet else None  # refused before anything is saved
         if save is not None and set_name is None:
             run_set = await save_set(js, save, run_set)
         if on_start is not None:
             on_start(run_set)
-        report = await regress(js, run_set, candidate, graders=graders, rules=checked, matcher=matcher,
-                               concurrency=concurrency, on_done=on_done)
+        if shipped is not None:
+            driven = await drive_on_fleet(js, run_set, candidate, shipped=shipped, rules=checked,
+                                          ignore=ignore, match=match, on_done=on_done)
+        else:
+            driven = await drive_all(js, run_set, candidate, rules=checked, matcher=matcher,
+                                     concurrency=concurrency, on_done=on_done)
+        report = await report_of(run_set, candidate, driven, graders=graders, concurrency=concurrency)
+        report.where = "fleet" if shipped is not None else "local"
         report.id = await save_report(js, report)
         return report
     finally:

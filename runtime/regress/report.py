@@ -117,6 +117,7 @@ class Report:
     model_calls: int = 0  # requests that reached the candidate's model server
     cached: int = 0  # requests the reply cache answered
     id: str = ""  # the id it was saved under in the fleet (`runtime.regress.saved`), once saved
+    where: str = ""  # where its runs were driven: `fleet` (the hosts) or `local` (the process that asked)
 
     @property
     def regressions(self) -> list[Row]:
@@ -151,7 +152,7 @@ class Report:
                 "regressions": [r.source_run for r in self.regressions],
                 "fixes": [r.source_run for r in self.fixes], "model_calls": self.model_calls,
                 "tokens": {"source": self.tokens("source"), "candidate": self.tokens("candidate")},
-                "cached": self.cached, "grader_errors": self.grader_errors,
+                "cached": self.cached, "grader_errors": self.grader_errors, "where": self.where,
                 "rows": [r.to_json() for r in self.rows]}
 
 
@@ -219,13 +220,19 @@ async def regress(js: JetStreamContext, run_set: RunSet, candidate: Candidate, *
                   graders: Sequence[Grader] = (), rules: Mapping[str, Rule] | None = None,
                   matcher: Matcher | None = None, concurrency: int = 4,
                   on_done: Callable[[Driven], Any] | None = None) -> Report:
-    """Drive every run of `run_set` on `candidate` (`runtime.regress.drive`) and report what changed."""
-    hits, misses = candidate.client.hits, candidate.client.misses
+    """Drive every run of `run_set` on `candidate` in this process (`runtime.regress.drive`) and report what
+    changed."""
     driven = await drive_all(js, run_set, candidate, rules=rules, matcher=matcher, concurrency=concurrency,
                              on_done=on_done)
+    return await report_of(run_set, candidate, driven, graders=graders, concurrency=concurrency)
+
+
+async def report_of(run_set: RunSet, candidate: Candidate, driven: Sequence[Driven], *,
+                    graders: Sequence[Grader] = (), concurrency: int = 4) -> Report:
+    """The report of `driven`, the runs of `run_set` driven on `candidate` here or on the fleet."""
     rows = await _compare_all(driven, graders, concurrency)
-    return Report(run_set.name, run_set.agent, candidate.id, rows,
-                  model_calls=candidate.client.misses - misses, cached=candidate.client.hits - hits)
+    return Report(run_set.name, run_set.agent, candidate.id, rows, model_calls=sum(d.misses for d in driven),
+                  cached=sum(d.hits for d in driven))
 
 
-__all__ = ["BY", "VERDICTS", "Report", "Row", "Side", "behaviour", "compare", "regress"]
+__all__ = ["BY", "VERDICTS", "Report", "Row", "Side", "behaviour", "compare", "regress", "report_of"]

@@ -31,6 +31,7 @@ from runtime import events as ev
 from runtime.bundle import load_bundle
 from runtime.client import Client
 from runtime.client.verify import verify
+from runtime.host import HostConfig
 from runtime.log import RunLog
 from runtime.nats.kv import workspace_kv
 from runtime.regress import ExactMatch, JsonSchema, PymGrader, RegressError, Report
@@ -420,6 +421,8 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
             str(SHOP), "--set", "cli-set", "--max-regressions", "1", "--json", *common, url=recorded.url))
         unknown = await anyio.to_thread.run_sync(lambda: sa(
             str(SHOP), "--agent", "shop", "--run", "r-nope", *common, url=recorded.url))
+        both = await anyio.to_thread.run_sync(lambda: sa(
+            str(SHOP), "--set", "cli-set", "--local", "--fleet", *common, url=recorded.url))
     assert gated.returncode == 1, gated.stderr
     lines = {line.split()[1]: line for line in gated.stdout.splitlines() if line.startswith("│")}
     assert "different-output" in lines[one] and "regression" in lines[one] and "same" in lines[two]
@@ -431,6 +434,8 @@ async def test_sa_regress_prints_the_table_and_gates_on_regressions(recorded: Re
     assert report["regressions"] == [one] and report["counts"]["same"] == 1 and report["model_calls"] == 0
     assert report["tokens"]["candidate"] == sum(r["candidate"]["tokens"] for r in report["rows"]) > 0
     assert unknown.returncode == 2 and "sa regress: no run 'r-nope'" in unknown.stderr
+    assert both.returncode == 2 and "--local and --fleet say opposite things" in both.stderr
+    assert ", driven here:" in gated.stdout  # no host takes regression jobs: driven by `sa regress` itself
 
 
 async def test_a_run_in_a_thread_goes_on_from_its_recorded_conversation(recorded: Recorded) -> None:
@@ -745,3 +750,65 @@ async def test_a_judge_agent_grades_the_candidate_against_the_source_and_its_fai
         "termination: {terminal_tool: verdict, max_turns: 2, deadline: 5m, max_consecutive_errors: 1}", ""))
     with pytest.raises(RegressError, match="has no terminal tool"):
         JudgeGrader.load(no_end)
+
+
+async def regress_jobs_waiting(client: Client) -> int:
+    """Pull requests out on the regression jobs' consumer: one per live host with a free regression slot."""
+    from nats.js.errors import NotFoundError
+
+    from runtime.regress.fleet import CONSUMER, STREAM
+
+    try:
+        return (await client.js.consumer_info(STREAM, CONSUMER)).num_waiting
+    except NotFoundError:  # no host has made the jobs' stream yet
+        return 0
+
+
+async def test_the_fleet_drives_a_regression_as_this_process_does_and_touches_nothing(
+        recorded: Recorded, shop: Shop) -> None:
+    """Two hosts and a worker: the runs are driven by the hosts' regression slots (each host's child
+    process: both take some), the report is the in-process one, the cache answers a second regression on
+    the fleet, nothing reaches the shop (a look-up refused, a refund of 6 run on the host with its external
+    refused)."""
+    before = len(shop.calls)
+    options: dict[str, Any] = {"agent": "shop", "until": recorded.split, "model": "scripted",
+                               "graders": [ExactMatch("expected")]}
+    with ScriptedModelServer(responder=other_model) as server:
+        options["base_url"] = server.base_url
+        slots = HostConfig(task_ack_wait=2.0, regress_slots=2)
+        async with running_host(recorded.url, [SHOP, RESEARCHER], server, config=slots) as one, \
+                running_host(recorded.url, [SHOP, RESEARCHER], server, config=slots) as two, \
+                running_worker(recorded.url, [SHOP, RESEARCHER]):
+            async with await Client.connect(recorded.url) as client:
+                with anyio.fail_after(20):  # both hosts wait for a job (one pull out for their free slots)
+                    while await regress_jobs_waiting(client) < 2:
+                        await anyio.sleep(0.05)
+                hosts: list[str] = []
+                on_fleet = await client.regress(SHOP, where="fleet", save="fleet-shop",
+                                                on_done=lambda d: hosts.append(d.host), **options)
+                asked = len(server.requests)
+                same_set = {"set_name": "fleet-shop", "base_url": server.base_url, "model": "scripted",
+                            "graders": [ExactMatch("expected")]}
+                again = await client.regress(SHOP, on_done=lambda d: hosts.append(d.host), **same_set)
+                assert len(server.requests) == asked  # the second regression asked the model nothing
+                here = await client.regress(SHOP, where="local", **same_set)
+                history = await RunLog(client.js).read(on_fleet.rows[0].run_id or "")
+                indexed = {r.run_id for r in await client.runs("shop")}
+                left = (await client.js.stream_info("REGRESS")).state.messages
+            driven = (hosts.count(one.id), hosts.count(two.id))
+    assert len(shop.calls) == before  # no look-up, no refund reached the shop
+    assert (on_fleet.where, again.where, here.where) == ("fleet", "fleet", "local")  # `auto`: the fleet
+    assert sum(driven) == 2 * N and all(driven), driven  # both hosts drove runs of both regressions
+    fleet_json, here_json = comparable(on_fleet), comparable(here)
+    assert fleet_json.pop("where") == "fleet" and here_json.pop("where") == "local"
+    assert fleet_json == here_json
+    changed_runs = {recorded.runs[n] for n in range(N) if n % 8 == 2 or (n % 3 == 0 and n % 6 == 3)}
+    assert {r.source_run for r in on_fleet.rows if r.verdict != "same"} == changed_runs, [
+        (r.source_run, r.verdict, r.diverged_at, r.detail) for r in on_fleet.rows if r.verdict != "same"]
+    assert any(r.ran == 1 for r in on_fleet.rows) and any(r.refused == 1 for r in on_fleet.rows)
+    assert on_fleet.model_calls > 0 and again.model_calls == 0 and again.cached == on_fleet.model_calls
+    assert comparable(again) == comparable(on_fleet)
+    first = history.events[0]  # a regression run like the in-process ones: marked, unindexed
+    assert isinstance(first, ev.RunStarted) and first.regression is not None
+    assert first.regression.set == "fleet-shop" and first.task_id is None
+    assert on_fleet.rows[0].run_id not in indexed and left == 0

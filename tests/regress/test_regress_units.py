@@ -93,3 +93,39 @@ async def test_a_pym_matcher_says_when_two_calls_ask_the_same(tmp_path: Path) ->
     (tmp_path / "bad.pym").write_text('from grail import Input\n\nx: int = Input("x")\n\nTrue\n')
     with pytest.raises(RegressError, match="declares the inputs \\['x'\\], not recorded and candidate"):
         PymCompare.load(tmp_path / "bad.pym")
+
+
+def test_a_shipped_candidate_holds_its_tools_outside_its_folder_and_loads_the_same(tmp_path: Path) -> None:
+    """What a host unpacks is the bundle the client loaded: its folder, and a tool named outside it (the
+    project's agents/calculator.pym), laid out so that the bundle file's paths still resolve."""
+    from host_helpers import write_bundle
+
+    from runtime.bundle import load_bundle
+    from runtime.regress.shipped import pack, unpacked
+
+    (tmp_path / "b" / "calc" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "b" / "calc" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    bundle = load_bundle(write_bundle(tmp_path / "b"))
+    assert not Path(str(bundle.tools["calculator"].path)).is_relative_to(bundle.root)  # outside its folder
+    archive = pack(bundle)
+    assert pack(bundle) == archive  # the same files, the same bytes: stored once
+    again = load_bundle(unpacked(archive, tmp_path / "host"))
+    assert again.digest == bundle.digest and again.root.is_relative_to(tmp_path / "host")
+    assert set(again.tools) == set(bundle.tools)
+    assert not list((tmp_path / "host").rglob("*.pyc"))
+
+
+@pytest.mark.anyio
+async def test_a_candidate_reading_a_file_beyond_what_is_shipped_is_refused(tmp_path: Path) -> None:
+    from host_helpers import write_bundle
+
+    from runtime.bundle import load_bundle
+    from runtime.regress.shipped import ship
+
+    (tmp_path / "prompt.txt").write_text("You compute.")
+    path = write_bundle(tmp_path / "b")
+    path.write_text(path.read_text().replace("system_prompt: You compute things with tools.",
+                                             "system_prompt_file: ../../prompt.txt"))
+    with pytest.raises(RegressError, match=r"cannot be shipped to the fleet: it does not load from its own "
+                                           r"files .*regress it in process \(--local\)"):
+        await ship(None, load_bundle(path))  # type: ignore[arg-type]  # refused before the store is asked
