@@ -17,6 +17,15 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(autouse=True)
+def _servers_asked_again() -> None:
+    """`model.server: auto` remembers per URL which server answered; the ports tests' servers get are
+    reused, so a URL asked about in one test may be another kind of server in the next."""
+    from runtime.model import detect
+
+    detect.forget()
+
+
 # Real nats-server fixtures (`nats_server`, `nc`, `js`) for the runtime's integration tests.
 pytest_plugins = ["nats_fixtures"]
 

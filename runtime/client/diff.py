@@ -77,9 +77,9 @@ def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event]
             fact_of: Callable[[ev.Event], Any] | None = None) -> Divergence:
     """Compare two runs' logs (as read, payloads resolved) fact by fact, in their detailed view. `fact_of`
     is what counts of an event (default `fact`): a regression compares behaviour, not the request it made
-    on purpose otherwise (`runtime.regress.report`)."""
+    on purpose otherwise (`runtime.regress.report`). Fences (`run.taken`) are left out of both."""
     fact_of = fact_of or fact
-    xa, xb = ev.expand_all(a), ev.expand_all(b)
+    xa, xb = _behaviour(ev.expand_all(a)), _behaviour(ev.expand_all(b))
     same = 0
     for x, y in zip(xa, xb, strict=False):
         try:
@@ -92,6 +92,12 @@ def diverge(a_run: str, a: Sequence[ev.Event], b_run: str, b: Sequence[ev.Event]
     common, b_common = _entries_before(a, xa, same), _entries_before(b, xb, same)
     return Divergence(a_run, b_run, common, tuple(a[common:]), tuple(b[b_common:]), b_common,
                       tuple(xa[same:]), tuple(xb[same:]))
+
+
+def _behaviour(events: Sequence[ev.Event]) -> list[ev.Event]:
+    """The events that say what a run did: a fence (`run.taken`, a host taking the run over) says who drove
+    it, so two runs that did the same are the same whichever hosts drove them, and however often."""
+    return [e for e in events if not isinstance(e, ev.RunTaken)]
 
 
 def _entries_before(log: Sequence[ev.Event], expanded: Sequence[ev.Event], same: int) -> int:

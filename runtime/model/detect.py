@@ -70,6 +70,13 @@ def detect(base_url: str, *, api_key: str | None = None, timeout: float = PROBE_
     return found
 
 
+def forget() -> None:
+    """Forget every server asked about: the next `detect` asks again. A process that starts servers on
+    ports the system hands out (tests) may meet another kind of server at a URL it asked about before."""
+    with _lock:
+        _found.clear()
+
+
 def _probe(base_url: str, api_key: str | None, timeout: float) -> tuple[str, str]:
     host = httpx2.URL(base_url).host
     if host == "api.openai.com":
@@ -109,4 +116,4 @@ def _probe(base_url: str, api_key: str | None, timeout: float) -> tuple[str, str
                        "/get_server_info, vLLM /version): set model.server to the server it is")
 
 
-__all__ = ["PROBE_TIMEOUT", "detect", "server_root"]
+__all__ = ["PROBE_TIMEOUT", "detect", "forget", "server_root"]

@@ -229,6 +229,16 @@ def test_a_diff_compares_what_a_carried_script_run_records_not_when_or_where_it_
     assert diverge(RUN, NEW, RUN, other).common == first.seq  # it printed otherwise: a different fact
 
 
+def test_runs_driven_by_other_hosts_are_the_same_behaviour_whatever_fenced_them():
+    """A fence (`run.taken`) says which host drove a run from there on, not what it did: a run taken over
+    twice and a run driven by one host are the same, and a change after a fence is found where it is."""
+    taken = [*NEW[:3], ev.RunTaken(run_id=RUN, seq=3, host="h2", lease=7), *NEW[3:6],
+             ev.RunTaken(run_id=RUN, seq=7, host="h1", lease=9), *NEW[6:]]
+    assert diverge(RUN, NEW, RUN, taken).identical and diverge(RUN, taken, RUN, NEW).identical
+    changed = [msgspec.structs.replace(e, output="2") if isinstance(e, ev.RunCompleted) else e for e in taken]
+    assert not diverge(RUN, NEW, RUN, changed).identical
+
+
 def test_an_old_shape_log_and_a_new_one_diverge_where_their_facts_do_not_at_the_first_script_run():
     d = diverge(RUN, OLD, RUN, NEW)
     assert d.identical and (d.common, d.b_common) == (len(OLD), len(NEW))  # the same facts, fewer entries
