@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint conformance llamacpp clean browser faketime fuse docs mcp-servers
+.PHONY: install test faults demo bench lint conformance llamacpp clean browser faketime fuse docs mcp-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -146,6 +146,11 @@ $(LLAMACPP_STAMP): .ci/llamacpp.txt $(STAMP)
 llamacpp: $(LLAMACPP_STAMP)
 	SA_LLAMACPP_PYTHON=$(LLAMACPP_VENV)/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider --live-servers \
 		tests/model/test_llamacpp_live.py
+
+# the fault beds (tests marked fault_bed: kills, pauses, partitions, power loss on real clusters, ~8 min),
+# which make test leaves out; CI runs them after it
+faults: lint faketime fuse
+	$(BIN)/python -m pytest -q -p no:cacheprovider --fault-beds tests/system
 
 conformance: $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/model/test_vllm_conformance.py

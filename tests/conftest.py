@@ -36,14 +36,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--live-servers", action="store_true", default=False,
                      help="run only the checks against live model servers other than vLLM (tests marked "
                           "`live_server`; `make llamacpp` runs them), which `make test` leaves out")
+    parser.addoption("--fault-beds", action="store_true", default=False,
+                     help="run only the fault beds (tests marked `fault_bed`: kills, pauses, partitions and "
+                          "power loss on real clusters: `make faults`), which `make test` leaves out")
     parser.addoption("--fault-seed", type=int, default=None,
                      help="seed of the fault-injection schedule (default: random; every run prints its seed)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    live = config.getoption("--live-servers")
-    keep = [item for item in items if ("live_server" in item.keywords) == live]
-    if len(keep) != len(items):  # a separate run (its own environment, minutes of CPU model time)
+    live, beds = config.getoption("--live-servers"), config.getoption("--fault-beds")
+    # separate runs: live servers (their own environment, minutes of CPU model time), and the fault beds
+    # (minutes of whole clusters killed, paused, cut off and powered down), so `make test` stays short
+    keep = [item for item in items
+            if ("live_server" in item.keywords) == live and ("fault_bed" in item.keywords) == beds]
+    if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
     if config.getoption("--soak"):

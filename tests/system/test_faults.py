@@ -50,7 +50,7 @@ from runtime.testing import ScriptedModelServer
 from testbed.fleet import SaProcess, StepModel, start_all, step_task
 from testbed.scripts import APPEND_LINE, SUBMIT
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fault_bed]
 PARTITIONS = 8
 WORKSPACE = "wsfaults"
 

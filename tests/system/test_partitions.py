@@ -30,7 +30,7 @@ from testbed.netbed import Bed
 from testbed.netfaults import Load, cut_host, cut_nats, cut_worker, phase
 from testbed.netns import unavailable
 
-pytestmark = [pytest.mark.anyio, pytest.mark.partitions]
+pytestmark = [pytest.mark.anyio, pytest.mark.partitions, pytest.mark.fault_bed]
 
 WHY_NOT = unavailable()
 

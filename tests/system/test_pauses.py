@@ -50,7 +50,7 @@ from runtime.testing import ScriptedModelServer
 from testbed.checker import anomalies, check, read_stores
 from testbed.fleet import SaProcess, StepModel, start_all, step_task
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fault_bed]
 PARTITIONS = 2
 TTL = 2
 JUMP_S = 3 * TTL  # how far back the `jump` host's clocks go

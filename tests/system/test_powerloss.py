@@ -24,7 +24,7 @@ from testbed.fleet import StepModel
 from testbed.lazyfs import unavailable
 from testbed.powerbed import PowerBed, load, lose_power_all, power_phase
 
-pytestmark = [pytest.mark.anyio, pytest.mark.powerloss]
+pytestmark = [pytest.mark.anyio, pytest.mark.powerloss, pytest.mark.fault_bed]
 
 WHY_NOT = unavailable()
 
