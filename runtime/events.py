@@ -843,6 +843,26 @@ def is_group(data: bytes) -> bool:
     return bool(data) and (0x90 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD))
 
 
+def check_stamped(event: Event) -> None:
+    """An unstamped event is a bug of its writer: every run log refuses it (`stamp` it first)."""
+    if event.seq < 0 or not event.actor:
+        raise ValueError(f"{kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
+
+
+# each a message of its own, never in a group: readers find a run's start and its fences by their subjects
+ALONE = (RunStarted, RunTaken)
+
+
+def check_group(events: Sequence[Event]) -> None:
+    """What every run log refuses in a group (`encode_group`): unstamped, another run's, an `ALONE` event."""
+    for event in events:
+        check_stamped(event)
+        if event.run_id != events[0].run_id:
+            raise ValueError(f"a group holds the events of one run: {event.run_id} is not {events[0].run_id}")
+        if isinstance(event, ALONE):
+            raise ValueError(f"{kind_of(event)} is a message of its own, never in a group")
+
+
 def decode_all(data: bytes) -> list[Event]:
     """The events of one stored message, in order: one for a message of its own, several for a group
     (`encode_group`). `EventDecodeError` as `decode` raises it."""
@@ -984,6 +1004,7 @@ def internalize(stub: Event, data: bytes) -> Event:
 
 
 __all__ = [
+    "ALONE",
     "COMMAND_KINDS",
     "DEFAULT_PRIORITY",
     "EVENT_KINDS",
@@ -1041,6 +1062,8 @@ __all__ = [
     "TurnCompleted",
     "Wake",
     "can_offload",
+    "check_group",
+    "check_stamped",
     "command_from_json",
     "decode",
     "decode_all",

@@ -39,8 +39,6 @@ from runtime.driver.ports import Ackable, EventLog, ack_quietly
 from runtime.log import LogRejected
 
 Rejected = Callable[[ev.Event, kernel.State, LogRejected], Awaitable[None]]
-# written alone, never in a group: a run's start (its subject is how readers find a run's task) and a fence
-_ALONE = (ev.RunStarted, ev.RunTaken)
 
 
 class Staged:
@@ -82,7 +80,7 @@ class Staged:
         alone = False  # set once a group was refused: one by one then finds the event the log cannot take
         while self.events:
             may_act("append")  # a host woken from a pause past its lease writes nothing more
-            group = [] if alone else list(takewhile(lambda e: not isinstance(e, _ALONE),
+            group = [] if alone else list(takewhile(lambda e: not isinstance(e, ev.ALONE),
                                                      (event for event, _ in self.events)))
             if len(group) > 1:
                 try:

@@ -51,14 +51,14 @@ class MemoryRunLog:
     async def create(self, started: ev.RunStarted) -> int | None:
         """Append a run's first event only if the run has none yet; its sequence, or None if it exists."""
         if self._runs.get(started.run_id):
-            _stamped(started)
+            ev.check_stamped(started)
             return None
         return self._write(started)
 
     async def append(self, event: ev.Event, *, expect: int) -> int:
         """Append a stamped `event` expecting `expect` as the run's last sequence; return the event's own.
         Raises `Superseded` if the run's last sequence is another."""
-        _stamped(event)
+        ev.check_stamped(event)
         last = self._last_seq(event.run_id)
         if last != expect:
             raise Superseded(f"run {event.run_id}: another writer appended first (this one expected the "
@@ -70,13 +70,8 @@ class MemoryRunLog:
         one sequence for all of them); its sequence. Never None: memory has no message size."""
         if len(events) == 1:
             return await self.append(events[0], expect=expect)
-        for event in events:
-            _stamped(event)
-            if isinstance(event, ev.RunStarted | ev.RunTaken):
-                raise ValueError(f"{ev.kind_of(event)} is a message of its own, never in a group")
+        ev.check_group(events)
         run_id = events[0].run_id
-        if any(e.run_id != run_id for e in events):
-            raise ValueError(f"a group holds the events of one run: not all of them are {run_id}'s")
         last = self._last_seq(run_id)
         if last != expect:
             raise Superseded(f"run {run_id}: another writer appended first (this one expected the run's "
@@ -112,11 +107,6 @@ class MemoryRunLog:
         self._seq += 1
         self._runs.setdefault(event.run_id, []).append((self._seq, ev.encode(event)))
         return self._seq
-
-
-def _stamped(event: ev.Event) -> None:
-    if event.seq < 0 or not event.actor:
-        raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
 
 
 __all__ = ["InlinePayloads", "MemoryRunLog"]

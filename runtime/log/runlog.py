@@ -137,11 +137,6 @@ def group_msg_id(events: Sequence[ev.Event], writer: str = "") -> str:
     return f"{msg_id}/{writer}" if writer else msg_id
 
 
-def _check_stamped(event: ev.Event) -> None:
-    if event.seq < 0 or not event.actor:
-        raise ValueError(f"{ev.kind_of(event)} of run {event.run_id} is not stamped: use events.stamp")
-
-
 def run_filter(run_id: str, actor: str | None = None) -> str:
     """The subjects of one run's events (any actor when `actor` is not known)."""
     if actor:
@@ -187,13 +182,8 @@ class RunLog:
         `Superseded` or `LogRejected` as `append` does (nothing of the group is stored then)."""
         if len(events) == 1:
             return await self.append(events[0], expect=expect)
+        ev.check_group(events)
         first, last = events[0], events[-1]
-        for event in events:
-            _check_stamped(event)
-            if event.run_id != first.run_id:
-                raise ValueError(f"a group holds the events of one run: {event.run_id} is not {first.run_id}")
-            if isinstance(event, ev.RunStarted | ev.RunTaken):  # found by its subject: a message of its own
-                raise ValueError(f"{ev.kind_of(event)} is a message of its own, never in a group")
         encoded = [await self._encoded(event) for event in events]
         if sum(len(data) for data in encoded) > self.payloads.threshold:
             return None
@@ -202,7 +192,7 @@ class RunLog:
                                  what=what, creating=False)
 
     async def _publish(self, event: ev.Event, expect: int, *, creating: bool) -> int | None:
-        _check_stamped(event)
+        ev.check_stamped(event)
         return await self._store(event, await self._encoded(event), event_msg_id(event, self.writer), expect,
                                  what=f"{ev.kind_of(event)} seq {event.seq}", creating=creating)
 
